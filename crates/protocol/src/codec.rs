@@ -1,0 +1,354 @@
+//! Message bodies: the bytes of a frame after its length prefix. Big-endian throughout.
+
+use crate::message::*;
+use crate::{Decimal, DecodeError, Row, Value, DECIMAL_SCALE_MAX};
+
+mod tag {
+    pub const NULL: u8 = 0x00;
+    pub const INT: u8 = 0x01;
+    pub const DOUBLE: u8 = 0x02;
+    pub const DECIMAL: u8 = 0x03;
+    pub const TEXT: u8 = 0x04;
+    pub const BLOB: u8 = 0x05;
+    pub const TIMESTAMP: u8 = 0x06;
+}
+
+/// Encodes one message body: its type byte followed by its fields.
+pub fn encode_message(message: &Message) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.push(message.message_type() as u8);
+    match message {
+        Message::Hello(hello) => {
+            out.extend_from_slice(&hello.protocol_version.to_be_bytes());
+            put_str(&mut out, &hello.client_id);
+            put_str(&mut out, &hello.user);
+            put_str(&mut out, &hello.password);
+            put_str(&mut out, &hello.script_version);
+            out.extend_from_slice(&hello.last_download_watermark.to_be_bytes());
+        }
+        Message::Upload(upload) => {
+            put_str(&mut out, &upload.table);
+            put_names(&mut out, &upload.columns);
+            put_names(&mut out, &upload.key_columns);
+            put_rows(&mut out, &upload.inserts);
+            put_count(&mut out, upload.updates.len());
+            for update in &upload.updates {
+                put_row(&mut out, &update.old);
+                put_row(&mut out, &update.new);
+            }
+            put_rows(&mut out, &upload.deletes);
+        }
+        Message::EndUpload(end) => out.extend_from_slice(&end.upload_sequence.to_be_bytes()),
+        Message::Download(download) => {
+            put_str(&mut out, &download.table);
+            put_names(&mut out, &download.columns);
+            put_names(&mut out, &download.key_columns);
+            put_rows(&mut out, &download.upserts);
+            put_rows(&mut out, &download.deletes);
+        }
+        Message::EndDownload(end) => {
+            out.extend_from_slice(&end.watermark.to_be_bytes());
+            out.extend_from_slice(&end.summary.rows_uploaded.to_be_bytes());
+            out.extend_from_slice(&end.summary.conflicts.to_be_bytes());
+            out.push(u8::from(end.summary.upload_already_applied));
+        }
+        Message::Error(error) => {
+            out.extend_from_slice(&error.code.to_be_bytes());
+            put_str(&mut out, &error.message);
+        }
+        Message::Busy { retry_after_ms } => out.extend_from_slice(&retry_after_ms.to_be_bytes()),
+    }
+    out
+}
+
+/// Decodes one message body (a whole frame payload). Trailing bytes are an error.
+pub fn decode_message(body: &[u8]) -> Result<Message, DecodeError> {
+    let mut reader = Reader { body, offset: 0 };
+    let type_byte = *body.first().ok_or(DecodeError::EmptyFrame)?;
+    reader.offset = 1;
+    let message = match type_byte {
+        0x01 => Message::Hello(Hello {
+            protocol_version: reader.u16("protocol version")?,
+            client_id: reader.string("client id")?,
+            user: reader.string("user")?,
+            password: reader.string("password")?,
+            script_version: reader.string("script version")?,
+            last_download_watermark: reader.i64("last download watermark")?,
+        }),
+        0x02 => {
+            let table = reader.string("table name")?;
+            let columns = reader.names("column")?;
+            let key_columns = reader.names("key column")?;
+            let inserts = reader.rows("insert", columns.len())?;
+            let update_count = reader.count("update", 2 * ROW_BYTES_MIN)?;
+            let mut updates = Vec::with_capacity(update_count);
+            for _ in 0..update_count {
+                let old = reader.row(columns.len())?;
+                let new = reader.row(columns.len())?;
+                updates.push(RowUpdate { old, new });
+            }
+            let deletes = reader.rows("delete", key_columns.len())?;
+            Message::Upload(TableUpload {
+                table,
+                columns,
+                key_columns,
+                inserts,
+                updates,
+                deletes,
+            })
+        }
+        0x03 => Message::EndUpload(EndUpload {
+            upload_sequence: reader.u64("upload sequence")?,
+        }),
+        0x04 => {
+            let table = reader.string("table name")?;
+            let columns = reader.names("column")?;
+            let key_columns = reader.names("key column")?;
+            let upserts = reader.rows("upsert", columns.len())?;
+            let deletes = reader.rows("delete", key_columns.len())?;
+            Message::Download(Download {
+                table,
+                columns,
+                key_columns,
+                upserts,
+                deletes,
+            })
+        }
+        0x05 => Message::EndDownload(EndDownload {
+            watermark: reader.i64("watermark")?,
+            summary: SyncSummary {
+                rows_uploaded: reader.u64("rows uploaded")?,
+                conflicts: reader.u64("conflicts")?,
+                upload_already_applied: reader.take(1, "flags")?[0] != 0,
+            },
+        }),
+        0x06 => Message::Error(WireError {
+            code: reader.u16("error code")?,
+            message: reader.string("error message")?,
+        }),
+        0x07 => Message::Busy {
+            retry_after_ms: reader.u32("retry after")?,
+        },
+        other => return Err(DecodeError::UnknownMessageType(other)),
+    };
+    let trailing = body.len() - reader.offset;
+    if trailing != 0 {
+        return Err(DecodeError::TrailingBytes {
+            message: message.message_type().name(),
+            trailing,
+        });
+    }
+    Ok(message)
+}
+
+/// The smallest encoding of a row (its value count) and of a value (its tag); used to
+/// refuse counts that could not possibly fit before allocating for them.
+const ROW_BYTES_MIN: usize = 2;
+const VALUE_BYTES_MIN: usize = 1;
+const NAME_BYTES_MIN: usize = 4;
+
+fn put_count(out: &mut Vec<u8>, count: usize) {
+    let count = u32::try_from(count).expect("a message never holds 2^32 items: frame limit");
+    out.extend_from_slice(&count.to_be_bytes());
+}
+
+fn put_str(out: &mut Vec<u8>, text: &str) {
+    put_bytes(out, text.as_bytes());
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    put_count(out, bytes.len());
+    out.extend_from_slice(bytes);
+}
+
+fn put_names(out: &mut Vec<u8>, names: &[String]) {
+    let count = u16::try_from(names.len()).expect("at most 65535 columns");
+    out.extend_from_slice(&count.to_be_bytes());
+    for name in names {
+        put_str(out, name);
+    }
+}
+
+fn put_rows(out: &mut Vec<u8>, rows: &[Row]) {
+    put_count(out, rows.len());
+    for row in rows {
+        put_row(out, row);
+    }
+}
+
+fn put_row(out: &mut Vec<u8>, row: &Row) {
+    let count = u16::try_from(row.len()).expect("at most 65535 values in a row");
+    out.extend_from_slice(&count.to_be_bytes());
+    for value in row {
+        put_value(out, value);
+    }
+}
+
+fn put_value(out: &mut Vec<u8>, value: &Value) {
+    match value {
+        Value::Null => out.push(tag::NULL),
+        Value::Int(number) => {
+            out.push(tag::INT);
+            out.extend_from_slice(&number.to_be_bytes());
+        }
+        Value::Double(number) => {
+            out.push(tag::DOUBLE);
+            out.extend_from_slice(&number.to_bits().to_be_bytes());
+        }
+        Value::Decimal(decimal) => {
+            out.push(tag::DECIMAL);
+            out.extend_from_slice(&decimal.mantissa.to_be_bytes());
+            out.push(decimal.scale);
+        }
+        Value::Text(text) => {
+            out.push(tag::TEXT);
+            put_str(out, text);
+        }
+        Value::Blob(bytes) => {
+            out.push(tag::BLOB);
+            put_bytes(out, bytes);
+        }
+        Value::Timestamp(micros) => {
+            out.push(tag::TIMESTAMP);
+            out.extend_from_slice(&micros.to_be_bytes());
+        }
+    }
+}
+
+struct Reader<'a> {
+    body: &'a [u8],
+    offset: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn remaining(&self) -> usize {
+        self.body.len() - self.offset
+    }
+
+    fn take(&mut self, length: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        if self.remaining() < length {
+            return Err(DecodeError::Truncated {
+                what,
+                offset: self.offset,
+                needed: length - self.remaining(),
+            });
+        }
+        let bytes = &self.body[self.offset..self.offset + length];
+        self.offset += length;
+        Ok(bytes)
+    }
+
+    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], DecodeError> {
+        let bytes = self.take(N, what)?;
+        Ok(bytes.try_into().expect("take returned N bytes"))
+    }
+
+    fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
+        self.array(what).map(u16::from_be_bytes)
+    }
+
+    fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+        self.array(what).map(u32::from_be_bytes)
+    }
+
+    fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
+        self.array(what).map(u64::from_be_bytes)
+    }
+
+    fn i64(&mut self, what: &'static str) -> Result<i64, DecodeError> {
+        self.array(what).map(i64::from_be_bytes)
+    }
+
+    /// A u32 count whose items take at least `item_bytes_min` each.
+    fn count(&mut self, what: &'static str, item_bytes_min: usize) -> Result<usize, DecodeError> {
+        let offset = self.offset;
+        let count = self.u32(what)? as usize;
+        self.check_fits(what, count, item_bytes_min, offset)
+    }
+
+    fn check_fits(
+        &self,
+        what: &'static str,
+        count: usize,
+        item_bytes_min: usize,
+        offset: usize,
+    ) -> Result<usize, DecodeError> {
+        if count.saturating_mul(item_bytes_min) > self.remaining() {
+            return Err(DecodeError::CountTooLarge {
+                what,
+                count,
+                offset,
+                remaining: self.remaining(),
+            });
+        }
+        Ok(count)
+    }
+
+    fn bytes(&mut self, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        let length = self.u32(what)? as usize;
+        self.take(length, what)
+    }
+
+    fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
+        let offset = self.offset;
+        let bytes = self.bytes(what)?;
+        std::str::from_utf8(bytes)
+            .map(str::to_owned)
+            .map_err(|_| DecodeError::InvalidUtf8 { what, offset })
+    }
+
+    fn names(&mut self, what: &'static str) -> Result<Vec<String>, DecodeError> {
+        let offset = self.offset;
+        let count = usize::from(self.u16(what)?);
+        self.check_fits(what, count, NAME_BYTES_MIN, offset)?;
+        (0..count).map(|_| self.string(what)).collect()
+    }
+
+    fn rows(&mut self, what: &'static str, width: usize) -> Result<Vec<Row>, DecodeError> {
+        let count = self.count(what, ROW_BYTES_MIN)?;
+        let mut rows = Vec::with_capacity(count);
+        for _ in 0..count {
+            rows.push(self.row(width)?);
+        }
+        Ok(rows)
+    }
+
+    fn row(&mut self, width: usize) -> Result<Row, DecodeError> {
+        let offset = self.offset;
+        let found = usize::from(self.u16("row value count")?);
+        if found != width {
+            return Err(DecodeError::RowWidth {
+                offset,
+                expected: width,
+                found,
+            });
+        }
+        self.check_fits("value", found, VALUE_BYTES_MIN, offset)?;
+        (0..found).map(|_| self.value()).collect()
+    }
+
+    fn value(&mut self) -> Result<Value, DecodeError> {
+        let offset = self.offset;
+        let tag = self.take(1, "value tag")?[0];
+        Ok(match tag {
+            tag::NULL => Value::Null,
+            tag::INT => Value::Int(self.i64("integer value")?),
+            tag::DOUBLE => Value::Double(f64::from_bits(self.u64("double value")?)),
+            tag::DECIMAL => {
+                let mantissa = i128::from_be_bytes(self.array("decimal mantissa")?);
+                let scale_offset = self.offset;
+                let scale = self.take(1, "decimal scale")?[0];
+                let decimal = Decimal::new(mantissa, scale).ok_or(DecodeError::DecimalScale {
+                    scale,
+                    offset: scale_offset,
+                    max: DECIMAL_SCALE_MAX,
+                })?;
+                Value::Decimal(decimal)
+            }
+            tag::TEXT => Value::Text(self.string("text value")?),
+            tag::BLOB => Value::Blob(self.bytes("blob value")?.to_vec()),
+            tag::TIMESTAMP => Value::Timestamp(self.i64("timestamp value")?),
+            tag => return Err(DecodeError::UnknownValueTag { tag, offset }),
+        })
+    }
+}

@@ -1,0 +1,102 @@
+use thiserror::Error;
+
+/// Why a byte sequence is not a valid message. Every variant names what was wrong and
+/// where, so a peer's bug can be found from the error text alone.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("truncated message: needed {needed} more bytes for {what} at offset {offset}")]
+    Truncated {
+        what: &'static str,
+        offset: usize,
+        needed: usize,
+    },
+    #[error("unknown message type 0x{0:02x}")]
+    UnknownMessageType(u8),
+    #[error("unknown value tag 0x{tag:02x} at offset {offset}")]
+    UnknownValueTag { tag: u8, offset: usize },
+    #[error("{what} at offset {offset} is not valid UTF-8")]
+    InvalidUtf8 { what: &'static str, offset: usize },
+    #[error("decimal scale {scale} at offset {offset} exceeds the maximum of {max}")]
+    DecimalScale { scale: u8, offset: usize, max: u8 },
+    #[error("{trailing} unexpected bytes after the end of a {message} message")]
+    TrailingBytes {
+        message: &'static str,
+        trailing: usize,
+    },
+    #[error("stream ended mid-frame: {received_bytes} of {expected_bytes} bytes received")]
+    EndedMidFrame {
+        received_bytes: usize,
+        expected_bytes: usize,
+    },
+    #[error("empty frame: a frame must contain at least the message type byte")]
+    EmptyFrame,
+    #[error("frame of {length_bytes} bytes exceeds the limit of {limit_bytes} bytes")]
+    FrameTooLarge {
+        length_bytes: usize,
+        limit_bytes: usize,
+    },
+    #[error("{what} count {count} at offset {offset} cannot fit in the {remaining} bytes left")]
+    CountTooLarge {
+        what: &'static str,
+        count: usize,
+        offset: usize,
+        remaining: usize,
+    },
+    #[error("row at offset {offset} has {found} values, the message declares {expected} columns")]
+    RowWidth {
+        offset: usize,
+        expected: usize,
+        found: usize,
+    },
+}
+
+/// Error codes carried by the `Error` message. Numbers are part of the wire contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[repr(u16)]
+pub enum ErrorCode {
+    /// A frame or message could not be decoded, or arrived out of order.
+    Protocol = 1,
+    /// A frame exceeded the receiver's frame size limit.
+    FrameTooLarge = 2,
+    /// Unknown user or wrong credentials (deliberately indistinguishable).
+    AuthenticationFailed = 3,
+    /// The hello named a protocol version this server does not speak.
+    UnsupportedProtocolVersion = 4,
+    /// The upload exceeded the server's upload size limit.
+    UploadTooLarge = 5,
+    /// The hello named a script version the consolidated database does not have.
+    UnknownScriptVersion = 6,
+    /// The upload names a table or column the script version does not synchronize.
+    Schema = 7,
+    /// Another sync for the same client is in progress.
+    AlreadySynchronizing = 8,
+    /// A sync script failed; the upload was rolled back as a whole.
+    Script = 9,
+    /// The client id is registered to another user.
+    ClientIdTaken = 10,
+    /// The peer took too long.
+    Timeout = 11,
+    /// Anything else on the server; the upload was rolled back as a whole.
+    Internal = 12,
+}
+
+impl ErrorCode {
+    pub fn from_u16(code: u16) -> Option<ErrorCode> {
+        use ErrorCode::*;
+        Some(match code {
+            1 => Protocol,
+            2 => FrameTooLarge,
+            3 => AuthenticationFailed,
+            4 => UnsupportedProtocolVersion,
+            5 => UploadTooLarge,
+            6 => UnknownScriptVersion,
+            7 => Schema,
+            8 => AlreadySynchronizing,
+            9 => Script,
+            10 => ClientIdTaken,
+            11 => Timeout,
+            12 => Internal,
+            _ => return None,
+        })
+    }
+}

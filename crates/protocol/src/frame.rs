@@ -1,0 +1,109 @@
+//! Framing: each message body is preceded by its length as a big-endian u32.
+
+use crate::{decode_message, encode_message, DecodeError, Message};
+
+/// Bytes of the length prefix.
+pub const FRAME_HEADER_BYTES: usize = 4;
+
+/// Default limit on one frame's body. Large uploads and downloads are split into many
+/// messages, so no single frame needs to be big.
+pub const FRAME_BYTES_MAX_DEFAULT: usize = 4 * 1024 * 1024;
+
+/// Encodes a message with its length prefix.
+pub fn encode_frame(message: &Message) -> Vec<u8> {
+    let body = encode_message(message);
+    let length = u32::try_from(body.len()).expect("message bodies are far below 4 GiB");
+    let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + body.len());
+    frame.extend_from_slice(&length.to_be_bytes());
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// Incremental frame decoder: feed it bytes as they arrive, take messages out.
+///
+/// An oversized frame is refused as soon as its length prefix is seen, before any of
+/// its body is buffered, so the buffer never holds more than one frame plus one read.
+#[derive(Debug)]
+pub struct FrameDecoder {
+    buffer: Vec<u8>,
+    start: usize,
+    frame_bytes_max: usize,
+}
+
+impl FrameDecoder {
+    pub fn new(frame_bytes_max: usize) -> FrameDecoder {
+        FrameDecoder {
+            buffer: Vec::new(),
+            start: 0,
+            frame_bytes_max,
+        }
+    }
+
+    pub fn feed(&mut self, bytes: &[u8]) {
+        if self.start > 0 && self.start == self.buffer.len() {
+            self.buffer.clear();
+            self.start = 0;
+        } else if self.start > self.frame_bytes_max {
+            self.buffer.drain(..self.start);
+            self.start = 0;
+        }
+        self.buffer.extend_from_slice(bytes);
+    }
+
+    /// Bytes received that do not yet form a whole frame.
+    pub fn buffered_bytes(&self) -> usize {
+        self.buffer.len() - self.start
+    }
+
+    /// The next complete message, `None` if more bytes are needed.
+    pub fn next_message(&mut self) -> Result<Option<Message>, DecodeError> {
+        let Some(length) = self.next_frame_length()? else {
+            return Ok(None);
+        };
+        let available = self.buffered_bytes() - FRAME_HEADER_BYTES;
+        if available < length {
+            return Ok(None);
+        }
+        let body_start = self.start + FRAME_HEADER_BYTES;
+        let body = &self.buffer[body_start..body_start + length];
+        self.start = body_start + length;
+        decode_message(body).map(Some)
+    }
+
+    /// Call when the stream has ended: an error if it ended inside a frame.
+    pub fn finish(&self) -> Result<(), DecodeError> {
+        let buffered = self.buffered_bytes();
+        if buffered == 0 {
+            return Ok(());
+        }
+        let expected_bytes = match self.peek_length() {
+            Some(length) => FRAME_HEADER_BYTES + length,
+            None => FRAME_HEADER_BYTES,
+        };
+        Err(DecodeError::EndedMidFrame {
+            received_bytes: buffered,
+            expected_bytes,
+        })
+    }
+
+    fn peek_length(&self) -> Option<usize> {
+        let header = self.buffer.get(self.start..self.start + FRAME_HEADER_BYTES)?;
+        Some(u32::from_be_bytes(header.try_into().expect("four bytes")) as usize)
+    }
+
+    fn next_frame_length(&self) -> Result<Option<usize>, DecodeError> {
+        let Some(length) = self.peek_length() else {
+            return Ok(None);
+        };
+        if length > self.frame_bytes_max {
+            return Err(DecodeError::FrameTooLarge {
+                length_bytes: length,
+                limit_bytes: self.frame_bytes_max,
+            });
+        }
+        if length == 0 {
+            return Err(DecodeError::EmptyFrame);
+        }
+        Ok(Some(length))
+    }
+}

@@ -1,0 +1,24 @@
+//! rowsync wire protocol, version 1.
+//!
+//! Everything here is pure: messages are encoded into byte vectors and decoded from
+//! byte slices. Reading and writing sockets is the caller's business. The contract
+//! other implementations follow is `docs/protocol.md`; the golden vectors in
+//! `tests/vectors.json` pin the exact bytes.
+
+mod codec;
+mod error;
+mod frame;
+mod message;
+mod value;
+
+pub use codec::{decode_message, encode_message};
+pub use error::{DecodeError, ErrorCode};
+pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES};
+pub use message::{
+    Download, EndDownload, EndUpload, Hello, Message, MessageType, RowUpdate, SyncSummary,
+    TableUpload, WireError,
+};
+pub use value::{Decimal, DecimalParseError, Row, Value, DECIMAL_SCALE_MAX};
+
+/// The protocol version this crate speaks. A server refuses a hello with any other.
+pub const PROTOCOL_VERSION: u16 = 1;

@@ -1,0 +1,156 @@
+use serde::{Deserialize, Serialize};
+
+use crate::{ErrorCode, Row};
+
+/// Every message of protocol v1. The numeric type byte of each is in [`MessageType`].
+///
+/// A sync is: client sends `Hello`, zero or more `Upload`, one `EndUpload`; server
+/// answers with zero or more `Download` and one `EndDownload`, or with `Error` or
+/// `Busy` at any point, after which the connection closes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Message {
+    Hello(Hello),
+    Upload(TableUpload),
+    EndUpload(EndUpload),
+    Download(Download),
+    EndDownload(EndDownload),
+    Error(WireError),
+    Busy { retry_after_ms: u32 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum MessageType {
+    Hello = 0x01,
+    Upload = 0x02,
+    EndUpload = 0x03,
+    Download = 0x04,
+    EndDownload = 0x05,
+    Error = 0x06,
+    Busy = 0x07,
+}
+
+impl Message {
+    pub fn message_type(&self) -> MessageType {
+        match self {
+            Message::Hello(_) => MessageType::Hello,
+            Message::Upload(_) => MessageType::Upload,
+            Message::EndUpload(_) => MessageType::EndUpload,
+            Message::Download(_) => MessageType::Download,
+            Message::EndDownload(_) => MessageType::EndDownload,
+            Message::Error(_) => MessageType::Error,
+            Message::Busy { .. } => MessageType::Busy,
+        }
+    }
+}
+
+impl MessageType {
+    pub fn name(self) -> &'static str {
+        match self {
+            MessageType::Hello => "hello",
+            MessageType::Upload => "upload",
+            MessageType::EndUpload => "end_upload",
+            MessageType::Download => "download",
+            MessageType::EndDownload => "end_download",
+            MessageType::Error => "error",
+            MessageType::Busy => "busy",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol_version: u16,
+    pub client_id: String,
+    pub user: String,
+    pub password: String,
+    pub script_version: String,
+    /// The watermark of the last download this client applied (0 before the first).
+    pub last_download_watermark: i64,
+}
+
+/// The client's changes to one table. A large upload of one table may span several
+/// `Upload` messages with the same table and columns; the receiver concatenates them.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TableUpload {
+    pub table: String,
+    /// Column names of the rows in `inserts` and of both images in `updates`.
+    pub columns: Vec<String>,
+    /// Primary-key column names; `deletes` carries values for these only, in this order.
+    pub key_columns: Vec<String>,
+    pub inserts: Vec<Row>,
+    pub updates: Vec<RowUpdate>,
+    pub deletes: Vec<Row>,
+}
+
+/// An update carries the row as the client last saw it from the server (`old`) and as it
+/// is now (`new`); the server detects conflicts by comparing `old` with its current row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RowUpdate {
+    pub old: Row,
+    pub new: Row,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndUpload {
+    /// Strictly increasing per client; the server applies each sequence at most once.
+    pub upload_sequence: u64,
+}
+
+/// Rows of one table the client must hold (`upserts`) or drop (`deletes`, keys only).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Download {
+    pub table: String,
+    pub columns: Vec<String>,
+    pub key_columns: Vec<String>,
+    pub upserts: Vec<Row>,
+    pub deletes: Vec<Row>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndDownload {
+    /// The client sends this back as `last_download_watermark` in its next hello.
+    pub watermark: i64,
+    pub summary: SyncSummary,
+}
+
+/// What the server did with the upload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SyncSummary {
+    /// Upload operations (inserts + updates + deletes) received in this sync.
+    pub rows_uploaded: u64,
+    /// Upload operations the server did not apply as sent (server wins).
+    pub conflicts: u64,
+    /// The upload sequence was applied by an earlier sync; nothing was applied again.
+    pub upload_already_applied: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireError {
+    /// An [`ErrorCode`] number; unknown numbers must be tolerated by receivers.
+    pub code: u16,
+    pub message: String,
+}
+
+impl WireError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> WireError {
+        WireError {
+            code: code as u16,
+            message: message.into(),
+        }
+    }
+
+    pub fn error_code(&self) -> Option<ErrorCode> {
+        ErrorCode::from_u16(self.code)
+    }
+}
+
+impl std::fmt::Display for WireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.error_code() {
+            Some(code) => write!(f, "{code:?} (code {}): {}", self.code, self.message),
+            None => write!(f, "error code {}: {}", self.code, self.message),
+        }
+    }
+}
