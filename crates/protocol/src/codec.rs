@@ -61,6 +61,14 @@ pub fn encode_message(message: &Message) -> Vec<u8> {
     out
 }
 
+/// Encodes values as they appear inside a row, without the count: a compact, exact
+/// identity for keys (usable in hash sets, unlike `Value`, which holds doubles).
+pub fn encode_values(values: &[Value], out: &mut Vec<u8>) {
+    for value in values {
+        put_value(out, value);
+    }
+}
+
 /// Decodes one message body (a whole frame payload). Trailing bytes are an error.
 pub fn decode_message(body: &[u8]) -> Result<Message, DecodeError> {
     let mut reader = Reader { body, offset: 0 };

@@ -9,9 +9,11 @@ mod codec;
 mod error;
 mod frame;
 mod message;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 mod value;
 
-pub use codec::{decode_message, encode_message};
+pub use codec::{decode_message, encode_message, encode_values};
 pub use error::{DecodeError, ErrorCode};
 pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES};
 pub use message::{

@@ -1,0 +1,147 @@
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rowsync_protocol::{Hello, FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION};
+use rusqlite::Connection;
+
+use crate::session::SessionEvent;
+use crate::transport::{exchange, Exchange};
+use crate::{store, ClientError};
+
+/// Where and as whom to sync.
+#[derive(Debug, Clone)]
+pub struct SyncOptions {
+    /// `host:port` of a rowsync server.
+    pub address: String,
+    pub user: String,
+    pub password: String,
+    pub script_version: String,
+    pub frame_bytes_max: usize,
+    /// Limit on connecting and on each wait for the server.
+    pub timeout: Duration,
+}
+
+impl SyncOptions {
+    pub fn new(address: impl Into<String>, user: impl Into<String>, password: impl Into<String>) -> SyncOptions {
+        SyncOptions {
+            address: address.into(),
+            user: user.into(),
+            password: password.into(),
+            script_version: "v1".into(),
+            frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What one `sync()` did.
+#[derive(Debug, Clone, Default)]
+pub struct SyncReport {
+    pub rows_uploaded: u64,
+    pub rows_downloaded: u64,
+    pub conflicts: u64,
+    /// Round trips made: 2 when an unacknowledged upload had to be resent first.
+    pub rounds: u32,
+    /// The server had applied a resent upload already and applied nothing again.
+    pub upload_already_applied: bool,
+    pub watermark: i64,
+    pub elapsed: Duration,
+}
+
+/// A client database.
+pub struct Client {
+    connection: Connection,
+    client_id: String,
+}
+
+impl Client {
+    /// Opens (or creates) a client database with a generated client id.
+    pub fn open(path: impl AsRef<Path>) -> Result<Client, ClientError> {
+        Client::open_with_id(path, None)
+    }
+
+    /// Opens a client database; `client_id` fixes the id on first open and must match after.
+    pub fn open_with_id(path: impl AsRef<Path>, client_id: Option<&str>) -> Result<Client, ClientError> {
+        let connection = Connection::open(path)?;
+        connection.busy_timeout(Duration::from_secs(30))?;
+        connection.pragma_update(None, "journal_mode", "WAL")?;
+        let client_id = store::install(&connection, client_id)?;
+        Ok(Client { connection, client_id })
+    }
+
+    pub fn client_id(&self) -> &str {
+        &self.client_id
+    }
+
+    /// The application's connection to the client database.
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
+    /// Records every later change of `table` for upload. The table needs a primary key.
+    pub fn track(&mut self, table: &str) -> Result<(), ClientError> {
+        store::track(&mut self.connection, table)
+    }
+
+    /// Changes recorded and not yet moved into an upload.
+    pub fn has_pending_changes(&self) -> Result<bool, ClientError> {
+        store::has_pending_changes(&self.connection)
+    }
+
+    pub fn download_watermark(&self) -> Result<i64, ClientError> {
+        Ok(store::state(&self.connection)?.download_watermark)
+    }
+
+    /// One synchronization: upload local changes, apply the download.
+    ///
+    /// If an earlier sync's upload was never acknowledged, it is resent first with its
+    /// original sequence (the server applies it at most once), then the changes made
+    /// since go up in a second round. SQLite work runs on the calling task.
+    pub async fn sync(&mut self, options: &SyncOptions) -> Result<SyncReport, ClientError> {
+        let started = Instant::now();
+        let mut report = SyncReport::default();
+        loop {
+            let batch = store::next_batch(&mut self.connection)?;
+            let hello = Hello {
+                protocol_version: PROTOCOL_VERSION,
+                client_id: self.client_id.clone(),
+                user: options.user.clone(),
+                password: options.password.clone(),
+                script_version: options.script_version.clone(),
+                last_download_watermark: store::state(&self.connection)?.download_watermark,
+            };
+            let event = exchange(Exchange {
+                address: &options.address,
+                hello,
+                upload_frames: &batch.frames,
+                upload_sequence: batch.upload_sequence,
+                frame_bytes_max: options.frame_bytes_max,
+                timeout: options.timeout,
+            })
+            .await?;
+            let completed = match event {
+                SessionEvent::Complete(completed) => completed,
+                SessionEvent::Busy { retry_after_ms } => return Err(ClientError::Busy { retry_after_ms }),
+                SessionEvent::Continue => unreachable!("exchange returns only final events"),
+            };
+            let rows_applied = store::apply_download(
+                &mut self.connection,
+                batch.upload_sequence,
+                &completed.downloads,
+                completed.end.watermark,
+            )?;
+            let summary = completed.end.summary;
+            report.rounds += 1;
+            report.rows_uploaded += if summary.upload_already_applied { 0 } else { batch.operations };
+            report.rows_downloaded += rows_applied;
+            report.conflicts += summary.conflicts;
+            report.upload_already_applied |= summary.upload_already_applied;
+            report.watermark = completed.end.watermark;
+            if !(batch.is_retry && store::has_pending_changes(&self.connection)?) {
+                break;
+            }
+        }
+        report.elapsed = started.elapsed();
+        Ok(report)
+    }
+}

@@ -1,0 +1,19 @@
+//! The rowsync client library.
+//!
+//! A [`Client`] owns one SQLite file. [`Client::track`] installs triggers that record
+//! each change of a table in a change log (several changes to one row collapse into
+//! one operation). [`Client::sync`] moves the log into an in-flight upload, sends it,
+//! and applies the download in one SQLite transaction together with the upload's
+//! acknowledgement. The message exchange itself is the I/O-free [`ClientSession`];
+//! [`transport`] only moves bytes.
+
+mod client;
+mod error;
+mod session;
+mod store;
+pub mod transport;
+
+pub use client::{Client, SyncOptions, SyncReport};
+pub use error::ClientError;
+pub use session::{ClientSession, CompletedSync, SessionEvent};
+pub use store::{CLIENT_ID_BYTES, UPLOAD_MESSAGE_BYTES_MAX};

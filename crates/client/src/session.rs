@@ -1,0 +1,132 @@
+//! The client side of one sync as a state machine: server messages in, events out.
+//! No I/O: the transport feeds it decoded messages.
+
+use rowsync_protocol::{Download, EndDownload, Message};
+
+use crate::ClientError;
+
+#[derive(Debug, Default)]
+pub struct ClientSession {
+    downloads: Vec<Download>,
+    finished: bool,
+}
+
+/// A whole download, received and checked, not yet applied.
+#[derive(Debug, Clone)]
+pub struct CompletedSync {
+    pub downloads: Vec<Download>,
+    pub end: EndDownload,
+}
+
+#[derive(Debug)]
+pub enum SessionEvent {
+    /// More messages are expected.
+    Continue,
+    Complete(CompletedSync),
+    Busy { retry_after_ms: u32 },
+}
+
+impl ClientSession {
+    pub fn new() -> ClientSession {
+        ClientSession::default()
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    pub fn handle(&mut self, message: Message) -> Result<SessionEvent, ClientError> {
+        if self.finished {
+            return Err(ClientError::Protocol(format!(
+                "{} message after the sync ended",
+                message.message_type().name()
+            )));
+        }
+        match message {
+            Message::Download(download) => {
+                check_download(&download)?;
+                self.downloads.push(download);
+                Ok(SessionEvent::Continue)
+            }
+            Message::EndDownload(end) => {
+                self.finished = true;
+                Ok(SessionEvent::Complete(CompletedSync {
+                    downloads: std::mem::take(&mut self.downloads),
+                    end,
+                }))
+            }
+            Message::Busy { retry_after_ms } => {
+                self.finished = true;
+                Ok(SessionEvent::Busy { retry_after_ms })
+            }
+            Message::Error(error) => {
+                self.finished = true;
+                Err(ClientError::Server(error))
+            }
+            other => Err(ClientError::Protocol(format!(
+                "a server never sends {} messages",
+                other.message_type().name()
+            ))),
+        }
+    }
+}
+
+fn check_download(download: &Download) -> Result<(), ClientError> {
+    if download.key_columns.is_empty() {
+        return Err(ClientError::Protocol(format!(
+            "download of table {:?} names no key columns",
+            download.table
+        )));
+    }
+    if !download.upserts.is_empty() {
+        for key in &download.key_columns {
+            if !download.columns.contains(key) {
+                return Err(ClientError::Protocol(format!(
+                    "download of table {:?} lacks key column {key:?}",
+                    download.table
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rowsync_protocol::{EndUpload, SyncSummary, WireError, ErrorCode};
+
+    fn download(table: &str) -> Message {
+        Message::Download(Download {
+            table: table.into(),
+            columns: vec!["id".into()],
+            key_columns: vec!["id".into()],
+            upserts: vec![vec![1.into()]],
+            deletes: vec![],
+        })
+    }
+
+    #[test]
+    fn collects_downloads_until_the_end() {
+        let mut session = ClientSession::new();
+        assert!(matches!(session.handle(download("a")).unwrap(), SessionEvent::Continue));
+        assert!(matches!(session.handle(download("b")).unwrap(), SessionEvent::Continue));
+        let end = EndDownload { watermark: 9, summary: SyncSummary::default() };
+        let SessionEvent::Complete(done) = session.handle(Message::EndDownload(end)).unwrap() else {
+            panic!("expected completion");
+        };
+        assert_eq!(done.downloads.len(), 2);
+        assert_eq!(done.end.watermark, 9);
+        assert!(session.handle(download("c")).is_err(), "nothing may follow the end");
+    }
+
+    #[test]
+    fn refuses_client_messages_and_reports_server_errors() {
+        let mut session = ClientSession::new();
+        let error = session.handle(Message::EndUpload(EndUpload { upload_sequence: 1 })).unwrap_err();
+        assert!(error.to_string().contains("never sends end_upload"), "{error}");
+        let mut session = ClientSession::new();
+        let refusal = WireError::new(ErrorCode::AuthenticationFailed, "no");
+        assert!(matches!(session.handle(Message::Error(refusal)), Err(ClientError::Server(_))));
+    }
+}

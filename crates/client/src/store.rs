@@ -1,0 +1,488 @@
+//! The client's SQLite side: its own `rs_client_*` tables, the per-table change logs
+//! kept by triggers, turning the logs into an in-flight upload, applying a download.
+
+use std::collections::HashMap;
+
+use rand::RngCore;
+use rowsync_protocol::{encode_frame, Download, Message, Row, RowUpdate, TableUpload, Value};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use crate::ClientError;
+
+/// Random bytes in a generated client id (hex-encoded).
+pub const CLIENT_ID_BYTES: usize = 16;
+
+/// Upload messages are cut at about this many bytes, far below any frame limit.
+pub const UPLOAD_MESSAGE_BYTES_MAX: usize = 1024 * 1024;
+
+const OLD_PREFIX: &str = "rs_old_";
+
+const CLIENT_TABLES: &str = "
+CREATE TABLE IF NOT EXISTS rs_client_state (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    client_id TEXT NOT NULL,
+    upload_sequence_acknowledged INTEGER NOT NULL DEFAULT 0,
+    download_watermark INTEGER NOT NULL DEFAULT 0,
+    applying_download INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS rs_client_table (
+    table_name TEXT PRIMARY KEY
+);
+CREATE TABLE IF NOT EXISTS rs_client_inflight (
+    upload_sequence INTEGER NOT NULL,
+    part INTEGER NOT NULL,
+    frame BLOB NOT NULL,
+    operations INTEGER NOT NULL,
+    PRIMARY KEY (upload_sequence, part)
+);
+";
+
+pub fn q(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+fn log_table(table: &str) -> String {
+    format!("rs_log_{table}")
+}
+
+pub fn install(connection: &Connection, client_id: Option<&str>) -> Result<String, ClientError> {
+    connection.execute_batch(CLIENT_TABLES)?;
+    let existing: Option<String> = connection
+        .query_row("SELECT client_id FROM rs_client_state WHERE id = 1", [], |row| row.get(0))
+        .optional()?;
+    match (existing, client_id) {
+        (Some(existing), Some(wanted)) if existing != wanted => Err(ClientError::Schema(format!(
+            "this database already belongs to client id {existing:?}, not {wanted:?}"
+        ))),
+        (Some(existing), _) => Ok(existing),
+        (None, wanted) => {
+            let client_id = wanted.map(str::to_owned).unwrap_or_else(|| {
+                let mut bytes = [0u8; CLIENT_ID_BYTES];
+                rand::thread_rng().fill_bytes(&mut bytes);
+                hex::encode(bytes)
+            });
+            connection.execute("INSERT INTO rs_client_state (id, client_id) VALUES (1, ?1)", [&client_id])?;
+            Ok(client_id)
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Shape {
+    pub columns: Vec<String>,
+    pub key_columns: Vec<String>,
+}
+
+pub fn shape(connection: &Connection, table: &str) -> Result<Option<Shape>, ClientError> {
+    let mut statement = connection.prepare("SELECT name, pk FROM pragma_table_info(?1) ORDER BY cid")?;
+    let mut columns = Vec::new();
+    let mut keys = Vec::new();
+    let mut rows = statement.query([table])?;
+    while let Some(row) = rows.next()? {
+        let name: String = row.get(0)?;
+        let position: i64 = row.get(1)?;
+        if position > 0 {
+            keys.push((position, name.clone()));
+        }
+        columns.push(name);
+    }
+    if columns.is_empty() {
+        return Ok(None);
+    }
+    keys.sort();
+    Ok(Some(Shape {
+        columns,
+        key_columns: keys.into_iter().map(|(_, name)| name).collect(),
+    }))
+}
+
+/// Installs the change log of `table` and its triggers. Idempotent.
+///
+/// Collapse rules, per primary key, between two syncs:
+/// insert → `I`; update of an unlogged row → `U` with the old image; update after `I`
+/// or `U` → unchanged (the new image is read at upload time); delete after `I` → no
+/// entry; delete after `U` or of an unlogged row → `D` (keeping the first old image);
+/// insert after `D` → `U` with the old image of the deleted row. An update that
+/// changes the key is a delete of the old key and an insert of the new one.
+pub fn track(connection: &mut Connection, table: &str) -> Result<(), ClientError> {
+    if table.starts_with("rs_") {
+        return Err(ClientError::Schema("tables named rs_* are rowsync's own".into()));
+    }
+    let shape = shape(connection, table)?
+        .ok_or_else(|| ClientError::Schema(format!("table {table:?} does not exist in the client database")))?;
+    if shape.key_columns.is_empty() {
+        return Err(ClientError::Schema(format!(
+            "table {table:?} has no primary key; rowsync identifies rows by their primary key"
+        )));
+    }
+    let log = q(&log_table(table));
+    let target = q(table);
+    let keys = shape.key_columns.iter().map(|k| q(k)).collect::<Vec<_>>().join(", ");
+    let old_columns = shape
+        .columns
+        .iter()
+        .map(|c| q(&format!("{OLD_PREFIX}{c}")))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let image = |alias: &str, names: &[String]| names.iter().map(|c| format!("{alias}.{}", q(c))).collect::<Vec<_>>().join(", ");
+    let old_image = image("OLD", &shape.columns);
+    let new_keys = image("NEW", &shape.key_columns);
+    let old_keys = image("OLD", &shape.key_columns);
+    let key_is_old = shape
+        .key_columns
+        .iter()
+        .map(|k| format!("{k} = OLD.{k}", k = q(k)))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let key_changed = shape
+        .key_columns
+        .iter()
+        .map(|k| format!("OLD.{k} IS NOT NEW.{k}", k = q(k)))
+        .collect::<Vec<_>>()
+        .join(" OR ");
+    let not_applying = "(SELECT applying_download FROM rs_client_state WHERE id = 1) = 0";
+    let trigger = |suffix: &str| q(&format!("rs_log_{suffix}_{table}"));
+    let log_insert = format!(
+        "INSERT INTO {log} ({keys}, rs_op) VALUES ({new_keys}, 'I')
+             ON CONFLICT ({keys}) DO UPDATE SET rs_op = CASE rs_op WHEN 'D' THEN 'U' ELSE rs_op END;"
+    );
+    let log_delete = format!(
+        "INSERT INTO {log} ({keys}, rs_op, {old_columns}) VALUES ({old_keys}, 'D', {old_image})
+             ON CONFLICT ({keys}) DO UPDATE SET rs_op = CASE rs_op WHEN 'I' THEN 'X' ELSE 'D' END;
+         DELETE FROM {log} WHERE {key_is_old} AND rs_op = 'X';"
+    );
+    let ddl = format!(
+        "
+CREATE TABLE IF NOT EXISTS {log} ({keys}, rs_op TEXT NOT NULL, {old_columns}, PRIMARY KEY ({keys})) WITHOUT ROWID;
+DROP TRIGGER IF EXISTS {insert_trigger};
+CREATE TRIGGER {insert_trigger} AFTER INSERT ON {target} WHEN {not_applying} BEGIN
+    {log_insert}
+END;
+DROP TRIGGER IF EXISTS {update_trigger};
+CREATE TRIGGER {update_trigger} AFTER UPDATE ON {target} WHEN {not_applying} AND NOT ({key_changed}) BEGIN
+    INSERT INTO {log} ({keys}, rs_op, {old_columns}) VALUES ({new_keys}, 'U', {old_image})
+        ON CONFLICT ({keys}) DO NOTHING;
+END;
+DROP TRIGGER IF EXISTS {rekey_trigger};
+CREATE TRIGGER {rekey_trigger} AFTER UPDATE ON {target} WHEN {not_applying} AND ({key_changed}) BEGIN
+    {log_delete}
+    {log_insert}
+END;
+DROP TRIGGER IF EXISTS {delete_trigger};
+CREATE TRIGGER {delete_trigger} AFTER DELETE ON {target} WHEN {not_applying} BEGIN
+    {log_delete}
+END;
+INSERT OR IGNORE INTO rs_client_table (table_name) VALUES ({table_literal});
+",
+        insert_trigger = trigger("insert"),
+        update_trigger = trigger("update"),
+        rekey_trigger = trigger("rekey"),
+        delete_trigger = trigger("delete"),
+        table_literal = format!("'{}'", table.replace('\'', "''")),
+    );
+    let transaction = connection.transaction()?;
+    transaction.execute_batch(&ddl)?;
+    transaction.commit()?;
+    Ok(())
+}
+
+pub fn tracked_tables(connection: &Connection) -> Result<Vec<String>, ClientError> {
+    let mut statement = connection.prepare("SELECT table_name FROM rs_client_table ORDER BY table_name")?;
+    let tables = statement.query_map([], |row| row.get(0))?.collect::<Result<_, _>>()?;
+    Ok(tables)
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct State {
+    pub upload_sequence_acknowledged: u64,
+    pub download_watermark: i64,
+}
+
+pub fn state(connection: &Connection) -> Result<State, ClientError> {
+    Ok(connection.query_row(
+        "SELECT upload_sequence_acknowledged, download_watermark FROM rs_client_state WHERE id = 1",
+        [],
+        |row| {
+            Ok(State {
+                upload_sequence_acknowledged: row.get::<_, i64>(0)? as u64,
+                download_watermark: row.get(1)?,
+            })
+        },
+    )?)
+}
+
+/// An upload waiting for the server's acknowledgement, as the frames to send.
+#[derive(Debug)]
+pub struct Batch {
+    pub upload_sequence: u64,
+    pub frames: Vec<Vec<u8>>,
+    pub operations: u64,
+    /// This batch was sent before without an answer: the server may have applied it.
+    pub is_retry: bool,
+}
+
+/// The in-flight upload if one awaits acknowledgement (it is resent unchanged, with
+/// its sequence, so the server can tell it applied it already); otherwise a new one
+/// made by moving the change logs out, in one transaction.
+pub fn next_batch(connection: &mut Connection) -> Result<Batch, ClientError> {
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let inflight: Option<i64> =
+        transaction.query_row("SELECT max(upload_sequence) FROM rs_client_inflight", [], |row| row.get(0))?;
+    if let Some(sequence) = inflight {
+        let mut statement = transaction
+            .prepare("SELECT frame, operations FROM rs_client_inflight WHERE upload_sequence = ?1 AND part > 0 ORDER BY part")?;
+        let mut frames = Vec::new();
+        let mut operations = 0u64;
+        let mut rows = statement.query([sequence])?;
+        while let Some(row) = rows.next()? {
+            frames.push(row.get::<_, Vec<u8>>(0)?);
+            operations += row.get::<_, i64>(1)? as u64;
+        }
+        return Ok(Batch {
+            upload_sequence: sequence as u64,
+            frames,
+            operations,
+            is_retry: true,
+        });
+    }
+    let sequence = state(&transaction)?.upload_sequence_acknowledged + 1;
+    let mut messages = Vec::new();
+    for table in tracked_tables(&transaction)? {
+        collect_table_upload(&transaction, &table, &mut messages)?;
+    }
+    let mut operations_total = 0u64;
+    let mut frames = Vec::with_capacity(messages.len());
+    {
+        let mut insert = transaction.prepare(
+            "INSERT INTO rs_client_inflight (upload_sequence, part, frame, operations) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        // An empty upload still gets its sequence and this marker row: the sync is then
+        // acknowledged like any other.
+        insert.execute(params![sequence as i64, 0, Vec::<u8>::new(), 0])?;
+        for (part, upload) in messages.into_iter().enumerate() {
+            let operations = (upload.inserts.len() + upload.updates.len() + upload.deletes.len()) as u64;
+            operations_total += operations;
+            let frame = encode_frame(&Message::Upload(upload));
+            insert.execute(params![sequence as i64, part as i64 + 1, frame, operations as i64])?;
+            frames.push(frame);
+        }
+    }
+    transaction.commit()?;
+    Ok(Batch {
+        upload_sequence: sequence,
+        frames,
+        operations: operations_total,
+        is_retry: false,
+    })
+}
+
+/// Reads and empties the change log of one table into upload messages of bounded size.
+fn collect_table_upload(connection: &Connection, table: &str, out: &mut Vec<TableUpload>) -> Result<(), ClientError> {
+    let shape = shape(connection, table)?
+        .ok_or_else(|| ClientError::Schema(format!("tracked table {table:?} no longer exists")))?;
+    let width = shape.columns.len();
+    let key_count = shape.key_columns.len();
+    let log = q(&log_table(table));
+    let join = shape
+        .key_columns
+        .iter()
+        .map(|k| format!("t.{k} = l.{k}", k = q(k)))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let select = format!(
+        "SELECT l.rs_op, {keys}, {old}, t.rowid IS NOT NULL, {new} FROM {log} AS l LEFT JOIN {table_q} AS t ON {join}",
+        keys = shape.key_columns.iter().map(|k| format!("l.{}", q(k))).collect::<Vec<_>>().join(", "),
+        old = shape.columns.iter().map(|c| format!("l.{}", q(&format!("{OLD_PREFIX}{c}")))).collect::<Vec<_>>().join(", "),
+        new = shape.columns.iter().map(|c| format!("t.{}", q(c))).collect::<Vec<_>>().join(", "),
+        table_q = q(table),
+    );
+    let new_message = || TableUpload {
+        table: table.to_string(),
+        columns: shape.columns.clone(),
+        key_columns: shape.key_columns.clone(),
+        ..TableUpload::default()
+    };
+    let mut current = new_message();
+    let mut current_bytes = 0usize;
+    let mut statement = connection.prepare(&select)?;
+    let mut rows = statement.query([])?;
+    let row_values = |row: &rusqlite::Row, start: usize, count: usize| -> rusqlite::Result<Row> {
+        (start..start + count).map(|index| row.get::<_, Value>(index)).collect()
+    };
+    while let Some(row) = rows.next()? {
+        let op: String = row.get(0)?;
+        let key = row_values(row, 1, key_count)?;
+        let old = row_values(row, 1 + key_count, width)?;
+        let exists: bool = row.get(1 + key_count + width)?;
+        let new = row_values(row, 2 + key_count + width, width)?;
+        let size: usize;
+        match op.as_str() {
+            "I" | "U" if !exists => {
+                // The row was deleted again by a writer that bypassed the log; nothing to send.
+                continue;
+            }
+            "I" => {
+                size = new.iter().map(Value::encoded_len).sum();
+                current.inserts.push(new);
+            }
+            "U" => {
+                size = old.iter().chain(&new).map(Value::encoded_len).sum();
+                current.updates.push(RowUpdate { old, new });
+            }
+            "D" => {
+                size = key.iter().map(Value::encoded_len).sum();
+                current.deletes.push(key);
+            }
+            other => {
+                return Err(ClientError::Schema(format!(
+                    "change log of {table:?} holds unknown operation {other:?}"
+                )))
+            }
+        }
+        current_bytes += size;
+        if current_bytes >= UPLOAD_MESSAGE_BYTES_MAX {
+            out.push(std::mem::replace(&mut current, new_message()));
+            current_bytes = 0;
+        }
+    }
+    drop(rows);
+    drop(statement);
+    if !(current.inserts.is_empty() && current.updates.is_empty() && current.deletes.is_empty()) {
+        out.push(current);
+    }
+    connection.execute(&format!("DELETE FROM {log}"), [])?;
+    Ok(())
+}
+
+pub fn has_pending_changes(connection: &Connection) -> Result<bool, ClientError> {
+    for table in tracked_tables(connection)? {
+        let any: bool = connection.query_row(
+            &format!("SELECT EXISTS (SELECT 1 FROM {})", q(&log_table(&table))),
+            [],
+            |row| row.get(0),
+        )?;
+        if any {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Applies a download and acknowledges the upload in one transaction. Rows with local
+/// changes not yet uploaded (made while the sync was in flight) are left alone: those
+/// changes go up in the next sync and the server resolves them.
+pub fn apply_download(
+    connection: &mut Connection,
+    upload_sequence: u64,
+    downloads: &[Download],
+    watermark: i64,
+) -> Result<u64, ClientError> {
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    transaction.execute("UPDATE rs_client_state SET applying_download = 1 WHERE id = 1", [])?;
+    let tracked: Vec<String> = tracked_tables(&transaction)?;
+    let mut rows_applied = 0u64;
+    let mut shapes: HashMap<&str, Shape> = HashMap::new();
+    for download in downloads {
+        let table = download.table.as_str();
+        if !shapes.contains_key(table) {
+            let found = shape(&transaction, table)?.ok_or_else(|| {
+                ClientError::Schema(format!("the download names table {table:?}, which the client database lacks"))
+            })?;
+            shapes.insert(table, found);
+        }
+        let shape = &shapes[table];
+        if download.key_columns != shape.key_columns {
+            return Err(ClientError::Schema(format!(
+                "table {table:?} has primary key {:?} here, the download names {:?}",
+                shape.key_columns, download.key_columns
+            )));
+        }
+        for column in &download.columns {
+            if !shape.columns.contains(column) {
+                return Err(ClientError::Schema(format!("the download names column {column:?}, which table {table:?} lacks here")));
+            }
+        }
+        let is_tracked = tracked.iter().any(|t| t == table);
+        rows_applied += apply_table(&transaction, download, is_tracked)?;
+    }
+    transaction.execute(
+        "UPDATE rs_client_state SET applying_download = 0, download_watermark = ?1,
+             upload_sequence_acknowledged = max(upload_sequence_acknowledged, ?2) WHERE id = 1",
+        params![watermark, upload_sequence as i64],
+    )?;
+    transaction.execute("DELETE FROM rs_client_inflight WHERE upload_sequence <= ?1", [upload_sequence as i64])?;
+    transaction.commit()?;
+    Ok(rows_applied)
+}
+
+fn apply_table(connection: &Connection, download: &Download, is_tracked: bool) -> Result<u64, ClientError> {
+    let table = q(&download.table);
+    let keys = &download.key_columns;
+    let key_placeholders = |start: usize| {
+        keys.iter()
+            .enumerate()
+            .map(|(i, k)| format!("{} = ?{}", q(k), start + i))
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    };
+    let width = download.columns.len();
+    let no_pending = |start: usize| {
+        if is_tracked {
+            format!(
+                "NOT EXISTS (SELECT 1 FROM {} WHERE {})",
+                q(&log_table(&download.table)),
+                key_placeholders(start)
+            )
+        } else {
+            "1".to_string()
+        }
+    };
+    let mut applied = 0u64;
+    if !download.deletes.is_empty() {
+        let mut delete = connection.prepare(&format!(
+            "DELETE FROM {table} WHERE {} AND {}",
+            key_placeholders(1),
+            no_pending(1)
+        ))?;
+        for key in &download.deletes {
+            applied += delete.execute(rusqlite::params_from_iter(key))? as u64;
+        }
+    }
+    if !download.upserts.is_empty() {
+        let columns = download.columns.iter().map(|c| q(c)).collect::<Vec<_>>().join(", ");
+        let placeholders = (1..=width).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ");
+        let key_positions: Vec<usize> = keys
+            .iter()
+            .map(|k| download.columns.iter().position(|c| c == k).expect("checked by the session"))
+            .collect();
+        let non_keys: Vec<&String> = download.columns.iter().filter(|c| !keys.contains(c)).collect();
+        let conflict_action = if non_keys.is_empty() {
+            "NOTHING".to_string()
+        } else {
+            format!(
+                "UPDATE SET {}",
+                non_keys.iter().map(|c| format!("{c} = excluded.{c}", c = q(c))).collect::<Vec<_>>().join(", ")
+            )
+        };
+        let pending_check = if is_tracked {
+            let matches = keys
+                .iter()
+                .zip(&key_positions)
+                .map(|(k, p)| format!("{} = ?{}", q(k), p + 1))
+                .collect::<Vec<_>>()
+                .join(" AND ");
+            format!("NOT EXISTS (SELECT 1 FROM {} WHERE {matches})", q(&log_table(&download.table)))
+        } else {
+            "1".to_string()
+        };
+        let mut upsert = connection.prepare(&format!(
+            "INSERT INTO {table} ({columns}) SELECT {placeholders} WHERE {pending_check}
+             ON CONFLICT ({key_list}) DO {conflict_action}",
+            key_list = keys.iter().map(|k| q(k)).collect::<Vec<_>>().join(", "),
+        ))?;
+        for row in &download.upserts {
+            applied += upsert.execute(rusqlite::params_from_iter(row))? as u64;
+        }
+    }
+    Ok(applied)
+}

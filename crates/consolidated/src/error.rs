@@ -1,0 +1,51 @@
+use rowsync_protocol::ErrorCode;
+use thiserror::Error;
+
+/// A failure of the consolidated database itself or of an administrative request.
+#[derive(Debug, Error)]
+pub enum DbError {
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("database task failed: {0}")]
+    Task(String),
+}
+
+/// Why a sync's database work failed. In every case its transaction was rolled back.
+#[derive(Debug, Error)]
+pub enum SyncError {
+    #[error("script version {0:?} does not exist")]
+    UnknownScriptVersion(String),
+    #[error("client id {client_id:?} is registered to another user")]
+    ClientIdTaken { client_id: String },
+    #[error("{0}")]
+    Schema(String),
+    #[error("script {event} for table {table:?} failed: {message}")]
+    Script {
+        event: String,
+        table: String,
+        message: String,
+    },
+    #[error(transparent)]
+    Database(#[from] DbError),
+}
+
+impl From<rusqlite::Error> for SyncError {
+    fn from(error: rusqlite::Error) -> SyncError {
+        SyncError::Database(DbError::Sqlite(error))
+    }
+}
+
+impl SyncError {
+    /// The wire error code a client receives for this failure.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            SyncError::UnknownScriptVersion(_) => ErrorCode::UnknownScriptVersion,
+            SyncError::ClientIdTaken { .. } => ErrorCode::ClientIdTaken,
+            SyncError::Schema(_) => ErrorCode::Schema,
+            SyncError::Script { .. } => ErrorCode::Script,
+            SyncError::Database(_) => ErrorCode::Internal,
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! The consolidated database: the central store every client synchronizes with.
+//!
+//! The server sees it only through [`Consolidated`] (a connection factory) and
+//! [`ConsolidatedConnection`] (what one pooled connection can do). Each backend
+//! implements both and must pass the conformance suite in `tests/conformance`.
+//! The SQLite backend is the embedded default.
+
+mod error;
+mod names;
+pub mod scripts;
+pub mod sqlite;
+mod types;
+
+use std::future::Future;
+use std::sync::Arc;
+
+pub use error::{DbError, SyncError};
+pub use names::quote_identifier;
+pub use types::{SyncOutcome, SyncRequest, TableInit};
+
+/// A consolidated database: hands out connections. Cheap to clone.
+pub trait Consolidated: Clone + Send + Sync + 'static {
+    type Connection: ConsolidatedConnection;
+
+    fn connect(&self) -> impl Future<Output = Result<Self::Connection, DbError>> + Send;
+}
+
+/// One connection to the consolidated database. A server worker holds one only while
+/// it runs a sync's database work.
+pub trait ConsolidatedConnection: Send + 'static {
+    /// Creates the `rs_` system tables if they are missing. Idempotent.
+    fn install_system_tables(&mut self) -> impl Future<Output = Result<(), DbError>> + Send;
+
+    /// Adds a user or replaces its password hash (an argon2id PHC string).
+    fn set_user(
+        &mut self,
+        name: &str,
+        password_hash: &str,
+    ) -> impl Future<Output = Result<(), DbError>> + Send;
+
+    /// The stored password hash of a user, `None` if there is no such user.
+    fn password_hash(
+        &mut self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<String>, DbError>> + Send;
+
+    /// Prepares an existing table for synchronization: change tracking (row versions and
+    /// tombstones kept by triggers) and the default set scripts in the given version.
+    fn init_table(&mut self, init: &TableInit) -> impl Future<Output = Result<(), DbError>> + Send;
+
+    /// Runs one sync's database work in one transaction: applies the upload unless its
+    /// sequence was already applied, records the sequence, and fetches the download.
+    /// On any error nothing of the upload stays applied.
+    fn synchronize(
+        &mut self,
+        request: Arc<SyncRequest>,
+    ) -> impl Future<Output = Result<SyncOutcome, SyncError>> + Send;
+}

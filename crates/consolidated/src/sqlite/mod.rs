@@ -1,0 +1,115 @@
+//! The SQLite backend: the embedded default, one file, nothing to install.
+//!
+//! Writers in SQLite are serialized, so a change counter bumped by triggers inside each
+//! writing transaction commits in counter order: reading the counter inside a sync's
+//! write transaction gives a watermark below which every change is committed. That is
+//! why a counter is a safe watermark here (and would not be on PostgreSQL).
+
+mod schema;
+mod sync;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+
+use crate::{Consolidated, ConsolidatedConnection, DbError, SyncError, SyncOutcome, SyncRequest, TableInit};
+
+/// How long a connection waits for another writer before failing with "database is locked".
+pub const BUSY_TIMEOUT_MS: u64 = 30_000;
+
+#[derive(Debug, Clone)]
+pub struct SqliteConsolidated {
+    path: PathBuf,
+}
+
+impl SqliteConsolidated {
+    /// A consolidated database in the SQLite file at `path` (created when missing).
+    pub fn new(path: impl AsRef<Path>) -> SqliteConsolidated {
+        SqliteConsolidated {
+            path: path.as_ref().to_path_buf(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Opens a plain rusqlite connection with the settings every rowsync connection uses.
+    pub fn open_blocking(&self) -> Result<Connection, DbError> {
+        let connection = Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        connection.busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS))?;
+        // WAL lets downloads read while another sync writes; synchronous=FULL makes a
+        // commit durable before the client is told its upload was applied.
+        connection.pragma_update(None, "journal_mode", "WAL")?;
+        connection.pragma_update(None, "synchronous", "FULL")?;
+        connection.pragma_update(None, "foreign_keys", "ON")?;
+        Ok(connection)
+    }
+}
+
+impl Consolidated for SqliteConsolidated {
+    type Connection = SqliteConnection;
+
+    async fn connect(&self) -> Result<SqliteConnection, DbError> {
+        let backend = self.clone();
+        let connection = tokio::task::spawn_blocking(move || backend.open_blocking())
+            .await
+            .map_err(|error| DbError::Task(error.to_string()))??;
+        Ok(SqliteConnection {
+            connection: Arc::new(Mutex::new(connection)),
+        })
+    }
+}
+
+/// A pooled SQLite connection. Its blocking calls run on tokio's blocking threads.
+pub struct SqliteConnection {
+    connection: Arc<Mutex<Connection>>,
+}
+
+impl SqliteConnection {
+    async fn run<T, E>(&self, work: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<DbError> + Send + 'static,
+    {
+        let connection = Arc::clone(&self.connection);
+        tokio::task::spawn_blocking(move || {
+            let mut guard = connection
+                .lock()
+                .map_err(|_| DbError::Task("a previous task panicked holding this connection".into()))?;
+            work(&mut guard)
+        })
+        .await
+        .map_err(|error| E::from(DbError::Task(error.to_string())))?
+    }
+}
+
+impl ConsolidatedConnection for SqliteConnection {
+    async fn install_system_tables(&mut self) -> Result<(), DbError> {
+        self.run(|connection| schema::install_system_tables(connection)).await
+    }
+
+    async fn set_user(&mut self, name: &str, password_hash: &str) -> Result<(), DbError> {
+        let (name, password_hash) = (name.to_string(), password_hash.to_string());
+        self.run(move |connection| schema::set_user(connection, &name, &password_hash)).await
+    }
+
+    async fn password_hash(&mut self, name: &str) -> Result<Option<String>, DbError> {
+        let name = name.to_string();
+        self.run(move |connection| schema::password_hash(connection, &name)).await
+    }
+
+    async fn init_table(&mut self, init: &TableInit) -> Result<(), DbError> {
+        let init = init.clone();
+        self.run(move |connection| schema::init_table(connection, &init)).await
+    }
+
+    async fn synchronize(&mut self, request: Arc<SyncRequest>) -> Result<SyncOutcome, SyncError> {
+        self.run(move |connection| sync::synchronize(connection, &request)).await
+    }
+}

@@ -1,0 +1,315 @@
+//! System tables, users, and `init` (change tracking plus default scripts) for SQLite.
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::scripts::*;
+use crate::{quote_identifier as q, DbError, TableInit};
+
+const SYSTEM_TABLES: &str = "
+CREATE TABLE IF NOT EXISTS rs_user (
+    name TEXT PRIMARY KEY,
+    password_hash TEXT NOT NULL,
+    created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
+);
+CREATE TABLE IF NOT EXISTS rs_script_version (
+    name TEXT PRIMARY KEY,
+    description TEXT NOT NULL DEFAULT '',
+    created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
+);
+CREATE TABLE IF NOT EXISTS rs_script (
+    script_version TEXT NOT NULL REFERENCES rs_script_version (name),
+    table_name TEXT NOT NULL DEFAULT '',
+    event TEXT NOT NULL,
+    script TEXT NOT NULL,
+    PRIMARY KEY (script_version, table_name, event)
+);
+CREATE TABLE IF NOT EXISTS rs_subscription (
+    client_id TEXT PRIMARY KEY,
+    user_name TEXT NOT NULL,
+    script_version TEXT NOT NULL,
+    upload_sequence INTEGER NOT NULL DEFAULT 0,
+    download_watermark INTEGER NOT NULL DEFAULT 0,
+    last_sync_at TEXT
+);
+CREATE TABLE IF NOT EXISTS rs_table (
+    table_name TEXT PRIMARY KEY,
+    partition_column TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rs_clock (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    version INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO rs_clock (id, version) VALUES (1, 0);
+";
+
+pub fn install_system_tables(connection: &Connection) -> Result<(), DbError> {
+    connection.execute_batch(SYSTEM_TABLES)?;
+    Ok(())
+}
+
+pub fn set_user(connection: &mut Connection, name: &str, password_hash: &str) -> Result<(), DbError> {
+    if name.is_empty() {
+        return Err(DbError::Invalid("a user name must not be empty".into()));
+    }
+    connection.execute(
+        "INSERT INTO rs_user (name, password_hash) VALUES (?1, ?2)
+         ON CONFLICT (name) DO UPDATE SET password_hash = excluded.password_hash",
+        params![name, password_hash],
+    )?;
+    Ok(())
+}
+
+pub fn password_hash(connection: &mut Connection, name: &str) -> Result<Option<String>, DbError> {
+    Ok(connection
+        .query_row("SELECT password_hash FROM rs_user WHERE name = ?1", [name], |row| row.get(0))
+        .optional()?)
+}
+
+/// A column of a consolidated table.
+#[derive(Debug, Clone)]
+pub struct Column {
+    pub name: String,
+}
+
+/// What rowsync needs to know of a consolidated table.
+#[derive(Debug, Clone)]
+pub struct TableShape {
+    pub name: String,
+    pub columns: Vec<Column>,
+    /// Primary-key column names in key order.
+    pub key_columns: Vec<String>,
+}
+
+impl TableShape {
+    pub fn has_column(&self, name: &str) -> bool {
+        self.columns.iter().any(|column| column.name == name)
+    }
+}
+
+pub fn table_shape(connection: &Connection, table: &str) -> Result<Option<TableShape>, DbError> {
+    let mut statement = connection.prepare("SELECT name, pk FROM pragma_table_info(?1) ORDER BY cid")?;
+    let mut columns = Vec::new();
+    let mut keys: Vec<(i64, String)> = Vec::new();
+    let mut rows = statement.query([table])?;
+    while let Some(row) = rows.next()? {
+        let name: String = row.get(0)?;
+        let key_position: i64 = row.get(1)?;
+        if key_position > 0 {
+            keys.push((key_position, name.clone()));
+        }
+        columns.push(Column { name });
+    }
+    if columns.is_empty() {
+        return Ok(None);
+    }
+    keys.sort();
+    Ok(Some(TableShape {
+        name: table.to_string(),
+        columns,
+        key_columns: keys.into_iter().map(|(_, name)| name).collect(),
+    }))
+}
+
+pub fn row_version_table(table: &str) -> String {
+    format!("rs_rowversion_{table}")
+}
+
+pub fn tombstone_table(table: &str) -> String {
+    format!("rs_tombstone_{table}")
+}
+
+pub fn init_table(connection: &mut Connection, init: &TableInit) -> Result<(), DbError> {
+    let transaction = connection.transaction()?;
+    install_system_tables(&transaction)?;
+    let shape = table_shape(&transaction, &init.table)?
+        .ok_or_else(|| DbError::Invalid(format!("table {:?} does not exist", init.table)))?;
+    if shape.key_columns.is_empty() {
+        return Err(DbError::Invalid(format!(
+            "table {:?} has no primary key; rowsync identifies rows by their primary key",
+            init.table
+        )));
+    }
+    if !shape.has_column(&init.partition_column) {
+        return Err(DbError::Invalid(format!(
+            "table {:?} has no column {:?} to partition by",
+            init.table, init.partition_column
+        )));
+    }
+    if init.table.starts_with("rs_") {
+        return Err(DbError::Invalid("tables named rs_* are rowsync's own".into()));
+    }
+    transaction.execute_batch(&tracking_ddl(&shape, &init.partition_column))?;
+    transaction.execute(
+        "INSERT INTO rs_table (table_name, partition_column) VALUES (?1, ?2)
+         ON CONFLICT (table_name) DO UPDATE SET partition_column = excluded.partition_column",
+        params![init.table, init.partition_column],
+    )?;
+    transaction.execute(
+        "INSERT OR IGNORE INTO rs_script_version (name) VALUES (?1)",
+        [&init.script_version],
+    )?;
+    for (event, script) in default_scripts(&shape, &init.partition_column) {
+        transaction.execute(
+            "INSERT INTO rs_script (script_version, table_name, event, script) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (script_version, table_name, event) DO UPDATE SET script = excluded.script",
+            params![init.script_version, init.table, event, script],
+        )?;
+    }
+    transaction.commit()?;
+    Ok(())
+}
+
+/// `a."k1" = b."k1" AND a."k2" = b."k2"`
+fn key_match(keys: &[String], left: &str, right: &str) -> String {
+    keys.iter()
+        .map(|key| format!("{left}.{k} = {right}.{k}", k = q(key)))
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+fn column_list(names: impl IntoIterator<Item = impl AsRef<str>>, prefix: &str) -> String {
+    names
+        .into_iter()
+        .map(|name| format!("{prefix}{}", q(name.as_ref())))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Row-version and tombstone tables with the triggers that keep them. Every change to
+/// the table bumps `rs_clock` and stamps the row (or its tombstone) with the new value.
+fn tracking_ddl(shape: &TableShape, partition_column: &str) -> String {
+    let table = q(&shape.name);
+    let versions = q(&row_version_table(&shape.name));
+    let tombstones = q(&tombstone_table(&shape.name));
+    let keys = &shape.key_columns;
+    let key_columns = column_list(keys, "");
+    let new_keys = column_list(keys, "NEW.");
+    let old_keys = column_list(keys, "OLD.");
+    let partition = q(partition_column);
+    let clock = "(SELECT version FROM rs_clock WHERE id = 1)";
+    let bump = "UPDATE rs_clock SET version = version + 1 WHERE id = 1;";
+    let key_is_new = |alias: &str| {
+        keys.iter()
+            .map(|key| format!("{alias}.{k} = NEW.{k}", k = q(key)))
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    };
+    let key_is_old = keys
+        .iter()
+        .map(|key| format!("{k} = OLD.{k}", k = q(key)))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let key_changed = keys
+        .iter()
+        .map(|key| format!("OLD.{k} IS NOT NEW.{k}", k = q(key)))
+        .collect::<Vec<_>>()
+        .join(" OR ");
+    let trigger = |suffix: &str| q(&format!("rs_{suffix}_{}", shape.name));
+    format!(
+        "
+CREATE TABLE IF NOT EXISTS {versions} ({key_columns}, version INTEGER NOT NULL, PRIMARY KEY ({key_columns})) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS {versions_index} ON {versions} (version);
+CREATE TABLE IF NOT EXISTS {tombstones} ({key_columns}, rs_partition, version INTEGER NOT NULL, PRIMARY KEY ({key_columns})) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS {tombstones_index} ON {tombstones} (version);
+UPDATE rs_clock SET version = version + 1 WHERE id = 1;
+INSERT OR IGNORE INTO {versions} ({key_columns}, version) SELECT {key_columns}, {clock} FROM {table};
+DROP TRIGGER IF EXISTS {insert_trigger};
+CREATE TRIGGER {insert_trigger} AFTER INSERT ON {table} BEGIN
+    {bump}
+    INSERT INTO {versions} ({key_columns}, version) VALUES ({new_keys}, {clock})
+        ON CONFLICT ({key_columns}) DO UPDATE SET version = excluded.version;
+    DELETE FROM {tombstones} WHERE {tombstone_is_new};
+END;
+DROP TRIGGER IF EXISTS {update_trigger};
+CREATE TRIGGER {update_trigger} AFTER UPDATE ON {table} BEGIN
+    {bump}
+    INSERT INTO {tombstones} ({key_columns}, rs_partition, version)
+        SELECT {old_keys}, OLD.{partition}, {clock} WHERE ({key_changed}) OR OLD.{partition} IS NOT NEW.{partition}
+        ON CONFLICT ({key_columns}) DO UPDATE SET rs_partition = excluded.rs_partition, version = excluded.version;
+    DELETE FROM {versions} WHERE {key_is_old} AND ({key_changed});
+    INSERT INTO {versions} ({key_columns}, version) VALUES ({new_keys}, {clock})
+        ON CONFLICT ({key_columns}) DO UPDATE SET version = excluded.version;
+    DELETE FROM {tombstones} WHERE {tombstone_is_new} AND rs_partition IS NEW.{partition};
+END;
+DROP TRIGGER IF EXISTS {delete_trigger};
+CREATE TRIGGER {delete_trigger} AFTER DELETE ON {table} BEGIN
+    {bump}
+    DELETE FROM {versions} WHERE {key_is_old};
+    INSERT INTO {tombstones} ({key_columns}, rs_partition, version) VALUES ({old_keys}, OLD.{partition}, {clock})
+        ON CONFLICT ({key_columns}) DO UPDATE SET rs_partition = excluded.rs_partition, version = excluded.version;
+END;
+",
+        versions_index = q(&format!("{}_version", row_version_table(&shape.name))),
+        tombstones_index = q(&format!("{}_version", tombstone_table(&shape.name))),
+        insert_trigger = trigger("insert"),
+        update_trigger = trigger("update"),
+        delete_trigger = trigger("delete"),
+        tombstone_is_new = key_is_new(&tombstones),
+    )
+}
+
+/// The default set scripts for a table partitioned by `partition_column`.
+pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'static str, String)> {
+    let table = q(&shape.name);
+    let partition = q(partition_column);
+    let all = shape.columns.iter().map(|column| column.name.as_str()).collect::<Vec<_>>();
+    let keys = &shape.key_columns;
+    let non_keys = all.iter().filter(|name| !keys.iter().any(|key| key == *name)).collect::<Vec<_>>();
+    let columns = column_list(&all, "");
+    let set_new = non_keys
+        .iter()
+        .map(|name| format!("{c} = u.{c}", c = q(name)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let old_matches = all
+        .iter()
+        .map(|name| format!("{table}.{c} IS u.{old}", c = q(name), old = q(&format!("{OLD_IMAGE_PREFIX}{name}"))))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let table_columns = column_list(&all, "t.");
+    let update = if non_keys.is_empty() {
+        // Nothing but key columns: an update can change nothing; keep conflict detection.
+        format!("UPDATE {table} SET {k} = u.{k} FROM {UPLOAD_PLACEHOLDER} AS u WHERE {m} AND {table}.{partition} = :user AND u.{partition} = :user AND {old_matches}",
+            k = q(&keys[0]), m = key_match(keys, &table, "u"))
+    } else {
+        format!("UPDATE {table} SET {set_new} FROM {UPLOAD_PLACEHOLDER} AS u WHERE {m} AND {table}.{partition} = :user AND u.{partition} = :user AND {old_matches}",
+            m = key_match(keys, &table, "u"))
+    };
+    vec![
+        (
+            UPLOAD_INSERT,
+            format!("INSERT INTO {table} ({columns}) SELECT {columns} FROM {UPLOAD_PLACEHOLDER} WHERE {partition} = :user ON CONFLICT DO NOTHING"),
+        ),
+        (UPLOAD_UPDATE, update),
+        (
+            UPLOAD_DELETE,
+            format!(
+                "DELETE FROM {table} WHERE {partition} = :user AND EXISTS (SELECT 1 FROM {UPLOAD_PLACEHOLDER} AS u WHERE {m})",
+                m = key_match(keys, "u", &table)
+            ),
+        ),
+        (
+            UPLOAD_FETCH,
+            format!(
+                "SELECT {table_columns} FROM {table} AS t JOIN {KEYS_PLACEHOLDER} AS k ON {m} WHERE t.{partition} = :user",
+                m = key_match(keys, "t", "k")
+            ),
+        ),
+        (
+            DOWNLOAD_CURSOR,
+            format!(
+                "SELECT {table_columns} FROM {table} AS t JOIN {versions} AS v ON {m} WHERE v.version > :last_download AND t.{partition} = :user",
+                versions = q(&row_version_table(&shape.name)),
+                m = key_match(keys, "v", "t")
+            ),
+        ),
+        (
+            DOWNLOAD_DELETE_CURSOR,
+            format!(
+                "SELECT {key_columns} FROM {tombstones} WHERE version > :last_download AND rs_partition = :user",
+                key_columns = column_list(keys, ""),
+                tombstones = q(&tombstone_table(&shape.name)),
+            ),
+        ),
+    ]
+}

@@ -1,0 +1,589 @@
+//! One sync against SQLite, in one `BEGIN IMMEDIATE` transaction:
+//! check the script version and the client's subscription, apply each table's upload
+//! with set scripts over staging tables (unless this upload sequence was applied
+//! before), detect conflicts set-wise, fetch the download, record progress, commit.
+
+use std::collections::{HashMap, HashSet};
+
+use rowsync_protocol::{encode_values, Download, Row, SyncSummary, TableUpload, Value};
+use rusqlite::{params, Connection, OptionalExtension, Statement, TransactionBehavior};
+
+use super::schema::{table_shape, TableShape};
+use crate::scripts::*;
+use crate::{quote_identifier as q, SyncError, SyncOutcome, SyncRequest};
+
+pub fn synchronize(connection: &mut Connection, request: &SyncRequest) -> Result<SyncOutcome, SyncError> {
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let scripts = Scripts::load(&transaction, &request.script_version)?;
+    let subscription: Option<(String, i64)> = transaction
+        .query_row(
+            "SELECT user_name, upload_sequence FROM rs_subscription WHERE client_id = ?1",
+            [&request.client_id],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()?;
+    let applied_sequence = match subscription {
+        Some((owner, _)) if owner != request.user => {
+            return Err(SyncError::ClientIdTaken {
+                client_id: request.client_id.clone(),
+            })
+        }
+        Some((_, sequence)) => sequence,
+        None => 0,
+    };
+    let upload_sequence = i64::try_from(request.upload_sequence)
+        .map_err(|_| SyncError::Schema(format!("upload sequence {} is out of range", request.upload_sequence)))?;
+    let parameters = Parameters {
+        user: &request.user,
+        client_id: &request.client_id,
+        script_version: &request.script_version,
+        last_download: request.last_download_watermark,
+        upload_sequence,
+    };
+    let upload_already_applied = upload_sequence <= applied_sequence;
+    let mut resolutions: HashMap<&str, Resolution> = HashMap::new();
+    let mut conflicts = 0;
+    if !upload_already_applied {
+        for upload in &request.tables {
+            if resolutions.contains_key(upload.table.as_str()) {
+                return Err(SyncError::Schema(format!("table {:?} appears twice in one upload", upload.table)));
+            }
+            let resolution = apply_table(&transaction, &scripts, upload, &parameters)?;
+            conflicts += resolution.conflict_count;
+            resolutions.insert(&upload.table, resolution);
+        }
+    }
+    let watermark: i64 = transaction.query_row("SELECT version FROM rs_clock WHERE id = 1", [], |row| row.get(0))?;
+    let mut downloads = Vec::new();
+    for table in scripts.download_tables() {
+        let download = fetch_download(&transaction, &scripts, table, &parameters, resolutions.get(table))?;
+        if !download.upserts.is_empty() || !download.deletes.is_empty() {
+            downloads.push(download);
+        }
+    }
+    transaction.execute(
+        "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark, last_sync_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, CURRENT_TIMESTAMP)
+         ON CONFLICT (client_id) DO UPDATE SET
+             script_version = excluded.script_version,
+             upload_sequence = max(upload_sequence, excluded.upload_sequence),
+             download_watermark = excluded.download_watermark,
+             last_sync_at = excluded.last_sync_at",
+        params![request.client_id, request.user, request.script_version, upload_sequence, watermark],
+    )?;
+    transaction.commit()?;
+    Ok(SyncOutcome {
+        downloads,
+        watermark,
+        summary: SyncSummary {
+            rows_uploaded: request.upload_operation_count(),
+            conflicts,
+            upload_already_applied,
+        },
+    })
+}
+
+struct Parameters<'a> {
+    user: &'a str,
+    client_id: &'a str,
+    script_version: &'a str,
+    last_download: i64,
+    upload_sequence: i64,
+}
+
+/// The scripts of one script version, by (table, event).
+struct Scripts {
+    version: String,
+    by_table_event: HashMap<(String, String), String>,
+}
+
+impl Scripts {
+    fn load(connection: &Connection, version: &str) -> Result<Scripts, SyncError> {
+        let exists: bool = connection.query_row(
+            "SELECT EXISTS (SELECT 1 FROM rs_script_version WHERE name = ?1)",
+            [version],
+            |row| row.get(0),
+        )?;
+        if !exists {
+            return Err(SyncError::UnknownScriptVersion(version.to_string()));
+        }
+        let mut statement = connection.prepare("SELECT table_name, event, script FROM rs_script WHERE script_version = ?1")?;
+        let by_table_event = statement
+            .query_map([version], |row| Ok(((row.get(0)?, row.get(1)?), row.get(2)?)))?
+            .collect::<Result<_, _>>()?;
+        Ok(Scripts {
+            version: version.to_string(),
+            by_table_event,
+        })
+    }
+
+    fn get(&self, table: &str, event: &str) -> Option<&str> {
+        self.by_table_event
+            .get(&(table.to_string(), event.to_string()))
+            .map(String::as_str)
+    }
+
+    fn require(&self, table: &str, event: &str) -> Result<&str, SyncError> {
+        self.get(table, event).ok_or_else(|| {
+            SyncError::Schema(format!(
+                "script version {:?} has no {event} script for table {table:?}",
+                self.version
+            ))
+        })
+    }
+
+    fn synchronizes(&self, table: &str) -> bool {
+        self.by_table_event.keys().any(|(name, _)| name == table)
+    }
+
+    fn download_tables(&self) -> Vec<&str> {
+        let mut tables: Vec<&str> = self
+            .by_table_event
+            .keys()
+            .filter(|(_, event)| event == DOWNLOAD_CURSOR || event == DOWNLOAD_DELETE_CURSOR)
+            .map(|(table, _)| table.as_str())
+            .collect();
+        tables.sort_unstable();
+        tables.dedup();
+        tables
+    }
+}
+
+/// What applying one table's upload means for its download.
+#[derive(Default)]
+struct Resolution {
+    conflict_count: u64,
+    /// Keys the client uploaded: rows it already holds as the server now does, unless
+    /// they conflicted (conflicts are resolved below and always sent).
+    uploaded_upsert_keys: HashSet<Vec<u8>>,
+    uploaded_delete_keys: HashSet<Vec<u8>>,
+    /// Current server rows for conflicting keys (server wins), and conflicting keys the
+    /// client must drop because no row in its partition has them.
+    conflict_columns: Vec<String>,
+    conflict_upserts: Vec<Row>,
+    conflict_deletes: Vec<Row>,
+}
+
+fn key_bytes(row: &[Value], key_positions: &[usize]) -> Vec<u8> {
+    let key: Vec<Value> = key_positions.iter().map(|&position| row[position].clone()).collect();
+    let mut bytes = Vec::new();
+    encode_values(&key, &mut bytes);
+    bytes
+}
+
+fn apply_table(
+    connection: &Connection,
+    scripts: &Scripts,
+    upload: &TableUpload,
+    parameters: &Parameters,
+) -> Result<Resolution, SyncError> {
+    let table = upload.table.as_str();
+    if !scripts.synchronizes(table) {
+        return Err(SyncError::Schema(format!(
+            "table {table:?} is not synchronized by script version {:?}",
+            scripts.version
+        )));
+    }
+    let shape = table_shape(connection, table)?
+        .ok_or_else(|| SyncError::Schema(format!("table {table:?} does not exist in the consolidated database")))?;
+    let key_positions = validate_upload_shape(upload, &shape)?;
+    let mut resolution = Resolution::default();
+    let mut conflict_keys: Vec<Row> = Vec::new();
+
+    if !upload.inserts.is_empty() {
+        let stage = Stage::create(connection, "insert", &shape, &upload.columns, false)?;
+        stage.load(connection, upload.inserts.iter().map(|row| row.as_slice()))?;
+        let changed = run_script(connection, scripts, table, UPLOAD_INSERT, &stage.name, parameters)?;
+        if changed < upload.inserts.len() {
+            conflict_keys.extend(stage.rows_not_matching_table(connection, &shape)?);
+        }
+        for row in &upload.inserts {
+            resolution.uploaded_upsert_keys.insert(key_bytes(row, &key_positions));
+        }
+    }
+    if !upload.updates.is_empty() {
+        let stage = Stage::create(connection, "update", &shape, &upload.columns, true)?;
+        let rows: Vec<Row> = upload
+            .updates
+            .iter()
+            .map(|update| update.new.iter().chain(&update.old).cloned().collect())
+            .collect();
+        stage.load(connection, rows.iter().map(|row| row.as_slice()))?;
+        let changed = run_script(connection, scripts, table, UPLOAD_UPDATE, &stage.name, parameters)?;
+        if changed < upload.updates.len() {
+            conflict_keys.extend(stage.rows_not_matching_table(connection, &shape)?);
+        }
+        for update in &upload.updates {
+            resolution.uploaded_upsert_keys.insert(key_bytes(&update.new, &key_positions));
+        }
+    }
+    if !upload.deletes.is_empty() {
+        let stage = Stage::create(connection, "delete", &shape, &upload.key_columns, false)?;
+        stage.load(connection, upload.deletes.iter().map(|row| row.as_slice()))?;
+        run_script(connection, scripts, table, UPLOAD_DELETE, &stage.name, parameters)?;
+        conflict_keys.extend(stage.keys_still_in_table(connection, &shape)?);
+        let all_key_positions: Vec<usize> = (0..upload.key_columns.len()).collect();
+        for key in &upload.deletes {
+            resolution.uploaded_delete_keys.insert(key_bytes(key, &all_key_positions));
+        }
+    }
+    resolution.conflict_count = conflict_keys.len() as u64;
+    if !conflict_keys.is_empty() {
+        resolve_conflicts(connection, scripts, &shape, conflict_keys, parameters, &mut resolution)?;
+    }
+    Ok(resolution)
+}
+
+/// Checks the upload's columns against the table and returns the positions of the key
+/// columns within the upload's columns.
+fn validate_upload_shape(upload: &TableUpload, shape: &TableShape) -> Result<Vec<usize>, SyncError> {
+    let table = &shape.name;
+    if upload.key_columns != shape.key_columns {
+        return Err(SyncError::Schema(format!(
+            "table {table:?} has primary key {:?} in the consolidated database, the upload names {:?}",
+            shape.key_columns, upload.key_columns
+        )));
+    }
+    let mut seen = HashSet::new();
+    for column in &upload.columns {
+        if !shape.has_column(column) {
+            return Err(SyncError::Schema(format!("table {table:?} has no column {column:?}")));
+        }
+        if !seen.insert(column) {
+            return Err(SyncError::Schema(format!("column {column:?} of table {table:?} appears twice in the upload")));
+        }
+    }
+    if !(upload.inserts.is_empty() && upload.updates.is_empty()) && upload.columns.is_empty() {
+        return Err(SyncError::Schema(format!("upload of table {table:?} carries rows but no columns")));
+    }
+    upload
+        .key_columns
+        .iter()
+        .map(|key| {
+            upload
+                .columns
+                .iter()
+                .position(|column| column == key)
+                .ok_or_else(|| SyncError::Schema(format!("upload of table {table:?} lacks key column {key:?}")))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .or_else(|error| if upload.columns.is_empty() { Ok(Vec::new()) } else { Err(error) })
+}
+
+/// A temporary table holding one kind of a table's staged upload.
+struct Stage {
+    name: String,
+    columns: Vec<String>,
+    key_columns: Vec<String>,
+}
+
+impl Stage {
+    /// Creates (or empties) `temp.rs_stage_<kind>_<table>` with the upload's columns and
+    /// the consolidated table's column affinities, so comparisons match the table's.
+    fn create(
+        connection: &Connection,
+        kind: &str,
+        shape: &TableShape,
+        columns: &[String],
+        with_old_image: bool,
+    ) -> Result<Stage, SyncError> {
+        let name = format!("temp.{}", q(&format!("rs_stage_{kind}_{}", shape.name)));
+        let mut select: Vec<String> = columns.iter().map(|column| q(column)).collect();
+        let mut staged_columns = columns.to_vec();
+        if with_old_image {
+            for column in columns {
+                let old = format!("{OLD_IMAGE_PREFIX}{column}");
+                select.push(format!("{} AS {}", q(column), q(&old)));
+                staged_columns.push(old);
+            }
+        }
+        connection.execute_batch(&format!(
+            "DROP TABLE IF EXISTS {name}; CREATE TEMP TABLE {bare} AS SELECT {select} FROM main.{table} WHERE 0;",
+            bare = q(&format!("rs_stage_{kind}_{}", shape.name)),
+            select = select.join(", "),
+            table = q(&shape.name),
+        ))?;
+        Ok(Stage {
+            name,
+            columns: staged_columns,
+            key_columns: shape.key_columns.clone(),
+        })
+    }
+
+    fn load<'r>(&self, connection: &Connection, rows: impl Iterator<Item = &'r [Value]>) -> Result<(), SyncError> {
+        let placeholders = vec!["?"; self.columns.len()].join(", ");
+        let mut statement = connection.prepare(&format!("INSERT INTO {} VALUES ({placeholders})", self.name))?;
+        for row in rows {
+            statement.execute(rusqlite::params_from_iter(row))?;
+        }
+        Ok(())
+    }
+
+    fn select_keys(&self, connection: &Connection, condition: &str) -> Result<Vec<Row>, SyncError> {
+        let keys = self
+            .key_columns
+            .iter()
+            .map(|key| format!("s.{}", q(key)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut statement = connection.prepare(&format!("SELECT {keys} FROM {} AS s WHERE {condition}", self.name))?;
+        let width = self.key_columns.len();
+        let rows = statement
+            .query_map([], |row| (0..width).map(|i| row.get::<_, Value>(i)).collect::<Result<Row, _>>())?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// Staged rows whose new image is not what the table now holds: not applied as sent.
+    fn rows_not_matching_table(&self, connection: &Connection, shape: &TableShape) -> Result<Vec<Row>, SyncError> {
+        let matches = self
+            .columns
+            .iter()
+            .filter(|column| !column.starts_with(OLD_IMAGE_PREFIX))
+            .map(|column| format!("t.{c} IS s.{c}", c = q(column)))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        self.select_keys(
+            connection,
+            &format!("NOT EXISTS (SELECT 1 FROM main.{} AS t WHERE {matches})", q(&shape.name)),
+        )
+    }
+
+    /// Staged delete keys whose row is still in the table: not deleted.
+    fn keys_still_in_table(&self, connection: &Connection, shape: &TableShape) -> Result<Vec<Row>, SyncError> {
+        let matches = self
+            .key_columns
+            .iter()
+            .map(|key| format!("t.{k} = s.{k}", k = q(key)))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        self.select_keys(
+            connection,
+            &format!("EXISTS (SELECT 1 FROM main.{} AS t WHERE {matches})", q(&shape.name)),
+        )
+    }
+}
+
+fn bind_parameters(
+    statement: &mut Statement,
+    parameters: &Parameters,
+    table: &str,
+    event: &str,
+) -> Result<(), SyncError> {
+    for index in 1..=statement.parameter_count() {
+        let name = statement.parameter_name(index).map(str::to_owned);
+        let script_error = |message: String| SyncError::Script {
+            event: event.to_string(),
+            table: table.to_string(),
+            message,
+        };
+        let Some(name) = name else {
+            return Err(script_error(format!(
+                "parameter {index} has no name; scripts use named parameters such as :user"
+            )));
+        };
+        match name.trim_start_matches([':', '@', '$']) {
+            "user" => statement.raw_bind_parameter(index, parameters.user)?,
+            "client_id" => statement.raw_bind_parameter(index, parameters.client_id)?,
+            "script_version" => statement.raw_bind_parameter(index, parameters.script_version)?,
+            "last_download" => statement.raw_bind_parameter(index, parameters.last_download)?,
+            "upload_sequence" => statement.raw_bind_parameter(index, parameters.upload_sequence)?,
+            _ => {
+                let known = PARAMETERS.iter().map(|(name, _)| format!(":{name}")).collect::<Vec<_>>();
+                return Err(script_error(format!(
+                    "unknown parameter {name}; known parameters are {}",
+                    known.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn prepare_script<'c>(
+    connection: &'c Connection,
+    scripts: &Scripts,
+    table: &str,
+    event: &str,
+    substitutions: &[(&str, &str)],
+    parameters: &Parameters,
+) -> Result<Statement<'c>, SyncError> {
+    let mut sql = scripts.require(table, event)?.to_string();
+    for (placeholder, replacement) in substitutions {
+        sql = sql.replace(placeholder, replacement);
+    }
+    let mut statement = connection.prepare(&sql).map_err(|error| script_failure(event, table, error))?;
+    bind_parameters(&mut statement, parameters, table, event)?;
+    Ok(statement)
+}
+
+fn script_failure(event: &str, table: &str, error: rusqlite::Error) -> SyncError {
+    SyncError::Script {
+        event: event.to_string(),
+        table: table.to_string(),
+        message: error.to_string(),
+    }
+}
+
+/// Runs a set script over a staging table; returns the rows it changed.
+fn run_script(
+    connection: &Connection,
+    scripts: &Scripts,
+    table: &str,
+    event: &str,
+    stage_name: &str,
+    parameters: &Parameters,
+) -> Result<usize, SyncError> {
+    let mut statement = prepare_script(connection, scripts, table, event, &[(UPLOAD_PLACEHOLDER, stage_name)], parameters)?;
+    statement.raw_execute().map_err(|error| script_failure(event, table, error))
+}
+
+/// Runs a query script and returns its column names and rows.
+fn query_script(
+    connection: &Connection,
+    scripts: &Scripts,
+    table: &str,
+    event: &str,
+    substitutions: &[(&str, &str)],
+    parameters: &Parameters,
+) -> Result<(Vec<String>, Vec<Row>), SyncError> {
+    let mut statement = prepare_script(connection, scripts, table, event, substitutions, parameters)?;
+    let columns: Vec<String> = statement.column_names().into_iter().map(str::to_owned).collect();
+    let width = columns.len();
+    let mut rows = Vec::new();
+    let mut cursor = statement.raw_query();
+    while let Some(row) = cursor.next().map_err(|error| script_failure(event, table, error))? {
+        let values = (0..width)
+            .map(|index| row.get::<_, Value>(index))
+            .collect::<Result<Row, _>>()
+            .map_err(|error| script_failure(event, table, error))?;
+        rows.push(values);
+    }
+    Ok((columns, rows))
+}
+
+fn key_positions_in(columns: &[String], shape_keys: &[String], table: &str, event: &str) -> Result<Vec<usize>, SyncError> {
+    shape_keys
+        .iter()
+        .map(|key| {
+            columns.iter().position(|column| column == key).ok_or_else(|| SyncError::Script {
+                event: event.to_string(),
+                table: table.to_string(),
+                message: format!("the script must select the key column {key:?}; it selects {columns:?}"),
+            })
+        })
+        .collect()
+}
+
+/// Server wins: fetch the current row of each conflicting key within the client's
+/// partition (`upload_fetch`); keys without one are sent as deletes.
+fn resolve_conflicts(
+    connection: &Connection,
+    scripts: &Scripts,
+    shape: &TableShape,
+    conflict_keys: Vec<Row>,
+    parameters: &Parameters,
+    resolution: &mut Resolution,
+) -> Result<(), SyncError> {
+    let stage = Stage::create(connection, "keys", shape, &shape.key_columns, false)?;
+    stage.load(connection, conflict_keys.iter().map(|row| row.as_slice()))?;
+    let (columns, rows) = query_script(
+        connection,
+        scripts,
+        &shape.name,
+        UPLOAD_FETCH,
+        &[(KEYS_PLACEHOLDER, &stage.name)],
+        parameters,
+    )?;
+    let key_positions = key_positions_in(&columns, &shape.key_columns, &shape.name, UPLOAD_FETCH)?;
+    let found: HashSet<Vec<u8>> = rows.iter().map(|row| key_bytes(row, &key_positions)).collect();
+    let all_key_positions: Vec<usize> = (0..shape.key_columns.len()).collect();
+    let mut seen = HashSet::new();
+    for key in conflict_keys {
+        let bytes = key_bytes(&key, &all_key_positions);
+        if !found.contains(&bytes) && seen.insert(bytes) {
+            resolution.conflict_deletes.push(key);
+        }
+    }
+    resolution.conflict_columns = columns;
+    resolution.conflict_upserts = rows;
+    Ok(())
+}
+
+fn fetch_download(
+    connection: &Connection,
+    scripts: &Scripts,
+    table: &str,
+    parameters: &Parameters,
+    resolution: Option<&Resolution>,
+) -> Result<Download, SyncError> {
+    let shape = table_shape(connection, table)?
+        .ok_or_else(|| SyncError::Schema(format!("table {table:?} does not exist in the consolidated database")))?;
+    let mut download = Download {
+        table: table.to_string(),
+        key_columns: shape.key_columns.clone(),
+        ..Download::default()
+    };
+    let empty = Resolution::default();
+    let resolution = resolution.unwrap_or(&empty);
+    let conflict_upsert_keys: HashSet<Vec<u8>>;
+    if scripts.get(table, DOWNLOAD_CURSOR).is_some() {
+        let (columns, rows) = query_script(connection, scripts, table, DOWNLOAD_CURSOR, &[], parameters)?;
+        let key_positions = key_positions_in(&columns, &shape.key_columns, table, DOWNLOAD_CURSOR)?;
+        if !resolution.conflict_upserts.is_empty() && resolution.conflict_columns != columns {
+            return Err(SyncError::Script {
+                event: UPLOAD_FETCH.to_string(),
+                table: table.to_string(),
+                message: format!(
+                    "upload_fetch selects {:?} but download_cursor selects {columns:?}; they must select the same columns",
+                    resolution.conflict_columns
+                ),
+            });
+        }
+        conflict_upsert_keys = resolution
+            .conflict_upserts
+            .iter()
+            .map(|row| key_bytes(row, &key_positions))
+            .collect();
+        download.upserts = rows
+            .into_iter()
+            .filter(|row| {
+                let key = key_bytes(row, &key_positions);
+                !resolution.uploaded_upsert_keys.contains(&key) && !conflict_upsert_keys.contains(&key)
+            })
+            .collect();
+        download.upserts.extend(resolution.conflict_upserts.iter().cloned());
+        download.columns = columns;
+    } else if !resolution.conflict_upserts.is_empty() {
+        download.columns = resolution.conflict_columns.clone();
+        download.upserts = resolution.conflict_upserts.clone();
+    }
+    if scripts.get(table, DOWNLOAD_DELETE_CURSOR).is_some() {
+        let (columns, keys) = query_script(connection, scripts, table, DOWNLOAD_DELETE_CURSOR, &[], parameters)?;
+        if columns.len() != shape.key_columns.len() {
+            return Err(SyncError::Script {
+                event: DOWNLOAD_DELETE_CURSOR.to_string(),
+                table: table.to_string(),
+                message: format!(
+                    "the script must select exactly the key columns {:?}; it selects {columns:?}",
+                    shape.key_columns
+                ),
+            });
+        }
+        let all_key_positions: Vec<usize> = (0..shape.key_columns.len()).collect();
+        let conflict_delete_keys: HashSet<Vec<u8>> = resolution
+            .conflict_deletes
+            .iter()
+            .map(|key| key_bytes(key, &all_key_positions))
+            .collect();
+        download.deletes = keys
+            .into_iter()
+            .filter(|key| {
+                let bytes = key_bytes(key, &all_key_positions);
+                !resolution.uploaded_delete_keys.contains(&bytes) && !conflict_delete_keys.contains(&bytes)
+            })
+            .collect();
+    }
+    download.deletes.extend(resolution.conflict_deletes.iter().cloned());
+    Ok(download)
+}

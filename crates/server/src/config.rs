@@ -1,0 +1,38 @@
+use std::time::Duration;
+
+use rowsync_protocol::FRAME_BYTES_MAX_DEFAULT;
+
+/// Every bound of the server, with its unit in its name.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Syncs in progress at once; more connections get *busy* at once.
+    pub connections_max: usize,
+    /// Database workers, each with one pooled connection.
+    pub workers: usize,
+    pub frame_bytes_max: usize,
+    /// Upload bytes (encoded) one sync may send.
+    pub upload_bytes_max: usize,
+    /// Download messages are cut at about this many bytes.
+    pub download_message_bytes_max: usize,
+    /// Retry hint sent with *busy*.
+    pub busy_retry_after_ms: u32,
+    /// A connection that sends nothing for this long is closed.
+    pub read_timeout: Duration,
+    /// A client that does not take the download for this long is dropped.
+    pub write_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        ServerConfig {
+            connections_max: 1024,
+            workers: 4,
+            frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
+            upload_bytes_max: 512 * 1024 * 1024,
+            download_message_bytes_max: 1024 * 1024,
+            busy_retry_after_ms: 1000,
+            read_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(60),
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! The rowsync server, staged as in MobiLink:
+//!
+//! 1. network stage ([`server`]): accept under a connection limit; above it, answer
+//!    *busy* with a retry-after hint and close.
+//! 2. stream stage ([`server`] + [`session`]): read and decode the whole upload into
+//!    memory, bounded by `upload_bytes_max`; no database work yet.
+//! 3. database stage ([`pool`]): authenticate, then take one of `workers` pooled
+//!    connections, run the sync's transaction, release it.
+//! 4. the download is encoded and sent after the worker is released.
+
+pub mod auth;
+mod config;
+mod download;
+pub mod pool;
+pub mod server;
+pub mod session;
+
+pub use config::ServerConfig;
+pub use server::{serve, ServerError};

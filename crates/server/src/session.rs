@@ -1,0 +1,172 @@
+//! The server side of one sync's upload as a state machine: client messages in,
+//! a complete upload (or a refusal) out. No I/O.
+
+use rowsync_protocol::{ErrorCode, Hello, Message, TableUpload, WireError, PROTOCOL_VERSION};
+
+/// Everything a client sent, checked and merged, ready for the database stage.
+#[derive(Debug)]
+pub struct ReceivedUpload {
+    pub hello: Hello,
+    pub tables: Vec<TableUpload>,
+    pub upload_sequence: u64,
+}
+
+#[derive(Debug)]
+pub enum Step {
+    Continue,
+    Complete(ReceivedUpload),
+}
+
+#[derive(Debug)]
+enum State {
+    AwaitingHello,
+    Uploading { hello: Hello, tables: Vec<TableUpload> },
+    Done,
+}
+
+#[derive(Debug)]
+pub struct ServerSession {
+    state: State,
+    upload_bytes: usize,
+    upload_bytes_max: usize,
+}
+
+impl ServerSession {
+    pub fn new(upload_bytes_max: usize) -> ServerSession {
+        ServerSession {
+            state: State::AwaitingHello,
+            upload_bytes: 0,
+            upload_bytes_max,
+        }
+    }
+
+    /// Feeds one decoded message and its encoded size in bytes.
+    pub fn handle(&mut self, message: Message, frame_bytes: usize) -> Result<Step, WireError> {
+        self.upload_bytes = self.upload_bytes.saturating_add(frame_bytes);
+        if self.upload_bytes > self.upload_bytes_max {
+            self.state = State::Done;
+            return Err(WireError::new(
+                ErrorCode::UploadTooLarge,
+                format!("the upload exceeds the server's limit of {} bytes", self.upload_bytes_max),
+            ));
+        }
+        let state = std::mem::replace(&mut self.state, State::Done);
+        let (next, step) = match (state, message) {
+            (State::AwaitingHello, Message::Hello(hello)) => {
+                if hello.protocol_version != PROTOCOL_VERSION {
+                    return Err(WireError::new(
+                        ErrorCode::UnsupportedProtocolVersion,
+                        format!(
+                            "protocol version {} is not supported; this server speaks version {PROTOCOL_VERSION}",
+                            hello.protocol_version
+                        ),
+                    ));
+                }
+                for (field, value) in [("client id", &hello.client_id), ("user", &hello.user), ("script version", &hello.script_version)] {
+                    if value.is_empty() {
+                        return Err(WireError::new(ErrorCode::Protocol, format!("the hello has an empty {field}")));
+                    }
+                }
+                (State::Uploading { hello, tables: Vec::new() }, Step::Continue)
+            }
+            (State::Uploading { hello, mut tables }, Message::Upload(upload)) => {
+                merge(&mut tables, upload)?;
+                (State::Uploading { hello, tables }, Step::Continue)
+            }
+            (State::Uploading { hello, tables }, Message::EndUpload(end)) => (
+                State::Done,
+                Step::Complete(ReceivedUpload {
+                    hello,
+                    tables,
+                    upload_sequence: end.upload_sequence,
+                }),
+            ),
+            (state, message) => {
+                let expected = match state {
+                    State::AwaitingHello => "hello",
+                    State::Uploading { .. } => "upload or end_upload",
+                    State::Done => "nothing",
+                };
+                return Err(WireError::new(
+                    ErrorCode::Protocol,
+                    format!("expected {expected}, received {}", message.message_type().name()),
+                ));
+            }
+        };
+        self.state = next;
+        Ok(step)
+    }
+}
+
+/// Appends an upload chunk to the table it continues, or starts a new table.
+fn merge(tables: &mut Vec<TableUpload>, upload: TableUpload) -> Result<(), WireError> {
+    let Some(existing) = tables.iter_mut().find(|table| table.table == upload.table) else {
+        tables.push(upload);
+        return Ok(());
+    };
+    if existing.columns != upload.columns || existing.key_columns != upload.key_columns {
+        return Err(WireError::new(
+            ErrorCode::Protocol,
+            format!("upload chunks of table {:?} disagree on their columns", upload.table),
+        ));
+    }
+    existing.inserts.extend(upload.inserts);
+    existing.updates.extend(upload.updates);
+    existing.deletes.extend(upload.deletes);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rowsync_protocol::{EndUpload, Value};
+
+    fn hello() -> Message {
+        Message::Hello(Hello {
+            protocol_version: PROTOCOL_VERSION,
+            client_id: "c".into(),
+            user: "u".into(),
+            password: "p".into(),
+            script_version: "v1".into(),
+            last_download_watermark: 0,
+        })
+    }
+
+    fn chunk(id: i64) -> Message {
+        Message::Upload(TableUpload {
+            table: "t".into(),
+            columns: vec!["id".into()],
+            key_columns: vec!["id".into()],
+            inserts: vec![vec![Value::Int(id)]],
+            ..TableUpload::default()
+        })
+    }
+
+    #[test]
+    fn merges_chunks_of_one_table() {
+        let mut session = ServerSession::new(1 << 20);
+        session.handle(hello(), 10).unwrap();
+        session.handle(chunk(1), 10).unwrap();
+        session.handle(chunk(2), 10).unwrap();
+        let Step::Complete(upload) = session.handle(Message::EndUpload(EndUpload { upload_sequence: 3 }), 9).unwrap() else {
+            panic!("expected the upload to complete");
+        };
+        assert_eq!(upload.tables.len(), 1);
+        assert_eq!(upload.tables[0].inserts, vec![vec![Value::Int(1)], vec![Value::Int(2)]]);
+        assert_eq!(upload.upload_sequence, 3);
+    }
+
+    #[test]
+    fn refuses_out_of_order_messages_and_oversized_uploads() {
+        let mut session = ServerSession::new(1 << 20);
+        let error = session.handle(chunk(1), 10).unwrap_err();
+        assert_eq!(error.error_code(), Some(ErrorCode::Protocol));
+        assert!(error.message.contains("expected hello, received upload"), "{}", error.message);
+
+        let mut session = ServerSession::new(25);
+        session.handle(hello(), 10).unwrap();
+        session.handle(chunk(1), 10).unwrap();
+        let error = session.handle(chunk(2), 10).unwrap_err();
+        assert_eq!(error.error_code(), Some(ErrorCode::UploadTooLarge));
+    }
+}
