@@ -1,0 +1,191 @@
+//! `rowsync`: parses the command line and calls into the crates. Nothing else.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use rowsync_cli::demo;
+use rowsync_consolidated::sqlite::SqliteConsolidated;
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
+use rowsync_server::{auth, ServerConfig};
+
+#[derive(Parser)]
+#[command(name = "rowsync", version, about = "Synchronize SQLite clients with a consolidated database")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the sync server.
+    Serve {
+        /// The consolidated database: a SQLite file path.
+        #[arg(long)]
+        db: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:2439")]
+        listen: SocketAddr,
+        /// Database workers (each holds one pooled connection while it works).
+        #[arg(long, default_value_t = 4)]
+        workers: usize,
+        /// Syncs in progress at once; more clients are told busy with a retry hint.
+        #[arg(long, default_value_t = 1024)]
+        max_connections: usize,
+        /// Largest frame accepted, in bytes.
+        #[arg(long, default_value_t = rowsync_protocol::FRAME_BYTES_MAX_DEFAULT)]
+        frame_bytes_max: usize,
+        /// Largest upload accepted for one sync, in bytes.
+        #[arg(long, default_value_t = ServerConfig::default().upload_bytes_max)]
+        upload_bytes_max: usize,
+        /// Close a connection that sends nothing for this many seconds.
+        #[arg(long, default_value_t = 30)]
+        read_timeout_seconds: u64,
+    },
+    /// Make an existing table synchronizable: change tracking and default scripts.
+    Init {
+        #[arg(long)]
+        db: PathBuf,
+        #[arg(long)]
+        table: String,
+        /// Rows whose value in this column equals a user's name belong to that user.
+        #[arg(long)]
+        partition_column: String,
+        #[arg(long, default_value = "v1")]
+        script_version: String,
+    },
+    /// Manage users.
+    User {
+        #[command(subcommand)]
+        command: UserCommand,
+    },
+    /// Run a complete demonstration on an embedded SQLite consolidated database.
+    Demo {
+        /// Client databases to create (spread over three users).
+        #[arg(long, default_value_t = 4)]
+        clients: usize,
+        /// Rows for the bulk upload and download measurement (0 to skip).
+        #[arg(long, default_value_t = 100_000)]
+        bulk_rows: usize,
+        /// Keep the databases in this directory instead of a temporary one.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum UserCommand {
+    /// Add a user, or set the password of an existing one.
+    Add {
+        #[arg(long)]
+        db: PathBuf,
+        #[arg(long)]
+        name: String,
+        /// The password; read from standard input when absent.
+        #[arg(long, env = "ROWSYNC_PASSWORD", hide_env_values = true)]
+        password: Option<String>,
+    },
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ROWSYNC_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(run(cli.command))
+}
+
+async fn run(command: Command) -> Result<()> {
+    match command {
+        Command::Serve {
+            db,
+            listen,
+            workers,
+            max_connections,
+            frame_bytes_max,
+            upload_bytes_max,
+            read_timeout_seconds,
+        } => {
+            if workers == 0 || max_connections == 0 {
+                bail!("--workers and --max-connections must be at least 1");
+            }
+            let backend = SqliteConsolidated::new(&db);
+            backend.connect().await?.install_system_tables().await?;
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("binding {listen}"))?;
+            eprintln!("rowsync serving {} on {}", db.display(), listener.local_addr()?);
+            let config = ServerConfig {
+                connections_max: max_connections,
+                workers,
+                frame_bytes_max,
+                upload_bytes_max,
+                read_timeout: Duration::from_secs(read_timeout_seconds),
+                ..ServerConfig::default()
+            };
+            let shutdown = async {
+                let _ = tokio::signal::ctrl_c().await;
+            };
+            rowsync_server::serve(listener, backend, config, shutdown).await?;
+            Ok(())
+        }
+        Command::Init {
+            db,
+            table,
+            partition_column,
+            script_version,
+        } => {
+            let mut connection = SqliteConsolidated::new(&db).connect().await?;
+            connection.install_system_tables().await?;
+            connection
+                .init_table(&TableInit {
+                    table: table.clone(),
+                    partition_column,
+                    script_version: script_version.clone(),
+                })
+                .await?;
+            println!("table {table} is synchronized by script version {script_version}");
+            Ok(())
+        }
+        Command::User {
+            command: UserCommand::Add { db, name, password },
+        } => {
+            let password = match password {
+                Some(password) => password,
+                None => {
+                    let mut input = String::new();
+                    std::io::stdin().read_to_string(&mut input).context("reading the password from stdin")?;
+                    input.trim_end_matches(['\r', '\n']).to_string()
+                }
+            };
+            if password.is_empty() {
+                bail!("the password must not be empty");
+            }
+            let hash = auth::hash_password(&password).map_err(|error| anyhow::anyhow!("hashing: {error}"))?;
+            let mut connection = SqliteConsolidated::new(&db).connect().await?;
+            connection.install_system_tables().await?;
+            connection.set_user(&name, &hash).await?;
+            println!("user {name} saved");
+            Ok(())
+        }
+        Command::Demo { clients, bulk_rows, dir } => {
+            let report = demo::run(demo::DemoOptions {
+                clients,
+                bulk_rows,
+                dir,
+                out: Box::new(std::io::stdout()),
+            })
+            .await?;
+            if !report.agreement {
+                bail!("the clients do not agree with the consolidated database");
+            }
+            Ok(())
+        }
+    }
+}
