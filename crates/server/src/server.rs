@@ -175,7 +175,7 @@ async fn run_sync<B: Consolidated>(stream: &mut TcpStream, shared: &Shared<B>) -
     if !authenticated {
         return Err(Failure::tell(WireError::new(
             ErrorCode::AuthenticationFailed,
-            format!("authentication failed for user {:?}", hello.user),
+            "authentication failed: unknown user or wrong password",
         )));
     }
 

@@ -1,0 +1,198 @@
+//! Bad input on the wire: malformed, truncated and oversized frames get a clear error
+//! and change nothing.
+
+mod support;
+
+use rowsync_protocol::*;
+use rowsync_server::ServerConfig;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn hello(user: &str) -> Message {
+    Message::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        client_id: "raw-client".into(),
+        user: user.into(),
+        password: password(user),
+        script_version: "v1".into(),
+        last_download_watermark: 0,
+    })
+}
+
+fn insert(id: &str) -> Message {
+    Message::Upload(TableUpload {
+        table: "orders".into(),
+        columns: vec!["id".into(), "rep".into(), "item".into(), "quantity".into()],
+        key_columns: vec!["id".into()],
+        inserts: vec![vec![id.into(), "alice".into(), "x".into(), Value::Int(1)]],
+        ..TableUpload::default()
+    })
+}
+
+/// Sends raw bytes (then closes our side) and returns every message the server sent back.
+async fn exchange_raw(server: &TestServer, bytes: &[u8]) -> Vec<Message> {
+    let mut stream = TcpStream::connect(server.address).await.unwrap();
+    let _ = stream.write_all(bytes).await;
+    let _ = stream.shutdown().await;
+    let mut received = Vec::new();
+    let _ = stream.read_to_end(&mut received).await;
+    let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
+    decoder.feed(&received);
+    let mut messages = Vec::new();
+    while let Some(message) = decoder.next_message().unwrap() {
+        messages.push(message);
+    }
+    decoder.finish().unwrap();
+    messages
+}
+
+fn expect_error(messages: &[Message], code: ErrorCode, fragment: &str) {
+    match messages {
+        [Message::Error(error)] => {
+            assert_eq!(error.error_code(), Some(code), "{error}");
+            assert!(error.message.contains(fragment), "{:?} lacks {fragment:?}", error.message);
+        }
+        other => panic!("expected one error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_well_formed_raw_sync_works() {
+    // The baseline for the refusals below: the same bytes, well formed, are applied.
+    let server = TestServer::start().await;
+    let mut bytes = encode_frame(&hello("alice"));
+    bytes.extend(encode_frame(&insert("raw-1")));
+    bytes.extend(encode_frame(&Message::EndUpload(EndUpload { upload_sequence: 1 })));
+    let messages = exchange_raw(&server, &bytes).await;
+    assert!(matches!(messages.last(), Some(Message::EndDownload(_))), "{messages:?}");
+    assert_eq!(server.consolidated_orders(Some("alice")).len(), 3);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_message_type_is_refused_and_changes_nothing() {
+    let server = TestServer::start().await;
+    let before = server.snapshot();
+    let mut bytes = encode_frame(&hello("alice"));
+    bytes.extend([0, 0, 0, 3, 0x7f, 1, 2]);
+    expect_error(&exchange_raw(&server, &bytes).await, ErrorCode::Protocol, "unknown message type 0x7f");
+    assert_eq!(server.snapshot(), before);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_message_body_is_refused_and_changes_nothing() {
+    let server = TestServer::start().await;
+    let before = server.snapshot();
+    let mut body = encode_message(&insert("raw-1"));
+    body.truncate(body.len() - 3);
+    let mut bytes = encode_frame(&hello("alice"));
+    bytes.extend((body.len() as u32).to_be_bytes());
+    bytes.extend(&body);
+    bytes.extend(encode_frame(&Message::EndUpload(EndUpload { upload_sequence: 1 })));
+    expect_error(&exchange_raw(&server, &bytes).await, ErrorCode::Protocol, "truncated message");
+    assert_eq!(server.snapshot(), before);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_ending_mid_frame_changes_nothing() {
+    let server = TestServer::start().await;
+    let before = server.snapshot();
+    let mut bytes = encode_frame(&hello("alice"));
+    let upload = encode_frame(&insert("raw-1"));
+    bytes.extend(&upload[..upload.len() / 2]);
+    let messages = exchange_raw(&server, &bytes).await;
+    assert!(messages.is_empty(), "the client left; nothing is sent: {messages:?}");
+    assert_eq!(server.snapshot(), before);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_frame_is_refused_from_its_header() {
+    let server = TestServer::start_with(ServerConfig {
+        frame_bytes_max: 64 * 1024,
+        ..ServerConfig::default()
+    })
+    .await;
+    let before = server.snapshot();
+    let mut bytes = encode_frame(&hello("alice"));
+    bytes.extend((1u32 << 30).to_be_bytes()); // claims 1 GiB; none of it is sent
+    expect_error(&exchange_raw(&server, &bytes).await, ErrorCode::FrameTooLarge, "exceeds the limit of 65536 bytes");
+    assert_eq!(server.snapshot(), before);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upload_above_the_limit_is_refused_and_changes_nothing() {
+    let server = TestServer::start_with(ServerConfig {
+        upload_bytes_max: 4 * 1024,
+        ..ServerConfig::default()
+    })
+    .await;
+    let before = server.snapshot();
+    let mut bytes = encode_frame(&hello("alice"));
+    for n in 0..200 {
+        bytes.extend(encode_frame(&insert(&format!("raw-{n}"))));
+    }
+    bytes.extend(encode_frame(&Message::EndUpload(EndUpload { upload_sequence: 1 })));
+    expect_error(&exchange_raw(&server, &bytes).await, ErrorCode::UploadTooLarge, "4096 bytes");
+    assert_eq!(server.snapshot(), before);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_out_of_order_are_refused() {
+    let server = TestServer::start().await;
+    let before = server.snapshot();
+    let bytes = encode_frame(&insert("raw-1"));
+    expect_error(&exchange_raw(&server, &bytes).await, ErrorCode::Protocol, "expected hello, received upload");
+    let mut bytes = encode_frame(&hello("alice"));
+    bytes.extend(encode_frame(&hello("alice")));
+    expect_error(&exchange_raw(&server, &bytes).await, ErrorCode::Protocol, "expected upload or end_upload");
+    assert_eq!(server.snapshot(), before);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_of_one_table_with_different_columns_are_refused() {
+    let server = TestServer::start().await;
+    let before = server.snapshot();
+    let mut bad = insert("raw-2");
+    if let Message::Upload(upload) = &mut bad {
+        upload.columns[2] = "colour".into();
+    }
+    let mut bytes = encode_frame(&hello("alice"));
+    bytes.extend(encode_frame(&insert("raw-1")));
+    bytes.extend(encode_frame(&bad));
+    bytes.extend(encode_frame(&Message::EndUpload(EndUpload { upload_sequence: 1 })));
+    expect_error(&exchange_raw(&server, &bytes).await, ErrorCode::Protocol, "disagree on their columns");
+    assert_eq!(server.snapshot(), before);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_second_table_rolls_back_the_valid_first_one() {
+    let server = TestServer::start().await;
+    let before = server.snapshot();
+    let mut ghost = insert("raw-2");
+    if let Message::Upload(upload) = &mut ghost {
+        upload.table = "ghosts".into();
+    }
+    let mut bytes = encode_frame(&hello("alice"));
+    bytes.extend(encode_frame(&insert("raw-1")));
+    bytes.extend(encode_frame(&ghost));
+    bytes.extend(encode_frame(&Message::EndUpload(EndUpload { upload_sequence: 1 })));
+    expect_error(&exchange_raw(&server, &bytes).await, ErrorCode::Schema, "table \"ghosts\" is not synchronized");
+    assert_eq!(server.snapshot(), before, "the valid insert into orders was rolled back too");
+    // Once corrected, the same sequence is applied: the failed attempt recorded nothing.
+    let mut bytes = encode_frame(&hello("alice"));
+    bytes.extend(encode_frame(&insert("raw-1")));
+    bytes.extend(encode_frame(&Message::EndUpload(EndUpload { upload_sequence: 1 })));
+    let messages = exchange_raw(&server, &bytes).await;
+    let Some(Message::EndDownload(end)) = messages.last() else { panic!("{messages:?}") };
+    assert!(!end.summary.upload_already_applied);
+    assert_eq!(server.consolidated_orders(Some("alice")).len(), 3);
+    server.stop().await;
+}

@@ -1,0 +1,270 @@
+//! Test harness: a real server on a loopback port over a real SQLite consolidated file,
+//! real client databases, and a TCP proxy that can cut or hold the server's reply.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use rowsync_client::{Client, SyncOptions};
+use rowsync_consolidated::sqlite::SqliteConsolidated;
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
+use rowsync_protocol::Value;
+use rowsync_server::{auth, ServerConfig};
+use rusqlite::Connection;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, Notify};
+
+pub const TABLE_DDL: &str =
+    "CREATE TABLE orders (id TEXT PRIMARY KEY, rep TEXT NOT NULL, item TEXT NOT NULL, quantity INTEGER NOT NULL)";
+pub const USERS: [&str; 2] = ["alice", "bob"];
+
+pub fn password(user: &str) -> String {
+    format!("{user}-password")
+}
+
+pub struct TestServer {
+    pub address: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub consolidated_path: PathBuf,
+    stop: Option<oneshot::Sender<()>>,
+    handle: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestServer {
+    pub async fn start() -> TestServer {
+        TestServer::start_with(ServerConfig::default()).await
+    }
+
+    /// A consolidated database with `orders` partitioned by `rep`, two seeded rows per
+    /// user, users alice and bob, and a server on a free loopback port.
+    pub async fn start_with(config: ServerConfig) -> TestServer {
+        let dir = tempfile::tempdir().unwrap();
+        let consolidated_path = dir.path().join("consolidated.db");
+        {
+            let connection = Connection::open(&consolidated_path).unwrap();
+            connection.execute_batch(TABLE_DDL).unwrap();
+            for user in USERS {
+                for n in 0..2 {
+                    connection
+                        .execute(
+                            "INSERT INTO orders VALUES (?1, ?2, 'seed', ?3)",
+                            rusqlite::params![format!("{user}-seed-{n}"), user, n],
+                        )
+                        .unwrap();
+                }
+            }
+        }
+        let backend = SqliteConsolidated::new(&consolidated_path);
+        let mut connection = backend.connect().await.unwrap();
+        connection.install_system_tables().await.unwrap();
+        connection
+            .init_table(&TableInit {
+                table: "orders".into(),
+                partition_column: "rep".into(),
+                script_version: "v1".into(),
+            })
+            .await
+            .unwrap();
+        for user in USERS {
+            let hash = auth::hash_password(&password(user)).unwrap();
+            connection.set_user(user, &hash).await.unwrap();
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(async move {
+            rowsync_server::serve(listener, backend, config, async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        });
+        TestServer {
+            address,
+            dir,
+            consolidated_path,
+            stop: Some(stop),
+            handle: Some(handle),
+        }
+    }
+
+    pub fn options(&self, user: &str) -> SyncOptions {
+        SyncOptions::new(self.address.to_string(), user, password(user))
+    }
+
+    pub fn options_via(&self, address: SocketAddr, user: &str) -> SyncOptions {
+        SyncOptions::new(address.to_string(), user, password(user))
+    }
+
+    /// A new client database with the `orders` table tracked.
+    pub fn client(&self, name: &str) -> Client {
+        let mut client = Client::open(self.dir.path().join(format!("{name}.db"))).unwrap();
+        client.connection().execute_batch(TABLE_DDL).unwrap();
+        client.track("orders").unwrap();
+        client
+    }
+
+    pub fn consolidated(&self) -> Connection {
+        Connection::open(&self.consolidated_path).unwrap()
+    }
+
+    /// Every orders row of one partition (or all), ordered by id.
+    pub fn consolidated_orders(&self, rep: Option<&str>) -> Vec<Vec<Value>> {
+        orders(&self.consolidated(), rep)
+    }
+
+    /// The full contents of every table, to prove something changed nothing.
+    pub fn snapshot(&self) -> Vec<(String, Vec<Vec<Value>>)> {
+        let connection = self.consolidated();
+        let tables: Vec<String> = connection
+            .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        tables
+            .into_iter()
+            .map(|table| {
+                let mut statement = connection.prepare(&format!("SELECT * FROM \"{table}\" ORDER BY 1, 2")).unwrap();
+                let width = statement.column_count();
+                let rows = statement
+                    .query_map([], |row| (0..width).map(|i| row.get::<_, Value>(i)).collect::<rusqlite::Result<Vec<_>>>())
+                    .unwrap()
+                    .collect::<Result<Vec<_>, _>>()
+                    .unwrap();
+                (table, rows)
+            })
+            .collect()
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(handle) = self.handle.take() {
+            handle.await.unwrap();
+        }
+    }
+}
+
+pub fn orders(connection: &Connection, rep: Option<&str>) -> Vec<Vec<Value>> {
+    let (sql, parameters): (&str, Vec<&str>) = match rep {
+        Some(rep) => ("SELECT id, rep, item, quantity FROM orders WHERE rep = ?1 ORDER BY id", vec![rep]),
+        None => ("SELECT id, rep, item, quantity FROM orders ORDER BY id", vec![]),
+    };
+    let mut statement = connection.prepare(sql).unwrap();
+    statement
+        .query_map(rusqlite::params_from_iter(parameters), |row| {
+            (0..4).map(|i| row.get::<_, Value>(i)).collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap()
+}
+
+pub fn client_orders(client: &Client) -> Vec<Vec<Value>> {
+    orders(client.connection(), None)
+}
+
+pub fn path_of(client_dir: &Path, name: &str) -> PathBuf {
+    client_dir.join(format!("{name}.db"))
+}
+
+/// What the proxy does with the server's reply on the connections it is told to disturb.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Disturbance {
+    /// Drop both sides as soon as the server's first reply byte arrives (after the
+    /// server committed), without forwarding it.
+    CutReply,
+    /// Hold the server's reply until [`Proxy::release`] is called.
+    HoldReply,
+}
+
+/// A loopback TCP proxy in front of the server. The first `disturbed` connections get
+/// the disturbance; later ones pass through untouched.
+pub struct Proxy {
+    pub address: SocketAddr,
+    pub reply_seen: Arc<Notify>,
+    release: Arc<Notify>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: SocketAddr, disturbance: Disturbance, disturbed: usize) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let reply_seen = Arc::new(Notify::new());
+        let release = Arc::new(Notify::new());
+        let remaining = Arc::new(AtomicUsize::new(disturbed));
+        let (seen, released) = (Arc::clone(&reply_seen), Arc::clone(&release));
+        tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else { return };
+                let disturb = remaining
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1))
+                    .is_ok();
+                let (seen, released) = (Arc::clone(&seen), Arc::clone(&released));
+                tokio::spawn(async move {
+                    let server = TcpStream::connect(upstream).await.unwrap();
+                    relay(client, server, disturb.then_some(disturbance), seen, released).await;
+                });
+            }
+        });
+        Proxy {
+            address,
+            reply_seen,
+            release,
+        }
+    }
+
+    pub fn release(&self) {
+        self.release.notify_one();
+    }
+}
+
+async fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    disturbance: Option<Disturbance>,
+    reply_seen: Arc<Notify>,
+    release: Arc<Notify>,
+) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let upstream = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+        let _ = server_write.shutdown().await;
+    });
+    let mut buffer = vec![0u8; 64 * 1024];
+    let mut first = true;
+    loop {
+        let read = match server_read.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        if first {
+            first = false;
+            match disturbance {
+                Some(Disturbance::CutReply) => {
+                    reply_seen.notify_one();
+                    upstream.abort();
+                    return; // both halves dropped: the client sees the connection close
+                }
+                Some(Disturbance::HoldReply) => {
+                    reply_seen.notify_one();
+                    release.notified().await;
+                }
+                None => {}
+            }
+        }
+        if client_write.write_all(&buffer[..read]).await.is_err() {
+            break;
+        }
+    }
+    let _ = client_write.shutdown().await;
+    let _ = upstream.await;
+}
