@@ -95,6 +95,10 @@ fn main() -> Result<()> {
             tracing_subscriber::EnvFilter::try_from_env("ROWSYNC_LOG").unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        // A closed log pipe must not matter: by default the subscriber reports its own
+        // write errors with eprintln!, which panics on a broken pipe and would take
+        // down the sync that was logging.
+        .log_internal_errors(false)
         .init();
     let cli = Cli::parse();
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;

@@ -115,11 +115,14 @@ async fn handle_connection<B: Consolidated>(mut stream: TcpStream, peer: SocketA
     match run_sync(&mut stream, shared).await {
         Ok(summary) => tracing::debug!(%peer, elapsed_ms = started.elapsed().as_millis() as u64, "{summary}"),
         Err(failure) => {
-            tracing::warn!(%peer, "sync failed: {}", failure.log);
+            // The client hears first; the log line cannot delay or prevent its answer.
             if let Some(error) = failure.reply {
                 reply_and_close(stream, Message::Error(error)).await;
-                return;
+            } else {
+                let _ = stream.shutdown().await;
             }
+            tracing::warn!(%peer, "sync failed: {}", failure.log);
+            return;
         }
     }
     let _ = stream.shutdown().await;

@@ -1,0 +1,83 @@
+//! The `rowsync` binary itself: init, user add, serve, then a real client sync.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+use rowsync_client::{Client, ClientError, SyncOptions};
+
+fn rowsync() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rowsync"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_user_add_and_serve_work_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("consolidated.db");
+    let connection = rusqlite::Connection::open(&db).unwrap();
+    connection
+        .execute_batch(
+            "CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT);
+             INSERT INTO notes VALUES (1, 'erin', 'hello'), (2, 'frank', 'not yours');",
+        )
+        .unwrap();
+
+    let init = rowsync()
+        .args(["init", "--db"])
+        .arg(&db)
+        .args(["--table", "notes", "--partition-column", "owner"])
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+
+    let refused = rowsync()
+        .args(["init", "--db"])
+        .arg(&db)
+        .args(["--table", "notes", "--partition-column", "nobody"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("has no column \"nobody\""));
+
+    let mut add = rowsync()
+        .args(["user", "add", "--db"])
+        .arg(&db)
+        .args(["--name", "erin"])
+        .env_remove("ROWSYNC_PASSWORD")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    add.stdin.take().unwrap().write_all(b"erin-secret\n").unwrap();
+    assert!(add.wait().unwrap().success());
+
+    let mut serve = rowsync()
+        .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2", "--db"])
+        .arg(&db)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(serve.stderr.take().unwrap());
+    let mut banner = String::new();
+    stderr.read_line(&mut banner).unwrap();
+    // Close the log pipe: a server whose log reader went away must keep serving.
+    drop(stderr);
+    let address = banner.trim().rsplit(' ').next().unwrap().to_string();
+    assert!(banner.starts_with("rowsync serving"), "{banner}");
+
+    let mut client = Client::open(dir.path().join("erin.db")).unwrap();
+    client
+        .connection()
+        .execute_batch("CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT)")
+        .unwrap();
+    client.track("notes").unwrap();
+    let report = client.sync(&SyncOptions::new(&address, "erin", "erin-secret")).await;
+    let wrong = client.sync(&SyncOptions::new(&address, "erin", "erin-secreT")).await;
+    serve.kill().unwrap();
+    serve.wait().unwrap();
+
+    assert_eq!(report.unwrap().rows_downloaded, 1);
+    let body: String = client.connection().query_row("SELECT body FROM notes", [], |row| row.get(0)).unwrap();
+    assert_eq!(body, "hello");
+    // The refusal arrives even though logging it hits a broken pipe.
+    assert!(matches!(wrong, Err(ClientError::Server(_))), "{wrong:?}");
+}
