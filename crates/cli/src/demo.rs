@@ -97,14 +97,23 @@ pub async fn run(mut options: DemoOptions) -> Result<DemoReport> {
     let consolidated_path = dir.join("consolidated.db");
     remove_database(&consolidated_path)?;
     let backend = prepare_consolidated(&consolidated_path).await?;
-    writeln!(out, "consolidated database: {}", consolidated_path.display())?;
+    writeln!(
+        out,
+        "consolidated database: {}",
+        consolidated_path.display()
+    )?;
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?.to_string();
     let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(rowsync_server::serve(listener, backend, ServerConfig::default(), async {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(rowsync_server::serve(
+        listener,
+        backend,
+        ServerConfig::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
     writeln!(out, "server listening on {address}")?;
 
     let result = run_with_server(&dir, &consolidated_path, &address, &mut options).await;
@@ -114,7 +123,12 @@ pub async fn run(mut options: DemoOptions) -> Result<DemoReport> {
     result
 }
 
-async fn run_with_server(dir: &Path, consolidated_path: &Path, address: &str, options: &mut DemoOptions) -> Result<DemoReport> {
+async fn run_with_server(
+    dir: &Path,
+    consolidated_path: &Path,
+    address: &str,
+    options: &mut DemoOptions,
+) -> Result<DemoReport> {
     let out = &mut options.out;
     let mut clients = Vec::new();
     for index in 0..options.clients {
@@ -128,7 +142,11 @@ async fn run_with_server(dir: &Path, consolidated_path: &Path, address: &str, op
         });
     }
 
-    writeln!(out, "\nround 1: first sync of {} clients (initial download)", clients.len())?;
+    writeln!(
+        out,
+        "\nround 1: first sync of {} clients (initial download)",
+        clients.len()
+    )?;
     clients = sync_all(clients, address, out).await?;
 
     // Changes on both sides.
@@ -146,16 +164,29 @@ async fn run_with_server(dir: &Path, consolidated_path: &Path, address: &str, op
         "INSERT INTO orders VALUES ('office-carol-1', 'carol', 'desk', 1, '349.990000')",
         [],
     )?;
-    consolidated.execute("DELETE FROM orders WHERE id = (SELECT max(id) FROM orders WHERE rep = 'bob')", [])?;
-    writeln!(out, "changes made: each client inserts 3 rows, updates 1 and deletes 1; the office updates")?;
+    consolidated.execute(
+        "DELETE FROM orders WHERE id = (SELECT max(id) FROM orders WHERE rep = 'bob')",
+        [],
+    )?;
+    writeln!(
+        out,
+        "changes made: each client inserts 3 rows, updates 1 and deletes 1; the office updates"
+    )?;
     writeln!(out, "one of alice's rows (which client-0 also updates), inserts one for carol, deletes one of bob's")?;
 
     writeln!(out, "\nround 2: sync with changes on both sides")?;
     clients = sync_all(clients, address, out).await?;
-    writeln!(out, "\nround 3: sync again so devices of the same user see each other's changes")?;
+    writeln!(
+        out,
+        "\nround 3: sync again so devices of the same user see each other's changes"
+    )?;
     clients = sync_all(clients, address, out).await?;
 
-    writeln!(out, "\n{:<10} {:<6} {:>8} {:>10} {:>9}", "client", "user", "rows up", "rows down", "conflicts")?;
+    writeln!(
+        out,
+        "\n{:<10} {:<6} {:>8} {:>10} {:>9}",
+        "client", "user", "rows up", "rows down", "conflicts"
+    )?;
     let mut conflicts = 0;
     for demo in &clients {
         let totals = &demo.totals;
@@ -167,7 +198,10 @@ async fn run_with_server(dir: &Path, consolidated_path: &Path, address: &str, op
         )?;
     }
 
-    writeln!(out, "\nagreement check (each client against its partition of the consolidated database):")?;
+    writeln!(
+        out,
+        "\nagreement check (each client against its partition of the consolidated database):"
+    )?;
     let mut agreement = true;
     for demo in &clients {
         let client_rows = read_orders(demo.client.connection(), None)?;
@@ -184,7 +218,11 @@ async fn run_with_server(dir: &Path, consolidated_path: &Path, address: &str, op
             if matches { "identical" } else { "DIFFERENT" }
         )?;
     }
-    writeln!(out, "agreement: {}", if agreement { "OK" } else { "FAILED" })?;
+    writeln!(
+        out,
+        "agreement: {}",
+        if agreement { "OK" } else { "FAILED" }
+    )?;
 
     let bulk = if options.bulk_rows > 0 {
         Some(run_bulk(dir, address, options.bulk_rows, &consolidated, out).await?)
@@ -266,7 +304,11 @@ fn options_for(address: &str, user: &str) -> SyncOptions {
 }
 
 /// Syncs every client at once and prints one line per client.
-async fn sync_all(clients: Vec<DemoClient>, address: &str, out: &mut Box<dyn Write + Send>) -> Result<Vec<DemoClient>> {
+async fn sync_all(
+    clients: Vec<DemoClient>,
+    address: &str,
+    out: &mut Box<dyn Write + Send>,
+) -> Result<Vec<DemoClient>> {
     let mut tasks = tokio::task::JoinSet::new();
     let count = clients.len();
     for (index, mut demo) in clients.into_iter().enumerate() {
@@ -280,7 +322,8 @@ async fn sync_all(clients: Vec<DemoClient>, address: &str, out: &mut Box<dyn Wri
     let mut lines = Vec::new();
     while let Some(joined) = tasks.join_next().await {
         let (index, mut demo, result) = joined.context("client task")?;
-        let report = result.with_context(|| format!("{} ({}) failed to sync", demo.name, demo.user))?;
+        let report =
+            result.with_context(|| format!("{} ({}) failed to sync", demo.name, demo.user))?;
         lines.push((
             index,
             format!(
@@ -303,10 +346,18 @@ async fn sync_all(clients: Vec<DemoClient>, address: &str, out: &mut Box<dyn Wri
     for (_, line) in lines {
         writeln!(out, "{line}")?;
     }
-    Ok(done.into_iter().map(|demo| demo.expect("every task returned")).collect())
+    Ok(done
+        .into_iter()
+        .map(|demo| demo.expect("every task returned"))
+        .collect())
 }
 
-fn make_client_changes(connection: &Connection, user: &str, name: &str, sibling: usize) -> Result<()> {
+fn make_client_changes(
+    connection: &Connection,
+    user: &str,
+    name: &str,
+    sibling: usize,
+) -> Result<()> {
     let ids: Vec<String> = connection
         .prepare("SELECT id FROM orders ORDER BY id")?
         .query_map([], |row| row.get(0))?
@@ -314,12 +365,21 @@ fn make_client_changes(connection: &Connection, user: &str, name: &str, sibling:
     for n in 0..3 {
         connection.execute(
             "INSERT INTO orders VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![format!("{name}-new-{n}"), user, "staplers", n + 1, format!("{}.500000", 10 + n)],
+            params![
+                format!("{name}-new-{n}"),
+                user,
+                "staplers",
+                n + 1,
+                format!("{}.500000", 10 + n)
+            ],
         )?;
     }
     // Siblings (clients of the same user) touch different rows.
     if let Some(id) = ids.get(sibling * 2) {
-        connection.execute("UPDATE orders SET quantity = quantity + 1, item = item || ' (revised)' WHERE id = ?1", [id])?;
+        connection.execute(
+            "UPDATE orders SET quantity = quantity + 1, item = item || ' (revised)' WHERE id = ?1",
+            [id],
+        )?;
     }
     if let Some(id) = ids.get(sibling * 2 + 1) {
         connection.execute("DELETE FROM orders WHERE id = ?1", [id])?;
@@ -333,10 +393,18 @@ fn read_orders(connection: &Connection, user: Option<&str>) -> Result<Vec<Vec<Va
         None => "SELECT id, rep, item, quantity, amount FROM orders ORDER BY id",
     };
     let mut statement = connection.prepare(sql)?;
-    let map = |row: &rusqlite::Row| (0..5).map(|i| row.get::<_, Value>(i)).collect::<rusqlite::Result<Vec<_>>>();
+    let map = |row: &rusqlite::Row| {
+        (0..5)
+            .map(|i| row.get::<_, Value>(i))
+            .collect::<rusqlite::Result<Vec<_>>>()
+    };
     let rows = match user {
-        Some(user) => statement.query_map([user], map)?.collect::<Result<Vec<_>, _>>()?,
-        None => statement.query_map([], map)?.collect::<Result<Vec<_>, _>>()?,
+        Some(user) => statement
+            .query_map([user], map)?
+            .collect::<Result<Vec<_>, _>>()?,
+        None => statement
+            .query_map([], map)?
+            .collect::<Result<Vec<_>, _>>()?,
     };
     Ok(rows)
 }
@@ -353,7 +421,8 @@ async fn run_bulk(
     {
         let transaction = uploader.connection().unchecked_transaction()?;
         {
-            let mut insert = transaction.prepare("INSERT INTO orders VALUES (?1, ?2, ?3, ?4, ?5)")?;
+            let mut insert =
+                transaction.prepare("INSERT INTO orders VALUES (?1, ?2, ?3, ?4, ?5)")?;
             for n in 0..rows {
                 insert.execute(params![
                     format!("bulk-{n:09}"),
@@ -369,12 +438,22 @@ async fn run_bulk(
     let options = options_for(address, BULK_USER);
     let upload = uploader.sync(&options).await?;
     if upload.rows_uploaded != rows as u64 {
-        bail!("bulk upload sent {} rows, expected {rows}", upload.rows_uploaded);
+        bail!(
+            "bulk upload sent {} rows, expected {rows}",
+            upload.rows_uploaded
+        );
     }
     let mut downloader = open_client(&dir.join("bulk-download.db"))?;
     let download = downloader.sync(&options).await?;
-    let held: i64 = downloader.connection().query_row("SELECT count(*) FROM orders", [], |row| row.get(0))?;
-    let stored: i64 = consolidated.query_row("SELECT count(*) FROM orders WHERE rep = ?1", [BULK_USER], |row| row.get(0))?;
+    let held: i64 =
+        downloader
+            .connection()
+            .query_row("SELECT count(*) FROM orders", [], |row| row.get(0))?;
+    let stored: i64 = consolidated.query_row(
+        "SELECT count(*) FROM orders WHERE rep = ?1",
+        [BULK_USER],
+        |row| row.get(0),
+    )?;
     if held != rows as i64 || stored != rows as i64 || download.rows_downloaded != rows as u64 {
         bail!("bulk check failed: consolidated holds {stored}, the new client {held}, expected {rows}");
     }

@@ -13,7 +13,11 @@ use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
 use rowsync_server::{auth, ServerConfig};
 
 #[derive(Parser)]
-#[command(name = "rowsync", version, about = "Synchronize SQLite clients with a consolidated database")]
+#[command(
+    name = "rowsync",
+    version,
+    about = "Synchronize SQLite clients with a consolidated database"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -92,7 +96,8 @@ enum UserCommand {
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ROWSYNC_LOG").unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("ROWSYNC_LOG")
+                .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         // A closed log pipe must not matter: by default the subscriber reports its own
@@ -124,7 +129,11 @@ async fn run(command: Command) -> Result<()> {
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("binding {listen}"))?;
-            eprintln!("rowsync serving {} on {}", db.display(), listener.local_addr()?);
+            eprintln!(
+                "rowsync serving {} on {}",
+                db.display(),
+                listener.local_addr()?
+            );
             let config = ServerConfig {
                 connections_max: max_connections,
                 workers,
@@ -164,21 +173,28 @@ async fn run(command: Command) -> Result<()> {
                 Some(password) => password,
                 None => {
                     let mut input = String::new();
-                    std::io::stdin().read_to_string(&mut input).context("reading the password from stdin")?;
+                    std::io::stdin()
+                        .read_to_string(&mut input)
+                        .context("reading the password from stdin")?;
                     input.trim_end_matches(['\r', '\n']).to_string()
                 }
             };
             if password.is_empty() {
                 bail!("the password must not be empty");
             }
-            let hash = auth::hash_password(&password).map_err(|error| anyhow::anyhow!("hashing: {error}"))?;
+            let hash = auth::hash_password(&password)
+                .map_err(|error| anyhow::anyhow!("hashing: {error}"))?;
             let mut connection = SqliteConsolidated::new(&db).connect().await?;
             connection.install_system_tables().await?;
             connection.set_user(&name, &hash).await?;
             println!("user {name} saved");
             Ok(())
         }
-        Command::Demo { clients, bulk_rows, dir } => {
+        Command::Demo {
+            clients,
+            bulk_rows,
+            dir,
+        } => {
             let report = demo::run(demo::DemoOptions {
                 clients,
                 bulk_rows,

@@ -27,7 +27,11 @@ async fn init_user_add_and_serve_work_from_the_command_line() {
         .args(["--table", "notes", "--partition-column", "owner"])
         .output()
         .unwrap();
-    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
 
     let refused = rowsync()
         .args(["init", "--db"])
@@ -47,7 +51,11 @@ async fn init_user_add_and_serve_work_from_the_command_line() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    add.stdin.take().unwrap().write_all(b"erin-secret\n").unwrap();
+    add.stdin
+        .take()
+        .unwrap()
+        .write_all(b"erin-secret\n")
+        .unwrap();
     assert!(add.wait().unwrap().success());
 
     let mut serve = rowsync()
@@ -67,16 +75,25 @@ async fn init_user_add_and_serve_work_from_the_command_line() {
     let mut client = Client::open(dir.path().join("erin.db")).unwrap();
     client
         .connection()
-        .execute_batch("CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT)")
+        .execute_batch(
+            "CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT)",
+        )
         .unwrap();
     client.track("notes").unwrap();
-    let report = client.sync(&SyncOptions::new(&address, "erin", "erin-secret")).await;
-    let wrong = client.sync(&SyncOptions::new(&address, "erin", "erin-secreT")).await;
+    let report = client
+        .sync(&SyncOptions::new(&address, "erin", "erin-secret"))
+        .await;
+    let wrong = client
+        .sync(&SyncOptions::new(&address, "erin", "erin-secreT"))
+        .await;
     serve.kill().unwrap();
     serve.wait().unwrap();
 
     assert_eq!(report.unwrap().rows_downloaded, 1);
-    let body: String = client.connection().query_row("SELECT body FROM notes", [], |row| row.get(0)).unwrap();
+    let body: String = client
+        .connection()
+        .query_row("SELECT body FROM notes", [], |row| row.get(0))
+        .unwrap();
     assert_eq!(body, "hello");
     // The refusal arrives even though logging it hits a broken pipe.
     assert!(matches!(wrong, Err(ClientError::Server(_))), "{wrong:?}");

@@ -29,10 +29,17 @@ async fn demo_reaches_agreement_with_one_conflict() {
     let output = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert!(report.agreement, "{output}");
     assert!(output.contains("agreement: OK"), "{output}");
-    assert_eq!(report.conflicts, 1, "the office and client-0 update the same row\n{output}");
+    assert_eq!(
+        report.conflicts, 1,
+        "the office and client-0 update the same row\n{output}"
+    );
     assert_eq!(report.clients.len(), 4);
     for client in &report.clients {
-        assert_eq!(client.report.rows_uploaded, 5, "{}: 3 inserts, 1 update, 1 delete", client.name);
+        assert_eq!(
+            client.report.rows_uploaded, 5,
+            "{}: 3 inserts, 1 update, 1 delete",
+            client.name
+        );
     }
     let bulk = report.bulk.expect("bulk measurement ran");
     assert_eq!(bulk.rows, 2_000);

@@ -22,7 +22,11 @@ pub struct SyncOptions {
 }
 
 impl SyncOptions {
-    pub fn new(address: impl Into<String>, user: impl Into<String>, password: impl Into<String>) -> SyncOptions {
+    pub fn new(
+        address: impl Into<String>,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> SyncOptions {
         SyncOptions {
             address: address.into(),
             user: user.into(),
@@ -61,12 +65,18 @@ impl Client {
     }
 
     /// Opens a client database; `client_id` fixes the id on first open and must match after.
-    pub fn open_with_id(path: impl AsRef<Path>, client_id: Option<&str>) -> Result<Client, ClientError> {
+    pub fn open_with_id(
+        path: impl AsRef<Path>,
+        client_id: Option<&str>,
+    ) -> Result<Client, ClientError> {
         let connection = Connection::open(path)?;
         connection.busy_timeout(Duration::from_secs(30))?;
         connection.pragma_update(None, "journal_mode", "WAL")?;
         let client_id = store::install(&connection, client_id)?;
-        Ok(Client { connection, client_id })
+        Ok(Client {
+            connection,
+            client_id,
+        })
     }
 
     pub fn client_id(&self) -> &str {
@@ -121,7 +131,9 @@ impl Client {
             .await?;
             let completed = match event {
                 SessionEvent::Complete(completed) => completed,
-                SessionEvent::Busy { retry_after_ms } => return Err(ClientError::Busy { retry_after_ms }),
+                SessionEvent::Busy { retry_after_ms } => {
+                    return Err(ClientError::Busy { retry_after_ms })
+                }
                 SessionEvent::Continue => unreachable!("exchange returns only final events"),
             };
             let rows_applied = store::apply_download(
@@ -132,7 +144,11 @@ impl Client {
             )?;
             let summary = completed.end.summary;
             report.rounds += 1;
-            report.rows_uploaded += if summary.upload_already_applied { 0 } else { batch.operations };
+            report.rows_uploaded += if summary.upload_already_applied {
+                0
+            } else {
+                batch.operations
+            };
             report.rows_downloaded += rows_applied;
             report.conflicts += summary.conflicts;
             report.upload_already_applied |= summary.upload_already_applied;

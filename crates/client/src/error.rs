@@ -8,9 +8,15 @@ pub enum ClientError {
     #[error("network: {0}")]
     Io(#[from] std::io::Error),
     #[error("could not reach {address}: {source}")]
-    Connect { address: String, source: std::io::Error },
+    Connect {
+        address: String,
+        source: std::io::Error,
+    },
     #[error("timed out after {timeout_ms} ms while {during}")]
-    Timeout { during: &'static str, timeout_ms: u64 },
+    Timeout {
+        during: &'static str,
+        timeout_ms: u64,
+    },
     #[error("malformed data from the server: {0}")]
     Decode(#[from] DecodeError),
     #[error("the server refused the sync: {0}")]

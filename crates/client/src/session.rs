@@ -23,7 +23,9 @@ pub enum SessionEvent {
     /// More messages are expected.
     Continue,
     Complete(CompletedSync),
-    Busy { retry_after_ms: u32 },
+    Busy {
+        retry_after_ms: u32,
+    },
 }
 
 impl ClientSession {
@@ -94,7 +96,7 @@ fn check_download(download: &Download) -> Result<(), ClientError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rowsync_protocol::{EndUpload, SyncSummary, WireError, ErrorCode};
+    use rowsync_protocol::{EndUpload, ErrorCode, SyncSummary, WireError};
 
     fn download(table: &str) -> Message {
         Message::Download(Download {
@@ -109,24 +111,45 @@ mod tests {
     #[test]
     fn collects_downloads_until_the_end() {
         let mut session = ClientSession::new();
-        assert!(matches!(session.handle(download("a")).unwrap(), SessionEvent::Continue));
-        assert!(matches!(session.handle(download("b")).unwrap(), SessionEvent::Continue));
-        let end = EndDownload { watermark: 9, summary: SyncSummary::default() };
-        let SessionEvent::Complete(done) = session.handle(Message::EndDownload(end)).unwrap() else {
+        assert!(matches!(
+            session.handle(download("a")).unwrap(),
+            SessionEvent::Continue
+        ));
+        assert!(matches!(
+            session.handle(download("b")).unwrap(),
+            SessionEvent::Continue
+        ));
+        let end = EndDownload {
+            watermark: 9,
+            summary: SyncSummary::default(),
+        };
+        let SessionEvent::Complete(done) = session.handle(Message::EndDownload(end)).unwrap()
+        else {
             panic!("expected completion");
         };
         assert_eq!(done.downloads.len(), 2);
         assert_eq!(done.end.watermark, 9);
-        assert!(session.handle(download("c")).is_err(), "nothing may follow the end");
+        assert!(
+            session.handle(download("c")).is_err(),
+            "nothing may follow the end"
+        );
     }
 
     #[test]
     fn refuses_client_messages_and_reports_server_errors() {
         let mut session = ClientSession::new();
-        let error = session.handle(Message::EndUpload(EndUpload { upload_sequence: 1 })).unwrap_err();
-        assert!(error.to_string().contains("never sends end_upload"), "{error}");
+        let error = session
+            .handle(Message::EndUpload(EndUpload { upload_sequence: 1 }))
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("never sends end_upload"),
+            "{error}"
+        );
         let mut session = ClientSession::new();
         let refusal = WireError::new(ErrorCode::AuthenticationFailed, "no");
-        assert!(matches!(session.handle(Message::Error(refusal)), Err(ClientError::Server(_))));
+        assert!(matches!(
+            session.handle(Message::Error(refusal)),
+            Err(ClientError::Server(_))
+        ));
     }
 }

@@ -48,7 +48,11 @@ fn log_table(table: &str) -> String {
 pub fn install(connection: &Connection, client_id: Option<&str>) -> Result<String, ClientError> {
     connection.execute_batch(CLIENT_TABLES)?;
     let existing: Option<String> = connection
-        .query_row("SELECT client_id FROM rs_client_state WHERE id = 1", [], |row| row.get(0))
+        .query_row(
+            "SELECT client_id FROM rs_client_state WHERE id = 1",
+            [],
+            |row| row.get(0),
+        )
         .optional()?;
     match (existing, client_id) {
         (Some(existing), Some(wanted)) if existing != wanted => Err(ClientError::Schema(format!(
@@ -61,7 +65,10 @@ pub fn install(connection: &Connection, client_id: Option<&str>) -> Result<Strin
                 rand::thread_rng().fill_bytes(&mut bytes);
                 hex::encode(bytes)
             });
-            connection.execute("INSERT INTO rs_client_state (id, client_id) VALUES (1, ?1)", [&client_id])?;
+            connection.execute(
+                "INSERT INTO rs_client_state (id, client_id) VALUES (1, ?1)",
+                [&client_id],
+            )?;
             Ok(client_id)
         }
     }
@@ -74,7 +81,8 @@ pub struct Shape {
 }
 
 pub fn shape(connection: &Connection, table: &str) -> Result<Option<Shape>, ClientError> {
-    let mut statement = connection.prepare("SELECT name, pk FROM pragma_table_info(?1) ORDER BY cid")?;
+    let mut statement =
+        connection.prepare("SELECT name, pk FROM pragma_table_info(?1) ORDER BY cid")?;
     let mut columns = Vec::new();
     let mut keys = Vec::new();
     let mut rows = statement.query([table])?;
@@ -106,10 +114,15 @@ pub fn shape(connection: &Connection, table: &str) -> Result<Option<Shape>, Clie
 /// changes the key is a delete of the old key and an insert of the new one.
 pub fn track(connection: &mut Connection, table: &str) -> Result<(), ClientError> {
     if table.starts_with("rs_") {
-        return Err(ClientError::Schema("tables named rs_* are rowsync's own".into()));
+        return Err(ClientError::Schema(
+            "tables named rs_* are rowsync's own".into(),
+        ));
     }
-    let shape = shape(connection, table)?
-        .ok_or_else(|| ClientError::Schema(format!("table {table:?} does not exist in the client database")))?;
+    let shape = shape(connection, table)?.ok_or_else(|| {
+        ClientError::Schema(format!(
+            "table {table:?} does not exist in the client database"
+        ))
+    })?;
     if shape.key_columns.is_empty() {
         return Err(ClientError::Schema(format!(
             "table {table:?} has no primary key; rowsync identifies rows by their primary key"
@@ -117,14 +130,25 @@ pub fn track(connection: &mut Connection, table: &str) -> Result<(), ClientError
     }
     let log = q(&log_table(table));
     let target = q(table);
-    let keys = shape.key_columns.iter().map(|k| q(k)).collect::<Vec<_>>().join(", ");
+    let keys = shape
+        .key_columns
+        .iter()
+        .map(|k| q(k))
+        .collect::<Vec<_>>()
+        .join(", ");
     let old_columns = shape
         .columns
         .iter()
         .map(|c| q(&format!("{OLD_PREFIX}{c}")))
         .collect::<Vec<_>>()
         .join(", ");
-    let image = |alias: &str, names: &[String]| names.iter().map(|c| format!("{alias}.{}", q(c))).collect::<Vec<_>>().join(", ");
+    let image = |alias: &str, names: &[String]| {
+        names
+            .iter()
+            .map(|c| format!("{alias}.{}", q(c)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let old_image = image("OLD", &shape.columns);
     let new_keys = image("NEW", &shape.key_columns);
     let old_keys = image("OLD", &shape.key_columns);
@@ -172,13 +196,13 @@ DROP TRIGGER IF EXISTS {delete_trigger};
 CREATE TRIGGER {delete_trigger} AFTER DELETE ON {target} WHEN {not_applying} BEGIN
     {log_delete}
 END;
-INSERT OR IGNORE INTO rs_client_table (table_name) VALUES ({table_literal});
+INSERT OR IGNORE INTO rs_client_table (table_name) VALUES ('{table_literal}');
 ",
         insert_trigger = trigger("insert"),
         update_trigger = trigger("update"),
         rekey_trigger = trigger("rekey"),
         delete_trigger = trigger("delete"),
-        table_literal = format!("'{}'", table.replace('\'', "''")),
+        table_literal = table.replace('\'', "''"),
     );
     let transaction = connection.transaction()?;
     transaction.execute_batch(&ddl)?;
@@ -187,8 +211,11 @@ INSERT OR IGNORE INTO rs_client_table (table_name) VALUES ({table_literal});
 }
 
 pub fn tracked_tables(connection: &Connection) -> Result<Vec<String>, ClientError> {
-    let mut statement = connection.prepare("SELECT table_name FROM rs_client_table ORDER BY table_name")?;
-    let tables = statement.query_map([], |row| row.get(0))?.collect::<Result<_, _>>()?;
+    let mut statement =
+        connection.prepare("SELECT table_name FROM rs_client_table ORDER BY table_name")?;
+    let tables = statement
+        .query_map([], |row| row.get(0))?
+        .collect::<Result<_, _>>()?;
     Ok(tables)
 }
 
@@ -226,8 +253,11 @@ pub struct Batch {
 /// made by moving the change logs out, in one transaction.
 pub fn next_batch(connection: &mut Connection) -> Result<Batch, ClientError> {
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let inflight: Option<i64> =
-        transaction.query_row("SELECT max(upload_sequence) FROM rs_client_inflight", [], |row| row.get(0))?;
+    let inflight: Option<i64> = transaction.query_row(
+        "SELECT max(upload_sequence) FROM rs_client_inflight",
+        [],
+        |row| row.get(0),
+    )?;
     if let Some(sequence) = inflight {
         let mut statement = transaction
             .prepare("SELECT frame, operations FROM rs_client_inflight WHERE upload_sequence = ?1 AND part > 0 ORDER BY part")?;
@@ -260,10 +290,16 @@ pub fn next_batch(connection: &mut Connection) -> Result<Batch, ClientError> {
         // acknowledged like any other.
         insert.execute(params![sequence as i64, 0, Vec::<u8>::new(), 0])?;
         for (part, upload) in messages.into_iter().enumerate() {
-            let operations = (upload.inserts.len() + upload.updates.len() + upload.deletes.len()) as u64;
+            let operations =
+                (upload.inserts.len() + upload.updates.len() + upload.deletes.len()) as u64;
             operations_total += operations;
             let frame = encode_frame(&Message::Upload(upload));
-            insert.execute(params![sequence as i64, part as i64 + 1, frame, operations as i64])?;
+            insert.execute(params![
+                sequence as i64,
+                part as i64 + 1,
+                frame,
+                operations as i64
+            ])?;
             frames.push(frame);
         }
     }
@@ -277,7 +313,11 @@ pub fn next_batch(connection: &mut Connection) -> Result<Batch, ClientError> {
 }
 
 /// Reads and empties the change log of one table into upload messages of bounded size.
-fn collect_table_upload(connection: &Connection, table: &str, out: &mut Vec<TableUpload>) -> Result<(), ClientError> {
+fn collect_table_upload(
+    connection: &Connection,
+    table: &str,
+    out: &mut Vec<TableUpload>,
+) -> Result<(), ClientError> {
     let shape = shape(connection, table)?
         .ok_or_else(|| ClientError::Schema(format!("tracked table {table:?} no longer exists")))?;
     let width = shape.columns.len();
@@ -307,7 +347,9 @@ fn collect_table_upload(connection: &Connection, table: &str, out: &mut Vec<Tabl
     let mut statement = connection.prepare(&select)?;
     let mut rows = statement.query([])?;
     let row_values = |row: &rusqlite::Row, start: usize, count: usize| -> rusqlite::Result<Row> {
-        (start..start + count).map(|index| row.get::<_, Value>(index)).collect()
+        (start..start + count)
+            .map(|index| row.get::<_, Value>(index))
+            .collect()
     };
     while let Some(row) = rows.next()? {
         let op: String = row.get(0)?;
@@ -378,7 +420,10 @@ pub fn apply_download(
     watermark: i64,
 ) -> Result<u64, ClientError> {
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    transaction.execute("UPDATE rs_client_state SET applying_download = 1 WHERE id = 1", [])?;
+    transaction.execute(
+        "UPDATE rs_client_state SET applying_download = 1 WHERE id = 1",
+        [],
+    )?;
     let tracked: Vec<String> = tracked_tables(&transaction)?;
     let mut rows_applied = 0u64;
     let mut shapes: HashMap<&str, Shape> = HashMap::new();
@@ -386,7 +431,9 @@ pub fn apply_download(
         let table = download.table.as_str();
         if !shapes.contains_key(table) {
             let found = shape(&transaction, table)?.ok_or_else(|| {
-                ClientError::Schema(format!("the download names table {table:?}, which the client database lacks"))
+                ClientError::Schema(format!(
+                    "the download names table {table:?}, which the client database lacks"
+                ))
             })?;
             shapes.insert(table, found);
         }
@@ -399,7 +446,9 @@ pub fn apply_download(
         }
         for column in &download.columns {
             if !shape.columns.contains(column) {
-                return Err(ClientError::Schema(format!("the download names column {column:?}, which table {table:?} lacks here")));
+                return Err(ClientError::Schema(format!(
+                    "the download names column {column:?}, which table {table:?} lacks here"
+                )));
             }
         }
         let is_tracked = tracked.iter().any(|t| t == table);
@@ -410,12 +459,19 @@ pub fn apply_download(
              upload_sequence_acknowledged = max(upload_sequence_acknowledged, ?2) WHERE id = 1",
         params![watermark, upload_sequence as i64],
     )?;
-    transaction.execute("DELETE FROM rs_client_inflight WHERE upload_sequence <= ?1", [upload_sequence as i64])?;
+    transaction.execute(
+        "DELETE FROM rs_client_inflight WHERE upload_sequence <= ?1",
+        [upload_sequence as i64],
+    )?;
     transaction.commit()?;
     Ok(rows_applied)
 }
 
-fn apply_table(connection: &Connection, download: &Download, is_tracked: bool) -> Result<u64, ClientError> {
+fn apply_table(
+    connection: &Connection,
+    download: &Download,
+    is_tracked: bool,
+) -> Result<u64, ClientError> {
     let table = q(&download.table);
     let keys = &download.key_columns;
     let key_placeholders = |start: usize| {
@@ -449,19 +505,41 @@ fn apply_table(connection: &Connection, download: &Download, is_tracked: bool) -
         }
     }
     if !download.upserts.is_empty() {
-        let columns = download.columns.iter().map(|c| q(c)).collect::<Vec<_>>().join(", ");
-        let placeholders = (1..=width).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ");
+        let columns = download
+            .columns
+            .iter()
+            .map(|c| q(c))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let placeholders = (1..=width)
+            .map(|i| format!("?{i}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         let key_positions: Vec<usize> = keys
             .iter()
-            .map(|k| download.columns.iter().position(|c| c == k).expect("checked by the session"))
+            .map(|k| {
+                download
+                    .columns
+                    .iter()
+                    .position(|c| c == k)
+                    .expect("checked by the session")
+            })
             .collect();
-        let non_keys: Vec<&String> = download.columns.iter().filter(|c| !keys.contains(c)).collect();
+        let non_keys: Vec<&String> = download
+            .columns
+            .iter()
+            .filter(|c| !keys.contains(c))
+            .collect();
         let conflict_action = if non_keys.is_empty() {
             "NOTHING".to_string()
         } else {
             format!(
                 "UPDATE SET {}",
-                non_keys.iter().map(|c| format!("{c} = excluded.{c}", c = q(c))).collect::<Vec<_>>().join(", ")
+                non_keys
+                    .iter()
+                    .map(|c| format!("{c} = excluded.{c}", c = q(c)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )
         };
         let pending_check = if is_tracked {
@@ -471,7 +549,10 @@ fn apply_table(connection: &Connection, download: &Download, is_tracked: bool) -
                 .map(|(k, p)| format!("{} = ?{}", q(k), p + 1))
                 .collect::<Vec<_>>()
                 .join(" AND ");
-            format!("NOT EXISTS (SELECT 1 FROM {} WHERE {matches})", q(&log_table(&download.table)))
+            format!(
+                "NOT EXISTS (SELECT 1 FROM {} WHERE {matches})",
+                q(&log_table(&download.table))
+            )
         } else {
             "1".to_string()
         };

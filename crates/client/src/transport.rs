@@ -38,7 +38,9 @@ pub async fn exchange(request: Exchange<'_>) -> Result<SessionEvent, ClientError
     let mut decoder = FrameDecoder::new(request.frame_bytes_max);
     let mut session = ClientSession::new();
     let written = tokio::time::timeout(request.timeout, async {
-        stream.write_all(&encode_frame(&Message::Hello(request.hello))).await?;
+        stream
+            .write_all(&encode_frame(&Message::Hello(request.hello)))
+            .await?;
         for frame in request.upload_frames {
             stream.write_all(frame).await?;
         }
@@ -59,7 +61,9 @@ pub async fn exchange(request: Exchange<'_>) -> Result<SessionEvent, ClientError
         // The server may have refused the sync early (busy, bad credentials) and closed;
         // its answer, if any, says more than the broken pipe.
         Ok(Err(write_error)) => {
-            return match read_until_done(&mut stream, &mut decoder, &mut session, request.timeout).await {
+            return match read_until_done(&mut stream, &mut decoder, &mut session, request.timeout)
+                .await
+            {
                 Ok(event) => Ok(event),
                 Err(_) => Err(ClientError::Io(write_error)),
             }

@@ -34,6 +34,9 @@ pub const PARAMETERS: [(&str, &str); 5] = [
     ("user", "the authenticated user name"),
     ("client_id", "the client id from the hello"),
     ("script_version", "the script version the client syncs with"),
-    ("last_download", "the watermark of the client's last applied download"),
+    (
+        "last_download",
+        "the watermark of the client's last applied download",
+    ),
     ("upload_sequence", "the sequence number of this upload"),
 ];

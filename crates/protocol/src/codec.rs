@@ -127,7 +127,7 @@ pub fn decode_message(body: &[u8]) -> Result<Message, DecodeError> {
             summary: SyncSummary {
                 rows_uploaded: reader.u64("rows uploaded")?,
                 conflicts: reader.u64("conflicts")?,
-                upload_already_applied: reader.take(1, "flags")?[0] != 0,
+                upload_already_applied: reader.flag("upload already applied")?,
             },
         }),
         0x06 => Message::Error(WireError {
@@ -249,6 +249,20 @@ impl<'a> Reader<'a> {
     fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], DecodeError> {
         let bytes = self.take(N, what)?;
         Ok(bytes.try_into().expect("take returned N bytes"))
+    }
+
+    /// A boolean byte: exactly 0 or 1, so every message has one encoding.
+    fn flag(&mut self, what: &'static str) -> Result<bool, DecodeError> {
+        let offset = self.offset;
+        match self.take(1, what)?[0] {
+            0 => Ok(false),
+            1 => Ok(true),
+            value => Err(DecodeError::InvalidFlag {
+                what,
+                value,
+                offset,
+            }),
+        }
     }
 
     fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {

@@ -28,6 +28,12 @@ pub enum DecodeError {
         received_bytes: usize,
         expected_bytes: usize,
     },
+    #[error("{what} at offset {offset} is {value}; a flag must be 0 or 1")]
+    InvalidFlag {
+        what: &'static str,
+        value: u8,
+        offset: usize,
+    },
     #[error("empty frame: a frame must contain at least the message type byte")]
     EmptyFrame,
     #[error("frame of {length_bytes} bytes exceeds the limit of {limit_bytes} bytes")]

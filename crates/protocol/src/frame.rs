@@ -87,7 +87,9 @@ impl FrameDecoder {
     }
 
     fn peek_length(&self) -> Option<usize> {
-        let header = self.buffer.get(self.start..self.start + FRAME_HEADER_BYTES)?;
+        let header = self
+            .buffer
+            .get(self.start..self.start + FRAME_HEADER_BYTES)?;
         Some(u32::from_be_bytes(header.try_into().expect("four bytes")) as usize)
     }
 

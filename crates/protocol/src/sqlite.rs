@@ -29,7 +29,8 @@ impl FromSql for Value {
             ValueRef::Integer(number) => Value::Int(number),
             ValueRef::Real(number) => Value::Double(number),
             ValueRef::Text(bytes) => Value::Text(
-                String::from_utf8(bytes.to_vec()).map_err(|error| FromSqlError::Other(Box::new(error)))?,
+                String::from_utf8(bytes.to_vec())
+                    .map_err(|error| FromSqlError::Other(Box::new(error)))?,
             ),
             ValueRef::Blob(bytes) => Value::Blob(bytes.to_vec()),
         })
@@ -62,10 +63,15 @@ mod tests {
             ),
             (Value::Text("é".into()), Value::Text("é".into())),
             (Value::Blob(vec![0, 1]), Value::Blob(vec![0, 1])),
-            (Value::Timestamp(1_700_000_000_123_456), Value::Text("2023-11-14 22:13:20.123456".into())),
+            (
+                Value::Timestamp(1_700_000_000_123_456),
+                Value::Text("2023-11-14 22:13:20.123456".into()),
+            ),
         ];
         for (input, expected) in cases {
-            let back: Value = connection.query_row("SELECT ?1", [&input], |row| row.get(0)).unwrap();
+            let back: Value = connection
+                .query_row("SELECT ?1", [&input], |row| row.get(0))
+                .unwrap();
             assert_eq!(back, expected);
         }
     }

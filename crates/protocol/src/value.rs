@@ -94,7 +94,11 @@ impl FromStr for Decimal {
         if whole.is_empty() && fraction.is_empty() {
             return Err(fail("no digits"));
         }
-        if !whole.bytes().chain(fraction.bytes()).all(|b| b.is_ascii_digit()) {
+        if !whole
+            .bytes()
+            .chain(fraction.bytes())
+            .all(|b| b.is_ascii_digit())
+        {
             return Err(fail("only digits, one '.' and a leading sign are allowed"));
         }
         let scale = u8::try_from(fraction.len())
@@ -169,17 +173,33 @@ mod tests {
             ("", "no digits"),
             (".", "no digits"),
             ("1e5", "only digits, one '.' and a leading sign are allowed"),
-            ("1.2.3", "only digits, one '.' and a leading sign are allowed"),
-            ("999999999999999999999999999999999999999", "more than 38 significant digits"),
+            (
+                "1.2.3",
+                "only digits, one '.' and a leading sign are allowed",
+            ),
+            (
+                "999999999999999999999999999999999999999",
+                "more than 38 significant digits",
+            ),
         ] {
-            assert_eq!(text.parse::<Decimal>().unwrap_err().reason, reason, "{text}");
+            assert_eq!(
+                text.parse::<Decimal>().unwrap_err().reason,
+                reason,
+                "{text}"
+            );
         }
     }
 
     #[test]
     fn decimal_keeps_scale_and_sign_below_one() {
         let decimal: Decimal = "-.05".parse().unwrap();
-        assert_eq!(decimal, Decimal { mantissa: -5, scale: 2 });
+        assert_eq!(
+            decimal,
+            Decimal {
+                mantissa: -5,
+                scale: 2
+            }
+        );
         assert_eq!(decimal.to_string(), "-0.05");
     }
 }

@@ -7,7 +7,9 @@ fn value_strategy() -> impl Strategy<Value = Value> + Clone {
     prop_oneof![
         Just(Value::Null),
         any::<i64>().prop_map(Value::Int),
-        any::<f64>().prop_filter("NaN never equals itself", |d| !d.is_nan()).prop_map(Value::Double),
+        any::<f64>()
+            .prop_filter("NaN never equals itself", |d| !d.is_nan())
+            .prop_map(Value::Double),
         (any::<i128>(), 0u8..=DECIMAL_SCALE_MAX)
             .prop_map(|(mantissa, scale)| Value::Decimal(Decimal::new(mantissa, scale).unwrap())),
         ".{0,20}".prop_map(Value::Text),
@@ -17,24 +19,29 @@ fn value_strategy() -> impl Strategy<Value = Value> + Clone {
 }
 
 fn upload_strategy() -> impl Strategy<Value = Message> {
-    (1usize..5, 0usize..4, 0usize..4, 0usize..4).prop_flat_map(|(width, inserts, updates, deletes)| {
-        let row = proptest::collection::vec(value_strategy(), width);
-        (
-            proptest::collection::vec(row.clone(), inserts),
-            proptest::collection::vec((row.clone(), row), updates),
-            proptest::collection::vec(proptest::collection::vec(value_strategy(), 1), deletes),
-        )
-            .prop_map(move |(inserts, updates, deletes)| {
-                Message::Upload(TableUpload {
-                    table: "t".into(),
-                    columns: (0..width).map(|i| format!("c{i}")).collect(),
-                    key_columns: vec!["c0".into()],
-                    inserts,
-                    updates: updates.into_iter().map(|(old, new)| RowUpdate { old, new }).collect(),
-                    deletes,
+    (1usize..5, 0usize..4, 0usize..4, 0usize..4).prop_flat_map(
+        |(width, inserts, updates, deletes)| {
+            let row = proptest::collection::vec(value_strategy(), width);
+            (
+                proptest::collection::vec(row.clone(), inserts),
+                proptest::collection::vec((row.clone(), row), updates),
+                proptest::collection::vec(proptest::collection::vec(value_strategy(), 1), deletes),
+            )
+                .prop_map(move |(inserts, updates, deletes)| {
+                    Message::Upload(TableUpload {
+                        table: "t".into(),
+                        columns: (0..width).map(|i| format!("c{i}")).collect(),
+                        key_columns: vec!["c0".into()],
+                        inserts,
+                        updates: updates
+                            .into_iter()
+                            .map(|(old, new)| RowUpdate { old, new })
+                            .collect(),
+                        deletes,
+                    })
                 })
-            })
-    })
+        },
+    )
 }
 
 proptest! {
@@ -76,7 +83,11 @@ proptest! {
 
 #[test]
 fn numeric_30_6_round_trips_exactly() {
-    for text in ["999999999999999999999999.999999", "-123456789012345678901234.567891", "0.000001"] {
+    for text in [
+        "999999999999999999999999.999999",
+        "-123456789012345678901234.567891",
+        "0.000001",
+    ] {
         let message = Message::Download(Download {
             table: "t".into(),
             columns: vec!["amount".into()],
@@ -87,7 +98,9 @@ fn numeric_30_6_round_trips_exactly() {
         let Message::Download(back) = decode_message(&encode_message(&message)).unwrap() else {
             panic!("wrong message type");
         };
-        let Value::Decimal(decimal) = &back.upserts[0][0] else { panic!("not a decimal") };
+        let Value::Decimal(decimal) = &back.upserts[0][0] else {
+            panic!("not a decimal")
+        };
         assert_eq!(decimal.to_string(), text);
     }
 }
@@ -98,7 +111,10 @@ fn oversized_frame_is_refused_from_its_header_alone() {
     decoder.feed(&(1025u32).to_be_bytes());
     assert_eq!(
         decoder.next_message(),
-        Err(DecodeError::FrameTooLarge { length_bytes: 1025, limit_bytes: 1024 })
+        Err(DecodeError::FrameTooLarge {
+            length_bytes: 1025,
+            limit_bytes: 1024
+        })
     );
 }
 
@@ -110,19 +126,28 @@ fn stream_ending_mid_frame_names_the_shortfall() {
     assert_eq!(decoder.next_message(), Ok(None));
     assert_eq!(
         decoder.finish(),
-        Err(DecodeError::EndedMidFrame { received_bytes: 6, expected_bytes: frame.len() })
+        Err(DecodeError::EndedMidFrame {
+            received_bytes: 6,
+            expected_bytes: frame.len()
+        })
     );
 }
 
 #[test]
 fn malformed_bodies_get_named_errors() {
-    assert_eq!(decode_message(&[0x42]), Err(DecodeError::UnknownMessageType(0x42)));
+    assert_eq!(
+        decode_message(&[0x42]),
+        Err(DecodeError::UnknownMessageType(0x42))
+    );
     assert_eq!(decode_message(&[]), Err(DecodeError::EmptyFrame));
     let mut end_upload = encode_message(&Message::EndUpload(EndUpload { upload_sequence: 1 }));
     end_upload.push(0);
     assert_eq!(
         decode_message(&end_upload),
-        Err(DecodeError::TrailingBytes { message: "end_upload", trailing: 1 })
+        Err(DecodeError::TrailingBytes {
+            message: "end_upload",
+            trailing: 1
+        })
     );
     // An upload claiming four billion inserts in a few bytes is refused before allocating.
     let mut upload = encode_message(&Message::Upload(TableUpload {
@@ -133,7 +158,10 @@ fn malformed_bodies_get_named_errors() {
     }));
     let inserts_offset = upload.len() - 12;
     upload[inserts_offset..inserts_offset + 4].copy_from_slice(&u32::MAX.to_be_bytes());
-    assert!(matches!(decode_message(&upload), Err(DecodeError::CountTooLarge { what: "insert", .. })));
+    assert!(matches!(
+        decode_message(&upload),
+        Err(DecodeError::CountTooLarge { what: "insert", .. })
+    ));
     // A value with an unknown tag.
     let mut download = encode_message(&Message::Download(Download {
         table: "t".into(),
@@ -146,6 +174,31 @@ fn malformed_bodies_get_named_errors() {
     download[tag_offset] = 0x99;
     assert_eq!(
         decode_message(&download),
-        Err(DecodeError::UnknownValueTag { tag: 0x99, offset: tag_offset })
+        Err(DecodeError::UnknownValueTag {
+            tag: 0x99,
+            offset: tag_offset
+        })
+    );
+}
+
+#[test]
+fn flags_have_one_encoding() {
+    let mut body = encode_message(&Message::EndDownload(EndDownload {
+        watermark: 1,
+        summary: SyncSummary {
+            rows_uploaded: 0,
+            conflicts: 0,
+            upload_already_applied: true,
+        },
+    }));
+    let flag_offset = body.len() - 1;
+    body[flag_offset] = 2;
+    assert_eq!(
+        decode_message(&body),
+        Err(DecodeError::InvalidFlag {
+            what: "upload already applied",
+            value: 2,
+            offset: flag_offset
+        })
     );
 }

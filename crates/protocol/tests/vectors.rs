@@ -38,18 +38,46 @@ fn vectors() -> Vec<(&'static str, Message)> {
                 columns: vec!["id".into(), "rep".into(), "amount".into(), "note".into()],
                 key_columns: vec!["id".into()],
                 inserts: vec![
-                    vec![Value::Int(1), "alice".into(), decimal("999999999999999999999999.999999"), Value::Null],
-                    vec![Value::Int(-2), "alice".into(), Value::Double(2.5), Value::Blob(vec![0, 255, 16])],
-                    vec![Value::Int(i64::MAX), "alice".into(), decimal("-0.000001"), Value::Timestamp(1_700_000_000_123_456)],
+                    vec![
+                        Value::Int(1),
+                        "alice".into(),
+                        decimal("999999999999999999999999.999999"),
+                        Value::Null,
+                    ],
+                    vec![
+                        Value::Int(-2),
+                        "alice".into(),
+                        Value::Double(2.5),
+                        Value::Blob(vec![0, 255, 16]),
+                    ],
+                    vec![
+                        Value::Int(i64::MAX),
+                        "alice".into(),
+                        decimal("-0.000001"),
+                        Value::Timestamp(1_700_000_000_123_456),
+                    ],
                 ],
                 updates: vec![RowUpdate {
-                    old: vec![Value::Int(3), "alice".into(), decimal("1.000000"), "before".into()],
-                    new: vec![Value::Int(3), "alice".into(), decimal("2.000000"), "after ✓".into()],
+                    old: vec![
+                        Value::Int(3),
+                        "alice".into(),
+                        decimal("1.000000"),
+                        "before".into(),
+                    ],
+                    new: vec![
+                        Value::Int(3),
+                        "alice".into(),
+                        decimal("2.000000"),
+                        "after ✓".into(),
+                    ],
                 }],
                 deletes: vec![vec![Value::Int(4)]],
             }),
         ),
-        ("end_upload", Message::EndUpload(EndUpload { upload_sequence: 7 })),
+        (
+            "end_upload",
+            Message::EndUpload(EndUpload { upload_sequence: 7 }),
+        ),
         (
             "download",
             Message::Download(Download {
@@ -64,21 +92,37 @@ fn vectors() -> Vec<(&'static str, Message)> {
             "end_download",
             Message::EndDownload(EndDownload {
                 watermark: 1234,
-                summary: SyncSummary { rows_uploaded: 5, conflicts: 1, upload_already_applied: false },
+                summary: SyncSummary {
+                    rows_uploaded: 5,
+                    conflicts: 1,
+                    upload_already_applied: false,
+                },
             }),
         ),
         (
             "end_download_duplicate_upload",
             Message::EndDownload(EndDownload {
                 watermark: 1234,
-                summary: SyncSummary { rows_uploaded: 5, conflicts: 0, upload_already_applied: true },
+                summary: SyncSummary {
+                    rows_uploaded: 5,
+                    conflicts: 0,
+                    upload_already_applied: true,
+                },
             }),
         ),
         (
             "error",
-            Message::Error(WireError::new(ErrorCode::AuthenticationFailed, "authentication failed for user \"bob\"")),
+            Message::Error(WireError::new(
+                ErrorCode::AuthenticationFailed,
+                "authentication failed for user \"bob\"",
+            )),
         ),
-        ("busy", Message::Busy { retry_after_ms: 1500 }),
+        (
+            "busy",
+            Message::Busy {
+                retry_after_ms: 1500,
+            },
+        ),
     ]
 }
 
@@ -105,10 +149,16 @@ fn golden_vectors_match_the_committed_file() {
         assert_eq!(committed, generated, "vector {} changed", committed.name);
         // Both directions, from the file alone, as another implementation would check.
         let frame = hex::decode(&committed.frame_hex).unwrap();
-        assert_eq!(hex::encode(encode_frame(&committed.message)), committed.frame_hex);
+        assert_eq!(
+            hex::encode(encode_frame(&committed.message)),
+            committed.frame_hex
+        );
         let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
         decoder.feed(&frame);
-        assert_eq!(decoder.next_message().unwrap().as_ref(), Some(&committed.message));
+        assert_eq!(
+            decoder.next_message().unwrap().as_ref(),
+            Some(&committed.message)
+        );
         assert_eq!(decoder.buffered_bytes(), 0);
     }
 }

@@ -27,7 +27,11 @@ pub fn download_frames(outcome: SyncOutcome, message_bytes_max: usize) -> Vec<Ve
         };
         let mut chunk = empty();
         let mut chunk_bytes = 0;
-        for (is_upsert, row) in upserts.into_iter().map(|row| (true, row)).chain(deletes.into_iter().map(|row| (false, row))) {
+        for (is_upsert, row) in upserts
+            .into_iter()
+            .map(|row| (true, row))
+            .chain(deletes.into_iter().map(|row| (false, row)))
+        {
             chunk_bytes += row_bytes(&row);
             if is_upsert {
                 chunk.upserts.push(row);
@@ -35,7 +39,10 @@ pub fn download_frames(outcome: SyncOutcome, message_bytes_max: usize) -> Vec<Ve
                 chunk.deletes.push(row);
             }
             if chunk_bytes >= message_bytes_max {
-                frames.push(encode_frame(&Message::Download(std::mem::replace(&mut chunk, empty()))));
+                frames.push(encode_frame(&Message::Download(std::mem::replace(
+                    &mut chunk,
+                    empty(),
+                ))));
                 chunk_bytes = 0;
             }
         }
@@ -62,17 +69,27 @@ mod tests {
                 table: "t".into(),
                 columns: vec!["id".into(), "text".into()],
                 key_columns: vec!["id".into()],
-                upserts: (0..1000).map(|i| vec![Value::Int(i), Value::Text("x".repeat(100))]).collect(),
+                upserts: (0..1000)
+                    .map(|i| vec![Value::Int(i), Value::Text("x".repeat(100))])
+                    .collect(),
                 deletes: (0..10).map(|i| vec![Value::Int(i + 5000)]).collect(),
             }],
             watermark: 7,
             summary: Default::default(),
         };
         let frames = download_frames(outcome, 10_000);
-        assert!(frames.len() > 10, "expected many frames, got {}", frames.len());
+        assert!(
+            frames.len() > 10,
+            "expected many frames, got {}",
+            frames.len()
+        );
         let (mut upserts, mut deletes) = (0, 0);
         for frame in &frames {
-            assert!(frame.len() < 10_000 + 1_000, "frame of {} bytes", frame.len());
+            assert!(
+                frame.len() < 10_000 + 1_000,
+                "frame of {} bytes",
+                frame.len()
+            );
             match decode_message(&frame[FRAME_HEADER_BYTES..]).unwrap() {
                 Message::Download(download) => {
                     upserts += download.upserts.len();

@@ -56,7 +56,9 @@ pub struct Worker<B: Consolidated> {
 
 impl<B: Consolidated> Worker<B> {
     pub fn connection(&mut self) -> &mut B::Connection {
-        self.connection.as_mut().expect("present until drop or discard")
+        self.connection
+            .as_mut()
+            .expect("present until drop or discard")
     }
 
     /// Closes the connection instead of pooling it (after a database error, as MobiLink does).

@@ -78,7 +78,10 @@ pub async fn serve<B: Consolidated>(
         }
     }
     let in_flight = shared.config.connections_max as u32;
-    if tokio::time::timeout(SHUTDOWN_GRACE, slots.acquire_many(in_flight)).await.is_err() {
+    if tokio::time::timeout(SHUTDOWN_GRACE, slots.acquire_many(in_flight))
+        .await
+        .is_err()
+    {
         tracing::warn!("syncs still running after the shutdown grace period; stopping anyway");
     }
     Ok(())
@@ -110,10 +113,16 @@ impl Failure {
     }
 }
 
-async fn handle_connection<B: Consolidated>(mut stream: TcpStream, peer: SocketAddr, shared: &Shared<B>) {
+async fn handle_connection<B: Consolidated>(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    shared: &Shared<B>,
+) {
     let started = Instant::now();
     match run_sync(&mut stream, shared).await {
-        Ok(summary) => tracing::debug!(%peer, elapsed_ms = started.elapsed().as_millis() as u64, "{summary}"),
+        Ok(summary) => {
+            tracing::debug!(%peer, elapsed_ms = started.elapsed().as_millis() as u64, "{summary}")
+        }
         Err(failure) => {
             // The client hears first; the log line cannot delay or prevent its answer.
             if let Some(error) = failure.reply {
@@ -138,7 +147,10 @@ const REFUSAL_DRAIN_TIME: Duration = Duration::from_secs(2);
 /// the message in flight.
 async fn reply_and_close(mut stream: TcpStream, message: Message) {
     let frame = encode_frame(&message);
-    if tokio::time::timeout(REFUSAL_DRAIN_TIME, stream.write_all(&frame)).await.is_err() {
+    if tokio::time::timeout(REFUSAL_DRAIN_TIME, stream.write_all(&frame))
+        .await
+        .is_err()
+    {
         return;
     }
     let _ = stream.shutdown().await;
@@ -155,7 +167,10 @@ async fn reply_and_close(mut stream: TcpStream, message: Message) {
     .await;
 }
 
-async fn run_sync<B: Consolidated>(stream: &mut TcpStream, shared: &Shared<B>) -> Result<String, Failure> {
+async fn run_sync<B: Consolidated>(
+    stream: &mut TcpStream,
+    shared: &Shared<B>,
+) -> Result<String, Failure> {
     let config = &shared.config;
     let upload = read_upload(stream, config).await?;
     let hello = &upload.hello;
@@ -172,9 +187,11 @@ async fn run_sync<B: Consolidated>(stream: &mut TcpStream, shared: &Shared<B>) -
     };
     drop(worker);
     let password = hello.password.clone();
-    let authenticated = tokio::task::spawn_blocking(move || auth::verify_password(stored_hash.as_deref(), &password))
-        .await
-        .unwrap_or(false);
+    let authenticated = tokio::task::spawn_blocking(move || {
+        auth::verify_password(stored_hash.as_deref(), &password)
+    })
+    .await
+    .unwrap_or(false);
     if !authenticated {
         return Err(Failure::tell(WireError::new(
             ErrorCode::AuthenticationFailed,
@@ -203,7 +220,10 @@ async fn run_sync<B: Consolidated>(stream: &mut TcpStream, shared: &Shared<B>) -
             } else {
                 drop(worker);
             }
-            return Err(Failure::tell(WireError::new(error.code(), error.to_string())));
+            return Err(Failure::tell(WireError::new(
+                error.code(),
+                error.to_string(),
+            )));
         }
     };
     let summary = format!(
@@ -213,7 +233,11 @@ async fn run_sync<B: Consolidated>(stream: &mut TcpStream, shared: &Shared<B>) -
         outcome.summary.rows_uploaded,
         outcome.download_row_count(),
         outcome.summary.conflicts,
-        if outcome.summary.upload_already_applied { ", upload already applied" } else { "" },
+        if outcome.summary.upload_already_applied {
+            ", upload already applied"
+        } else {
+            ""
+        },
     );
     // The worker is released: encoding and sending happen while it serves others.
     let frames = download_frames(outcome, config.download_message_bytes_max);
@@ -226,17 +250,27 @@ async fn run_sync<B: Consolidated>(stream: &mut TcpStream, shared: &Shared<B>) -
     .await;
     match sent {
         Ok(Ok(())) => Ok(summary),
-        Ok(Err(error)) => Err(Failure::silent(format!("sending the download failed after commit: {error}"))),
-        Err(_) => Err(Failure::silent("sending the download timed out after commit".into())),
+        Ok(Err(error)) => Err(Failure::silent(format!(
+            "sending the download failed after commit: {error}"
+        ))),
+        Err(_) => Err(Failure::silent(
+            "sending the download timed out after commit".into(),
+        )),
     }
 }
 
 fn database_failure(error: impl std::fmt::Display) -> Failure {
-    Failure::tell(WireError::new(ErrorCode::Internal, format!("consolidated database error: {error}")))
+    Failure::tell(WireError::new(
+        ErrorCode::Internal,
+        format!("consolidated database error: {error}"),
+    ))
 }
 
 /// The stream stage: reads and decodes until the upload is complete.
-async fn read_upload(stream: &mut TcpStream, config: &ServerConfig) -> Result<ReceivedUpload, Failure> {
+async fn read_upload(
+    stream: &mut TcpStream,
+    config: &ServerConfig,
+) -> Result<ReceivedUpload, Failure> {
     let mut decoder = FrameDecoder::new(config.frame_bytes_max);
     let mut session = ServerSession::new(config.upload_bytes_max);
     let mut buffer = vec![0u8; READ_CHUNK_BYTES];
@@ -259,10 +293,17 @@ async fn read_upload(stream: &mut TcpStream, config: &ServerConfig) -> Result<Re
             Err(_) => {
                 return Err(Failure::tell(WireError::new(
                     ErrorCode::Timeout,
-                    format!("nothing received for {} ms", config.read_timeout.as_millis()),
+                    format!(
+                        "nothing received for {} ms",
+                        config.read_timeout.as_millis()
+                    ),
                 )))
             }
-            Ok(Err(error)) => return Err(Failure::silent(format!("reading the upload failed: {error}"))),
+            Ok(Err(error)) => {
+                return Err(Failure::silent(format!(
+                    "reading the upload failed: {error}"
+                )))
+            }
             Ok(Ok(read)) => read,
         };
         if read == 0 {

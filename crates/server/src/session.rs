@@ -20,7 +20,10 @@ pub enum Step {
 #[derive(Debug)]
 enum State {
     AwaitingHello,
-    Uploading { hello: Hello, tables: Vec<TableUpload> },
+    Uploading {
+        hello: Hello,
+        tables: Vec<TableUpload>,
+    },
     Done,
 }
 
@@ -47,7 +50,10 @@ impl ServerSession {
             self.state = State::Done;
             return Err(WireError::new(
                 ErrorCode::UploadTooLarge,
-                format!("the upload exceeds the server's limit of {} bytes", self.upload_bytes_max),
+                format!(
+                    "the upload exceeds the server's limit of {} bytes",
+                    self.upload_bytes_max
+                ),
             ));
         }
         let state = std::mem::replace(&mut self.state, State::Done);
@@ -62,12 +68,25 @@ impl ServerSession {
                         ),
                     ));
                 }
-                for (field, value) in [("client id", &hello.client_id), ("user", &hello.user), ("script version", &hello.script_version)] {
+                for (field, value) in [
+                    ("client id", &hello.client_id),
+                    ("user", &hello.user),
+                    ("script version", &hello.script_version),
+                ] {
                     if value.is_empty() {
-                        return Err(WireError::new(ErrorCode::Protocol, format!("the hello has an empty {field}")));
+                        return Err(WireError::new(
+                            ErrorCode::Protocol,
+                            format!("the hello has an empty {field}"),
+                        ));
                     }
                 }
-                (State::Uploading { hello, tables: Vec::new() }, Step::Continue)
+                (
+                    State::Uploading {
+                        hello,
+                        tables: Vec::new(),
+                    },
+                    Step::Continue,
+                )
             }
             (State::Uploading { hello, mut tables }, Message::Upload(upload)) => {
                 merge(&mut tables, upload)?;
@@ -89,7 +108,10 @@ impl ServerSession {
                 };
                 return Err(WireError::new(
                     ErrorCode::Protocol,
-                    format!("expected {expected}, received {}", message.message_type().name()),
+                    format!(
+                        "expected {expected}, received {}",
+                        message.message_type().name()
+                    ),
                 ));
             }
         };
@@ -107,7 +129,10 @@ fn merge(tables: &mut Vec<TableUpload>, upload: TableUpload) -> Result<(), WireE
     if existing.columns != upload.columns || existing.key_columns != upload.key_columns {
         return Err(WireError::new(
             ErrorCode::Protocol,
-            format!("upload chunks of table {:?} disagree on their columns", upload.table),
+            format!(
+                "upload chunks of table {:?} disagree on their columns",
+                upload.table
+            ),
         ));
     }
     existing.inserts.extend(upload.inserts);
@@ -148,11 +173,17 @@ mod tests {
         session.handle(hello(), 10).unwrap();
         session.handle(chunk(1), 10).unwrap();
         session.handle(chunk(2), 10).unwrap();
-        let Step::Complete(upload) = session.handle(Message::EndUpload(EndUpload { upload_sequence: 3 }), 9).unwrap() else {
+        let Step::Complete(upload) = session
+            .handle(Message::EndUpload(EndUpload { upload_sequence: 3 }), 9)
+            .unwrap()
+        else {
             panic!("expected the upload to complete");
         };
         assert_eq!(upload.tables.len(), 1);
-        assert_eq!(upload.tables[0].inserts, vec![vec![Value::Int(1)], vec![Value::Int(2)]]);
+        assert_eq!(
+            upload.tables[0].inserts,
+            vec![vec![Value::Int(1)], vec![Value::Int(2)]]
+        );
         assert_eq!(upload.upload_sequence, 3);
     }
 
@@ -161,7 +192,11 @@ mod tests {
         let mut session = ServerSession::new(1 << 20);
         let error = session.handle(chunk(1), 10).unwrap_err();
         assert_eq!(error.error_code(), Some(ErrorCode::Protocol));
-        assert!(error.message.contains("expected hello, received upload"), "{}", error.message);
+        assert!(
+            error.message.contains("expected hello, received upload"),
+            "{}",
+            error.message
+        );
 
         let mut session = ServerSession::new(25);
         session.handle(hello(), 10).unwrap();

@@ -51,7 +51,11 @@ fn expect_error(messages: &[Message], code: ErrorCode, fragment: &str) {
     match messages {
         [Message::Error(error)] => {
             assert_eq!(error.error_code(), Some(code), "{error}");
-            assert!(error.message.contains(fragment), "{:?} lacks {fragment:?}", error.message);
+            assert!(
+                error.message.contains(fragment),
+                "{:?} lacks {fragment:?}",
+                error.message
+            );
         }
         other => panic!("expected one error, got {other:?}"),
     }
@@ -63,9 +67,14 @@ async fn a_well_formed_raw_sync_works() {
     let server = TestServer::start().await;
     let mut bytes = encode_frame(&hello("alice"));
     bytes.extend(encode_frame(&insert("raw-1")));
-    bytes.extend(encode_frame(&Message::EndUpload(EndUpload { upload_sequence: 1 })));
+    bytes.extend(encode_frame(&Message::EndUpload(EndUpload {
+        upload_sequence: 1,
+    })));
     let messages = exchange_raw(&server, &bytes).await;
-    assert!(matches!(messages.last(), Some(Message::EndDownload(_))), "{messages:?}");
+    assert!(
+        matches!(messages.last(), Some(Message::EndDownload(_))),
+        "{messages:?}"
+    );
     assert_eq!(server.consolidated_orders(Some("alice")).len(), 3);
     server.stop().await;
 }
@@ -76,7 +85,11 @@ async fn unknown_message_type_is_refused_and_changes_nothing() {
     let before = server.snapshot();
     let mut bytes = encode_frame(&hello("alice"));
     bytes.extend([0, 0, 0, 3, 0x7f, 1, 2]);
-    expect_error(&exchange_raw(&server, &bytes).await, ErrorCode::Protocol, "unknown message type 0x7f");
+    expect_error(
+        &exchange_raw(&server, &bytes).await,
+        ErrorCode::Protocol,
+        "unknown message type 0x7f",
+    );
     assert_eq!(server.snapshot(), before);
     server.stop().await;
 }
@@ -90,8 +103,14 @@ async fn truncated_message_body_is_refused_and_changes_nothing() {
     let mut bytes = encode_frame(&hello("alice"));
     bytes.extend((body.len() as u32).to_be_bytes());
     bytes.extend(&body);
-    bytes.extend(encode_frame(&Message::EndUpload(EndUpload { upload_sequence: 1 })));
-    expect_error(&exchange_raw(&server, &bytes).await, ErrorCode::Protocol, "truncated message");
+    bytes.extend(encode_frame(&Message::EndUpload(EndUpload {
+        upload_sequence: 1,
+    })));
+    expect_error(
+        &exchange_raw(&server, &bytes).await,
+        ErrorCode::Protocol,
+        "truncated message",
+    );
     assert_eq!(server.snapshot(), before);
     server.stop().await;
 }
@@ -104,7 +123,10 @@ async fn stream_ending_mid_frame_changes_nothing() {
     let upload = encode_frame(&insert("raw-1"));
     bytes.extend(&upload[..upload.len() / 2]);
     let messages = exchange_raw(&server, &bytes).await;
-    assert!(messages.is_empty(), "the client left; nothing is sent: {messages:?}");
+    assert!(
+        messages.is_empty(),
+        "the client left; nothing is sent: {messages:?}"
+    );
     assert_eq!(server.snapshot(), before);
     server.stop().await;
 }
@@ -119,7 +141,11 @@ async fn oversized_frame_is_refused_from_its_header() {
     let before = server.snapshot();
     let mut bytes = encode_frame(&hello("alice"));
     bytes.extend((1u32 << 30).to_be_bytes()); // claims 1 GiB; none of it is sent
-    expect_error(&exchange_raw(&server, &bytes).await, ErrorCode::FrameTooLarge, "exceeds the limit of 65536 bytes");
+    expect_error(
+        &exchange_raw(&server, &bytes).await,
+        ErrorCode::FrameTooLarge,
+        "exceeds the limit of 65536 bytes",
+    );
     assert_eq!(server.snapshot(), before);
     server.stop().await;
 }
@@ -136,8 +162,14 @@ async fn upload_above_the_limit_is_refused_and_changes_nothing() {
     for n in 0..200 {
         bytes.extend(encode_frame(&insert(&format!("raw-{n}"))));
     }
-    bytes.extend(encode_frame(&Message::EndUpload(EndUpload { upload_sequence: 1 })));
-    expect_error(&exchange_raw(&server, &bytes).await, ErrorCode::UploadTooLarge, "4096 bytes");
+    bytes.extend(encode_frame(&Message::EndUpload(EndUpload {
+        upload_sequence: 1,
+    })));
+    expect_error(
+        &exchange_raw(&server, &bytes).await,
+        ErrorCode::UploadTooLarge,
+        "4096 bytes",
+    );
     assert_eq!(server.snapshot(), before);
     server.stop().await;
 }
@@ -147,10 +179,18 @@ async fn messages_out_of_order_are_refused() {
     let server = TestServer::start().await;
     let before = server.snapshot();
     let bytes = encode_frame(&insert("raw-1"));
-    expect_error(&exchange_raw(&server, &bytes).await, ErrorCode::Protocol, "expected hello, received upload");
+    expect_error(
+        &exchange_raw(&server, &bytes).await,
+        ErrorCode::Protocol,
+        "expected hello, received upload",
+    );
     let mut bytes = encode_frame(&hello("alice"));
     bytes.extend(encode_frame(&hello("alice")));
-    expect_error(&exchange_raw(&server, &bytes).await, ErrorCode::Protocol, "expected upload or end_upload");
+    expect_error(
+        &exchange_raw(&server, &bytes).await,
+        ErrorCode::Protocol,
+        "expected upload or end_upload",
+    );
     assert_eq!(server.snapshot(), before);
     server.stop().await;
 }
@@ -166,8 +206,14 @@ async fn chunks_of_one_table_with_different_columns_are_refused() {
     let mut bytes = encode_frame(&hello("alice"));
     bytes.extend(encode_frame(&insert("raw-1")));
     bytes.extend(encode_frame(&bad));
-    bytes.extend(encode_frame(&Message::EndUpload(EndUpload { upload_sequence: 1 })));
-    expect_error(&exchange_raw(&server, &bytes).await, ErrorCode::Protocol, "disagree on their columns");
+    bytes.extend(encode_frame(&Message::EndUpload(EndUpload {
+        upload_sequence: 1,
+    })));
+    expect_error(
+        &exchange_raw(&server, &bytes).await,
+        ErrorCode::Protocol,
+        "disagree on their columns",
+    );
     assert_eq!(server.snapshot(), before);
     server.stop().await;
 }
@@ -183,15 +229,29 @@ async fn a_bad_second_table_rolls_back_the_valid_first_one() {
     let mut bytes = encode_frame(&hello("alice"));
     bytes.extend(encode_frame(&insert("raw-1")));
     bytes.extend(encode_frame(&ghost));
-    bytes.extend(encode_frame(&Message::EndUpload(EndUpload { upload_sequence: 1 })));
-    expect_error(&exchange_raw(&server, &bytes).await, ErrorCode::Schema, "table \"ghosts\" is not synchronized");
-    assert_eq!(server.snapshot(), before, "the valid insert into orders was rolled back too");
+    bytes.extend(encode_frame(&Message::EndUpload(EndUpload {
+        upload_sequence: 1,
+    })));
+    expect_error(
+        &exchange_raw(&server, &bytes).await,
+        ErrorCode::Schema,
+        "table \"ghosts\" is not synchronized",
+    );
+    assert_eq!(
+        server.snapshot(),
+        before,
+        "the valid insert into orders was rolled back too"
+    );
     // Once corrected, the same sequence is applied: the failed attempt recorded nothing.
     let mut bytes = encode_frame(&hello("alice"));
     bytes.extend(encode_frame(&insert("raw-1")));
-    bytes.extend(encode_frame(&Message::EndUpload(EndUpload { upload_sequence: 1 })));
+    bytes.extend(encode_frame(&Message::EndUpload(EndUpload {
+        upload_sequence: 1,
+    })));
     let messages = exchange_raw(&server, &bytes).await;
-    let Some(Message::EndDownload(end)) = messages.last() else { panic!("{messages:?}") };
+    let Some(Message::EndDownload(end)) = messages.last() else {
+        panic!("{messages:?}")
+    };
     assert!(!end.summary.upload_already_applied);
     assert_eq!(server.consolidated_orders(Some("alice")).len(), 3);
     server.stop().await;

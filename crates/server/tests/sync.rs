@@ -18,8 +18,13 @@ async fn first_sync_downloads_exactly_the_users_partition() {
     let mut alice = server.client("alice-1");
     let report = alice.sync(&server.options("alice")).await.unwrap();
     assert_eq!(report.rows_downloaded, 2);
-    assert_eq!(client_orders(&alice), server.consolidated_orders(Some("alice")));
-    assert!(client_orders(&alice).iter().all(|row| row[1] == Value::from("alice")));
+    assert_eq!(
+        client_orders(&alice),
+        server.consolidated_orders(Some("alice"))
+    );
+    assert!(client_orders(&alice)
+        .iter()
+        .all(|row| row[1] == Value::from("alice")));
     // Nothing changed: the next sync moves nothing.
     let again = alice.sync(&server.options("alice")).await.unwrap();
     assert_eq!((again.rows_uploaded, again.rows_downloaded), (0, 0));
@@ -37,28 +42,64 @@ async fn inserts_updates_and_deletes_flow_both_ways() {
 
     // Client to server.
     let db = phone.connection();
-    db.execute("INSERT INTO orders VALUES ('alice-new', 'alice', 'lamp', 3)", []).unwrap();
-    db.execute("UPDATE orders SET quantity = 42 WHERE id = 'alice-seed-0'", []).unwrap();
-    db.execute("DELETE FROM orders WHERE id = 'alice-seed-1'", []).unwrap();
+    db.execute(
+        "INSERT INTO orders VALUES ('alice-new', 'alice', 'lamp', 3)",
+        [],
+    )
+    .unwrap();
+    db.execute(
+        "UPDATE orders SET quantity = 42 WHERE id = 'alice-seed-0'",
+        [],
+    )
+    .unwrap();
+    db.execute("DELETE FROM orders WHERE id = 'alice-seed-1'", [])
+        .unwrap();
     let report = phone.sync(&options).await.unwrap();
     assert_eq!((report.rows_uploaded, report.conflicts), (3, 0));
-    assert_eq!(report.rows_downloaded, 0, "the client's own changes are not echoed back");
-    let expected = vec![row("alice-new", "alice", "lamp", 3), row("alice-seed-0", "alice", "seed", 42)];
+    assert_eq!(
+        report.rows_downloaded, 0,
+        "the client's own changes are not echoed back"
+    );
+    let expected = vec![
+        row("alice-new", "alice", "lamp", 3),
+        row("alice-seed-0", "alice", "seed", 42),
+    ];
     assert_eq!(server.consolidated_orders(Some("alice")), expected);
 
     // Server to client (another device of the same user, and changes made on the server).
     let office = server.consolidated();
-    office.execute("INSERT INTO orders VALUES ('office-1', 'alice', 'desk', 1)", []).unwrap();
-    office.execute("UPDATE orders SET item = 'lamp (blue)' WHERE id = 'alice-new'", []).unwrap();
+    office
+        .execute(
+            "INSERT INTO orders VALUES ('office-1', 'alice', 'desk', 1)",
+            [],
+        )
+        .unwrap();
+    office
+        .execute(
+            "UPDATE orders SET item = 'lamp (blue)' WHERE id = 'alice-new'",
+            [],
+        )
+        .unwrap();
     let report = laptop.sync(&options).await.unwrap();
     assert_eq!(report.rows_downloaded, 4, "3 upserts and 1 delete");
-    assert_eq!(client_orders(&laptop), server.consolidated_orders(Some("alice")));
-    office.execute("DELETE FROM orders WHERE id = 'office-1'", []).unwrap();
+    assert_eq!(
+        client_orders(&laptop),
+        server.consolidated_orders(Some("alice"))
+    );
+    office
+        .execute("DELETE FROM orders WHERE id = 'office-1'", [])
+        .unwrap();
     phone.sync(&options).await.unwrap();
     laptop.sync(&options).await.unwrap();
     for device in [&phone, &laptop] {
-        assert_eq!(client_orders(device), server.consolidated_orders(Some("alice")));
-        assert!(!device.has_pending_changes().unwrap(), "downloads are not recorded as local changes");
+        assert_eq!(
+            client_orders(device),
+            server.consolidated_orders(Some("alice"))
+        );
+        assert!(
+            !device.has_pending_changes().unwrap(),
+            "downloads are not recorded as local changes"
+        );
     }
     server.stop().await;
 }
@@ -71,17 +112,31 @@ async fn conflicting_update_is_resolved_server_wins() {
     alice.sync(&options).await.unwrap();
     server
         .consolidated()
-        .execute("UPDATE orders SET quantity = 500 WHERE id = 'alice-seed-0'", [])
+        .execute(
+            "UPDATE orders SET quantity = 500 WHERE id = 'alice-seed-0'",
+            [],
+        )
         .unwrap();
     alice
         .connection()
-        .execute("UPDATE orders SET quantity = 7, item = 'mine' WHERE id = 'alice-seed-0'", [])
+        .execute(
+            "UPDATE orders SET quantity = 7, item = 'mine' WHERE id = 'alice-seed-0'",
+            [],
+        )
         .unwrap();
     let report = alice.sync(&options).await.unwrap();
     assert_eq!(report.conflicts, 1);
     let server_row = row("alice-seed-0", "alice", "seed", 500);
-    assert_eq!(server.consolidated_orders(Some("alice"))[0], server_row, "the client's change was not applied");
-    assert_eq!(client_orders(&alice)[0], server_row, "the client received the server's row");
+    assert_eq!(
+        server.consolidated_orders(Some("alice"))[0],
+        server_row,
+        "the client's change was not applied"
+    );
+    assert_eq!(
+        client_orders(&alice)[0],
+        server_row,
+        "the client received the server's row"
+    );
     server.stop().await;
 }
 
@@ -95,23 +150,58 @@ async fn a_client_cannot_read_or_write_another_partition() {
     let db = rusqlite::Connection::open(server.dir.path().join("alice-1.db")).unwrap();
     // A row claiming bob's partition, a row reusing bob's key, and (after planting bob's
     // row locally without tracking) an update and a delete of bob's rows.
-    db.execute("INSERT INTO orders VALUES ('alice-forged', 'bob', 'forged', 1)", []).unwrap();
-    db.execute("INSERT INTO orders VALUES ('bob-seed-0', 'alice', 'stolen key', 1)", []).unwrap();
-    db.execute("UPDATE orders SET quantity = 99 WHERE id = 'bob-seed-0'", []).unwrap();
-    db.execute("UPDATE orders SET rep = 'bob' WHERE id = 'alice-seed-0'", []).unwrap();
+    db.execute(
+        "INSERT INTO orders VALUES ('alice-forged', 'bob', 'forged', 1)",
+        [],
+    )
+    .unwrap();
+    db.execute(
+        "INSERT INTO orders VALUES ('bob-seed-0', 'alice', 'stolen key', 1)",
+        [],
+    )
+    .unwrap();
+    db.execute(
+        "UPDATE orders SET quantity = 99 WHERE id = 'bob-seed-0'",
+        [],
+    )
+    .unwrap();
+    db.execute(
+        "UPDATE orders SET rep = 'bob' WHERE id = 'alice-seed-0'",
+        [],
+    )
+    .unwrap();
     let report = alice.sync(&options).await.unwrap();
-    assert_eq!(report.conflicts, 3, "forged insert, stolen key, partition move");
-    assert_eq!(server.consolidated_orders(Some("bob")), bob_before, "bob's rows are untouched");
+    assert_eq!(
+        report.conflicts, 3,
+        "forged insert, stolen key, partition move"
+    );
+    assert_eq!(
+        server.consolidated_orders(Some("bob")),
+        bob_before,
+        "bob's rows are untouched"
+    );
     assert_eq!(
         server.consolidated_orders(Some("alice")),
-        vec![row("alice-seed-0", "alice", "seed", 0), row("alice-seed-1", "alice", "seed", 1)]
+        vec![
+            row("alice-seed-0", "alice", "seed", 0),
+            row("alice-seed-1", "alice", "seed", 1)
+        ]
     );
-    assert_eq!(client_orders(&alice), server.consolidated_orders(Some("alice")), "foreign rows were removed");
+    assert_eq!(
+        client_orders(&alice),
+        server.consolidated_orders(Some("alice")),
+        "foreign rows were removed"
+    );
 
     // A delete of bob's key: bob's row stays.
-    db.execute("INSERT INTO orders VALUES ('bob-seed-1', 'alice', 'x', 1)", []).unwrap();
+    db.execute(
+        "INSERT INTO orders VALUES ('bob-seed-1', 'alice', 'x', 1)",
+        [],
+    )
+    .unwrap();
     alice.sync(&options).await.unwrap();
-    db.execute("DELETE FROM orders WHERE id = 'bob-seed-1'", []).unwrap();
+    db.execute("DELETE FROM orders WHERE id = 'bob-seed-1'", [])
+        .unwrap();
     alice.sync(&options).await.unwrap();
     assert_eq!(server.consolidated_orders(Some("bob")), bob_before);
     server.stop().await;
@@ -132,22 +222,47 @@ async fn cut_after_commit_then_retry_applies_nothing_twice() {
     let proxy = Proxy::start(server.address, Disturbance::CutReply, 1).await;
     let options = server.options_via(proxy.address, "alice");
     let mut alice = server.client("alice-1");
-    alice.connection().execute("INSERT INTO orders VALUES ('a-1', 'alice', 'x', 1)", []).unwrap();
-    alice.connection().execute("INSERT INTO orders VALUES ('a-2', 'alice', 'y', 2)", []).unwrap();
+    alice
+        .connection()
+        .execute("INSERT INTO orders VALUES ('a-1', 'alice', 'x', 1)", [])
+        .unwrap();
+    alice
+        .connection()
+        .execute("INSERT INTO orders VALUES ('a-2', 'alice', 'y', 2)", [])
+        .unwrap();
     let error = alice.sync(&options).await.unwrap_err();
-    assert!(matches!(error, ClientError::Protocol(_) | ClientError::Io(_)), "{error}");
-    assert_eq!(server.consolidated_orders(Some("alice")).len(), 4, "the first attempt committed");
+    assert!(
+        matches!(error, ClientError::Protocol(_) | ClientError::Io(_)),
+        "{error}"
+    );
+    assert_eq!(
+        server.consolidated_orders(Some("alice")).len(),
+        4,
+        "the first attempt committed"
+    );
 
     // Changes made before the retry go up after the retried upload, in a second round.
-    alice.connection().execute("UPDATE orders SET quantity = 3 WHERE id = 'a-1'", []).unwrap();
+    alice
+        .connection()
+        .execute("UPDATE orders SET quantity = 3 WHERE id = 'a-1'", [])
+        .unwrap();
     let report = alice.sync(&options).await.unwrap();
     assert!(report.upload_already_applied);
     assert_eq!(report.rounds, 2);
     assert_eq!(report.conflicts, 0, "a double application would conflict");
-    let audit: i64 = server.consolidated().query_row("SELECT count(*) FROM audit", [], |r| r.get(0)).unwrap();
+    let audit: i64 = server
+        .consolidated()
+        .query_row("SELECT count(*) FROM audit", [], |r| r.get(0))
+        .unwrap();
     assert_eq!(audit, 3, "two inserts once, one update once");
-    assert_eq!(client_orders(&alice), server.consolidated_orders(Some("alice")));
-    assert_eq!(server.consolidated_orders(Some("alice"))[0], row("a-1", "alice", "x", 3));
+    assert_eq!(
+        client_orders(&alice),
+        server.consolidated_orders(Some("alice"))
+    );
+    assert_eq!(
+        server.consolidated_orders(Some("alice"))[0],
+        row("a-1", "alice", "x", 3)
+    );
     server.stop().await;
 }
 
@@ -158,7 +273,10 @@ async fn changes_made_while_a_sync_is_in_flight_go_up_next_time() {
     let options = server.options_via(proxy.address, "alice");
     let mut alice = server.client("alice-1");
     let path = server.dir.path().join("alice-1.db");
-    alice.connection().execute("INSERT INTO orders VALUES ('a-1', 'alice', 'x', 1)", []).unwrap();
+    alice
+        .connection()
+        .execute("INSERT INTO orders VALUES ('a-1', 'alice', 'x', 1)", [])
+        .unwrap();
     let reply_seen = std::sync::Arc::clone(&proxy.reply_seen);
     let sync = tokio::spawn(async move {
         let report = alice.sync(&options).await;
@@ -166,16 +284,30 @@ async fn changes_made_while_a_sync_is_in_flight_go_up_next_time() {
     });
     reply_seen.notified().await; // the server committed; its reply is held
     let other = rusqlite::Connection::open(&path).unwrap();
-    other.execute("UPDATE orders SET quantity = 2 WHERE id = 'a-1'", []).unwrap();
-    other.execute("INSERT INTO orders VALUES ('a-2', 'alice', 'late', 5)", []).unwrap();
+    other
+        .execute("UPDATE orders SET quantity = 2 WHERE id = 'a-1'", [])
+        .unwrap();
+    other
+        .execute("INSERT INTO orders VALUES ('a-2', 'alice', 'late', 5)", [])
+        .unwrap();
     proxy.release();
     let (mut alice, report) = sync.await.unwrap();
     assert_eq!(report.unwrap().rows_uploaded, 1);
     assert!(alice.has_pending_changes().unwrap());
-    assert_eq!(client_orders(&alice)[0], row("a-1", "alice", "x", 2), "the download did not overwrite the local change");
-    let report = alice.sync(&server.options_via(proxy.address, "alice")).await.unwrap();
+    assert_eq!(
+        client_orders(&alice)[0],
+        row("a-1", "alice", "x", 2),
+        "the download did not overwrite the local change"
+    );
+    let report = alice
+        .sync(&server.options_via(proxy.address, "alice"))
+        .await
+        .unwrap();
     assert_eq!((report.rows_uploaded, report.conflicts), (2, 0));
-    assert_eq!(client_orders(&alice), server.consolidated_orders(Some("alice")));
+    assert_eq!(
+        client_orders(&alice),
+        server.consolidated_orders(Some("alice"))
+    );
     assert_eq!(server.consolidated_orders(Some("alice")).len(), 4);
     server.stop().await;
 }
@@ -185,7 +317,10 @@ async fn wrong_password_and_unknown_user_get_the_same_refusal() {
     let server = TestServer::start().await;
     let before = server.snapshot();
     let mut client = server.client("c");
-    client.connection().execute("INSERT INTO orders VALUES ('x', 'alice', 'x', 1)", []).unwrap();
+    client
+        .connection()
+        .execute("INSERT INTO orders VALUES ('x', 'alice', 'x', 1)", [])
+        .unwrap();
     let mut wrong = server.options("alice");
     wrong.password = "guess".into();
     let mut unknown = server.options("mallory");
@@ -198,7 +333,10 @@ async fn wrong_password_and_unknown_user_get_the_same_refusal() {
         }
     }
     assert_eq!(refusals[0], refusals[1]);
-    assert_eq!(refusals[0].error_code(), Some(ErrorCode::AuthenticationFailed));
+    assert_eq!(
+        refusals[0].error_code(),
+        Some(ErrorCode::AuthenticationFailed)
+    );
     assert_eq!(server.snapshot(), before, "nothing changed");
     server.stop().await;
 }
@@ -209,7 +347,9 @@ async fn unknown_script_version_is_refused_by_name() {
     let mut client = server.client("c");
     let mut options = server.options("alice");
     options.script_version = "v9".into();
-    let Err(ClientError::Server(error)) = client.sync(&options).await else { panic!("expected a refusal") };
+    let Err(ClientError::Server(error)) = client.sync(&options).await else {
+        panic!("expected a refusal")
+    };
     assert_eq!(error.error_code(), Some(ErrorCode::UnknownScriptVersion));
     assert!(error.message.contains("\"v9\""), "{}", error.message);
     server.stop().await;
@@ -224,11 +364,15 @@ async fn above_the_connection_limit_clients_get_busy_then_succeed() {
     };
     let server = TestServer::start_with(config).await;
     // A silent connection holds the only slot.
-    let squatter = tokio::net::TcpStream::connect(server.address).await.unwrap();
+    let squatter = tokio::net::TcpStream::connect(server.address)
+        .await
+        .unwrap();
     let mut client = server.client("c");
     let options = server.options("alice");
     let error = client.sync(&options).await.unwrap_err();
-    let ClientError::Busy { retry_after_ms } = error else { panic!("expected busy, got {error}") };
+    let ClientError::Busy { retry_after_ms } = error else {
+        panic!("expected busy, got {error}")
+    };
     assert_eq!(retry_after_ms, 25);
     drop(squatter);
     let mut attempts = 0;

@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
 
-use crate::{Consolidated, ConsolidatedConnection, DbError, SyncError, SyncOutcome, SyncRequest, TableInit};
+use crate::{
+    Consolidated, ConsolidatedConnection, DbError, SyncError, SyncOutcome, SyncRequest, TableInit,
+};
 
 /// How long a connection waits for another writer before failing with "database is locked".
 pub const BUSY_TIMEOUT_MS: u64 = 30_000;
@@ -40,7 +42,9 @@ impl SqliteConsolidated {
     pub fn open_blocking(&self) -> Result<Connection, DbError> {
         let connection = Connection::open_with_flags(
             &self.path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
         connection.busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS))?;
         // WAL lets downloads read while another sync writes; synchronous=FULL makes a
@@ -72,16 +76,19 @@ pub struct SqliteConnection {
 }
 
 impl SqliteConnection {
-    async fn run<T, E>(&self, work: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static) -> Result<T, E>
+    async fn run<T, E>(
+        &self,
+        work: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
     where
         T: Send + 'static,
         E: From<DbError> + Send + 'static,
     {
         let connection = Arc::clone(&self.connection);
         tokio::task::spawn_blocking(move || {
-            let mut guard = connection
-                .lock()
-                .map_err(|_| DbError::Task("a previous task panicked holding this connection".into()))?;
+            let mut guard = connection.lock().map_err(|_| {
+                DbError::Task("a previous task panicked holding this connection".into())
+            })?;
             work(&mut guard)
         })
         .await
@@ -91,25 +98,30 @@ impl SqliteConnection {
 
 impl ConsolidatedConnection for SqliteConnection {
     async fn install_system_tables(&mut self) -> Result<(), DbError> {
-        self.run(|connection| schema::install_system_tables(connection)).await
+        self.run(|connection| schema::install_system_tables(connection))
+            .await
     }
 
     async fn set_user(&mut self, name: &str, password_hash: &str) -> Result<(), DbError> {
         let (name, password_hash) = (name.to_string(), password_hash.to_string());
-        self.run(move |connection| schema::set_user(connection, &name, &password_hash)).await
+        self.run(move |connection| schema::set_user(connection, &name, &password_hash))
+            .await
     }
 
     async fn password_hash(&mut self, name: &str) -> Result<Option<String>, DbError> {
         let name = name.to_string();
-        self.run(move |connection| schema::password_hash(connection, &name)).await
+        self.run(move |connection| schema::password_hash(connection, &name))
+            .await
     }
 
     async fn init_table(&mut self, init: &TableInit) -> Result<(), DbError> {
         let init = init.clone();
-        self.run(move |connection| schema::init_table(connection, &init)).await
+        self.run(move |connection| schema::init_table(connection, &init))
+            .await
     }
 
     async fn synchronize(&mut self, request: Arc<SyncRequest>) -> Result<SyncOutcome, SyncError> {
-        self.run(move |connection| sync::synchronize(connection, &request)).await
+        self.run(move |connection| sync::synchronize(connection, &request))
+            .await
     }
 }

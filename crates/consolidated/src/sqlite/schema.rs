@@ -47,7 +47,11 @@ pub fn install_system_tables(connection: &Connection) -> Result<(), DbError> {
     Ok(())
 }
 
-pub fn set_user(connection: &mut Connection, name: &str, password_hash: &str) -> Result<(), DbError> {
+pub fn set_user(
+    connection: &mut Connection,
+    name: &str,
+    password_hash: &str,
+) -> Result<(), DbError> {
     if name.is_empty() {
         return Err(DbError::Invalid("a user name must not be empty".into()));
     }
@@ -61,7 +65,11 @@ pub fn set_user(connection: &mut Connection, name: &str, password_hash: &str) ->
 
 pub fn password_hash(connection: &mut Connection, name: &str) -> Result<Option<String>, DbError> {
     Ok(connection
-        .query_row("SELECT password_hash FROM rs_user WHERE name = ?1", [name], |row| row.get(0))
+        .query_row(
+            "SELECT password_hash FROM rs_user WHERE name = ?1",
+            [name],
+            |row| row.get(0),
+        )
         .optional()?)
 }
 
@@ -87,7 +95,8 @@ impl TableShape {
 }
 
 pub fn table_shape(connection: &Connection, table: &str) -> Result<Option<TableShape>, DbError> {
-    let mut statement = connection.prepare("SELECT name, pk FROM pragma_table_info(?1) ORDER BY cid")?;
+    let mut statement =
+        connection.prepare("SELECT name, pk FROM pragma_table_info(?1) ORDER BY cid")?;
     let mut columns = Vec::new();
     let mut keys: Vec<(i64, String)> = Vec::new();
     let mut rows = statement.query([table])?;
@@ -136,7 +145,9 @@ pub fn init_table(connection: &mut Connection, init: &TableInit) -> Result<(), D
         )));
     }
     if init.table.starts_with("rs_") {
-        return Err(DbError::Invalid("tables named rs_* are rowsync's own".into()));
+        return Err(DbError::Invalid(
+            "tables named rs_* are rowsync's own".into(),
+        ));
     }
     transaction.execute_batch(&tracking_ddl(&shape, &init.partition_column))?;
     transaction.execute(
@@ -252,9 +263,16 @@ END;
 pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'static str, String)> {
     let table = q(&shape.name);
     let partition = q(partition_column);
-    let all = shape.columns.iter().map(|column| column.name.as_str()).collect::<Vec<_>>();
+    let all = shape
+        .columns
+        .iter()
+        .map(|column| column.name.as_str())
+        .collect::<Vec<_>>();
     let keys = &shape.key_columns;
-    let non_keys = all.iter().filter(|name| !keys.iter().any(|key| key == *name)).collect::<Vec<_>>();
+    let non_keys = all
+        .iter()
+        .filter(|name| !keys.iter().any(|key| key == *name))
+        .collect::<Vec<_>>();
     let columns = column_list(&all, "");
     let set_new = non_keys
         .iter()
@@ -263,7 +281,13 @@ pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'sta
         .join(", ");
     let old_matches = all
         .iter()
-        .map(|name| format!("{table}.{c} IS u.{old}", c = q(name), old = q(&format!("{OLD_IMAGE_PREFIX}{name}"))))
+        .map(|name| {
+            format!(
+                "{table}.{c} IS u.{old}",
+                c = q(name),
+                old = q(&format!("{OLD_IMAGE_PREFIX}{name}"))
+            )
+        })
         .collect::<Vec<_>>()
         .join(" AND ");
     let table_columns = column_list(&all, "t.");

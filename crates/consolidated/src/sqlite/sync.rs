@@ -12,7 +12,10 @@ use super::schema::{table_shape, TableShape};
 use crate::scripts::*;
 use crate::{quote_identifier as q, SyncError, SyncOutcome, SyncRequest};
 
-pub fn synchronize(connection: &mut Connection, request: &SyncRequest) -> Result<SyncOutcome, SyncError> {
+pub fn synchronize(
+    connection: &mut Connection,
+    request: &SyncRequest,
+) -> Result<SyncOutcome, SyncError> {
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let scripts = Scripts::load(&transaction, &request.script_version)?;
     let subscription: Option<(String, i64)> = transaction
@@ -31,8 +34,12 @@ pub fn synchronize(connection: &mut Connection, request: &SyncRequest) -> Result
         Some((_, sequence)) => sequence,
         None => 0,
     };
-    let upload_sequence = i64::try_from(request.upload_sequence)
-        .map_err(|_| SyncError::Schema(format!("upload sequence {} is out of range", request.upload_sequence)))?;
+    let upload_sequence = i64::try_from(request.upload_sequence).map_err(|_| {
+        SyncError::Schema(format!(
+            "upload sequence {} is out of range",
+            request.upload_sequence
+        ))
+    })?;
     let parameters = Parameters {
         user: &request.user,
         client_id: &request.client_id,
@@ -46,17 +53,29 @@ pub fn synchronize(connection: &mut Connection, request: &SyncRequest) -> Result
     if !upload_already_applied {
         for upload in &request.tables {
             if resolutions.contains_key(upload.table.as_str()) {
-                return Err(SyncError::Schema(format!("table {:?} appears twice in one upload", upload.table)));
+                return Err(SyncError::Schema(format!(
+                    "table {:?} appears twice in one upload",
+                    upload.table
+                )));
             }
             let resolution = apply_table(&transaction, &scripts, upload, &parameters)?;
             conflicts += resolution.conflict_count;
             resolutions.insert(&upload.table, resolution);
         }
     }
-    let watermark: i64 = transaction.query_row("SELECT version FROM rs_clock WHERE id = 1", [], |row| row.get(0))?;
+    let watermark: i64 =
+        transaction.query_row("SELECT version FROM rs_clock WHERE id = 1", [], |row| {
+            row.get(0)
+        })?;
     let mut downloads = Vec::new();
     for table in scripts.download_tables() {
-        let download = fetch_download(&transaction, &scripts, table, &parameters, resolutions.get(table))?;
+        let download = fetch_download(
+            &transaction,
+            &scripts,
+            table,
+            &parameters,
+            resolutions.get(table),
+        )?;
         if !download.upserts.is_empty() || !download.deletes.is_empty() {
             downloads.push(download);
         }
@@ -107,9 +126,12 @@ impl Scripts {
         if !exists {
             return Err(SyncError::UnknownScriptVersion(version.to_string()));
         }
-        let mut statement = connection.prepare("SELECT table_name, event, script FROM rs_script WHERE script_version = ?1")?;
+        let mut statement = connection
+            .prepare("SELECT table_name, event, script FROM rs_script WHERE script_version = ?1")?;
         let by_table_event = statement
-            .query_map([version], |row| Ok(((row.get(0)?, row.get(1)?), row.get(2)?)))?
+            .query_map([version], |row| {
+                Ok(((row.get(0)?, row.get(1)?), row.get(2)?))
+            })?
             .collect::<Result<_, _>>()?;
         Ok(Scripts {
             version: version.to_string(),
@@ -165,7 +187,10 @@ struct Resolution {
 }
 
 fn key_bytes(row: &[Value], key_positions: &[usize]) -> Vec<u8> {
-    let key: Vec<Value> = key_positions.iter().map(|&position| row[position].clone()).collect();
+    let key: Vec<Value> = key_positions
+        .iter()
+        .map(|&position| row[position].clone())
+        .collect();
     let mut bytes = Vec::new();
     encode_values(&key, &mut bytes);
     bytes
@@ -184,8 +209,11 @@ fn apply_table(
             scripts.version
         )));
     }
-    let shape = table_shape(connection, table)?
-        .ok_or_else(|| SyncError::Schema(format!("table {table:?} does not exist in the consolidated database")))?;
+    let shape = table_shape(connection, table)?.ok_or_else(|| {
+        SyncError::Schema(format!(
+            "table {table:?} does not exist in the consolidated database"
+        ))
+    })?;
     let key_positions = validate_upload_shape(upload, &shape)?;
     let mut resolution = Resolution::default();
     let mut conflict_keys: Vec<Row> = Vec::new();
@@ -193,12 +221,21 @@ fn apply_table(
     if !upload.inserts.is_empty() {
         let stage = Stage::create(connection, "insert", &shape, &upload.columns, false)?;
         stage.load(connection, upload.inserts.iter().map(|row| row.as_slice()))?;
-        let changed = run_script(connection, scripts, table, UPLOAD_INSERT, &stage.name, parameters)?;
+        let changed = run_script(
+            connection,
+            scripts,
+            table,
+            UPLOAD_INSERT,
+            &stage.name,
+            parameters,
+        )?;
         if changed < upload.inserts.len() {
             conflict_keys.extend(stage.rows_not_matching_table(connection, &shape)?);
         }
         for row in &upload.inserts {
-            resolution.uploaded_upsert_keys.insert(key_bytes(row, &key_positions));
+            resolution
+                .uploaded_upsert_keys
+                .insert(key_bytes(row, &key_positions));
         }
     }
     if !upload.updates.is_empty() {
@@ -209,34 +246,62 @@ fn apply_table(
             .map(|update| update.new.iter().chain(&update.old).cloned().collect())
             .collect();
         stage.load(connection, rows.iter().map(|row| row.as_slice()))?;
-        let changed = run_script(connection, scripts, table, UPLOAD_UPDATE, &stage.name, parameters)?;
+        let changed = run_script(
+            connection,
+            scripts,
+            table,
+            UPLOAD_UPDATE,
+            &stage.name,
+            parameters,
+        )?;
         if changed < upload.updates.len() {
             conflict_keys.extend(stage.rows_not_matching_table(connection, &shape)?);
         }
         for update in &upload.updates {
-            resolution.uploaded_upsert_keys.insert(key_bytes(&update.new, &key_positions));
+            resolution
+                .uploaded_upsert_keys
+                .insert(key_bytes(&update.new, &key_positions));
         }
     }
     if !upload.deletes.is_empty() {
         let stage = Stage::create(connection, "delete", &shape, &upload.key_columns, false)?;
         stage.load(connection, upload.deletes.iter().map(|row| row.as_slice()))?;
-        run_script(connection, scripts, table, UPLOAD_DELETE, &stage.name, parameters)?;
+        run_script(
+            connection,
+            scripts,
+            table,
+            UPLOAD_DELETE,
+            &stage.name,
+            parameters,
+        )?;
         conflict_keys.extend(stage.keys_still_in_table(connection, &shape)?);
         let all_key_positions: Vec<usize> = (0..upload.key_columns.len()).collect();
         for key in &upload.deletes {
-            resolution.uploaded_delete_keys.insert(key_bytes(key, &all_key_positions));
+            resolution
+                .uploaded_delete_keys
+                .insert(key_bytes(key, &all_key_positions));
         }
     }
     resolution.conflict_count = conflict_keys.len() as u64;
     if !conflict_keys.is_empty() {
-        resolve_conflicts(connection, scripts, &shape, conflict_keys, parameters, &mut resolution)?;
+        resolve_conflicts(
+            connection,
+            scripts,
+            &shape,
+            conflict_keys,
+            parameters,
+            &mut resolution,
+        )?;
     }
     Ok(resolution)
 }
 
 /// Checks the upload's columns against the table and returns the positions of the key
 /// columns within the upload's columns.
-fn validate_upload_shape(upload: &TableUpload, shape: &TableShape) -> Result<Vec<usize>, SyncError> {
+fn validate_upload_shape(
+    upload: &TableUpload,
+    shape: &TableShape,
+) -> Result<Vec<usize>, SyncError> {
     let table = &shape.name;
     if upload.key_columns != shape.key_columns {
         return Err(SyncError::Schema(format!(
@@ -247,14 +312,20 @@ fn validate_upload_shape(upload: &TableUpload, shape: &TableShape) -> Result<Vec
     let mut seen = HashSet::new();
     for column in &upload.columns {
         if !shape.has_column(column) {
-            return Err(SyncError::Schema(format!("table {table:?} has no column {column:?}")));
+            return Err(SyncError::Schema(format!(
+                "table {table:?} has no column {column:?}"
+            )));
         }
         if !seen.insert(column) {
-            return Err(SyncError::Schema(format!("column {column:?} of table {table:?} appears twice in the upload")));
+            return Err(SyncError::Schema(format!(
+                "column {column:?} of table {table:?} appears twice in the upload"
+            )));
         }
     }
     if !(upload.inserts.is_empty() && upload.updates.is_empty()) && upload.columns.is_empty() {
-        return Err(SyncError::Schema(format!("upload of table {table:?} carries rows but no columns")));
+        return Err(SyncError::Schema(format!(
+            "upload of table {table:?} carries rows but no columns"
+        )));
     }
     upload
         .key_columns
@@ -264,10 +335,20 @@ fn validate_upload_shape(upload: &TableUpload, shape: &TableShape) -> Result<Vec
                 .columns
                 .iter()
                 .position(|column| column == key)
-                .ok_or_else(|| SyncError::Schema(format!("upload of table {table:?} lacks key column {key:?}")))
+                .ok_or_else(|| {
+                    SyncError::Schema(format!(
+                        "upload of table {table:?} lacks key column {key:?}"
+                    ))
+                })
         })
         .collect::<Result<Vec<_>, _>>()
-        .or_else(|error| if upload.columns.is_empty() { Ok(Vec::new()) } else { Err(error) })
+        .or_else(|error| {
+            if upload.columns.is_empty() {
+                Ok(Vec::new())
+            } else {
+                Err(error)
+            }
+        })
 }
 
 /// A temporary table holding one kind of a table's staged upload.
@@ -310,9 +391,16 @@ impl Stage {
         })
     }
 
-    fn load<'r>(&self, connection: &Connection, rows: impl Iterator<Item = &'r [Value]>) -> Result<(), SyncError> {
+    fn load<'r>(
+        &self,
+        connection: &Connection,
+        rows: impl Iterator<Item = &'r [Value]>,
+    ) -> Result<(), SyncError> {
         let placeholders = vec!["?"; self.columns.len()].join(", ");
-        let mut statement = connection.prepare(&format!("INSERT INTO {} VALUES ({placeholders})", self.name))?;
+        let mut statement = connection.prepare(&format!(
+            "INSERT INTO {} VALUES ({placeholders})",
+            self.name
+        ))?;
         for row in rows {
             statement.execute(rusqlite::params_from_iter(row))?;
         }
@@ -326,16 +414,27 @@ impl Stage {
             .map(|key| format!("s.{}", q(key)))
             .collect::<Vec<_>>()
             .join(", ");
-        let mut statement = connection.prepare(&format!("SELECT {keys} FROM {} AS s WHERE {condition}", self.name))?;
+        let mut statement = connection.prepare(&format!(
+            "SELECT {keys} FROM {} AS s WHERE {condition}",
+            self.name
+        ))?;
         let width = self.key_columns.len();
         let rows = statement
-            .query_map([], |row| (0..width).map(|i| row.get::<_, Value>(i)).collect::<Result<Row, _>>())?
+            .query_map([], |row| {
+                (0..width)
+                    .map(|i| row.get::<_, Value>(i))
+                    .collect::<Result<Row, _>>()
+            })?
             .collect::<Result<Vec<_>, _>>()?;
         Ok(rows)
     }
 
     /// Staged rows whose new image is not what the table now holds: not applied as sent.
-    fn rows_not_matching_table(&self, connection: &Connection, shape: &TableShape) -> Result<Vec<Row>, SyncError> {
+    fn rows_not_matching_table(
+        &self,
+        connection: &Connection,
+        shape: &TableShape,
+    ) -> Result<Vec<Row>, SyncError> {
         let matches = self
             .columns
             .iter()
@@ -345,12 +444,19 @@ impl Stage {
             .join(" AND ");
         self.select_keys(
             connection,
-            &format!("NOT EXISTS (SELECT 1 FROM main.{} AS t WHERE {matches})", q(&shape.name)),
+            &format!(
+                "NOT EXISTS (SELECT 1 FROM main.{} AS t WHERE {matches})",
+                q(&shape.name)
+            ),
         )
     }
 
     /// Staged delete keys whose row is still in the table: not deleted.
-    fn keys_still_in_table(&self, connection: &Connection, shape: &TableShape) -> Result<Vec<Row>, SyncError> {
+    fn keys_still_in_table(
+        &self,
+        connection: &Connection,
+        shape: &TableShape,
+    ) -> Result<Vec<Row>, SyncError> {
         let matches = self
             .key_columns
             .iter()
@@ -359,7 +465,10 @@ impl Stage {
             .join(" AND ");
         self.select_keys(
             connection,
-            &format!("EXISTS (SELECT 1 FROM main.{} AS t WHERE {matches})", q(&shape.name)),
+            &format!(
+                "EXISTS (SELECT 1 FROM main.{} AS t WHERE {matches})",
+                q(&shape.name)
+            ),
         )
     }
 }
@@ -389,7 +498,10 @@ fn bind_parameters(
             "last_download" => statement.raw_bind_parameter(index, parameters.last_download)?,
             "upload_sequence" => statement.raw_bind_parameter(index, parameters.upload_sequence)?,
             _ => {
-                let known = PARAMETERS.iter().map(|(name, _)| format!(":{name}")).collect::<Vec<_>>();
+                let known = PARAMETERS
+                    .iter()
+                    .map(|(name, _)| format!(":{name}"))
+                    .collect::<Vec<_>>();
                 return Err(script_error(format!(
                     "unknown parameter {name}; known parameters are {}",
                     known.join(", ")
@@ -412,7 +524,9 @@ fn prepare_script<'c>(
     for (placeholder, replacement) in substitutions {
         sql = sql.replace(placeholder, replacement);
     }
-    let mut statement = connection.prepare(&sql).map_err(|error| script_failure(event, table, error))?;
+    let mut statement = connection
+        .prepare(&sql)
+        .map_err(|error| script_failure(event, table, error))?;
     bind_parameters(&mut statement, parameters, table, event)?;
     Ok(statement)
 }
@@ -434,8 +548,17 @@ fn run_script(
     stage_name: &str,
     parameters: &Parameters,
 ) -> Result<usize, SyncError> {
-    let mut statement = prepare_script(connection, scripts, table, event, &[(UPLOAD_PLACEHOLDER, stage_name)], parameters)?;
-    statement.raw_execute().map_err(|error| script_failure(event, table, error))
+    let mut statement = prepare_script(
+        connection,
+        scripts,
+        table,
+        event,
+        &[(UPLOAD_PLACEHOLDER, stage_name)],
+        parameters,
+    )?;
+    statement
+        .raw_execute()
+        .map_err(|error| script_failure(event, table, error))
 }
 
 /// Runs a query script and returns its column names and rows.
@@ -447,12 +570,16 @@ fn query_script(
     substitutions: &[(&str, &str)],
     parameters: &Parameters,
 ) -> Result<(Vec<String>, Vec<Row>), SyncError> {
-    let mut statement = prepare_script(connection, scripts, table, event, substitutions, parameters)?;
-    let columns: Vec<String> = statement.column_names().into_iter().map(str::to_owned).collect();
+    let mut statement =
+        prepare_script(connection, scripts, table, event, substitutions, parameters)?;
+    let columns: Vec<String> = statement.column_names().map(str::to_owned).collect();
     let width = columns.len();
     let mut rows = Vec::new();
     let mut cursor = statement.raw_query();
-    while let Some(row) = cursor.next().map_err(|error| script_failure(event, table, error))? {
+    while let Some(row) = cursor
+        .next()
+        .map_err(|error| script_failure(event, table, error))?
+    {
         let values = (0..width)
             .map(|index| row.get::<_, Value>(index))
             .collect::<Result<Row, _>>()
@@ -462,15 +589,25 @@ fn query_script(
     Ok((columns, rows))
 }
 
-fn key_positions_in(columns: &[String], shape_keys: &[String], table: &str, event: &str) -> Result<Vec<usize>, SyncError> {
+fn key_positions_in(
+    columns: &[String],
+    shape_keys: &[String],
+    table: &str,
+    event: &str,
+) -> Result<Vec<usize>, SyncError> {
     shape_keys
         .iter()
         .map(|key| {
-            columns.iter().position(|column| column == key).ok_or_else(|| SyncError::Script {
-                event: event.to_string(),
-                table: table.to_string(),
-                message: format!("the script must select the key column {key:?}; it selects {columns:?}"),
-            })
+            columns
+                .iter()
+                .position(|column| column == key)
+                .ok_or_else(|| SyncError::Script {
+                    event: event.to_string(),
+                    table: table.to_string(),
+                    message: format!(
+                        "the script must select the key column {key:?}; it selects {columns:?}"
+                    ),
+                })
         })
         .collect()
 }
@@ -496,7 +633,10 @@ fn resolve_conflicts(
         parameters,
     )?;
     let key_positions = key_positions_in(&columns, &shape.key_columns, &shape.name, UPLOAD_FETCH)?;
-    let found: HashSet<Vec<u8>> = rows.iter().map(|row| key_bytes(row, &key_positions)).collect();
+    let found: HashSet<Vec<u8>> = rows
+        .iter()
+        .map(|row| key_bytes(row, &key_positions))
+        .collect();
     let all_key_positions: Vec<usize> = (0..shape.key_columns.len()).collect();
     let mut seen = HashSet::new();
     for key in conflict_keys {
@@ -517,8 +657,11 @@ fn fetch_download(
     parameters: &Parameters,
     resolution: Option<&Resolution>,
 ) -> Result<Download, SyncError> {
-    let shape = table_shape(connection, table)?
-        .ok_or_else(|| SyncError::Schema(format!("table {table:?} does not exist in the consolidated database")))?;
+    let shape = table_shape(connection, table)?.ok_or_else(|| {
+        SyncError::Schema(format!(
+            "table {table:?} does not exist in the consolidated database"
+        ))
+    })?;
     let mut download = Download {
         table: table.to_string(),
         key_columns: shape.key_columns.clone(),
@@ -528,7 +671,8 @@ fn fetch_download(
     let resolution = resolution.unwrap_or(&empty);
     let conflict_upsert_keys: HashSet<Vec<u8>>;
     if scripts.get(table, DOWNLOAD_CURSOR).is_some() {
-        let (columns, rows) = query_script(connection, scripts, table, DOWNLOAD_CURSOR, &[], parameters)?;
+        let (columns, rows) =
+            query_script(connection, scripts, table, DOWNLOAD_CURSOR, &[], parameters)?;
         let key_positions = key_positions_in(&columns, &shape.key_columns, table, DOWNLOAD_CURSOR)?;
         if !resolution.conflict_upserts.is_empty() && resolution.conflict_columns != columns {
             return Err(SyncError::Script {
@@ -549,17 +693,27 @@ fn fetch_download(
             .into_iter()
             .filter(|row| {
                 let key = key_bytes(row, &key_positions);
-                !resolution.uploaded_upsert_keys.contains(&key) && !conflict_upsert_keys.contains(&key)
+                !resolution.uploaded_upsert_keys.contains(&key)
+                    && !conflict_upsert_keys.contains(&key)
             })
             .collect();
-        download.upserts.extend(resolution.conflict_upserts.iter().cloned());
+        download
+            .upserts
+            .extend(resolution.conflict_upserts.iter().cloned());
         download.columns = columns;
     } else if !resolution.conflict_upserts.is_empty() {
         download.columns = resolution.conflict_columns.clone();
         download.upserts = resolution.conflict_upserts.clone();
     }
     if scripts.get(table, DOWNLOAD_DELETE_CURSOR).is_some() {
-        let (columns, keys) = query_script(connection, scripts, table, DOWNLOAD_DELETE_CURSOR, &[], parameters)?;
+        let (columns, keys) = query_script(
+            connection,
+            scripts,
+            table,
+            DOWNLOAD_DELETE_CURSOR,
+            &[],
+            parameters,
+        )?;
         if columns.len() != shape.key_columns.len() {
             return Err(SyncError::Script {
                 event: DOWNLOAD_DELETE_CURSOR.to_string(),
@@ -580,10 +734,13 @@ fn fetch_download(
             .into_iter()
             .filter(|key| {
                 let bytes = key_bytes(key, &all_key_positions);
-                !resolution.uploaded_delete_keys.contains(&bytes) && !conflict_delete_keys.contains(&bytes)
+                !resolution.uploaded_delete_keys.contains(&bytes)
+                    && !conflict_delete_keys.contains(&bytes)
             })
             .collect();
     }
-    download.deletes.extend(resolution.conflict_deletes.iter().cloned());
+    download
+        .deletes
+        .extend(resolution.conflict_deletes.iter().cloned());
     Ok(download)
 }

@@ -130,10 +130,16 @@ impl TestServer {
         tables
             .into_iter()
             .map(|table| {
-                let mut statement = connection.prepare(&format!("SELECT * FROM \"{table}\" ORDER BY 1, 2")).unwrap();
+                let mut statement = connection
+                    .prepare(&format!("SELECT * FROM \"{table}\" ORDER BY 1, 2"))
+                    .unwrap();
                 let width = statement.column_count();
                 let rows = statement
-                    .query_map([], |row| (0..width).map(|i| row.get::<_, Value>(i)).collect::<rusqlite::Result<Vec<_>>>())
+                    .query_map([], |row| {
+                        (0..width)
+                            .map(|i| row.get::<_, Value>(i))
+                            .collect::<rusqlite::Result<Vec<_>>>()
+                    })
                     .unwrap()
                     .collect::<Result<Vec<_>, _>>()
                     .unwrap();
@@ -154,13 +160,21 @@ impl TestServer {
 
 pub fn orders(connection: &Connection, rep: Option<&str>) -> Vec<Vec<Value>> {
     let (sql, parameters): (&str, Vec<&str>) = match rep {
-        Some(rep) => ("SELECT id, rep, item, quantity FROM orders WHERE rep = ?1 ORDER BY id", vec![rep]),
-        None => ("SELECT id, rep, item, quantity FROM orders ORDER BY id", vec![]),
+        Some(rep) => (
+            "SELECT id, rep, item, quantity FROM orders WHERE rep = ?1 ORDER BY id",
+            vec![rep],
+        ),
+        None => (
+            "SELECT id, rep, item, quantity FROM orders ORDER BY id",
+            vec![],
+        ),
     };
     let mut statement = connection.prepare(sql).unwrap();
     statement
         .query_map(rusqlite::params_from_iter(parameters), |row| {
-            (0..4).map(|i| row.get::<_, Value>(i)).collect::<rusqlite::Result<Vec<_>>>()
+            (0..4)
+                .map(|i| row.get::<_, Value>(i))
+                .collect::<rusqlite::Result<Vec<_>>>()
         })
         .unwrap()
         .collect::<Result<Vec<_>, _>>()
@@ -203,14 +217,25 @@ impl Proxy {
         let (seen, released) = (Arc::clone(&reply_seen), Arc::clone(&release));
         tokio::spawn(async move {
             loop {
-                let Ok((client, _)) = listener.accept().await else { return };
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
                 let disturb = remaining
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1))
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                        left.checked_sub(1)
+                    })
                     .is_ok();
                 let (seen, released) = (Arc::clone(&seen), Arc::clone(&released));
                 tokio::spawn(async move {
                     let server = TcpStream::connect(upstream).await.unwrap();
-                    relay(client, server, disturb.then_some(disturbance), seen, released).await;
+                    relay(
+                        client,
+                        server,
+                        disturb.then_some(disturbance),
+                        seen,
+                        released,
+                    )
+                    .await;
                 });
             }
         });
