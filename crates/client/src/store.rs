@@ -329,8 +329,13 @@ fn collect_table_upload(
         .map(|k| format!("t.{k} = l.{k}", k = q(k)))
         .collect::<Vec<_>>()
         .join(" AND ");
+    // Whether the row exists: its first key column is non-NULL exactly when the join
+    // matched (`=` never matches NULL). Not `t.rowid`: WITHOUT ROWID tables have none.
     let select = format!(
-        "SELECT l.rs_op, {keys}, {old}, t.rowid IS NOT NULL, {new} FROM {log} AS l LEFT JOIN {table_q} AS t ON {join}",
+        "SELECT l.rs_op, {keys}, {old}, t.{first_key} IS NOT NULL, {new} FROM {log} AS l LEFT JOIN {table_q} AS t ON {join}",
+        first_key = q(shape.key_columns.first().ok_or_else(|| {
+            ClientError::Schema(format!("tracked table {table:?} no longer has a primary key"))
+        })?),
         keys = shape.key_columns.iter().map(|k| format!("l.{}", q(k))).collect::<Vec<_>>().join(", "),
         old = shape.columns.iter().map(|c| format!("l.{}", q(&format!("{OLD_PREFIX}{c}")))).collect::<Vec<_>>().join(", "),
         new = shape.columns.iter().map(|c| format!("t.{}", q(c))).collect::<Vec<_>>().join(", "),
@@ -567,3 +572,6 @@ fn apply_table(
     }
     Ok(applied)
 }
+
+#[cfg(test)]
+mod tests;

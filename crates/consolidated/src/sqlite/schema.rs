@@ -188,6 +188,11 @@ fn column_list(names: impl IntoIterator<Item = impl AsRef<str>>, prefix: &str) -
 
 /// Row-version and tombstone tables with the triggers that keep them. Every change to
 /// the table bumps `rs_clock` and stamps the row (or its tombstone) with the new value.
+///
+/// A tombstone is kept per key *and* partition the row left: a key deleted from
+/// alice's partition and then reused in bob's, or moved on from bob to carol before
+/// alice synced, must still reach alice as a delete. Rows without a partition value
+/// belong to no one and leave no tombstone.
 fn tracking_ddl(shape: &TableShape, partition_column: &str) -> String {
     let table = q(&shape.name);
     let versions = q(&row_version_table(&shape.name));
@@ -220,7 +225,7 @@ fn tracking_ddl(shape: &TableShape, partition_column: &str) -> String {
         "
 CREATE TABLE IF NOT EXISTS {versions} ({key_columns}, version INTEGER NOT NULL, PRIMARY KEY ({key_columns})) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS {versions_index} ON {versions} (version);
-CREATE TABLE IF NOT EXISTS {tombstones} ({key_columns}, rs_partition, version INTEGER NOT NULL, PRIMARY KEY ({key_columns})) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS {tombstones} ({key_columns}, rs_partition, version INTEGER NOT NULL, PRIMARY KEY ({key_columns}, rs_partition)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS {tombstones_index} ON {tombstones} (version);
 UPDATE rs_clock SET version = version + 1 WHERE id = 1;
 INSERT OR IGNORE INTO {versions} ({key_columns}, version) SELECT {key_columns}, {clock} FROM {table};
@@ -229,14 +234,14 @@ CREATE TRIGGER {insert_trigger} AFTER INSERT ON {table} BEGIN
     {bump}
     INSERT INTO {versions} ({key_columns}, version) VALUES ({new_keys}, {clock})
         ON CONFLICT ({key_columns}) DO UPDATE SET version = excluded.version;
-    DELETE FROM {tombstones} WHERE {tombstone_is_new};
+    DELETE FROM {tombstones} WHERE {tombstone_is_new} AND rs_partition IS NEW.{partition};
 END;
 DROP TRIGGER IF EXISTS {update_trigger};
 CREATE TRIGGER {update_trigger} AFTER UPDATE ON {table} BEGIN
     {bump}
     INSERT INTO {tombstones} ({key_columns}, rs_partition, version)
-        SELECT {old_keys}, OLD.{partition}, {clock} WHERE ({key_changed}) OR OLD.{partition} IS NOT NEW.{partition}
-        ON CONFLICT ({key_columns}) DO UPDATE SET rs_partition = excluded.rs_partition, version = excluded.version;
+        SELECT {old_keys}, OLD.{partition}, {clock} WHERE (({key_changed}) OR OLD.{partition} IS NOT NEW.{partition}) AND OLD.{partition} IS NOT NULL
+        ON CONFLICT ({key_columns}, rs_partition) DO UPDATE SET version = excluded.version;
     DELETE FROM {versions} WHERE {key_is_old} AND ({key_changed});
     INSERT INTO {versions} ({key_columns}, version) VALUES ({new_keys}, {clock})
         ON CONFLICT ({key_columns}) DO UPDATE SET version = excluded.version;
@@ -246,8 +251,8 @@ DROP TRIGGER IF EXISTS {delete_trigger};
 CREATE TRIGGER {delete_trigger} AFTER DELETE ON {table} BEGIN
     {bump}
     DELETE FROM {versions} WHERE {key_is_old};
-    INSERT INTO {tombstones} ({key_columns}, rs_partition, version) VALUES ({old_keys}, OLD.{partition}, {clock})
-        ON CONFLICT ({key_columns}) DO UPDATE SET rs_partition = excluded.rs_partition, version = excluded.version;
+    INSERT INTO {tombstones} ({key_columns}, rs_partition, version) SELECT {old_keys}, OLD.{partition}, {clock} WHERE OLD.{partition} IS NOT NULL
+        ON CONFLICT ({key_columns}, rs_partition) DO UPDATE SET version = excluded.version;
 END;
 ",
         versions_index = q(&format!("{}_version", row_version_table(&shape.name))),

@@ -215,6 +215,17 @@ fn apply_table(
         ))
     })?;
     let key_positions = validate_upload_shape(upload, &shape)?;
+    let partition_column: Option<String> = connection
+        .query_row(
+            "SELECT partition_column FROM rs_table WHERE table_name = ?1",
+            [table],
+            |row| row.get(0),
+        )
+        .optional()?;
+    let landed = Landed {
+        partition_column: partition_column.as_deref(),
+        user: parameters.user,
+    };
     let mut resolution = Resolution::default();
     let mut conflict_keys: Vec<Row> = Vec::new();
 
@@ -230,7 +241,7 @@ fn apply_table(
             parameters,
         )?;
         if changed < upload.inserts.len() {
-            conflict_keys.extend(stage.rows_not_matching_table(connection, &shape)?);
+            conflict_keys.extend(stage.rows_not_matching_table(connection, &shape, &landed)?);
         }
         for row in &upload.inserts {
             resolution
@@ -255,7 +266,7 @@ fn apply_table(
             parameters,
         )?;
         if changed < upload.updates.len() {
-            conflict_keys.extend(stage.rows_not_matching_table(connection, &shape)?);
+            conflict_keys.extend(stage.rows_not_matching_table(connection, &shape, &landed)?);
         }
         for update in &upload.updates {
             resolution
@@ -351,6 +362,14 @@ fn validate_upload_shape(
         })
 }
 
+/// Where an uploaded row counts as landed: in the table and, when the table is
+/// partitioned, in the uploading user's partition. An identical row in another
+/// partition is not the client's, so its upload is a conflict (sent back as a delete).
+struct Landed<'a> {
+    partition_column: Option<&'a str>,
+    user: &'a str,
+}
+
 /// A temporary table holding one kind of a table's staged upload.
 struct Stage {
     name: String,
@@ -407,7 +426,12 @@ impl Stage {
         Ok(())
     }
 
-    fn select_keys(&self, connection: &Connection, condition: &str) -> Result<Vec<Row>, SyncError> {
+    fn select_keys(
+        &self,
+        connection: &Connection,
+        condition: &str,
+        parameters: &[&str],
+    ) -> Result<Vec<Row>, SyncError> {
         let keys = self
             .key_columns
             .iter()
@@ -420,7 +444,7 @@ impl Stage {
         ))?;
         let width = self.key_columns.len();
         let rows = statement
-            .query_map([], |row| {
+            .query_map(rusqlite::params_from_iter(parameters), |row| {
                 (0..width)
                     .map(|i| row.get::<_, Value>(i))
                     .collect::<Result<Row, _>>()
@@ -429,25 +453,33 @@ impl Stage {
         Ok(rows)
     }
 
-    /// Staged rows whose new image is not what the table now holds: not applied as sent.
+    /// Staged rows whose new image is not what the table now holds (in the user's
+    /// partition): not applied as sent.
     fn rows_not_matching_table(
         &self,
         connection: &Connection,
         shape: &TableShape,
+        landed: &Landed,
     ) -> Result<Vec<Row>, SyncError> {
-        let matches = self
+        let mut matches = self
             .columns
             .iter()
             .filter(|column| !column.starts_with(OLD_IMAGE_PREFIX))
             .map(|column| format!("t.{c} IS s.{c}", c = q(column)))
-            .collect::<Vec<_>>()
-            .join(" AND ");
+            .collect::<Vec<_>>();
+        let mut parameters = Vec::new();
+        if let Some(partition_column) = landed.partition_column {
+            matches.push(format!("t.{} = ?1", q(partition_column)));
+            parameters.push(landed.user);
+        }
         self.select_keys(
             connection,
             &format!(
-                "NOT EXISTS (SELECT 1 FROM main.{} AS t WHERE {matches})",
-                q(&shape.name)
+                "NOT EXISTS (SELECT 1 FROM main.{} AS t WHERE {})",
+                q(&shape.name),
+                matches.join(" AND ")
             ),
+            &parameters,
         )
     }
 
@@ -469,6 +501,7 @@ impl Stage {
                 "EXISTS (SELECT 1 FROM main.{} AS t WHERE {matches})",
                 q(&shape.name)
             ),
+            &[],
         )
     }
 }

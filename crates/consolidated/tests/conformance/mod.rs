@@ -1,0 +1,1501 @@
+//! The backend conformance suite: what every consolidated backend must do, written once
+//! against the [`Consolidated`] traits and instantiated per backend.
+//!
+//! A backend's test file (`tests/sqlite.rs`, later e.g. `tests/postgres.rs`) implements
+//! [`Factory`] and invokes [`conformance_suite!`] with it; every test below then runs
+//! against that backend. Raw SQL ([`RawSql`]) is used only to set tables up, to make
+//! server-side changes and to inspect results, in SQL that SQLite and PostgreSQL both
+//! accept.
+
+use std::cmp::Ordering;
+use std::future::Future;
+use std::sync::Arc;
+
+use rowsync_consolidated::{
+    Consolidated, ConsolidatedConnection, DbError, SyncError, SyncOutcome, SyncRequest, TableInit,
+};
+use rowsync_protocol::{Decimal, Download, ErrorCode, Row, RowUpdate, TableUpload, Value};
+
+/// Raw SQL on the consolidated database, for test setup and inspection. Both methods
+/// panic on failure (with the statement in the message).
+pub trait RawSql {
+    /// Runs one or more statements separated by semicolons.
+    fn execute(&mut self, sql: &str) -> impl Future<Output = ()>;
+
+    /// Runs one query and returns its rows, each value in its column order.
+    fn query_rows(&mut self, sql: &str) -> impl Future<Output = Vec<Vec<Value>>>;
+}
+
+/// Creates fresh backends for the suite.
+pub trait Factory {
+    type Backend: Consolidated;
+    type Sql: RawSql;
+
+    /// A fresh, empty consolidated database (not even the system tables) and raw SQL
+    /// access to it. Whatever must outlive the test (a temporary directory, a server)
+    /// is owned by the returned values.
+    fn create() -> impl Future<Output = (Self::Backend, Self::Sql)>;
+}
+
+/// Instantiates every suite test as a `#[tokio::test]` for one [`Factory`]:
+/// `conformance::conformance_suite!(SqliteFactory);`
+macro_rules! conformance_suite {
+    ($factory:ty) => {
+        $crate::conformance::conformance_suite!(@each $factory;
+            install_system_tables_is_idempotent_and_users_round_trip,
+            init_table_refuses_unusable_tables_clearly_and_registers_nothing,
+            first_sync_downloads_exactly_the_users_partition,
+            uploaded_changes_are_applied_and_not_echoed_back,
+            server_side_changes_after_the_watermark_arrive_in_the_next_download,
+            a_key_leaving_a_partition_is_deleted_for_its_former_owner_even_when_reused,
+            rows_without_a_partition_value_stay_writable_and_reach_no_one,
+            stale_update_is_a_conflict_and_the_server_row_wins,
+            conflicting_inserts_updates_of_deleted_rows_are_resolved_server_wins,
+            another_users_rows_cannot_be_touched_or_seen,
+            an_upload_sequence_is_applied_at_most_once,
+            refused_syncs_apply_nothing,
+            an_error_in_the_second_table_rolls_back_the_first,
+            a_failing_upload_insert_script_is_a_script_error,
+            a_failing_script_after_applied_operations_rolls_them_back,
+            composite_primary_keys_sync_both_ways,
+            decimals_round_trip_without_losing_digits,
+        );
+    };
+    (@each $factory:ty; $($test:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                $crate::conformance::$test::<$factory>().await;
+            }
+        )*
+    };
+}
+pub(crate) use conformance_suite;
+
+// ---------------------------------------------------------------------------------
+// Fixture and helpers
+// ---------------------------------------------------------------------------------
+
+const ORDERS_DDL: &str = "CREATE TABLE orders (id INTEGER PRIMARY KEY, rep TEXT NOT NULL, item TEXT, quantity INTEGER, amount TEXT)";
+const ORDER_COLUMNS: [&str; 5] = ["id", "rep", "item", "quantity", "amount"];
+const ORDERS_SELECT: &str = "SELECT id, rep, item, quantity, amount FROM orders ORDER BY id";
+
+const LINES_DDL: &str = "CREATE TABLE lines (order_id INTEGER, line INTEGER, rep TEXT NOT NULL, qty INTEGER, PRIMARY KEY (order_id, line))";
+const LINE_COLUMNS: [&str; 4] = ["order_id", "line", "rep", "qty"];
+const LINES_SELECT: &str = "SELECT order_id, line, rep, qty FROM lines ORDER BY order_id, line";
+
+struct Fixture<F: Factory> {
+    backend: F::Backend,
+    /// An administrative connection (users, init); syncs each get a fresh one.
+    admin: <F::Backend as Consolidated>::Connection,
+    sql: F::Sql,
+}
+
+impl<F: Factory> Fixture<F> {
+    /// A fresh backend with the system tables installed.
+    async fn new() -> Fixture<F> {
+        let (backend, sql) = F::create().await;
+        let mut admin = backend.connect().await.expect("connect");
+        admin
+            .install_system_tables()
+            .await
+            .expect("install the system tables");
+        Fixture {
+            backend,
+            admin,
+            sql,
+        }
+    }
+
+    /// A fresh backend with `orders` created (empty) but not yet initialized.
+    async fn with_orders_table() -> Fixture<F> {
+        let mut fixture = Fixture::<F>::new().await;
+        fixture.sql.execute(ORDERS_DDL).await;
+        fixture
+    }
+
+    /// A fresh backend with `orders` created, seeded with `rows` and initialized.
+    async fn with_orders(rows: &[Row]) -> Fixture<F> {
+        let mut fixture = Fixture::<F>::with_orders_table().await;
+        fixture.insert_orders(rows).await;
+        fixture.init_orders().await;
+        fixture
+    }
+
+    async fn init(&mut self, table: &str, partition_column: &str) -> Result<(), DbError> {
+        self.admin
+            .init_table(&TableInit {
+                table: table.into(),
+                partition_column: partition_column.into(),
+                script_version: "v1".into(),
+            })
+            .await
+    }
+
+    async fn init_orders(&mut self) {
+        self.init("orders", "rep").await.expect("init orders");
+    }
+
+    async fn create_and_init_lines(&mut self, rows: &[Row]) {
+        self.sql.execute(LINES_DDL).await;
+        self.insert_rows("lines", &LINE_COLUMNS, rows).await;
+        self.init("lines", "rep").await.expect("init lines");
+    }
+
+    async fn insert_rows(&mut self, table: &str, columns: &[&str], rows: &[Row]) {
+        if rows.is_empty() {
+            return;
+        }
+        let values = rows
+            .iter()
+            .map(|row| {
+                let literals = row.iter().map(sql_literal).collect::<Vec<_>>();
+                format!("({})", literals.join(", "))
+            })
+            .collect::<Vec<_>>();
+        self.sql
+            .execute(&format!(
+                "INSERT INTO {table} ({}) VALUES {}",
+                columns.join(", "),
+                values.join(", ")
+            ))
+            .await;
+    }
+
+    async fn insert_orders(&mut self, rows: &[Row]) {
+        self.insert_rows("orders", &ORDER_COLUMNS, rows).await;
+    }
+
+    async fn orders(&mut self) -> Vec<Row> {
+        self.sql.query_rows(ORDERS_SELECT).await
+    }
+
+    async fn lines(&mut self) -> Vec<Row> {
+        self.sql.query_rows(LINES_SELECT).await
+    }
+
+    /// One sync on a fresh connection, as a server worker would run it.
+    async fn sync(&self, request: SyncRequest) -> Result<SyncOutcome, SyncError> {
+        let mut connection = self.backend.connect().await.expect("connect");
+        connection.synchronize(Arc::new(request)).await
+    }
+
+    async fn sync_ok(&self, request: SyncRequest) -> SyncOutcome {
+        let description = format!(
+            "sync of client {:?} (user {:?}, sequence {})",
+            request.client_id, request.user, request.upload_sequence
+        );
+        self.sync(request)
+            .await
+            .unwrap_or_else(|error| panic!("{description} failed: {error}"))
+    }
+
+    async fn current_script(&mut self, table: &str, event: &str) -> String {
+        let rows = self
+            .sql
+            .query_rows(&format!(
+                "SELECT script FROM rs_script WHERE script_version = 'v1' AND table_name = '{table}' AND event = '{event}'"
+            ))
+            .await;
+        match rows.as_slice() {
+            [row] => match row.as_slice() {
+                [Value::Text(script)] => script.clone(),
+                other => panic!("script of {table} {event} is {other:?}"),
+            },
+            other => panic!("expected one {event} script for {table}, found {other:?}"),
+        }
+    }
+
+    async fn replace_script(&mut self, table: &str, event: &str, script: &str) {
+        self.sql
+            .execute(&format!(
+                "UPDATE rs_script SET script = {} WHERE script_version = 'v1' AND table_name = '{table}' AND event = '{event}'",
+                sql_literal(&Value::Text(script.into()))
+            ))
+            .await;
+        assert_eq!(self.current_script(table, event).await, script);
+    }
+}
+
+fn sql_literal(value: &Value) -> String {
+    match value {
+        Value::Null => "NULL".into(),
+        Value::Int(number) => number.to_string(),
+        Value::Text(text) => format!("'{}'", text.replace('\'', "''")),
+        Value::Decimal(decimal) => format!("'{decimal}'"),
+        other => panic!("the suite writes no {other:?} literals"),
+    }
+}
+
+fn text(value: &str) -> Value {
+    Value::Text(value.into())
+}
+
+fn order(id: i64, rep: &str, item: &str, quantity: i64, amount: Option<&str>) -> Row {
+    vec![
+        Value::Int(id),
+        text(rep),
+        text(item),
+        Value::Int(quantity),
+        amount.map_or(Value::Null, text),
+    ]
+}
+
+fn line(order_id: i64, line: i64, rep: &str, qty: i64) -> Row {
+    vec![
+        Value::Int(order_id),
+        Value::Int(line),
+        text(rep),
+        Value::Int(qty),
+    ]
+}
+
+fn key(values: &[i64]) -> Row {
+    values.iter().map(|&value| Value::Int(value)).collect()
+}
+
+/// `row` with column `position` replaced.
+fn with(row: &Row, position: usize, value: Value) -> Row {
+    let mut row = row.clone();
+    row[position] = value;
+    row
+}
+
+fn decimal(digits: &str) -> Value {
+    Value::Decimal(digits.parse::<Decimal>().expect("a valid decimal"))
+}
+
+/// The digits of a decimal as a backend gives it back (text on SQLite).
+fn decimal_digits(value: &Value) -> String {
+    match value {
+        Value::Text(text) => text.clone(),
+        Value::Decimal(decimal) => decimal.to_string(),
+        other => panic!("expected a decimal, got {other:?}"),
+    }
+}
+
+fn request(
+    client_id: &str,
+    user: &str,
+    last_download_watermark: i64,
+    upload_sequence: u64,
+    tables: Vec<TableUpload>,
+) -> SyncRequest {
+    SyncRequest {
+        client_id: client_id.into(),
+        user: user.into(),
+        script_version: "v1".into(),
+        last_download_watermark,
+        upload_sequence,
+        tables,
+    }
+}
+
+fn upload(
+    table: &str,
+    columns: &[&str],
+    key_columns: &[&str],
+    inserts: Vec<Row>,
+    updates: Vec<(Row, Row)>,
+    deletes: Vec<Row>,
+) -> TableUpload {
+    TableUpload {
+        table: table.into(),
+        columns: columns.iter().map(|&c| c.into()).collect(),
+        key_columns: key_columns.iter().map(|&c| c.into()).collect(),
+        inserts,
+        updates: updates
+            .into_iter()
+            .map(|(old, new)| RowUpdate { old, new })
+            .collect(),
+        deletes,
+    }
+}
+
+fn orders_upload(inserts: Vec<Row>, updates: Vec<(Row, Row)>, deletes: Vec<Row>) -> TableUpload {
+    upload("orders", &ORDER_COLUMNS, &["id"], inserts, updates, deletes)
+}
+
+fn lines_upload(inserts: Vec<Row>, updates: Vec<(Row, Row)>, deletes: Vec<Row>) -> TableUpload {
+    upload(
+        "lines",
+        &LINE_COLUMNS,
+        &["order_id", "line"],
+        inserts,
+        updates,
+        deletes,
+    )
+}
+
+fn compare_values(a: &Value, b: &Value) -> Ordering {
+    match (a, b) {
+        (Value::Int(a), Value::Int(b)) => a.cmp(b),
+        (Value::Text(a), Value::Text(b)) => a.cmp(b),
+        _ => format!("{a:?}").cmp(&format!("{b:?}")),
+    }
+}
+
+fn compare_rows(a: &Row, b: &Row) -> Ordering {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| compare_values(a, b))
+        .find(|ordering| ordering.is_ne())
+        .unwrap_or_else(|| a.len().cmp(&b.len()))
+}
+
+fn sorted(mut rows: Vec<Row>) -> Vec<Row> {
+    rows.sort_by(compare_rows);
+    rows
+}
+
+/// The download of `table`, checked for shape; `None` when the outcome has none.
+fn download<'a>(
+    outcome: &'a SyncOutcome,
+    table: &str,
+    key_columns: &[&str],
+) -> Option<&'a Download> {
+    let mut found = outcome.downloads.iter().filter(|d| d.table == table);
+    let download = found.next()?;
+    assert!(
+        found.next().is_none(),
+        "table {table} appears twice in one download"
+    );
+    assert_eq!(download.key_columns, key_columns, "key columns of {table}");
+    for row in &download.upserts {
+        assert_eq!(
+            row.len(),
+            download.columns.len(),
+            "width of an upsert of {table}"
+        );
+    }
+    for key in &download.deletes {
+        assert_eq!(
+            key.len(),
+            key_columns.len(),
+            "width of a delete key of {table}"
+        );
+    }
+    Some(download)
+}
+
+/// The upserts of `table`, projected onto `columns` and sorted.
+fn upserts_of(
+    outcome: &SyncOutcome,
+    table: &str,
+    columns: &[&str],
+    key_columns: &[&str],
+) -> Vec<Row> {
+    let Some(download) = download(outcome, table, key_columns) else {
+        return Vec::new();
+    };
+    if download.upserts.is_empty() {
+        return Vec::new();
+    }
+    let positions: Vec<usize> = columns
+        .iter()
+        .map(|column| {
+            download
+                .columns
+                .iter()
+                .position(|c| c == column)
+                .unwrap_or_else(|| {
+                    panic!(
+                        "download of {table} lacks column {column}: {:?}",
+                        download.columns
+                    )
+                })
+        })
+        .collect();
+    sorted(
+        download
+            .upserts
+            .iter()
+            .map(|row| positions.iter().map(|&p| row[p].clone()).collect())
+            .collect(),
+    )
+}
+
+fn deletes_of(outcome: &SyncOutcome, table: &str, key_columns: &[&str]) -> Vec<Row> {
+    download(outcome, table, key_columns)
+        .map(|download| sorted(download.deletes.clone()))
+        .unwrap_or_default()
+}
+
+fn order_upserts(outcome: &SyncOutcome) -> Vec<Row> {
+    upserts_of(outcome, "orders", &ORDER_COLUMNS, &["id"])
+}
+
+fn order_deletes(outcome: &SyncOutcome) -> Vec<Row> {
+    deletes_of(outcome, "orders", &["id"])
+}
+
+fn line_upserts(outcome: &SyncOutcome) -> Vec<Row> {
+    upserts_of(outcome, "lines", &LINE_COLUMNS, &["order_id", "line"])
+}
+
+fn line_deletes(outcome: &SyncOutcome) -> Vec<Row> {
+    deletes_of(outcome, "lines", &["order_id", "line"])
+}
+
+fn assert_summary(outcome: &SyncOutcome, rows_uploaded: u64, conflicts: u64, already: bool) {
+    assert_eq!(
+        outcome.summary.rows_uploaded, rows_uploaded,
+        "rows uploaded"
+    );
+    assert_eq!(outcome.summary.conflicts, conflicts, "conflicts");
+    assert_eq!(
+        outcome.summary.upload_already_applied, already,
+        "upload already applied"
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// The suite
+// ---------------------------------------------------------------------------------
+
+const HASH_ALICE: &str = "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHQ$YWxpY2UtZmlyc3Q";
+const HASH_ALICE_NEW: &str = "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHQ$YWxpY2Utc2Vjb25k";
+const HASH_BOB: &str = "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHQ$Ym9i";
+
+pub async fn install_system_tables_is_idempotent_and_users_round_trip<F: Factory>() {
+    let mut f = Fixture::<F>::new().await;
+    f.admin
+        .install_system_tables()
+        .await
+        .expect("installing twice is fine");
+
+    assert_eq!(f.admin.password_hash("alice").await.unwrap(), None);
+    f.admin.set_user("alice", HASH_ALICE).await.unwrap();
+    f.admin.set_user("bob", HASH_BOB).await.unwrap();
+    assert_eq!(
+        f.admin.password_hash("alice").await.unwrap().as_deref(),
+        Some(HASH_ALICE)
+    );
+    assert_eq!(f.admin.password_hash("carol").await.unwrap(), None);
+
+    f.admin.set_user("alice", HASH_ALICE_NEW).await.unwrap();
+    assert_eq!(
+        f.admin.password_hash("alice").await.unwrap().as_deref(),
+        Some(HASH_ALICE_NEW)
+    );
+    assert_eq!(
+        f.admin.password_hash("bob").await.unwrap().as_deref(),
+        Some(HASH_BOB),
+        "replacing alice's hash leaves bob's alone"
+    );
+    assert_eq!(
+        f.sql
+            .query_rows("SELECT name FROM rs_user ORDER BY name")
+            .await,
+        vec![vec![text("alice")], vec![text("bob")]],
+        "replacing a hash adds no user"
+    );
+
+    // Installing again keeps users, tables and scripts; another connection sees them.
+    f.sql.execute(ORDERS_DDL).await;
+    f.insert_orders(&[order(1, "alice", "pen", 1, None)]).await;
+    f.init_orders().await;
+    f.admin.install_system_tables().await.unwrap();
+    let mut other = f.backend.connect().await.unwrap();
+    other.install_system_tables().await.unwrap();
+    assert_eq!(
+        other.password_hash("alice").await.unwrap().as_deref(),
+        Some(HASH_ALICE_NEW)
+    );
+    let outcome = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    assert_eq!(
+        order_upserts(&outcome),
+        vec![order(1, "alice", "pen", 1, None)]
+    );
+}
+
+pub async fn init_table_refuses_unusable_tables_clearly_and_registers_nothing<F: Factory>() {
+    let mut f = Fixture::<F>::new().await;
+    f.sql
+        .execute("CREATE TABLE notes (body TEXT, rep TEXT)")
+        .await;
+    f.sql
+        .execute("CREATE TABLE products (id INTEGER PRIMARY KEY, name TEXT)")
+        .await;
+
+    let missing = f
+        .init("no_such_table", "rep")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        missing.contains("no_such_table") && missing.contains("does not exist"),
+        "{missing}"
+    );
+    let keyless = f.init("notes", "rep").await.unwrap_err().to_string();
+    assert!(
+        keyless.contains("notes") && keyless.contains("primary key"),
+        "{keyless}"
+    );
+    let unpartitioned = f.init("products", "owner").await.unwrap_err().to_string();
+    assert!(
+        unpartitioned.contains("products") && unpartitioned.contains("owner"),
+        "{unpartitioned}"
+    );
+
+    assert_eq!(
+        f.sql.query_rows("SELECT table_name FROM rs_table").await,
+        Vec::<Row>::new(),
+        "a refused init registers no table"
+    );
+    let error = f
+        .sync(request("alice-1", "alice", 0, 1, vec![]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, SyncError::UnknownScriptVersion(version) if version == "v1"),
+        "a refused init creates no script version: {error:?}"
+    );
+}
+
+pub async fn first_sync_downloads_exactly_the_users_partition<F: Factory>() {
+    // Rows present before init and rows inserted after it are both downloaded.
+    let mut f = Fixture::<F>::with_orders_table().await;
+    f.insert_orders(&[
+        order(1, "alice", "pen", 2, Some("1.50")),
+        order(2, "alice", "ink", 1, None),
+        order(3, "bob", "pad", 5, Some("3.00")),
+    ])
+    .await;
+    f.init_orders().await;
+    f.insert_orders(&[
+        order(4, "alice", "cap", 7, Some("0.25")),
+        order(5, "bob", "nib", 9, Some("0.10")),
+    ])
+    .await;
+
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    assert!(first.watermark > 0, "watermark {}", first.watermark);
+    assert_summary(&first, 0, 0, false);
+    assert_eq!(
+        order_upserts(&first),
+        vec![
+            order(1, "alice", "pen", 2, Some("1.50")),
+            order(2, "alice", "ink", 1, None),
+            order(4, "alice", "cap", 7, Some("0.25")),
+        ]
+    );
+    assert_eq!(order_deletes(&first), Vec::<Row>::new());
+
+    let second = f
+        .sync_ok(request("alice-1", "alice", first.watermark, 2, vec![]))
+        .await;
+    assert_eq!(second.download_row_count(), 0, "{:?}", second.downloads);
+    assert!(second.watermark >= first.watermark);
+
+    let bob = f.sync_ok(request("bob-1", "bob", 0, 1, vec![])).await;
+    assert_eq!(
+        order_upserts(&bob),
+        vec![
+            order(3, "bob", "pad", 5, Some("3.00")),
+            order(5, "bob", "nib", 9, Some("0.10")),
+        ]
+    );
+
+    let carol = f.sync_ok(request("carol-1", "carol", 0, 1, vec![])).await;
+    assert_eq!(carol.download_row_count(), 0);
+    assert!(carol.watermark > 0);
+}
+
+pub async fn uploaded_changes_are_applied_and_not_echoed_back<F: Factory>() {
+    let one = order(1, "alice", "pen", 1, None);
+    let two = order(2, "alice", "ink", 2, Some("2.00"));
+    let three = order(3, "alice", "pad", 3, None);
+    let bobs = order(9, "bob", "nib", 9, None);
+    let mut f =
+        Fixture::<F>::with_orders(&[one.clone(), two.clone(), three.clone(), bobs.clone()]).await;
+    let alice1 = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    let alice2 = f.sync_ok(request("alice-2", "alice", 0, 1, vec![])).await;
+    assert_eq!(order_upserts(&alice2).len(), 3);
+
+    // A server-side change in the meantime: the only thing alice-1 must download.
+    let five = order(5, "alice", "cap", 5, None);
+    f.insert_orders(std::slice::from_ref(&five)).await;
+
+    let four = order(4, "alice", "new", 4, Some("4.40"));
+    let two_new = with(&two, 3, Value::Int(20));
+    let outcome = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            alice1.watermark,
+            2,
+            vec![orders_upload(
+                vec![four.clone()],
+                vec![(two.clone(), two_new.clone())],
+                vec![key(&[3])],
+            )],
+        ))
+        .await;
+    assert_summary(&outcome, 3, 0, false);
+    assert_eq!(
+        f.orders().await,
+        vec![
+            one.clone(),
+            two_new.clone(),
+            four.clone(),
+            five.clone(),
+            bobs.clone()
+        ]
+    );
+    assert_eq!(
+        order_upserts(&outcome),
+        vec![five.clone()],
+        "the uploaded rows are not sent back"
+    );
+    assert_eq!(
+        order_deletes(&outcome),
+        Vec::<Row>::new(),
+        "the uploaded delete is not sent back"
+    );
+    assert!(outcome.watermark > alice1.watermark);
+
+    let again = f
+        .sync_ok(request("alice-1", "alice", outcome.watermark, 3, vec![]))
+        .await;
+    assert_eq!(again.download_row_count(), 0, "{:?}", again.downloads);
+
+    // Another client of the same user gets all of it, the delete included.
+    let other = f
+        .sync_ok(request("alice-2", "alice", alice2.watermark, 2, vec![]))
+        .await;
+    assert_eq!(order_upserts(&other), vec![two_new, four, five]);
+    assert_eq!(order_deletes(&other), vec![key(&[3])]);
+}
+
+pub async fn server_side_changes_after_the_watermark_arrive_in_the_next_download<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[
+        order(1, "alice", "pen", 1, None),
+        order(2, "alice", "ink", 2, None),
+        order(3, "alice", "pad", 3, None),
+        order(8, "bob", "cap", 8, None),
+        order(9, "bob", "nib", 9, None),
+    ])
+    .await;
+    let alice = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    let bob = f.sync_ok(request("bob-1", "bob", 0, 1, vec![])).await;
+
+    f.insert_orders(&[
+        order(4, "alice", "new", 4, Some("9.99")),
+        order(10, "bob", "bnew", 10, None),
+    ])
+    .await;
+    f.sql
+        .execute("UPDATE orders SET quantity = 11, item = 'pen+' WHERE id = 1")
+        .await;
+    f.sql.execute("DELETE FROM orders WHERE id = 2").await;
+    f.sql
+        .execute("UPDATE orders SET rep = 'bob' WHERE id = 3")
+        .await;
+    f.sql.execute("DELETE FROM orders WHERE id = 8").await;
+    f.sql
+        .execute("UPDATE orders SET quantity = 90 WHERE id = 9")
+        .await;
+
+    let alice_next = f
+        .sync_ok(request("alice-1", "alice", alice.watermark, 2, vec![]))
+        .await;
+    assert!(alice_next.watermark > alice.watermark);
+    assert_eq!(
+        order_upserts(&alice_next),
+        vec![
+            order(1, "alice", "pen+", 11, None),
+            order(4, "alice", "new", 4, Some("9.99")),
+        ]
+    );
+    assert_eq!(
+        order_deletes(&alice_next),
+        vec![key(&[2]), key(&[3])],
+        "a deleted row and a row moved to bob are deletes for alice"
+    );
+
+    let bob_next = f
+        .sync_ok(request("bob-1", "bob", bob.watermark, 2, vec![]))
+        .await;
+    assert_eq!(
+        order_upserts(&bob_next),
+        vec![
+            order(3, "bob", "pad", 3, None),
+            order(9, "bob", "nib", 90, None),
+            order(10, "bob", "bnew", 10, None),
+        ]
+    );
+    assert_eq!(order_deletes(&bob_next), vec![key(&[8])]);
+
+    let alice_last = f
+        .sync_ok(request("alice-1", "alice", alice_next.watermark, 3, vec![]))
+        .await;
+    assert_eq!(alice_last.download_row_count(), 0);
+}
+
+pub async fn a_key_leaving_a_partition_is_deleted_for_its_former_owner_even_when_reused<
+    F: Factory,
+>() {
+    let mut f = Fixture::<F>::with_orders(&[
+        order(1, "alice", "pen", 1, None),
+        order(2, "alice", "ink", 2, None),
+        order(3, "alice", "pad", 3, None),
+        order(7, "bob", "cap", 7, None),
+    ])
+    .await;
+    let alice = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    let bob = f.sync_ok(request("bob-1", "bob", 0, 1, vec![])).await;
+    let carol = f.sync_ok(request("carol-1", "carol", 0, 1, vec![])).await;
+
+    // Key 1 is deleted and reused for a row of bob's; row 2 moves to bob; row 3 goes to
+    // bob and comes back.
+    f.sql.execute("DELETE FROM orders WHERE id = 1").await;
+    f.insert_orders(&[order(1, "bob", "reused", 10, None)])
+        .await;
+    f.sql
+        .execute("UPDATE orders SET rep = 'bob' WHERE id = 2")
+        .await;
+    f.sql
+        .execute("UPDATE orders SET rep = 'bob' WHERE id = 3")
+        .await;
+    f.sql
+        .execute("UPDATE orders SET rep = 'alice', quantity = 30 WHERE id = 3")
+        .await;
+
+    let bob_next = f
+        .sync_ok(request("bob-1", "bob", bob.watermark, 2, vec![]))
+        .await;
+    assert_eq!(
+        order_upserts(&bob_next),
+        vec![
+            order(1, "bob", "reused", 10, None),
+            order(2, "bob", "ink", 2, None),
+        ]
+    );
+
+    // Row 2 moves on to carol before alice syncs again.
+    f.sql
+        .execute("UPDATE orders SET rep = 'carol' WHERE id = 2")
+        .await;
+
+    let alice_next = f
+        .sync_ok(request("alice-1", "alice", alice.watermark, 2, vec![]))
+        .await;
+    assert_eq!(
+        order_upserts(&alice_next),
+        vec![order(3, "alice", "pad", 30, None)],
+        "alice sees no row of bob's or carol's"
+    );
+    assert_eq!(
+        order_deletes(&alice_next),
+        vec![key(&[1]), key(&[2])],
+        "alice must drop key 1 (reused by bob) and key 2 (now carol's)"
+    );
+
+    let bob_last = f
+        .sync_ok(request("bob-1", "bob", bob_next.watermark, 3, vec![]))
+        .await;
+    assert_eq!(order_upserts(&bob_last), Vec::<Row>::new());
+    assert_eq!(order_deletes(&bob_last), vec![key(&[2])]);
+
+    let carol_next = f
+        .sync_ok(request("carol-1", "carol", carol.watermark, 2, vec![]))
+        .await;
+    assert_eq!(
+        order_upserts(&carol_next),
+        vec![order(2, "carol", "ink", 2, None)]
+    );
+    assert_eq!(order_deletes(&carol_next), Vec::<Row>::new());
+}
+
+pub async fn rows_without_a_partition_value_stay_writable_and_reach_no_one<F: Factory>() {
+    let mut f = Fixture::<F>::new().await;
+    f.sql
+        .execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT, body TEXT)")
+        .await;
+    f.sql
+        .execute("INSERT INTO notes (id, owner, body) VALUES (1, NULL, 'nobody''s'), (2, 'alice', 'mine'), (3, 'alice', 'mine too')")
+        .await;
+    f.init("notes", "owner").await.expect("init notes");
+    let columns = ["id", "owner", "body"];
+    let note = |id: i64, owner: Option<&str>, body: &str| -> Row {
+        vec![Value::Int(id), owner.map_or(Value::Null, text), text(body)]
+    };
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    assert_eq!(
+        upserts_of(&first, "notes", &columns, &["id"]),
+        vec![
+            note(2, Some("alice"), "mine"),
+            note(3, Some("alice"), "mine too")
+        ]
+    );
+
+    // Changes to and from "no partition" are ordinary writes for the application.
+    f.sql
+        .execute("UPDATE notes SET body = 'still nobody''s' WHERE id = 1")
+        .await;
+    f.sql
+        .execute("UPDATE notes SET owner = NULL WHERE id = 2")
+        .await;
+    f.sql.execute("DELETE FROM notes WHERE id = 1").await;
+    f.sql.execute("DELETE FROM notes WHERE id = 2").await;
+    f.sql
+        .execute("INSERT INTO notes (id, owner, body) VALUES (4, NULL, 'new')")
+        .await;
+    assert_eq!(
+        f.sql.query_rows("SELECT id FROM notes ORDER BY id").await,
+        vec![key(&[3]), key(&[4])]
+    );
+
+    let next = f
+        .sync_ok(request("alice-1", "alice", first.watermark, 2, vec![]))
+        .await;
+    assert_eq!(
+        upserts_of(&next, "notes", &columns, &["id"]),
+        Vec::<Row>::new()
+    );
+    assert_eq!(
+        deletes_of(&next, "notes", &["id"]),
+        vec![key(&[2])],
+        "the row alice lost (then deleted) is a delete for her"
+    );
+}
+
+pub async fn stale_update_is_a_conflict_and_the_server_row_wins<F: Factory>() {
+    let one = order(1, "alice", "pen", 1, Some("1.00"));
+    let two = order(2, "alice", "ink", 2, None);
+    let mut f = Fixture::<F>::with_orders(&[one.clone(), two.clone()]).await;
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+
+    f.sql
+        .execute("UPDATE orders SET quantity = 50, amount = '5.00' WHERE id = 1")
+        .await;
+    let server_one = order(1, "alice", "pen", 50, Some("5.00"));
+
+    let outcome = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![orders_upload(
+                vec![],
+                vec![(one.clone(), with(&one, 2, text("pencil")))],
+                vec![],
+            )],
+        ))
+        .await;
+    assert_summary(&outcome, 1, 1, false);
+    assert_eq!(f.orders().await, vec![server_one.clone(), two]);
+    let download = download(&outcome, "orders", &["id"]).expect("a download of orders");
+    assert_eq!(
+        download.upserts.len(),
+        1,
+        "the server row is sent exactly once: {:?}",
+        download.upserts
+    );
+    assert_eq!(order_upserts(&outcome), vec![server_one]);
+    assert_eq!(order_deletes(&outcome), Vec::<Row>::new());
+}
+
+pub async fn conflicting_inserts_updates_of_deleted_rows_are_resolved_server_wins<F: Factory>() {
+    let one = order(1, "alice", "pen", 1, None);
+    let two = order(2, "alice", "ink", 2, None);
+    let three = order(3, "alice", "pad", 3, None);
+    let mut f = Fixture::<F>::with_orders(&[one.clone(), two.clone(), three.clone()]).await;
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+
+    f.sql.execute("DELETE FROM orders WHERE id = 2").await;
+
+    let four = order(4, "alice", "new", 4, None);
+    let outcome = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![orders_upload(
+                // Key 3 exists with other values; key 4 is new.
+                vec![order(3, "alice", "mine", 33, None), four.clone()],
+                // Row 2 was deleted on the server; row 1 is current.
+                vec![
+                    (two.clone(), with(&two, 3, Value::Int(22))),
+                    (one.clone(), with(&one, 3, Value::Int(11))),
+                ],
+                vec![],
+            )],
+        ))
+        .await;
+    assert_summary(&outcome, 4, 2, false);
+    assert_eq!(
+        f.orders().await,
+        vec![with(&one, 3, Value::Int(11)), three.clone(), four]
+    );
+    assert_eq!(
+        order_upserts(&outcome),
+        vec![three],
+        "the server's row 3 replaces the client's insert"
+    );
+    let download = download(&outcome, "orders", &["id"]).expect("a download of orders");
+    assert_eq!(
+        download.deletes,
+        vec![key(&[2])],
+        "the deleted row is sent as one delete"
+    );
+}
+
+pub async fn another_users_rows_cannot_be_touched_or_seen<F: Factory>() {
+    let mine = order(1, "alice", "pen", 1, None);
+    let bobs: Vec<Row> = (10..=14)
+        .map(|id| order(id, "bob", "bob's", id, None))
+        .collect();
+    let mut f = Fixture::<F>::with_orders(&[vec![mine.clone()], bobs.clone()].concat()).await;
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    assert_eq!(order_upserts(&first), vec![mine.clone()]);
+
+    let outcome = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![orders_upload(
+                vec![
+                    // (a) a row for bob
+                    order(20, "bob", "planted", 1, None),
+                    // (b) a key that exists in bob's partition
+                    order(10, "alice", "stolen", 1, None),
+                    // (a') an exact copy of a row of bob's
+                    bobs[3].clone(),
+                ],
+                vec![
+                    // (c) an update of bob's row
+                    (bobs[1].clone(), with(&bobs[1], 3, Value::Int(99))),
+                    // (c') an update of bob's row that changes nothing
+                    (bobs[4].clone(), bobs[4].clone()),
+                    // (e) moving alice's own row to bob
+                    (mine.clone(), with(&mine, 1, text("bob"))),
+                ],
+                // (d) a delete of bob's row
+                vec![key(&[12])],
+            )],
+        ))
+        .await;
+    assert_summary(&outcome, 7, 7, false);
+    assert_eq!(
+        f.orders().await,
+        [vec![mine.clone()], bobs].concat(),
+        "nothing changed"
+    );
+    let upserts = order_upserts(&outcome);
+    assert!(
+        upserts.iter().all(|row| row[1] == text("alice")),
+        "alice downloaded another partition's row: {upserts:?}"
+    );
+    assert_eq!(
+        upserts,
+        vec![mine],
+        "alice's own row comes back as it is on the server"
+    );
+    assert_eq!(
+        order_deletes(&outcome),
+        vec![
+            key(&[10]),
+            key(&[11]),
+            key(&[12]),
+            key(&[13]),
+            key(&[14]),
+            key(&[20])
+        ],
+        "keys that are not alice's are sent as deletes"
+    );
+
+    let bob = f.sync_ok(request("bob-1", "bob", 0, 1, vec![])).await;
+    assert_eq!(
+        order_upserts(&bob)
+            .iter()
+            .map(|row| row[0].clone())
+            .collect::<Vec<_>>(),
+        key(&[10, 11, 12, 13, 14])
+    );
+}
+
+pub async fn an_upload_sequence_is_applied_at_most_once<F: Factory>() {
+    let five = order(5, "alice", "pen", 1, None);
+    let six = order(6, "alice", "ink", 1, None);
+    let mut f = Fixture::<F>::with_orders(&[five.clone(), six.clone()]).await;
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+
+    let six_new = with(&six, 3, Value::Int(2));
+    let seven = order(7, "alice", "new", 7, None);
+    let second = request(
+        "alice-1",
+        "alice",
+        first.watermark,
+        2,
+        vec![orders_upload(
+            vec![seven.clone()],
+            vec![(six.clone(), six_new.clone())],
+            vec![key(&[5])],
+        )],
+    );
+    let applied = f.sync_ok(second.clone()).await;
+    assert_summary(&applied, 3, 0, false);
+    assert_eq!(f.orders().await, vec![six_new, seven.clone()]);
+
+    // The server restores what the upload changed, so applying it again would show.
+    let five_again = order(5, "alice", "pen again", 1, None);
+    f.insert_orders(std::slice::from_ref(&five_again)).await;
+    f.sql
+        .execute("UPDATE orders SET quantity = 1 WHERE id = 6")
+        .await;
+    f.sql.execute("DELETE FROM orders WHERE id = 7").await;
+    let restored = vec![five_again.clone(), six.clone()];
+    assert_eq!(f.orders().await, restored);
+
+    let resent = f.sync_ok(second).await;
+    assert!(resent.summary.upload_already_applied);
+    assert_eq!(resent.summary.conflicts, 0);
+    assert_eq!(
+        f.orders().await,
+        restored,
+        "the resent upload applied again"
+    );
+    assert_eq!(
+        order_upserts(&resent),
+        restored,
+        "the resend still downloads the server's rows"
+    );
+
+    let older = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            1,
+            vec![orders_upload(vec![], vec![], vec![key(&[5]), key(&[6])])],
+        ))
+        .await;
+    assert!(older.summary.upload_already_applied);
+    assert_eq!(f.orders().await, restored, "an older sequence was applied");
+
+    let next = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            resent.watermark,
+            3,
+            vec![orders_upload(vec![], vec![], vec![key(&[6])])],
+        ))
+        .await;
+    assert_summary(&next, 1, 0, false);
+    assert_eq!(f.orders().await, vec![five_again]);
+}
+
+pub async fn refused_syncs_apply_nothing<F: Factory>() {
+    let one = order(1, "alice", "pen", 1, None);
+    let mut f = Fixture::<F>::with_orders(std::slice::from_ref(&one)).await;
+    let two = order(2, "alice", "ink", 2, None);
+    let first = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            0,
+            1,
+            vec![orders_upload(vec![two.clone()], vec![], vec![])],
+        ))
+        .await;
+    let before = vec![one.clone(), two.clone()];
+    assert_eq!(f.orders().await, before);
+
+    let taken = f
+        .sync(request(
+            "alice-1",
+            "bob",
+            0,
+            1,
+            vec![orders_upload(
+                vec![order(30, "bob", "x", 1, None)],
+                vec![],
+                vec![],
+            )],
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&taken, SyncError::ClientIdTaken { client_id } if client_id == "alice-1"),
+        "{taken:?}"
+    );
+    assert_eq!(taken.code(), ErrorCode::ClientIdTaken);
+    assert_eq!(f.orders().await, before);
+
+    let mut unknown_version = request(
+        "alice-1",
+        "alice",
+        first.watermark,
+        2,
+        vec![orders_upload(
+            vec![order(31, "alice", "x", 1, None)],
+            vec![],
+            vec![key(&[1])],
+        )],
+    );
+    unknown_version.script_version = "v9".into();
+    let error = f.sync(unknown_version).await.unwrap_err();
+    assert!(
+        matches!(&error, SyncError::UnknownScriptVersion(version) if version == "v9"),
+        "{error:?}"
+    );
+    assert_eq!(f.orders().await, before);
+
+    let mut bad_column = orders_upload(
+        vec![with(&order(32, "alice", "x", 1, None), 4, text("red"))],
+        vec![],
+        vec![key(&[1])],
+    );
+    bad_column.columns[4] = "colour".into();
+    let error = f
+        .sync(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![bad_column],
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, SyncError::Schema(message) if message.contains("colour")),
+        "{error:?}"
+    );
+    assert_eq!(error.code(), ErrorCode::Schema);
+    assert_eq!(f.orders().await, before);
+
+    let mut bad_table = orders_upload(vec![order(33, "alice", "x", 1, None)], vec![], vec![]);
+    bad_table.table = "invoices".into();
+    let error = f
+        .sync(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![orders_upload(vec![], vec![], vec![key(&[1])]), bad_table],
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, SyncError::Schema(message) if message.contains("invoices")),
+        "{error:?}"
+    );
+    assert_eq!(
+        f.orders().await,
+        before,
+        "the delete before the bad table stayed"
+    );
+
+    // The subscription is intact and sequence 2 was never used.
+    let three = order(3, "alice", "pad", 3, None);
+    let next = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![orders_upload(vec![three.clone()], vec![], vec![])],
+        ))
+        .await;
+    assert_summary(&next, 1, 0, false);
+    assert_eq!(f.orders().await, vec![one, two, three]);
+}
+
+pub async fn an_error_in_the_second_table_rolls_back_the_first<F: Factory>() {
+    let one = order(1, "alice", "pen", 1, None);
+    let mut f = Fixture::<F>::with_orders(std::slice::from_ref(&one)).await;
+    f.create_and_init_lines(&[]).await;
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+
+    let forty = order(40, "alice", "a", 4, None);
+    let forty_one = order(41, "alice", "b", 4, None);
+    let one_new = with(&one, 3, Value::Int(10));
+    let orders_part = orders_upload(
+        vec![forty.clone(), forty_one.clone()],
+        vec![(one.clone(), one_new.clone())],
+        vec![],
+    );
+    let mut bad_lines = lines_upload(vec![line(40, 1, "alice", 5)], vec![], vec![]);
+    bad_lines.columns[3] = "colour".into();
+    let error = f
+        .sync(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![orders_part.clone(), bad_lines],
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, SyncError::Schema(message) if message.contains("colour") && message.contains("lines")),
+        "{error:?}"
+    );
+    assert_eq!(
+        f.orders().await,
+        vec![one],
+        "the orders part stayed applied"
+    );
+    assert_eq!(f.lines().await, Vec::<Row>::new());
+
+    // The corrected upload with the same sequence is applied: the failed attempt did
+    // not advance the subscription's sequence.
+    let corrected = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![
+                orders_part,
+                lines_upload(vec![line(40, 1, "alice", 5)], vec![], vec![]),
+            ],
+        ))
+        .await;
+    assert_summary(&corrected, 4, 0, false);
+    assert_eq!(f.orders().await, vec![one_new, forty, forty_one]);
+    assert_eq!(f.lines().await, vec![line(40, 1, "alice", 5)]);
+    assert_eq!(corrected.download_row_count(), 0);
+}
+
+pub async fn a_failing_upload_insert_script_is_a_script_error<F: Factory>() {
+    let one = order(1, "alice", "pen", 1, None);
+    let mut f = Fixture::<F>::with_orders(std::slice::from_ref(&one)).await;
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    let original = f.current_script("orders", "upload_insert").await;
+    f.replace_script("orders", "upload_insert", "THIS IS NOT SQL {upload}")
+        .await;
+
+    let upload_two = request(
+        "alice-1",
+        "alice",
+        first.watermark,
+        2,
+        vec![orders_upload(
+            vec![order(2, "alice", "ink", 2, None)],
+            vec![],
+            vec![],
+        )],
+    );
+    let error = f.sync(upload_two.clone()).await.unwrap_err();
+    match &error {
+        SyncError::Script { event, table, .. } => {
+            assert_eq!(
+                (event.as_str(), table.as_str()),
+                ("upload_insert", "orders")
+            );
+        }
+        other => panic!("expected a script error, got {other:?}"),
+    }
+    let message = error.to_string();
+    assert!(
+        message.contains("upload_insert") && message.contains("orders"),
+        "{message}"
+    );
+    assert_eq!(error.code(), ErrorCode::Script);
+    assert_eq!(f.orders().await, vec![one.clone()]);
+
+    f.replace_script("orders", "upload_insert", &original).await;
+    let applied = f.sync_ok(upload_two).await;
+    assert_summary(&applied, 1, 0, false);
+    assert_eq!(
+        f.orders().await,
+        vec![one, order(2, "alice", "ink", 2, None)]
+    );
+}
+
+pub async fn a_failing_script_after_applied_operations_rolls_them_back<F: Factory>() {
+    let one = order(1, "alice", "pen", 1, None);
+    let two = order(2, "alice", "ink", 2, None);
+    let mut f = Fixture::<F>::with_orders(&[one.clone(), two.clone()]).await;
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    let original = f.current_script("orders", "upload_delete").await;
+    f.replace_script(
+        "orders",
+        "upload_delete",
+        "DELETE FROM no_such_table WHERE id IN (SELECT id FROM {upload})",
+    )
+    .await;
+
+    let three = order(3, "alice", "pad", 3, None);
+    let one_new = with(&one, 3, Value::Int(9));
+    let upload_two = request(
+        "alice-1",
+        "alice",
+        first.watermark,
+        2,
+        vec![orders_upload(
+            vec![three.clone()],
+            vec![(one.clone(), one_new.clone())],
+            vec![key(&[2])],
+        )],
+    );
+    let error = f.sync(upload_two.clone()).await.unwrap_err();
+    assert!(
+        matches!(&error, SyncError::Script { event, table, .. } if event == "upload_delete" && table == "orders"),
+        "{error:?}"
+    );
+    assert_eq!(
+        f.orders().await,
+        vec![one, two],
+        "the insert and update before the failing delete stayed applied"
+    );
+
+    f.replace_script("orders", "upload_delete", &original).await;
+    let applied = f.sync_ok(upload_two).await;
+    assert_summary(&applied, 3, 0, false);
+    assert_eq!(f.orders().await, vec![one_new, three]);
+}
+
+pub async fn composite_primary_keys_sync_both_ways<F: Factory>() {
+    let mut f = Fixture::<F>::new().await;
+    f.create_and_init_lines(&[
+        line(1, 1, "alice", 5),
+        line(1, 2, "alice", 6),
+        line(2, 1, "bob", 7),
+    ])
+    .await;
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    assert_eq!(
+        line_upserts(&first),
+        vec![line(1, 1, "alice", 5), line(1, 2, "alice", 6)]
+    );
+
+    let uploaded = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![lines_upload(
+                vec![line(1, 3, "alice", 8), line(2, 1, "alice", 0)],
+                vec![(line(1, 1, "alice", 5), line(1, 1, "alice", 50))],
+                vec![key(&[1, 2])],
+            )],
+        ))
+        .await;
+    // (2, 1) is bob's: a conflict, sent back as a delete.
+    assert_summary(&uploaded, 4, 1, false);
+    assert_eq!(
+        f.lines().await,
+        vec![
+            line(1, 1, "alice", 50),
+            line(1, 3, "alice", 8),
+            line(2, 1, "bob", 7),
+        ]
+    );
+    assert_eq!(line_upserts(&uploaded), Vec::<Row>::new());
+    assert_eq!(line_deletes(&uploaded), vec![key(&[2, 1])]);
+
+    f.sql
+        .execute("DELETE FROM lines WHERE order_id = 1 AND line = 3")
+        .await;
+    f.insert_rows("lines", &LINE_COLUMNS, &[line(3, 1, "alice", 9)])
+        .await;
+    f.sql
+        .execute("UPDATE lines SET qty = 51 WHERE order_id = 1 AND line = 1")
+        .await;
+
+    // A stale update of (1, 1) in the same sync: the server's row wins.
+    let next = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            uploaded.watermark,
+            3,
+            vec![lines_upload(
+                vec![],
+                vec![(line(1, 1, "alice", 50), line(1, 1, "alice", 52))],
+                vec![],
+            )],
+        ))
+        .await;
+    assert_summary(&next, 1, 1, false);
+    assert_eq!(
+        line_upserts(&next),
+        vec![line(1, 1, "alice", 51), line(3, 1, "alice", 9)]
+    );
+    assert_eq!(line_deletes(&next), vec![key(&[1, 3])]);
+    assert_eq!(
+        f.lines().await,
+        vec![
+            line(1, 1, "alice", 51),
+            line(2, 1, "bob", 7),
+            line(3, 1, "alice", 9),
+        ]
+    );
+}
+
+pub async fn decimals_round_trip_without_losing_digits<F: Factory>() {
+    const BIG: &str = "999999999999999999999999.999999";
+    const TINY: &str = "-0.000001";
+    const TRAILING: &str = "12.500000";
+    let mut f = Fixture::<F>::with_orders(&[]).await;
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+
+    let with_amount =
+        |id: i64, digits: &str| with(&order(id, "alice", "x", 1, None), 4, decimal(digits));
+    let uploaded = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![orders_upload(
+                vec![
+                    with_amount(1, BIG),
+                    with_amount(2, TINY),
+                    with_amount(3, TRAILING),
+                ],
+                vec![],
+                vec![],
+            )],
+        ))
+        .await;
+    assert_summary(&uploaded, 3, 0, false);
+    let stored: Vec<String> = f
+        .orders()
+        .await
+        .iter()
+        .map(|row| decimal_digits(&row[4]))
+        .collect();
+    assert_eq!(stored, [BIG, TINY, TRAILING]);
+
+    let other = f.sync_ok(request("alice-2", "alice", 0, 1, vec![])).await;
+    let downloaded: Vec<String> = order_upserts(&other)
+        .iter()
+        .map(|row| decimal_digits(&row[4]))
+        .collect();
+    assert_eq!(downloaded, [BIG, TINY, TRAILING]);
+
+    // An old image carrying the decimal matches the stored value: no conflict.
+    let updated = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            uploaded.watermark,
+            3,
+            vec![orders_upload(
+                vec![],
+                vec![(with_amount(1, BIG), with_amount(1, "0.000001"))],
+                vec![],
+            )],
+        ))
+        .await;
+    assert_summary(&updated, 1, 0, false);
+    let again = f
+        .sync_ok(request("alice-2", "alice", other.watermark, 2, vec![]))
+        .await;
+    let downloaded: Vec<String> = order_upserts(&again)
+        .iter()
+        .map(|row| decimal_digits(&row[4]))
+        .collect();
+    assert_eq!(downloaded, ["0.000001"]);
+}
