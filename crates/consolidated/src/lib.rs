@@ -7,6 +7,7 @@
 
 mod error;
 mod names;
+pub mod plan;
 pub mod scripts;
 pub mod sqlite;
 mod types;

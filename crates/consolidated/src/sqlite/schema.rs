@@ -2,6 +2,7 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::plan::{Column, TableShape};
 use crate::scripts::*;
 use crate::{quote_identifier as q, DbError, TableInit};
 
@@ -71,27 +72,6 @@ pub fn password_hash(connection: &mut Connection, name: &str) -> Result<Option<S
             |row| row.get(0),
         )
         .optional()?)
-}
-
-/// A column of a consolidated table.
-#[derive(Debug, Clone)]
-pub struct Column {
-    pub name: String,
-}
-
-/// What rowsync needs to know of a consolidated table.
-#[derive(Debug, Clone)]
-pub struct TableShape {
-    pub name: String,
-    pub columns: Vec<Column>,
-    /// Primary-key column names in key order.
-    pub key_columns: Vec<String>,
-}
-
-impl TableShape {
-    pub fn has_column(&self, name: &str) -> bool {
-        self.columns.iter().any(|column| column.name == name)
-    }
 }
 
 pub fn table_shape(connection: &Connection, table: &str) -> Result<Option<TableShape>, DbError> {

@@ -3,12 +3,16 @@
 //! with set scripts over staging tables (unless this upload sequence was applied
 //! before), detect conflicts set-wise, fetch the download, record progress, commit.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
-use rowsync_protocol::{encode_values, Download, Row, SyncSummary, TableUpload, Value};
+use rowsync_protocol::{Download, Row, SyncSummary, TableUpload, Value};
 use rusqlite::{params, Connection, OptionalExtension, Statement, TransactionBehavior};
 
-use super::schema::{table_shape, TableShape};
+use super::schema::table_shape;
+use crate::plan::{
+    assemble_download, validate_upload_shape, Parameters, Resolution, ScriptRows, Scripts,
+    TableShape,
+};
 use crate::scripts::*;
 use crate::{quote_identifier as q, SyncError, SyncOutcome, SyncRequest};
 
@@ -17,7 +21,7 @@ pub fn synchronize(
     request: &SyncRequest,
 ) -> Result<SyncOutcome, SyncError> {
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let scripts = Scripts::load(&transaction, &request.script_version)?;
+    let scripts = load_scripts(&transaction, &request.script_version)?;
     let subscription: Option<(String, i64)> = transaction
         .query_row(
             "SELECT user_name, upload_sequence FROM rs_subscription WHERE client_id = ?1",
@@ -102,98 +106,23 @@ pub fn synchronize(
     })
 }
 
-struct Parameters<'a> {
-    user: &'a str,
-    client_id: &'a str,
-    script_version: &'a str,
-    last_download: i64,
-    upload_sequence: i64,
-}
-
-/// The scripts of one script version, by (table, event).
-struct Scripts {
-    version: String,
-    by_table_event: HashMap<(String, String), String>,
-}
-
-impl Scripts {
-    fn load(connection: &Connection, version: &str) -> Result<Scripts, SyncError> {
-        let exists: bool = connection.query_row(
-            "SELECT EXISTS (SELECT 1 FROM rs_script_version WHERE name = ?1)",
-            [version],
-            |row| row.get(0),
-        )?;
-        if !exists {
-            return Err(SyncError::UnknownScriptVersion(version.to_string()));
-        }
-        let mut statement = connection
-            .prepare("SELECT table_name, event, script FROM rs_script WHERE script_version = ?1")?;
-        let by_table_event = statement
-            .query_map([version], |row| {
-                Ok(((row.get(0)?, row.get(1)?), row.get(2)?))
-            })?
-            .collect::<Result<_, _>>()?;
-        Ok(Scripts {
-            version: version.to_string(),
-            by_table_event,
-        })
+fn load_scripts(connection: &Connection, version: &str) -> Result<Scripts, SyncError> {
+    let exists: bool = connection.query_row(
+        "SELECT EXISTS (SELECT 1 FROM rs_script_version WHERE name = ?1)",
+        [version],
+        |row| row.get(0),
+    )?;
+    if !exists {
+        return Err(SyncError::UnknownScriptVersion(version.to_string()));
     }
-
-    fn get(&self, table: &str, event: &str) -> Option<&str> {
-        self.by_table_event
-            .get(&(table.to_string(), event.to_string()))
-            .map(String::as_str)
-    }
-
-    fn require(&self, table: &str, event: &str) -> Result<&str, SyncError> {
-        self.get(table, event).ok_or_else(|| {
-            SyncError::Schema(format!(
-                "script version {:?} has no {event} script for table {table:?}",
-                self.version
-            ))
-        })
-    }
-
-    fn synchronizes(&self, table: &str) -> bool {
-        self.by_table_event.keys().any(|(name, _)| name == table)
-    }
-
-    fn download_tables(&self) -> Vec<&str> {
-        let mut tables: Vec<&str> = self
-            .by_table_event
-            .keys()
-            .filter(|(_, event)| event == DOWNLOAD_CURSOR || event == DOWNLOAD_DELETE_CURSOR)
-            .map(|(table, _)| table.as_str())
-            .collect();
-        tables.sort_unstable();
-        tables.dedup();
-        tables
-    }
-}
-
-/// What applying one table's upload means for its download.
-#[derive(Default)]
-struct Resolution {
-    conflict_count: u64,
-    /// Keys the client uploaded: rows it already holds as the server now does, unless
-    /// they conflicted (conflicts are resolved below and always sent).
-    uploaded_upsert_keys: HashSet<Vec<u8>>,
-    uploaded_delete_keys: HashSet<Vec<u8>>,
-    /// Current server rows for conflicting keys (server wins), and conflicting keys the
-    /// client must drop because no row in its partition has them.
-    conflict_columns: Vec<String>,
-    conflict_upserts: Vec<Row>,
-    conflict_deletes: Vec<Row>,
-}
-
-fn key_bytes(row: &[Value], key_positions: &[usize]) -> Vec<u8> {
-    let key: Vec<Value> = key_positions
-        .iter()
-        .map(|&position| row[position].clone())
-        .collect();
-    let mut bytes = Vec::new();
-    encode_values(&key, &mut bytes);
-    bytes
+    let mut statement = connection
+        .prepare("SELECT table_name, event, script FROM rs_script WHERE script_version = ?1")?;
+    let rows = statement
+        .query_map([version], |row| {
+            Ok(((row.get(0)?, row.get(1)?), row.get(2)?))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Scripts::new(version, rows))
 }
 
 fn apply_table(
@@ -203,12 +132,7 @@ fn apply_table(
     parameters: &Parameters,
 ) -> Result<Resolution, SyncError> {
     let table = upload.table.as_str();
-    if !scripts.synchronizes(table) {
-        return Err(SyncError::Schema(format!(
-            "table {table:?} is not synchronized by script version {:?}",
-            scripts.version
-        )));
-    }
+    scripts.check_synchronizes(table)?;
     let shape = table_shape(connection, table)?.ok_or_else(|| {
         SyncError::Schema(format!(
             "table {table:?} does not exist in the consolidated database"
@@ -243,11 +167,6 @@ fn apply_table(
         if changed < upload.inserts.len() {
             conflict_keys.extend(stage.rows_not_matching_table(connection, &shape, &landed)?);
         }
-        for row in &upload.inserts {
-            resolution
-                .uploaded_upsert_keys
-                .insert(key_bytes(row, &key_positions));
-        }
     }
     if !upload.updates.is_empty() {
         let stage = Stage::create(connection, "update", &shape, &upload.columns, true)?;
@@ -268,11 +187,6 @@ fn apply_table(
         if changed < upload.updates.len() {
             conflict_keys.extend(stage.rows_not_matching_table(connection, &shape, &landed)?);
         }
-        for update in &upload.updates {
-            resolution
-                .uploaded_upsert_keys
-                .insert(key_bytes(&update.new, &key_positions));
-        }
     }
     if !upload.deletes.is_empty() {
         let stage = Stage::create(connection, "delete", &shape, &upload.key_columns, false)?;
@@ -286,14 +200,8 @@ fn apply_table(
             parameters,
         )?;
         conflict_keys.extend(stage.keys_still_in_table(connection, &shape)?);
-        let all_key_positions: Vec<usize> = (0..upload.key_columns.len()).collect();
-        for key in &upload.deletes {
-            resolution
-                .uploaded_delete_keys
-                .insert(key_bytes(key, &all_key_positions));
-        }
     }
-    resolution.conflict_count = conflict_keys.len() as u64;
+    resolution.record_upload(upload, &key_positions);
     if !conflict_keys.is_empty() {
         resolve_conflicts(
             connection,
@@ -305,61 +213,6 @@ fn apply_table(
         )?;
     }
     Ok(resolution)
-}
-
-/// Checks the upload's columns against the table and returns the positions of the key
-/// columns within the upload's columns.
-fn validate_upload_shape(
-    upload: &TableUpload,
-    shape: &TableShape,
-) -> Result<Vec<usize>, SyncError> {
-    let table = &shape.name;
-    if upload.key_columns != shape.key_columns {
-        return Err(SyncError::Schema(format!(
-            "table {table:?} has primary key {:?} in the consolidated database, the upload names {:?}",
-            shape.key_columns, upload.key_columns
-        )));
-    }
-    let mut seen = HashSet::new();
-    for column in &upload.columns {
-        if !shape.has_column(column) {
-            return Err(SyncError::Schema(format!(
-                "table {table:?} has no column {column:?}"
-            )));
-        }
-        if !seen.insert(column) {
-            return Err(SyncError::Schema(format!(
-                "column {column:?} of table {table:?} appears twice in the upload"
-            )));
-        }
-    }
-    if !(upload.inserts.is_empty() && upload.updates.is_empty()) && upload.columns.is_empty() {
-        return Err(SyncError::Schema(format!(
-            "upload of table {table:?} carries rows but no columns"
-        )));
-    }
-    upload
-        .key_columns
-        .iter()
-        .map(|key| {
-            upload
-                .columns
-                .iter()
-                .position(|column| column == key)
-                .ok_or_else(|| {
-                    SyncError::Schema(format!(
-                        "upload of table {table:?} lacks key column {key:?}"
-                    ))
-                })
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .or_else(|error| {
-            if upload.columns.is_empty() {
-                Ok(Vec::new())
-            } else {
-                Err(error)
-            }
-        })
 }
 
 /// Where an uploaded row counts as landed: in the table and, when the table is
@@ -513,34 +366,16 @@ fn bind_parameters(
     event: &str,
 ) -> Result<(), SyncError> {
     for index in 1..=statement.parameter_count() {
-        let name = statement.parameter_name(index).map(str::to_owned);
-        let script_error = |message: String| SyncError::Script {
-            event: event.to_string(),
-            table: table.to_string(),
-            message,
+        let Some(name) = statement.parameter_name(index).map(str::to_owned) else {
+            return Err(SyncError::Script {
+                event: event.to_string(),
+                table: table.to_string(),
+                message: format!(
+                    "parameter {index} has no name; scripts use named parameters such as :user"
+                ),
+            });
         };
-        let Some(name) = name else {
-            return Err(script_error(format!(
-                "parameter {index} has no name; scripts use named parameters such as :user"
-            )));
-        };
-        match name.trim_start_matches([':', '@', '$']) {
-            "user" => statement.raw_bind_parameter(index, parameters.user)?,
-            "client_id" => statement.raw_bind_parameter(index, parameters.client_id)?,
-            "script_version" => statement.raw_bind_parameter(index, parameters.script_version)?,
-            "last_download" => statement.raw_bind_parameter(index, parameters.last_download)?,
-            "upload_sequence" => statement.raw_bind_parameter(index, parameters.upload_sequence)?,
-            _ => {
-                let known = PARAMETERS
-                    .iter()
-                    .map(|(name, _)| format!(":{name}"))
-                    .collect::<Vec<_>>();
-                return Err(script_error(format!(
-                    "unknown parameter {name}; known parameters are {}",
-                    known.join(", ")
-                )));
-            }
-        }
+        statement.raw_bind_parameter(index, parameters.value(&name, table, event)?)?;
     }
     Ok(())
 }
@@ -553,10 +388,7 @@ fn prepare_script<'c>(
     substitutions: &[(&str, &str)],
     parameters: &Parameters,
 ) -> Result<Statement<'c>, SyncError> {
-    let mut sql = scripts.require(table, event)?.to_string();
-    for (placeholder, replacement) in substitutions {
-        sql = sql.replace(placeholder, replacement);
-    }
+    let sql = scripts.expand(table, event, substitutions)?;
     let mut statement = connection
         .prepare(&sql)
         .map_err(|error| script_failure(event, table, error))?;
@@ -602,7 +434,7 @@ fn query_script(
     event: &str,
     substitutions: &[(&str, &str)],
     parameters: &Parameters,
-) -> Result<(Vec<String>, Vec<Row>), SyncError> {
+) -> Result<ScriptRows, SyncError> {
     let mut statement =
         prepare_script(connection, scripts, table, event, substitutions, parameters)?;
     let columns: Vec<String> = statement.column_names().map(str::to_owned).collect();
@@ -620,29 +452,6 @@ fn query_script(
         rows.push(values);
     }
     Ok((columns, rows))
-}
-
-fn key_positions_in(
-    columns: &[String],
-    shape_keys: &[String],
-    table: &str,
-    event: &str,
-) -> Result<Vec<usize>, SyncError> {
-    shape_keys
-        .iter()
-        .map(|key| {
-            columns
-                .iter()
-                .position(|column| column == key)
-                .ok_or_else(|| SyncError::Script {
-                    event: event.to_string(),
-                    table: table.to_string(),
-                    message: format!(
-                        "the script must select the key column {key:?}; it selects {columns:?}"
-                    ),
-                })
-        })
-        .collect()
 }
 
 /// Server wins: fetch the current row of each conflicting key within the client's
@@ -665,22 +474,7 @@ fn resolve_conflicts(
         &[(KEYS_PLACEHOLDER, &stage.name)],
         parameters,
     )?;
-    let key_positions = key_positions_in(&columns, &shape.key_columns, &shape.name, UPLOAD_FETCH)?;
-    let found: HashSet<Vec<u8>> = rows
-        .iter()
-        .map(|row| key_bytes(row, &key_positions))
-        .collect();
-    let all_key_positions: Vec<usize> = (0..shape.key_columns.len()).collect();
-    let mut seen = HashSet::new();
-    for key in conflict_keys {
-        let bytes = key_bytes(&key, &all_key_positions);
-        if !found.contains(&bytes) && seen.insert(bytes) {
-            resolution.conflict_deletes.push(key);
-        }
-    }
-    resolution.conflict_columns = columns;
-    resolution.conflict_upserts = rows;
-    Ok(())
+    resolution.resolve(shape, conflict_keys, columns, rows)
 }
 
 fn fetch_download(
@@ -695,85 +489,13 @@ fn fetch_download(
             "table {table:?} does not exist in the consolidated database"
         ))
     })?;
-    let mut download = Download {
-        table: table.to_string(),
-        key_columns: shape.key_columns.clone(),
-        ..Download::default()
+    let run = |event: &str| -> Result<Option<ScriptRows>, SyncError> {
+        match scripts.get(table, event) {
+            Some(_) => query_script(connection, scripts, table, event, &[], parameters).map(Some),
+            None => Ok(None),
+        }
     };
-    let empty = Resolution::default();
-    let resolution = resolution.unwrap_or(&empty);
-    let conflict_upsert_keys: HashSet<Vec<u8>>;
-    if scripts.get(table, DOWNLOAD_CURSOR).is_some() {
-        let (columns, rows) =
-            query_script(connection, scripts, table, DOWNLOAD_CURSOR, &[], parameters)?;
-        let key_positions = key_positions_in(&columns, &shape.key_columns, table, DOWNLOAD_CURSOR)?;
-        if !resolution.conflict_upserts.is_empty() && resolution.conflict_columns != columns {
-            return Err(SyncError::Script {
-                event: UPLOAD_FETCH.to_string(),
-                table: table.to_string(),
-                message: format!(
-                    "upload_fetch selects {:?} but download_cursor selects {columns:?}; they must select the same columns",
-                    resolution.conflict_columns
-                ),
-            });
-        }
-        conflict_upsert_keys = resolution
-            .conflict_upserts
-            .iter()
-            .map(|row| key_bytes(row, &key_positions))
-            .collect();
-        download.upserts = rows
-            .into_iter()
-            .filter(|row| {
-                let key = key_bytes(row, &key_positions);
-                !resolution.uploaded_upsert_keys.contains(&key)
-                    && !conflict_upsert_keys.contains(&key)
-            })
-            .collect();
-        download
-            .upserts
-            .extend(resolution.conflict_upserts.iter().cloned());
-        download.columns = columns;
-    } else if !resolution.conflict_upserts.is_empty() {
-        download.columns = resolution.conflict_columns.clone();
-        download.upserts = resolution.conflict_upserts.clone();
-    }
-    if scripts.get(table, DOWNLOAD_DELETE_CURSOR).is_some() {
-        let (columns, keys) = query_script(
-            connection,
-            scripts,
-            table,
-            DOWNLOAD_DELETE_CURSOR,
-            &[],
-            parameters,
-        )?;
-        if columns.len() != shape.key_columns.len() {
-            return Err(SyncError::Script {
-                event: DOWNLOAD_DELETE_CURSOR.to_string(),
-                table: table.to_string(),
-                message: format!(
-                    "the script must select exactly the key columns {:?}; it selects {columns:?}",
-                    shape.key_columns
-                ),
-            });
-        }
-        let all_key_positions: Vec<usize> = (0..shape.key_columns.len()).collect();
-        let conflict_delete_keys: HashSet<Vec<u8>> = resolution
-            .conflict_deletes
-            .iter()
-            .map(|key| key_bytes(key, &all_key_positions))
-            .collect();
-        download.deletes = keys
-            .into_iter()
-            .filter(|key| {
-                let bytes = key_bytes(key, &all_key_positions);
-                !resolution.uploaded_delete_keys.contains(&bytes)
-                    && !conflict_delete_keys.contains(&bytes)
-            })
-            .collect();
-    }
-    download
-        .deletes
-        .extend(resolution.conflict_deletes.iter().cloned());
-    Ok(download)
+    let cursor = run(DOWNLOAD_CURSOR)?;
+    let delete_cursor = run(DOWNLOAD_DELETE_CURSOR)?;
+    assemble_download(&shape, cursor, delete_cursor, resolution)
 }

@@ -1,0 +1,368 @@
+//! The backend-neutral part of a sync: which scripts a version has, which named
+//! parameters exist, checking an upload against a table, and turning conflicts and
+//! cursor results into the download. Backends do the queries; this decides.
+
+use std::collections::{HashMap, HashSet};
+
+use rowsync_protocol::{encode_values, Download, Row, TableUpload, Value};
+
+use crate::scripts::*;
+use crate::SyncError;
+
+/// What a query script returned: its column names and its rows.
+pub type ScriptRows = (Vec<String>, Vec<Row>);
+
+/// A column of a consolidated table.
+#[derive(Debug, Clone)]
+pub struct Column {
+    pub name: String,
+}
+
+/// What rowsync needs to know of a consolidated table.
+#[derive(Debug, Clone)]
+pub struct TableShape {
+    pub name: String,
+    pub columns: Vec<Column>,
+    /// Primary-key column names in key order.
+    pub key_columns: Vec<String>,
+}
+
+impl TableShape {
+    pub fn has_column(&self, name: &str) -> bool {
+        self.columns.iter().any(|column| column.name == name)
+    }
+}
+
+/// The values of the named parameters scripts may use.
+pub struct Parameters<'a> {
+    pub user: &'a str,
+    pub client_id: &'a str,
+    pub script_version: &'a str,
+    pub last_download: i64,
+    pub upload_sequence: i64,
+}
+
+impl Parameters<'_> {
+    /// The value of a named parameter (`user`, `:user`, `@user` and `$user` alike).
+    pub fn value(&self, name: &str, table: &str, event: &str) -> Result<Value, SyncError> {
+        Ok(match name.trim_start_matches([':', '@', '$']) {
+            "user" => Value::Text(self.user.to_string()),
+            "client_id" => Value::Text(self.client_id.to_string()),
+            "script_version" => Value::Text(self.script_version.to_string()),
+            "last_download" => Value::Int(self.last_download),
+            "upload_sequence" => Value::Int(self.upload_sequence),
+            _ => {
+                let known = PARAMETERS
+                    .iter()
+                    .map(|(name, _)| format!(":{name}"))
+                    .collect::<Vec<_>>();
+                return Err(SyncError::Script {
+                    event: event.to_string(),
+                    table: table.to_string(),
+                    message: format!(
+                        "unknown parameter {name}; known parameters are {}",
+                        known.join(", ")
+                    ),
+                });
+            }
+        })
+    }
+}
+
+/// The scripts of one script version, by (table, event).
+pub struct Scripts {
+    pub version: String,
+    by_table_event: HashMap<(String, String), String>,
+}
+
+impl Scripts {
+    pub fn new(
+        version: &str,
+        scripts: impl IntoIterator<Item = ((String, String), String)>,
+    ) -> Scripts {
+        Scripts {
+            version: version.to_string(),
+            by_table_event: scripts.into_iter().collect(),
+        }
+    }
+
+    pub fn get(&self, table: &str, event: &str) -> Option<&str> {
+        self.by_table_event
+            .get(&(table.to_string(), event.to_string()))
+            .map(String::as_str)
+    }
+
+    pub fn require(&self, table: &str, event: &str) -> Result<&str, SyncError> {
+        self.get(table, event).ok_or_else(|| {
+            SyncError::Schema(format!(
+                "script version {:?} has no {event} script for table {table:?}",
+                self.version
+            ))
+        })
+    }
+
+    /// The script with its placeholders replaced by staging table names.
+    pub fn expand(
+        &self,
+        table: &str,
+        event: &str,
+        substitutions: &[(&str, &str)],
+    ) -> Result<String, SyncError> {
+        let mut sql = self.require(table, event)?.to_string();
+        for (placeholder, replacement) in substitutions {
+            sql = sql.replace(placeholder, replacement);
+        }
+        Ok(sql)
+    }
+
+    pub fn check_synchronizes(&self, table: &str) -> Result<(), SyncError> {
+        if self.by_table_event.keys().any(|(name, _)| name == table) {
+            Ok(())
+        } else {
+            Err(SyncError::Schema(format!(
+                "table {table:?} is not synchronized by script version {:?}",
+                self.version
+            )))
+        }
+    }
+
+    pub fn download_tables(&self) -> Vec<&str> {
+        let mut tables: Vec<&str> = self
+            .by_table_event
+            .keys()
+            .filter(|(_, event)| event == DOWNLOAD_CURSOR || event == DOWNLOAD_DELETE_CURSOR)
+            .map(|(table, _)| table.as_str())
+            .collect();
+        tables.sort_unstable();
+        tables.dedup();
+        tables
+    }
+}
+
+/// What applying one table's upload means for its download.
+#[derive(Default)]
+pub struct Resolution {
+    pub conflict_count: u64,
+    /// Keys the client uploaded: rows it already holds as the server now does, unless
+    /// they conflicted (conflicts are resolved below and always sent).
+    pub uploaded_upsert_keys: HashSet<Vec<u8>>,
+    pub uploaded_delete_keys: HashSet<Vec<u8>>,
+    /// Current server rows for conflicting keys (server wins), and conflicting keys the
+    /// client must drop because no row in its partition has them.
+    pub conflict_columns: Vec<String>,
+    pub conflict_upserts: Vec<Row>,
+    pub conflict_deletes: Vec<Row>,
+}
+
+impl Resolution {
+    /// Remembers every key the upload touched, to keep them out of the echo.
+    pub fn record_upload(&mut self, upload: &TableUpload, key_positions: &[usize]) {
+        for row in upload
+            .inserts
+            .iter()
+            .chain(upload.updates.iter().map(|update| &update.new))
+        {
+            self.uploaded_upsert_keys
+                .insert(key_bytes(row, key_positions));
+        }
+        let all: Vec<usize> = (0..upload.key_columns.len()).collect();
+        for key in &upload.deletes {
+            self.uploaded_delete_keys.insert(key_bytes(key, &all));
+        }
+    }
+
+    /// Server wins: `rows` (with `columns`) are the current rows `upload_fetch` found for
+    /// the conflicting keys; keys it did not find are sent as deletes.
+    pub fn resolve(
+        &mut self,
+        shape: &TableShape,
+        conflict_keys: Vec<Row>,
+        columns: Vec<String>,
+        rows: Vec<Row>,
+    ) -> Result<(), SyncError> {
+        self.conflict_count = conflict_keys.len() as u64;
+        let key_positions =
+            key_positions_in(&columns, &shape.key_columns, &shape.name, UPLOAD_FETCH)?;
+        let found: HashSet<Vec<u8>> = rows
+            .iter()
+            .map(|row| key_bytes(row, &key_positions))
+            .collect();
+        let all: Vec<usize> = (0..shape.key_columns.len()).collect();
+        let mut seen = HashSet::new();
+        for key in conflict_keys {
+            let bytes = key_bytes(&key, &all);
+            if !found.contains(&bytes) && seen.insert(bytes) {
+                self.conflict_deletes.push(key);
+            }
+        }
+        self.conflict_columns = columns;
+        self.conflict_upserts = rows;
+        Ok(())
+    }
+}
+
+/// An exact, hashable identity of a row's key.
+pub fn key_bytes(row: &[Value], key_positions: &[usize]) -> Vec<u8> {
+    let key: Vec<Value> = key_positions
+        .iter()
+        .map(|&position| row[position].clone())
+        .collect();
+    let mut bytes = Vec::new();
+    encode_values(&key, &mut bytes);
+    bytes
+}
+
+pub fn key_positions_in(
+    columns: &[String],
+    keys: &[String],
+    table: &str,
+    event: &str,
+) -> Result<Vec<usize>, SyncError> {
+    keys.iter()
+        .map(|key| {
+            columns
+                .iter()
+                .position(|column| column == key)
+                .ok_or_else(|| SyncError::Script {
+                    event: event.to_string(),
+                    table: table.to_string(),
+                    message: format!(
+                        "the script must select the key column {key:?}; it selects {columns:?}"
+                    ),
+                })
+        })
+        .collect()
+}
+
+/// Checks the upload's columns against the table and returns the positions of the key
+/// columns within the upload's columns.
+pub fn validate_upload_shape(
+    upload: &TableUpload,
+    shape: &TableShape,
+) -> Result<Vec<usize>, SyncError> {
+    let table = &shape.name;
+    if upload.key_columns != shape.key_columns {
+        return Err(SyncError::Schema(format!(
+            "table {table:?} has primary key {:?} in the consolidated database, the upload names {:?}",
+            shape.key_columns, upload.key_columns
+        )));
+    }
+    let mut seen = HashSet::new();
+    for column in &upload.columns {
+        if !shape.has_column(column) {
+            return Err(SyncError::Schema(format!(
+                "table {table:?} has no column {column:?}"
+            )));
+        }
+        if !seen.insert(column) {
+            return Err(SyncError::Schema(format!(
+                "column {column:?} of table {table:?} appears twice in the upload"
+            )));
+        }
+    }
+    let carries_rows = !(upload.inserts.is_empty() && upload.updates.is_empty());
+    if carries_rows && upload.columns.is_empty() {
+        return Err(SyncError::Schema(format!(
+            "upload of table {table:?} carries rows but no columns"
+        )));
+    }
+    if upload.columns.is_empty() {
+        return Ok(Vec::new());
+    }
+    upload
+        .key_columns
+        .iter()
+        .map(|key| {
+            upload
+                .columns
+                .iter()
+                .position(|column| column == key)
+                .ok_or_else(|| {
+                    SyncError::Schema(format!(
+                        "upload of table {table:?} lacks key column {key:?}"
+                    ))
+                })
+        })
+        .collect()
+}
+
+/// One table's download: the cursor's rows minus the client's own applied uploads, the
+/// delete cursor's keys minus the client's own deletes, plus every conflict resolution.
+pub fn assemble_download(
+    shape: &TableShape,
+    cursor: Option<ScriptRows>,
+    delete_cursor: Option<ScriptRows>,
+    resolution: Option<&Resolution>,
+) -> Result<Download, SyncError> {
+    let table = shape.name.as_str();
+    let mut download = Download {
+        table: table.to_string(),
+        key_columns: shape.key_columns.clone(),
+        ..Download::default()
+    };
+    let empty = Resolution::default();
+    let resolution = resolution.unwrap_or(&empty);
+    if let Some((columns, rows)) = cursor {
+        let key_positions = key_positions_in(&columns, &shape.key_columns, table, DOWNLOAD_CURSOR)?;
+        if !resolution.conflict_upserts.is_empty() && resolution.conflict_columns != columns {
+            return Err(SyncError::Script {
+                event: UPLOAD_FETCH.to_string(),
+                table: table.to_string(),
+                message: format!(
+                    "upload_fetch selects {:?} but download_cursor selects {columns:?}; they must select the same columns",
+                    resolution.conflict_columns
+                ),
+            });
+        }
+        let conflict_upsert_keys: HashSet<Vec<u8>> = resolution
+            .conflict_upserts
+            .iter()
+            .map(|row| key_bytes(row, &key_positions))
+            .collect();
+        download.upserts = rows
+            .into_iter()
+            .filter(|row| {
+                let key = key_bytes(row, &key_positions);
+                !resolution.uploaded_upsert_keys.contains(&key)
+                    && !conflict_upsert_keys.contains(&key)
+            })
+            .collect();
+        download
+            .upserts
+            .extend(resolution.conflict_upserts.iter().cloned());
+        download.columns = columns;
+    } else if !resolution.conflict_upserts.is_empty() {
+        download.columns = resolution.conflict_columns.clone();
+        download.upserts = resolution.conflict_upserts.clone();
+    }
+    if let Some((columns, keys)) = delete_cursor {
+        if columns.len() != shape.key_columns.len() {
+            return Err(SyncError::Script {
+                event: DOWNLOAD_DELETE_CURSOR.to_string(),
+                table: table.to_string(),
+                message: format!(
+                    "the script must select exactly the key columns {:?}; it selects {columns:?}",
+                    shape.key_columns
+                ),
+            });
+        }
+        let all: Vec<usize> = (0..shape.key_columns.len()).collect();
+        let conflict_delete_keys: HashSet<Vec<u8>> = resolution
+            .conflict_deletes
+            .iter()
+            .map(|key| key_bytes(key, &all))
+            .collect();
+        download.deletes = keys
+            .into_iter()
+            .filter(|key| {
+                let bytes = key_bytes(key, &all);
+                !resolution.uploaded_delete_keys.contains(&bytes)
+                    && !conflict_delete_keys.contains(&bytes)
+            })
+            .collect();
+    }
+    download
+        .deletes
+        .extend(resolution.conflict_deletes.iter().cloned());
+    Ok(download)
+}
