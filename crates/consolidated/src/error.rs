@@ -6,6 +6,8 @@ use thiserror::Error;
 pub enum DbError {
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
     #[error("{0}")]
     Invalid(String),
     #[error("database task failed: {0}")]
@@ -21,6 +23,10 @@ pub enum SyncError {
     ClientIdTaken { client_id: String },
     #[error("{0}")]
     Schema(String),
+    #[error(
+        "client id {client_id:?} is already synchronizing; try again when that sync has ended"
+    )]
+    AlreadySynchronizing { client_id: String },
     #[error("script {event} for table {table:?} failed: {message}")]
     Script {
         event: String,
@@ -44,8 +50,15 @@ impl SyncError {
             SyncError::UnknownScriptVersion(_) => ErrorCode::UnknownScriptVersion,
             SyncError::ClientIdTaken { .. } => ErrorCode::ClientIdTaken,
             SyncError::Schema(_) => ErrorCode::Schema,
+            SyncError::AlreadySynchronizing { .. } => ErrorCode::AlreadySynchronizing,
             SyncError::Script { .. } => ErrorCode::Script,
             SyncError::Database(_) => ErrorCode::Internal,
         }
+    }
+}
+
+impl From<tokio_postgres::Error> for SyncError {
+    fn from(error: tokio_postgres::Error) -> SyncError {
+        SyncError::Database(DbError::Postgres(error))
     }
 }

@@ -8,6 +8,7 @@
 mod error;
 mod names;
 pub mod plan;
+pub mod postgres;
 pub mod scripts;
 pub mod sqlite;
 mod types;
@@ -56,4 +57,14 @@ pub trait ConsolidatedConnection: Send + 'static {
         &mut self,
         request: Arc<SyncRequest>,
     ) -> impl Future<Output = Result<SyncOutcome, SyncError>> + Send;
+
+    /// Runs administrative SQL (one or more statements, no parameters), for tools such
+    /// as the demo and the benchmark. Never used with client input.
+    fn execute_sql(&mut self, sql: &str) -> impl Future<Output = Result<(), DbError>> + Send;
+
+    /// Runs an administrative query and returns its rows.
+    fn query_sql(
+        &mut self,
+        sql: &str,
+    ) -> impl Future<Output = Result<Vec<rowsync_protocol::Row>, DbError>> + Send;
 }

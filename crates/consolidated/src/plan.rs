@@ -366,3 +366,74 @@ pub fn assemble_download(
         .extend(resolution.conflict_deletes.iter().cloned());
     Ok(download)
 }
+
+/// Rewrites named parameters (`:user`) as positional ones (`$1`) for databases that
+/// only take those, returning the names in position order (each name gets one
+/// position, however often it appears). String literals, quoted identifiers, comments
+/// and `::` casts are left alone.
+pub fn positional_parameters(sql: &str) -> (String, Vec<String>) {
+    let bytes = sql.as_bytes();
+    let mut out = String::with_capacity(sql.len());
+    let mut names: Vec<String> = Vec::new();
+    let mut i = 0;
+    let is_ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    while i < bytes.len() {
+        let b = bytes[i];
+        let skip_to = |terminator: &[u8], from: usize| -> usize {
+            sql[from..]
+                .find(std::str::from_utf8(terminator).unwrap())
+                .map_or(bytes.len(), |p| from + p + terminator.len())
+        };
+        let end = match b {
+            b'\'' => skip_to(b"'", i + 1),
+            b'"' => skip_to(b"\"", i + 1),
+            b'-' if bytes.get(i + 1) == Some(&b'-') => skip_to(b"\n", i + 2),
+            b'/' if bytes.get(i + 1) == Some(&b'*') => skip_to(b"*/", i + 2),
+            b':' if bytes.get(i + 1) == Some(&b':') => i + 2,
+            b':' if bytes
+                .get(i + 1)
+                .is_some_and(|&c| c.is_ascii_alphabetic() || c == b'_') =>
+            {
+                let mut j = i + 1;
+                while j < bytes.len() && is_ident(bytes[j]) {
+                    j += 1;
+                }
+                let name = &sql[i + 1..j];
+                let position = match names.iter().position(|known| known == name) {
+                    Some(position) => position,
+                    None => {
+                        names.push(name.to_string());
+                        names.len() - 1
+                    }
+                };
+                out.push_str(&format!("${}", position + 1));
+                i = j;
+                continue;
+            }
+            _ => {
+                let width = sql[i..].chars().next().map_or(1, char::len_utf8);
+                i + width
+            }
+        };
+        out.push_str(&sql[i..end]);
+        i = end;
+    }
+    (out, names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_parameters_become_positional_outside_literals_comments_and_casts() {
+        let (sql, names) = positional_parameters(
+            "SELECT ':x', \":y\", a::text FROM t -- :z\nWHERE u = :user AND v > :last_download AND w = :user::text /* :q */",
+        );
+        assert_eq!(
+            sql,
+            "SELECT ':x', \":y\", a::text FROM t -- :z\nWHERE u = $1 AND v > $2 AND w = $1::text /* :q */"
+        );
+        assert_eq!(names, vec!["user", "last_download"]);
+    }
+}

@@ -124,4 +124,27 @@ impl ConsolidatedConnection for SqliteConnection {
         self.run(move |connection| sync::synchronize(connection, &request))
             .await
     }
+
+    async fn execute_sql(&mut self, sql: &str) -> Result<(), DbError> {
+        let sql = sql.to_string();
+        self.run(move |connection| Ok(connection.execute_batch(&sql)?))
+            .await
+    }
+
+    async fn query_sql(&mut self, sql: &str) -> Result<Vec<rowsync_protocol::Row>, DbError> {
+        let sql = sql.to_string();
+        self.run(move |connection| {
+            let mut statement = connection.prepare(&sql)?;
+            let width = statement.column_count();
+            let rows = statement
+                .query_map([], |row| {
+                    (0..width)
+                        .map(|index| row.get::<_, rowsync_protocol::Value>(index))
+                        .collect::<rusqlite::Result<rowsync_protocol::Row>>()
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
 }

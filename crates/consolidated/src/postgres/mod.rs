@@ -1,0 +1,110 @@
+//! The PostgreSQL backend.
+//!
+//! Uploads are loaded with binary `COPY` into temporary staging tables and applied with
+//! one statement per operation; conflicts come back from the same statements
+//! (`RETURNING` inside a data-modifying CTE). Change tracking uses statement-level
+//! triggers with transition tables, so a bulk apply costs one trigger run per statement.
+//!
+//! The download watermark is snapshot-based, because a counter or clock would miss rows
+//! whose transaction commits after a later one: rows are stamped with the id of the
+//! transaction that wrote them, and a sync's watermark is the oldest transaction id
+//! still running when its download is read (or the next id to be assigned). Every
+//! transaction below the watermark had finished, so its rows were visible to that
+//! download; the next sync asks for everything at or above it. Rows of a transaction
+//! that commits late carry an id at or above every watermark taken while it ran.
+
+mod schema;
+mod sync;
+pub mod value;
+
+use std::sync::Arc;
+
+use rowsync_protocol::Row;
+use tokio_postgres::{Client, NoTls};
+
+use crate::{
+    Consolidated, ConsolidatedConnection, DbError, SyncError, SyncOutcome, SyncRequest, TableInit,
+};
+
+#[derive(Debug, Clone)]
+pub struct PostgresConsolidated {
+    url: String,
+}
+
+impl PostgresConsolidated {
+    /// A consolidated database at a `postgres://` URL.
+    pub fn new(url: impl Into<String>) -> PostgresConsolidated {
+        PostgresConsolidated { url: url.into() }
+    }
+}
+
+impl Consolidated for PostgresConsolidated {
+    type Connection = PostgresConnection;
+
+    async fn connect(&self) -> Result<PostgresConnection, DbError> {
+        let (client, connection) = tokio_postgres::connect(&self.url, NoTls).await?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::warn!(%error, "consolidated database connection ended");
+            }
+        });
+        Ok(PostgresConnection { client })
+    }
+}
+
+pub struct PostgresConnection {
+    client: Client,
+}
+
+impl PostgresConnection {
+    /// The driver's client, for tools and tests that run their own SQL.
+    pub fn client(&mut self) -> &mut Client {
+        &mut self.client
+    }
+}
+
+impl ConsolidatedConnection for PostgresConnection {
+    async fn install_system_tables(&mut self) -> Result<(), DbError> {
+        schema::install_system_tables(&self.client).await
+    }
+
+    async fn set_user(&mut self, name: &str, password_hash: &str) -> Result<(), DbError> {
+        schema::set_user(&self.client, name, password_hash).await
+    }
+
+    async fn password_hash(&mut self, name: &str) -> Result<Option<String>, DbError> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT password_hash FROM rs_user WHERE name = $1",
+                &[&name],
+            )
+            .await?;
+        Ok(row.map(|row| row.get(0)))
+    }
+
+    async fn init_table(&mut self, init: &TableInit) -> Result<(), DbError> {
+        schema::init_table(&mut self.client, init).await
+    }
+
+    async fn synchronize(&mut self, request: Arc<SyncRequest>) -> Result<SyncOutcome, SyncError> {
+        sync::synchronize(&mut self.client, &request).await
+    }
+
+    async fn execute_sql(&mut self, sql: &str) -> Result<(), DbError> {
+        self.client.batch_execute(sql).await?;
+        Ok(())
+    }
+
+    async fn query_sql(&mut self, sql: &str) -> Result<Vec<Row>, DbError> {
+        let rows = self.client.query(sql, &[]).await?;
+        rows.iter()
+            .map(|row| {
+                (0..row.len())
+                    .map(|index| row.try_get::<_, value::Read>(index).map(|read| read.0))
+                    .collect::<Result<Row, _>>()
+                    .map_err(DbError::from)
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,387 @@
+//! System tables, users, table shapes and `init` (change tracking plus default
+//! scripts) for PostgreSQL.
+
+use tokio_postgres::{Client, GenericClient};
+
+use crate::plan::{Column, TableShape};
+use crate::scripts::*;
+use crate::{quote_identifier as q, DbError, TableInit};
+
+const SYSTEM_TABLES: &str = "
+CREATE TABLE IF NOT EXISTS rs_user (
+    name TEXT PRIMARY KEY,
+    password_hash TEXT NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS rs_script_version (
+    name TEXT PRIMARY KEY,
+    description TEXT NOT NULL DEFAULT '',
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS rs_script (
+    script_version TEXT NOT NULL REFERENCES rs_script_version (name),
+    table_name TEXT NOT NULL DEFAULT '',
+    event TEXT NOT NULL,
+    script TEXT NOT NULL,
+    PRIMARY KEY (script_version, table_name, event)
+);
+CREATE TABLE IF NOT EXISTS rs_subscription (
+    client_id TEXT PRIMARY KEY,
+    user_name TEXT NOT NULL,
+    script_version TEXT NOT NULL,
+    upload_sequence BIGINT NOT NULL DEFAULT 0,
+    download_watermark BIGINT NOT NULL DEFAULT 0,
+    last_sync_at TIMESTAMPTZ
+);
+CREATE TABLE IF NOT EXISTS rs_table (
+    table_name TEXT PRIMARY KEY,
+    partition_column TEXT NOT NULL
+);
+";
+
+/// The id of the current transaction as a bigint (xid8 fits for 2^63 transactions).
+pub const CURRENT_XID: &str = "(pg_current_xact_id()::text)::bigint";
+
+pub async fn install_system_tables(client: &impl GenericClient) -> Result<(), DbError> {
+    // Concurrent installers would race on CREATE TABLE IF NOT EXISTS; serialize them.
+    client
+        .batch_execute(&format!(
+            "SELECT pg_advisory_xact_lock(7261); {SYSTEM_TABLES}"
+        ))
+        .await?;
+    Ok(())
+}
+
+pub async fn set_user(client: &Client, name: &str, password_hash: &str) -> Result<(), DbError> {
+    if name.is_empty() {
+        return Err(DbError::Invalid("a user name must not be empty".into()));
+    }
+    client
+        .execute(
+            "INSERT INTO rs_user (name, password_hash) VALUES ($1, $2)
+             ON CONFLICT (name) DO UPDATE SET password_hash = excluded.password_hash",
+            &[&name, &password_hash],
+        )
+        .await?;
+    Ok(())
+}
+
+/// A table's columns (with their SQL types) and primary key, `None` if it does not exist.
+pub async fn table_shape(
+    client: &impl GenericClient,
+    table: &str,
+) -> Result<Option<(TableShape, Vec<String>)>, DbError> {
+    let rows = client
+        .query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod),
+                    COALESCE(array_position(i.indkey::int2[], a.attnum) + 1, 0)
+             FROM pg_attribute a
+             LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
+             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+             ORDER BY a.attnum",
+            &[&q(table)],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let mut keys: Vec<(i32, String)> = Vec::new();
+    let mut columns = Vec::new();
+    let mut types = Vec::new();
+    for row in rows {
+        let name: String = row.get(0);
+        let position: i32 = row.get(2);
+        if position > 0 {
+            keys.push((position, name.clone()));
+        }
+        types.push(row.get::<_, String>(1));
+        columns.push(Column { name });
+    }
+    keys.sort();
+    Ok(Some((
+        TableShape {
+            name: table.to_string(),
+            columns,
+            key_columns: keys.into_iter().map(|(_, name)| name).collect(),
+        },
+        types,
+    )))
+}
+
+pub fn row_version_table(table: &str) -> String {
+    format!("rs_rowversion_{table}")
+}
+
+pub fn tombstone_table(table: &str) -> String {
+    format!("rs_tombstone_{table}")
+}
+
+pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<(), DbError> {
+    if init.table.starts_with("rs_") {
+        return Err(DbError::Invalid(
+            "tables named rs_* are rowsync's own".into(),
+        ));
+    }
+    let transaction = client.transaction().await?;
+    install_system_tables(&transaction).await?;
+    let (shape, types) = table_shape(&transaction, &init.table)
+        .await?
+        .ok_or_else(|| DbError::Invalid(format!("table {:?} does not exist", init.table)))?;
+    if shape.key_columns.is_empty() {
+        return Err(DbError::Invalid(format!(
+            "table {:?} has no primary key; rowsync identifies rows by their primary key",
+            init.table
+        )));
+    }
+    let Some(partition_type) = shape
+        .columns
+        .iter()
+        .position(|column| column.name == init.partition_column)
+        .map(|index| types[index].clone())
+    else {
+        return Err(DbError::Invalid(format!(
+            "table {:?} has no column {:?} to partition by",
+            init.table, init.partition_column
+        )));
+    };
+    let key_types: Vec<&str> = shape
+        .key_columns
+        .iter()
+        .map(|key| {
+            let index = shape
+                .columns
+                .iter()
+                .position(|column| &column.name == key)
+                .expect("key is a column");
+            types[index].as_str()
+        })
+        .collect();
+    transaction
+        .batch_execute(&tracking_ddl(&shape, &key_types, &init.partition_column))
+        .await?;
+    transaction
+        .execute(
+            "INSERT INTO rs_table (table_name, partition_column) VALUES ($1, $2)
+             ON CONFLICT (table_name) DO UPDATE SET partition_column = excluded.partition_column",
+            &[&init.table, &init.partition_column],
+        )
+        .await?;
+    transaction
+        .execute(
+            "INSERT INTO rs_script_version (name) VALUES ($1) ON CONFLICT DO NOTHING",
+            &[&init.script_version],
+        )
+        .await?;
+    for (event, script) in default_scripts(&shape, &init.partition_column, &partition_type) {
+        transaction
+            .execute(
+                "INSERT INTO rs_script (script_version, table_name, event, script) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (script_version, table_name, event) DO UPDATE SET script = excluded.script",
+                &[&init.script_version, &init.table, &event, &script],
+            )
+            .await?;
+    }
+    transaction.commit().await?;
+    Ok(())
+}
+
+fn list(names: &[String], prefix: &str) -> String {
+    names
+        .iter()
+        .map(|name| format!("{prefix}{}", q(name)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn key_match(keys: &[String], left: &str, right: &str) -> String {
+    keys.iter()
+        .map(|key| format!("{left}.{k} = {right}.{k}", k = q(key)))
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+/// Row-version and tombstone tables, and statement-level triggers that stamp changed
+/// rows with the writing transaction's id.
+fn tracking_ddl(shape: &TableShape, key_types: &[&str], partition_column: &str) -> String {
+    let name = &shape.name;
+    let table = q(name);
+    let versions = q(&row_version_table(name));
+    let tombstones = q(&tombstone_table(name));
+    let keys = &shape.key_columns;
+    let key_columns = list(keys, "");
+    let key_definitions = keys
+        .iter()
+        .zip(key_types)
+        .map(|(key, ty)| format!("{} {ty}", q(key)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let partition = q(partition_column);
+    let function = |kind: &str| q(&format!("rs_track_{kind}_{name}"));
+    let trigger = |kind: &str| q(&format!("rs_{kind}_{name}"));
+    let new_keys = list(keys, "n.");
+    let old_keys = list(keys, "o.");
+    let stamp_new = format!(
+        "INSERT INTO {versions} ({key_columns}, xid) SELECT {new_keys}, {CURRENT_XID} FROM rs_new AS n
+             ON CONFLICT ({key_columns}) DO UPDATE SET xid = excluded.xid;
+         DELETE FROM {tombstones} AS t USING rs_new AS n WHERE {tn} AND t.rs_partition = n.{partition}::text;",
+        tn = key_match(keys, "t", "n"),
+    );
+    let tombstone_old = |condition: &str| {
+        format!(
+            "INSERT INTO {tombstones} ({key_columns}, rs_partition, xid)
+                 SELECT {old_keys}, o.{partition}::text, {CURRENT_XID} FROM rs_old AS o
+                 WHERE o.{partition} IS NOT NULL {condition}
+                 ON CONFLICT ({key_columns}, rs_partition) DO UPDATE SET xid = excluded.xid;"
+        )
+    };
+    format!(
+        "
+CREATE TABLE IF NOT EXISTS {versions} ({key_definitions}, xid BIGINT NOT NULL, PRIMARY KEY ({key_columns}));
+CREATE INDEX IF NOT EXISTS {versions_index} ON {versions} (xid);
+CREATE TABLE IF NOT EXISTS {tombstones} ({key_definitions}, rs_partition TEXT NOT NULL, xid BIGINT NOT NULL, PRIMARY KEY ({key_columns}, rs_partition));
+CREATE INDEX IF NOT EXISTS {tombstones_index} ON {tombstones} (xid);
+INSERT INTO {versions} ({key_columns}, xid) SELECT {key_columns}, {CURRENT_XID} FROM {table} ON CONFLICT DO NOTHING;
+
+CREATE OR REPLACE FUNCTION {insert_function}() RETURNS trigger LANGUAGE plpgsql AS $rs$
+BEGIN
+    {stamp_new}
+    RETURN NULL;
+END $rs$;
+CREATE OR REPLACE FUNCTION {update_function}() RETURNS trigger LANGUAGE plpgsql AS $rs$
+BEGIN
+    -- A row that left its key or its partition leaves a tombstone for its old owner.
+    {tombstone_moved}
+    DELETE FROM {versions} AS v USING rs_old AS o WHERE {vo}
+        AND NOT EXISTS (SELECT 1 FROM rs_new AS n WHERE {no});
+    {stamp_new}
+    RETURN NULL;
+END $rs$;
+CREATE OR REPLACE FUNCTION {delete_function}() RETURNS trigger LANGUAGE plpgsql AS $rs$
+BEGIN
+    DELETE FROM {versions} AS v USING rs_old AS o WHERE {vo};
+    {tombstone_deleted}
+    RETURN NULL;
+END $rs$;
+DROP TRIGGER IF EXISTS {insert_trigger} ON {table};
+CREATE TRIGGER {insert_trigger} AFTER INSERT ON {table} REFERENCING NEW TABLE AS rs_new
+    FOR EACH STATEMENT EXECUTE FUNCTION {insert_function}();
+DROP TRIGGER IF EXISTS {update_trigger} ON {table};
+CREATE TRIGGER {update_trigger} AFTER UPDATE ON {table} REFERENCING OLD TABLE AS rs_old NEW TABLE AS rs_new
+    FOR EACH STATEMENT EXECUTE FUNCTION {update_function}();
+DROP TRIGGER IF EXISTS {delete_trigger} ON {table};
+CREATE TRIGGER {delete_trigger} AFTER DELETE ON {table} REFERENCING OLD TABLE AS rs_old
+    FOR EACH STATEMENT EXECUTE FUNCTION {delete_function}();
+",
+        versions_index = q(&format!("{}_xid", row_version_table(name))),
+        tombstones_index = q(&format!("{}_xid", tombstone_table(name))),
+        insert_function = function("insert"),
+        update_function = function("update"),
+        delete_function = function("delete"),
+        insert_trigger = trigger("insert"),
+        update_trigger = trigger("update"),
+        delete_trigger = trigger("delete"),
+        tombstone_moved = tombstone_old(&format!(
+            "AND NOT EXISTS (SELECT 1 FROM rs_new AS n WHERE {no} AND n.{partition} IS NOT DISTINCT FROM o.{partition})",
+            no = key_match(keys, "n", "o")
+        )),
+        tombstone_deleted = tombstone_old(""),
+        vo = key_match(keys, "v", "o"),
+        no = key_match(keys, "n", "o"),
+    )
+}
+
+/// The default set scripts. Upload scripts return the keys they applied, so the server
+/// finds conflicts (staged keys not returned) in the same statement.
+pub fn default_scripts(
+    shape: &TableShape,
+    partition_column: &str,
+    partition_type: &str,
+) -> Vec<(&'static str, String)> {
+    let table = q(&shape.name);
+    let partition = q(partition_column);
+    // The user name compared in the partition column's own type, so its index is usable.
+    let user = if matches!(partition_type, "text" | "character varying")
+        || partition_type.starts_with("character varying(")
+    {
+        ":user::text".to_string()
+    } else {
+        format!("CAST(:user::text AS {partition_type})")
+    };
+    let all: Vec<String> = shape
+        .columns
+        .iter()
+        .map(|column| column.name.clone())
+        .collect();
+    let keys = &shape.key_columns;
+    let non_keys: Vec<&String> = all.iter().filter(|name| !keys.contains(name)).collect();
+    let columns = list(&all, "");
+    let returning_keys = list(keys, &format!("{table}."));
+    let set_new = if non_keys.is_empty() {
+        format!("{k} = u.{k}", k = q(&keys[0]))
+    } else {
+        non_keys
+            .iter()
+            .map(|name| format!("{c} = u.{c}", c = q(name)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let old_matches = all
+        .iter()
+        .map(|name| {
+            format!(
+                "{table}.{c} IS NOT DISTINCT FROM u.{old}",
+                c = q(name),
+                old = q(&format!("{OLD_IMAGE_PREFIX}{name}"))
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let table_columns = list(&all, "t.");
+    vec![
+        (
+            UPLOAD_INSERT,
+            format!(
+                "INSERT INTO {table} ({columns}) SELECT {columns} FROM {UPLOAD_PLACEHOLDER} WHERE {partition} = {user} \
+                 ON CONFLICT DO NOTHING RETURNING {returning_keys}"
+            ),
+        ),
+        (
+            UPLOAD_UPDATE,
+            format!(
+                "UPDATE {table} SET {set_new} FROM {UPLOAD_PLACEHOLDER} AS u WHERE {m} AND {table}.{partition} = {user} \
+                 AND u.{partition} = {user} AND {old_matches} RETURNING {returning_keys}",
+                m = key_match(keys, &table, "u")
+            ),
+        ),
+        (
+            UPLOAD_DELETE,
+            format!(
+                "DELETE FROM {table} USING {UPLOAD_PLACEHOLDER} AS u WHERE {m} AND {table}.{partition} = {user} RETURNING {returning_keys}",
+                m = key_match(keys, &table, "u")
+            ),
+        ),
+        (
+            UPLOAD_FETCH,
+            format!(
+                "SELECT {table_columns} FROM {table} AS t JOIN {KEYS_PLACEHOLDER} AS k ON {m} WHERE t.{partition} = {user}",
+                m = key_match(keys, "t", "k")
+            ),
+        ),
+        (
+            DOWNLOAD_CURSOR,
+            format!(
+                "SELECT {table_columns} FROM {table} AS t JOIN {versions} AS v ON {m} WHERE v.xid >= :last_download AND t.{partition} = {user}",
+                versions = q(&row_version_table(&shape.name)),
+                m = key_match(keys, "v", "t")
+            ),
+        ),
+        (
+            DOWNLOAD_DELETE_CURSOR,
+            format!(
+                "SELECT {key_list} FROM {tombstones} WHERE xid >= :last_download AND rs_partition = :user::text",
+                key_list = list(keys, ""),
+                tombstones = q(&tombstone_table(&shape.name)),
+            ),
+        ),
+    ]
+}

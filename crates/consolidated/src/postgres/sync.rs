@@ -1,0 +1,593 @@
+//! One sync against PostgreSQL, in one transaction.
+
+use std::collections::HashMap;
+
+use futures_util::pin_mut;
+use rowsync_protocol::{Row, SyncSummary, TableUpload, Value};
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Transaction};
+
+use super::schema::table_shape;
+use super::value::{Bind, Read};
+use crate::plan::{
+    assemble_download, positional_parameters, validate_upload_shape, Parameters, Resolution,
+    ScriptRows, Scripts, TableShape,
+};
+use crate::scripts::*;
+use crate::{quote_identifier as q, SyncError, SyncOutcome, SyncRequest};
+
+/// Staged rows above which the staging table is analyzed before the script runs, so the
+/// planner joins it by hash rather than by nested loop.
+const STAGE_ANALYZE_ROWS_MIN: usize = 1000;
+
+/// The download watermark: the lowest transaction id that may still be running, so
+/// every transaction below it (but ours) has finished and is visible to the download
+/// cursors, which run after this.
+///
+/// A snapshot lists running ids only below its `xmax` (the latest completed id + 1),
+/// which is at or below our own id; ids between `xmax` and ours are checked one by one
+/// with `pg_xact_status`. With none running, the watermark is just above our own id, so
+/// the rows this sync wrote are not downloaded again by the next one.
+const WATERMARK_QUERY: &str = "
+WITH s AS (
+    SELECT (pg_snapshot_xmax(pg_current_snapshot())::text)::bigint AS xmax,
+           (pg_current_xact_id_if_assigned()::text)::bigint AS own
+), running AS (
+    SELECT (x::text)::bigint AS xid FROM pg_snapshot_xip(pg_current_snapshot()) AS x
+    UNION ALL
+    SELECT g FROM s, generate_series(s.xmax, s.own - 1) AS g
+    WHERE pg_xact_status((g::text)::xid8) = 'in progress'
+)
+SELECT COALESCE((SELECT min(xid) FROM running), (SELECT GREATEST(xmax, own + 1) FROM s))";
+
+pub async fn synchronize(
+    client: &mut Client,
+    request: &SyncRequest,
+) -> Result<SyncOutcome, SyncError> {
+    let transaction = client.transaction().await?;
+    let locked: bool = transaction
+        .query_one(
+            "SELECT pg_try_advisory_xact_lock(7262, hashtext($1))",
+            &[&request.client_id],
+        )
+        .await?
+        .get(0);
+    if !locked {
+        return Err(SyncError::AlreadySynchronizing {
+            client_id: request.client_id.clone(),
+        });
+    }
+    let scripts = load_scripts(&transaction, &request.script_version).await?;
+    let subscription = transaction
+        .query_opt(
+            "SELECT user_name, upload_sequence FROM rs_subscription WHERE client_id = $1",
+            &[&request.client_id],
+        )
+        .await?;
+    let applied_sequence: i64 = match subscription {
+        Some(row) if row.get::<_, String>(0) != request.user => {
+            return Err(SyncError::ClientIdTaken {
+                client_id: request.client_id.clone(),
+            })
+        }
+        Some(row) => row.get(1),
+        None => 0,
+    };
+    let upload_sequence = i64::try_from(request.upload_sequence).map_err(|_| {
+        SyncError::Schema(format!(
+            "upload sequence {} is out of range",
+            request.upload_sequence
+        ))
+    })?;
+    let parameters = Parameters {
+        user: &request.user,
+        client_id: &request.client_id,
+        script_version: &request.script_version,
+        last_download: request.last_download_watermark,
+        upload_sequence,
+    };
+    let upload_already_applied = upload_sequence <= applied_sequence;
+    let mut resolutions: HashMap<&str, Resolution> = HashMap::new();
+    let mut conflicts = 0;
+    if !upload_already_applied {
+        for upload in &request.tables {
+            if resolutions.contains_key(upload.table.as_str()) {
+                return Err(SyncError::Schema(format!(
+                    "table {:?} appears twice in one upload",
+                    upload.table
+                )));
+            }
+            let resolution = apply_table(&transaction, &scripts, upload, &parameters).await?;
+            conflicts += resolution.conflict_count;
+            resolutions.insert(&upload.table, resolution);
+        }
+    }
+    // Taken before the download is read: the cursors' later snapshots see every
+    // transaction below it.
+    let watermark: i64 = transaction.query_one(WATERMARK_QUERY, &[]).await?.get(0);
+    let mut downloads = Vec::new();
+    for table in scripts.download_tables() {
+        let shape = shape_of(&transaction, table).await?;
+        let cursor = match scripts.get(table, DOWNLOAD_CURSOR) {
+            Some(_) => Some(
+                query_script(
+                    &transaction,
+                    &scripts,
+                    table,
+                    DOWNLOAD_CURSOR,
+                    &[],
+                    &parameters,
+                )
+                .await?,
+            ),
+            None => None,
+        };
+        let delete_cursor = match scripts.get(table, DOWNLOAD_DELETE_CURSOR) {
+            Some(_) => Some(
+                query_script(
+                    &transaction,
+                    &scripts,
+                    table,
+                    DOWNLOAD_DELETE_CURSOR,
+                    &[],
+                    &parameters,
+                )
+                .await?,
+            ),
+            None => None,
+        };
+        let download = assemble_download(&shape, cursor, delete_cursor, resolutions.get(table))?;
+        if !download.upserts.is_empty() || !download.deletes.is_empty() {
+            downloads.push(download);
+        }
+    }
+    transaction
+        .execute(
+            "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark, last_sync_at)
+             VALUES ($1, $2, $3, $4, $5, now())
+             ON CONFLICT (client_id) DO UPDATE SET
+                 script_version = excluded.script_version,
+                 upload_sequence = greatest(rs_subscription.upload_sequence, excluded.upload_sequence),
+                 download_watermark = excluded.download_watermark,
+                 last_sync_at = excluded.last_sync_at",
+            &[&request.client_id, &request.user, &request.script_version, &upload_sequence, &watermark],
+        )
+        .await?;
+    transaction.commit().await?;
+    Ok(SyncOutcome {
+        downloads,
+        watermark,
+        summary: SyncSummary {
+            rows_uploaded: request.upload_operation_count(),
+            conflicts,
+            upload_already_applied,
+        },
+    })
+}
+
+async fn load_scripts(transaction: &Transaction<'_>, version: &str) -> Result<Scripts, SyncError> {
+    let exists: bool = transaction
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM rs_script_version WHERE name = $1)",
+            &[&version],
+        )
+        .await?
+        .get(0);
+    if !exists {
+        return Err(SyncError::UnknownScriptVersion(version.to_string()));
+    }
+    let rows = transaction
+        .query(
+            "SELECT table_name, event, script FROM rs_script WHERE script_version = $1",
+            &[&version],
+        )
+        .await?;
+    Ok(Scripts::new(
+        version,
+        rows.into_iter()
+            .map(|row| ((row.get(0), row.get(1)), row.get(2))),
+    ))
+}
+
+async fn shape_of(transaction: &Transaction<'_>, table: &str) -> Result<TableShape, SyncError> {
+    table_shape(transaction, table)
+        .await?
+        .map(|(shape, _)| shape)
+        .ok_or_else(|| {
+            SyncError::Schema(format!(
+                "table {table:?} does not exist in the consolidated database"
+            ))
+        })
+}
+
+/// The message of a database error, with its detail, for the client.
+fn describe(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => match db.detail() {
+            Some(detail) => format!("{} ({detail})", db.message()),
+            None => db.message().to_string(),
+        },
+        None => {
+            let mut text = error.to_string();
+            let mut source = std::error::Error::source(error);
+            while let Some(cause) = source {
+                text.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            text
+        }
+    }
+}
+
+fn script_failure(event: &str, table: &str, error: &tokio_postgres::Error) -> SyncError {
+    SyncError::Script {
+        event: event.to_string(),
+        table: table.to_string(),
+        message: describe(error),
+    }
+}
+
+/// A temporary staging table, dropped at commit or rollback.
+struct Stage {
+    name: String,
+    columns: Vec<String>,
+    key_columns: Vec<String>,
+}
+
+impl Stage {
+    async fn create(
+        transaction: &Transaction<'_>,
+        kind: &str,
+        shape: &TableShape,
+        columns: &[String],
+        with_old_image: bool,
+    ) -> Result<Stage, SyncError> {
+        let name = q(&format!("rs_stage_{kind}_{}", shape.name));
+        let mut select: Vec<String> = columns.iter().map(|column| q(column)).collect();
+        let mut staged = columns.to_vec();
+        if with_old_image {
+            for column in columns {
+                let old = format!("{OLD_IMAGE_PREFIX}{column}");
+                select.push(format!("{} AS {}", q(column), q(&old)));
+                staged.push(old);
+            }
+        }
+        transaction
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS pg_temp.{name}; CREATE TEMP TABLE {name} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA",
+                select.join(", "),
+                q(&shape.name)
+            ))
+            .await?;
+        Ok(Stage {
+            name: format!("pg_temp.{name}"),
+            columns: staged,
+            key_columns: shape.key_columns.clone(),
+        })
+    }
+
+    /// Loads rows with binary COPY; a value a column cannot take is refused by name.
+    async fn load<'r>(
+        &self,
+        transaction: &Transaction<'_>,
+        table: &str,
+        rows: impl Iterator<Item = &'r [Value]>,
+        row_count: usize,
+    ) -> Result<(), SyncError> {
+        let columns = self
+            .columns
+            .iter()
+            .map(|c| q(c))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let types: Vec<Type> = transaction
+            .prepare(&format!("SELECT {columns} FROM {}", self.name))
+            .await?
+            .columns()
+            .iter()
+            .map(|column| column.type_().clone())
+            .collect();
+        let sink = transaction
+            .copy_in(&format!(
+                "COPY {} ({columns}) FROM STDIN (FORMAT binary)",
+                self.name
+            ))
+            .await?;
+        let writer = BinaryCopyInWriter::new(sink, &types);
+        pin_mut!(writer);
+        let refuse = |error: tokio_postgres::Error| {
+            SyncError::Schema(format!(
+                "upload of table {table:?} holds a value its column cannot take: {}",
+                describe(&error)
+            ))
+        };
+        for row in rows {
+            let binds = binds_of(row);
+            writer
+                .as_mut()
+                .write_raw(binds.iter())
+                .await
+                .map_err(refuse)?;
+        }
+        writer.finish().await.map_err(refuse)?;
+        if row_count >= STAGE_ANALYZE_ROWS_MIN {
+            transaction
+                .batch_execute(&format!("ANALYZE {}", self.name))
+                .await?;
+        }
+        Ok(())
+    }
+
+    fn key_list(&self, alias: &str) -> String {
+        self.key_columns
+            .iter()
+            .map(|k| format!("{alias}.{}", q(k)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn key_match(&self, left: &str, right: &str) -> String {
+        self.key_columns
+            .iter()
+            .map(|k| format!("{left}.{k} = {right}.{k}", k = q(k)))
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    }
+}
+
+fn binds_of(values: &[Value]) -> Vec<Bind<'_>> {
+    values.iter().map(Bind).collect()
+}
+
+/// Binds a script's named parameters as positional ones.
+fn bind_script(
+    sql: &str,
+    parameters: &Parameters,
+    table: &str,
+    event: &str,
+) -> Result<(String, Vec<Value>), SyncError> {
+    let (sql, names) = positional_parameters(sql);
+    let values = names
+        .iter()
+        .map(|name| parameters.value(name, table, event))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((sql, values))
+}
+
+async fn query_rows(
+    transaction: &Transaction<'_>,
+    sql: &str,
+    values: &[Value],
+) -> Result<(Vec<String>, Vec<Row>), tokio_postgres::Error> {
+    let statement = transaction.prepare(sql).await?;
+    let binds = binds_of(values);
+    let parameters: Vec<&(dyn ToSql + Sync)> = binds
+        .iter()
+        .map(|bind| bind as &(dyn ToSql + Sync))
+        .collect();
+    let rows = transaction.query(&statement, &parameters).await?;
+    let columns = statement
+        .columns()
+        .iter()
+        .map(|column| column.name().to_string())
+        .collect();
+    let rows = rows
+        .iter()
+        .map(|row| {
+            (0..row.len())
+                .map(|index| row.try_get::<_, Read>(index).map(|read| read.0))
+                .collect()
+        })
+        .collect::<Result<Vec<Row>, _>>()?;
+    Ok((columns, rows))
+}
+
+async fn query_script(
+    transaction: &Transaction<'_>,
+    scripts: &Scripts,
+    table: &str,
+    event: &str,
+    substitutions: &[(&str, &str)],
+    parameters: &Parameters<'_>,
+) -> Result<ScriptRows, SyncError> {
+    let sql = scripts.expand(table, event, substitutions)?;
+    let (sql, values) = bind_script(&sql, parameters, table, event)?;
+    query_rows(transaction, &sql, &values)
+        .await
+        .map_err(|error| script_failure(event, table, &error))
+}
+
+/// Runs an upload set script over its staging table and returns the staged keys that
+/// did not land as sent. A script that returns the keys it applied (`RETURNING`) is
+/// wrapped so the same statement reports the others; any other script is followed by
+/// one comparison query when it changed fewer rows than were staged.
+/// What every upload script of one table runs with.
+struct TableContext<'a> {
+    scripts: &'a Scripts,
+    shape: &'a TableShape,
+    parameters: &'a Parameters<'a>,
+    partition_column: Option<&'a str>,
+}
+
+async fn apply_script(
+    transaction: &Transaction<'_>,
+    context: &TableContext<'_>,
+    event: &str,
+    stage: &Stage,
+    staged_rows: usize,
+) -> Result<Vec<Row>, SyncError> {
+    let TableContext {
+        scripts,
+        shape,
+        parameters,
+        partition_column,
+    } = *context;
+    let table = shape.name.as_str();
+    let script = scripts.expand(table, event, &[(UPLOAD_PLACEHOLDER, &stage.name)])?;
+    let target = q(table);
+    let is_delete = event == UPLOAD_DELETE;
+    // Deletes of keys already gone are not conflicts: only keys still present are.
+    let still_present = format!(
+        "EXISTS (SELECT 1 FROM {target} AS t WHERE {})",
+        stage.key_match("t", "s")
+    );
+    if script.to_ascii_lowercase().contains("returning") {
+        let unmatched = if is_delete {
+            format!(" AND {still_present}")
+        } else {
+            String::new()
+        };
+        let wrapped = format!(
+            "WITH rs_applied AS ({script}) SELECT {keys} FROM {stage} AS s \
+             WHERE NOT EXISTS (SELECT 1 FROM rs_applied AS a WHERE {m}){unmatched}",
+            keys = stage.key_list("s"),
+            stage = stage.name,
+            m = stage.key_match("a", "s"),
+        );
+        let (sql, values) = bind_script(&wrapped, parameters, table, event)?;
+        let (_, keys) = query_rows(transaction, &sql, &values)
+            .await
+            .map_err(|error| script_failure(event, table, &error))?;
+        return Ok(keys);
+    }
+    let (sql, values) = bind_script(&script, parameters, table, event)?;
+    let binds = binds_of(&values);
+    let params: Vec<&(dyn ToSql + Sync)> = binds
+        .iter()
+        .map(|bind| bind as &(dyn ToSql + Sync))
+        .collect();
+    let changed = transaction
+        .execute(&sql, &params)
+        .await
+        .map_err(|error| script_failure(event, table, &error))? as usize;
+    if changed >= staged_rows && !is_delete {
+        return Ok(Vec::new());
+    }
+    let condition = if is_delete {
+        still_present
+    } else {
+        let mut matches: Vec<String> = stage
+            .columns
+            .iter()
+            .filter(|column| !column.starts_with(OLD_IMAGE_PREFIX))
+            .map(|column| format!("t.{c} IS NOT DISTINCT FROM s.{c}", c = q(column)))
+            .collect();
+        if let Some(partition) = partition_column {
+            matches.push(format!("t.{}::text = $1", q(partition)));
+        }
+        format!(
+            "NOT EXISTS (SELECT 1 FROM {target} AS t WHERE {})",
+            matches.join(" AND ")
+        )
+    };
+    let sql = format!(
+        "SELECT {} FROM {} AS s WHERE {condition}",
+        stage.key_list("s"),
+        stage.name
+    );
+    let values = if !is_delete && partition_column.is_some() {
+        vec![Value::Text(parameters.user.to_string())]
+    } else {
+        Vec::new()
+    };
+    Ok(query_rows(transaction, &sql, &values).await?.1)
+}
+
+async fn apply_table(
+    transaction: &Transaction<'_>,
+    scripts: &Scripts,
+    upload: &TableUpload,
+    parameters: &Parameters<'_>,
+) -> Result<Resolution, SyncError> {
+    let table = upload.table.as_str();
+    scripts.check_synchronizes(table)?;
+    let shape = shape_of(transaction, table).await?;
+    let key_positions = validate_upload_shape(upload, &shape)?;
+    let partition_column: Option<String> = transaction
+        .query_opt(
+            "SELECT partition_column FROM rs_table WHERE table_name = $1",
+            &[&table],
+        )
+        .await?
+        .map(|row| row.get(0));
+    let context = TableContext {
+        scripts,
+        shape: &shape,
+        parameters,
+        partition_column: partition_column.as_deref(),
+    };
+    let mut resolution = Resolution::default();
+    let mut conflict_keys: Vec<Row> = Vec::new();
+    if !upload.inserts.is_empty() {
+        let stage = Stage::create(transaction, "insert", &shape, &upload.columns, false).await?;
+        let count = upload.inserts.len();
+        stage
+            .load(
+                transaction,
+                table,
+                upload.inserts.iter().map(|row| row.as_slice()),
+                count,
+            )
+            .await?;
+        conflict_keys
+            .extend(apply_script(transaction, &context, UPLOAD_INSERT, &stage, count).await?);
+    }
+    if !upload.updates.is_empty() {
+        let stage = Stage::create(transaction, "update", &shape, &upload.columns, true).await?;
+        let count = upload.updates.len();
+        let rows: Vec<Row> = upload
+            .updates
+            .iter()
+            .map(|update| update.new.iter().chain(&update.old).cloned().collect())
+            .collect();
+        stage
+            .load(
+                transaction,
+                table,
+                rows.iter().map(|row| row.as_slice()),
+                count,
+            )
+            .await?;
+        conflict_keys
+            .extend(apply_script(transaction, &context, UPLOAD_UPDATE, &stage, count).await?);
+    }
+    if !upload.deletes.is_empty() {
+        let stage =
+            Stage::create(transaction, "delete", &shape, &upload.key_columns, false).await?;
+        let count = upload.deletes.len();
+        stage
+            .load(
+                transaction,
+                table,
+                upload.deletes.iter().map(|row| row.as_slice()),
+                count,
+            )
+            .await?;
+        conflict_keys
+            .extend(apply_script(transaction, &context, UPLOAD_DELETE, &stage, count).await?);
+    }
+    resolution.record_upload(upload, &key_positions);
+    if !conflict_keys.is_empty() {
+        let stage = Stage::create(transaction, "keys", &shape, &shape.key_columns, false).await?;
+        stage
+            .load(
+                transaction,
+                table,
+                conflict_keys.iter().map(|row| row.as_slice()),
+                conflict_keys.len(),
+            )
+            .await?;
+        let (columns, rows) = query_script(
+            transaction,
+            scripts,
+            table,
+            UPLOAD_FETCH,
+            &[(KEYS_PLACEHOLDER, &stage.name)],
+            parameters,
+        )
+        .await?;
+        resolution.resolve(&shape, conflict_keys, columns, rows)?;
+    }
+    Ok(resolution)
+}

@@ -1,0 +1,219 @@
+//! A throwaway PostgreSQL cluster for tests.
+//!
+//! [`postgres`] starts one cluster per test process, on first use: `initdb` from the
+//! PostgreSQL packages (found with `pg_config --bindir`, or `ROWSYNC_PG_BINDIR`) into a
+//! temporary directory, a free loopback port, no network listener beyond 127.0.0.1.
+//! When run as root, the cluster runs as the unprivileged user `nobody`. A watchdog
+//! process stops the cluster when the test process exits, however it exits.
+//!
+//! Set `ROWSYNC_TEST_POSTGRES_URL` (for example `postgres://me@localhost:5432/postgres`)
+//! to use an existing server instead; tests then create and drop their own databases
+//! on it.
+//!
+//! Each test takes a fresh database from [`PgCluster::fresh_database`].
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+/// The unprivileged user a cluster runs as when tests run as root.
+const UNPRIVILEGED_UID: u32 = 65534;
+const UNPRIVILEGED_GID: u32 = 65534;
+
+pub struct PgCluster {
+    /// `postgres://user@host:port` without a database name.
+    base_url: String,
+    bin_dir: Option<PathBuf>,
+    /// Keeps the cluster's directory alive for the life of the process.
+    _dir: Option<tempfile::TempDir>,
+    databases_created: AtomicUsize,
+}
+
+/// The process-wide cluster, started on first use.
+pub fn postgres() -> &'static PgCluster {
+    static CLUSTER: OnceLock<PgCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| match std::env::var("ROWSYNC_TEST_POSTGRES_URL") {
+        Ok(url) => PgCluster {
+            base_url: url
+                .rsplit_once('/')
+                .map(|(base, _)| base.to_string())
+                .unwrap_or(url),
+            bin_dir: None,
+            _dir: None,
+            databases_created: AtomicUsize::new(0),
+        },
+        Err(_) => PgCluster::start()
+            .unwrap_or_else(|error| panic!("starting a throwaway PostgreSQL cluster: {error}")),
+    })
+}
+
+fn bin_dir() -> Result<PathBuf, String> {
+    if let Ok(dir) = std::env::var("ROWSYNC_PG_BINDIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    let output = Command::new("pg_config")
+        .arg("--bindir")
+        .output()
+        .map_err(|error| format!("running pg_config (install the postgresql package): {error}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "pg_config --bindir failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    if dir.join("initdb").exists() {
+        return Ok(dir);
+    }
+    // Debian's pg_config may point at /usr/bin, where initdb is not linked.
+    for version in ["17", "16", "15", "14"] {
+        let candidate = PathBuf::from(format!("/usr/lib/postgresql/{version}/bin"));
+        if candidate.join("initdb").exists() {
+            return Ok(candidate);
+        }
+    }
+    Err(format!(
+        "no initdb in {} (install postgresql-15)",
+        dir.display()
+    ))
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn run(command: &mut Command, what: &str) -> Result<(), String> {
+    let output = command
+        .output()
+        .map_err(|error| format!("{what}: {error}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} failed ({}): {}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .map_err(|error| format!("finding a free port: {error}"))?;
+    Ok(listener
+        .local_addr()
+        .map_err(|error| error.to_string())?
+        .port())
+}
+
+impl PgCluster {
+    fn start() -> Result<PgCluster, String> {
+        let bin = bin_dir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("rowsync-pg-")
+            .tempdir()
+            .map_err(|error| format!("creating a temporary directory: {error}"))?;
+        let root = is_root();
+        if root {
+            std::os::unix::fs::chown(dir.path(), Some(UNPRIVILEGED_UID), Some(UNPRIVILEGED_GID))
+                .map_err(|error| format!("handing {} to nobody: {error}", dir.path().display()))?;
+        }
+        let data = dir.path().join("data");
+        let as_cluster_user = |command: &mut Command| {
+            if root {
+                command.uid(UNPRIVILEGED_UID).gid(UNPRIVILEGED_GID);
+            }
+            command.current_dir(dir.path()).env_remove("PGDATA");
+        };
+        let mut initdb = Command::new(bin.join("initdb"));
+        initdb.arg("-D").arg(&data).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        ]);
+        as_cluster_user(&mut initdb);
+        run(&mut initdb, "initdb")?;
+
+        let port = free_port()?;
+        let options = format!(
+            "-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='{}' -c fsync=off \
+             -c synchronous_commit=off -c full_page_writes=off -c max_connections=200",
+            dir.path().display()
+        );
+        let mut start = Command::new(bin.join("pg_ctl"));
+        start
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(dir.path().join("server.log"))
+            .args(["-o", &options, "-w", "-t", "60", "start"]);
+        as_cluster_user(&mut start);
+        run(&mut start, "pg_ctl start")?;
+        spawn_watchdog(&bin, &data, root)?;
+        Ok(PgCluster {
+            base_url: format!("postgres://postgres@127.0.0.1:{port}"),
+            bin_dir: Some(bin),
+            _dir: Some(dir),
+            databases_created: AtomicUsize::new(0),
+        })
+    }
+
+    /// `postgres://user@host:port/name`
+    pub fn url(&self, database: &str) -> String {
+        format!("{}/{database}", self.base_url)
+    }
+
+    /// The directory of the PostgreSQL programs, when this process started the cluster.
+    pub fn bin_dir(&self) -> Option<&Path> {
+        self.bin_dir.as_deref()
+    }
+
+    /// A name for a new, empty database, unique in this process; the caller creates it
+    /// (`CREATE DATABASE`) through its own driver, so this crate needs none.
+    pub fn fresh_database_name(&self, prefix: &str) -> String {
+        let n = self.databases_created.fetch_add(1, Ordering::SeqCst);
+        format!("{prefix}_{}_{n}", std::process::id())
+    }
+}
+
+/// A shell that waits for this process to end, then stops the cluster, so no test run
+/// leaves a server behind, even after a panic or abort.
+fn spawn_watchdog(bin: &Path, data: &Path, root: bool) -> Result<(), String> {
+    let script = format!(
+        "while [ -e /proc/{pid} ]; do sleep 1; done; '{pg_ctl}' -D '{data}' -m immediate -w stop >/dev/null 2>&1; rm -rf '{dir}'",
+        pid = std::process::id(),
+        pg_ctl = bin.join("pg_ctl").display(),
+        data = data.display(),
+        dir = data.parent().unwrap_or(data).display(),
+    );
+    let mut watchdog = Command::new("sh");
+    watchdog
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if root {
+        watchdog.uid(UNPRIVILEGED_UID).gid(UNPRIVILEGED_GID);
+    }
+    // SAFETY: setsid is async-signal-safe; it detaches the watchdog from our process group
+    // so a ^C to the tests does not kill it before it has stopped the cluster.
+    unsafe {
+        watchdog.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    watchdog
+        .spawn()
+        .map_err(|error| format!("starting the cluster watchdog: {error}"))?;
+    Ok(())
+}
