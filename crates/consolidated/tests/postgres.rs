@@ -13,6 +13,8 @@ struct PostgresFactory;
 
 struct PostgresSql {
     client: Client,
+    /// Held for the whole test: see `rowsync_testkit::exclusive`.
+    _exclusive: tokio::sync::OwnedMutexGuard<()>,
 }
 
 async fn connect(url: &str) -> Client {
@@ -28,6 +30,7 @@ impl Factory for PostgresFactory {
     type Sql = PostgresSql;
 
     async fn create() -> (PostgresConsolidated, PostgresSql) {
+        let exclusive = rowsync_testkit::exclusive().await;
         let cluster = rowsync_testkit::postgres();
         let database = cluster.fresh_database_name("conformance");
         connect(&cluster.url("postgres"))
@@ -40,6 +43,7 @@ impl Factory for PostgresFactory {
             PostgresConsolidated::new(&url),
             PostgresSql {
                 client: connect(&url).await,
+                _exclusive: exclusive,
             },
         )
     }

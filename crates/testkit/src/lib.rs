@@ -10,7 +10,12 @@
 //! to use an existing server instead; tests then create and drop their own databases
 //! on it.
 //!
-//! Each test takes a fresh database from [`PgCluster::fresh_database`].
+//! Each test takes a fresh database named by [`PgCluster::fresh_database_name`].
+//!
+//! Transaction ids are cluster-wide, so a transaction open in one test's database holds
+//! back the download watermark of syncs in every other database (safe: those rows are
+//! downloaded again, never missed). Tests that assert exact downloads take
+//! [`exclusive`] for their whole run; autovacuum is off for the same reason.
 
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
@@ -48,6 +53,13 @@ pub fn postgres() -> &'static PgCluster {
         Err(_) => PgCluster::start()
             .unwrap_or_else(|error| panic!("starting a throwaway PostgreSQL cluster: {error}")),
     })
+}
+
+/// Serializes the tests that hold it: one at a time per process.
+pub async fn exclusive() -> tokio::sync::OwnedMutexGuard<()> {
+    static LOCK: OnceLock<std::sync::Arc<tokio::sync::Mutex<()>>> = OnceLock::new();
+    let lock = LOCK.get_or_init(|| std::sync::Arc::new(tokio::sync::Mutex::new(())));
+    std::sync::Arc::clone(lock).lock_owned().await
 }
 
 fn bin_dir() -> Result<PathBuf, String> {
@@ -146,7 +158,7 @@ impl PgCluster {
         let port = free_port()?;
         let options = format!(
             "-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='{}' -c fsync=off \
-             -c synchronous_commit=off -c full_page_writes=off -c max_connections=200",
+             -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 -c autovacuum=off",
             dir.path().display()
         );
         let mut start = Command::new(bin.join("pg_ctl"));
