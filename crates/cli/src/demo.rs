@@ -1,4 +1,6 @@
-//! `rowsync demo`: a complete sync loop on an embedded SQLite consolidated database.
+//! `rowsync demo`: a complete sync loop, on an embedded SQLite consolidated database by
+//! default or on PostgreSQL (`--db postgres://...`, a scratch database: the demo drops
+//! and recreates its own tables there).
 //!
 //! Starts a server on a free loopback port, creates client databases for three users,
 //! changes data on both sides (including one conflicting update), syncs, prints what
@@ -11,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use rowsync_client::{Client, SyncOptions, SyncReport};
+use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::sqlite::SqliteConsolidated;
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
 use rowsync_protocol::Value;
@@ -30,6 +33,9 @@ const TABLE_DDL: &str = "CREATE TABLE orders (
 )";
 
 pub struct DemoOptions {
+    /// The consolidated database: a `postgres://` URL or a SQLite file path; a SQLite
+    /// file in the demo's directory when `None`.
+    pub db: Option<String>,
     pub clients: usize,
     pub bulk_rows: usize,
     /// Keep the databases here; a temporary directory otherwise.
@@ -93,16 +99,34 @@ pub async fn run(mut options: DemoOptions) -> Result<DemoReport> {
         }
         None => temporary.path().to_path_buf(),
     };
-    let out = &mut options.out;
-    let consolidated_path = dir.join("consolidated.db");
-    remove_database(&consolidated_path)?;
-    let backend = prepare_consolidated(&consolidated_path).await?;
-    writeln!(
-        out,
-        "consolidated database: {}",
-        consolidated_path.display()
-    )?;
+    let result = match options.db.clone() {
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            let label = "PostgreSQL database (from --db)".to_string();
+            run_on(PostgresConsolidated::new(url), label, &dir, &mut options).await
+        }
+        Some(path) => {
+            let label = format!("SQLite file {path}");
+            run_on(SqliteConsolidated::new(path), label, &dir, &mut options).await
+        }
+        None => {
+            let path = dir.join("consolidated.db");
+            remove_database(&path)?;
+            let label = format!("SQLite file {}", path.display());
+            run_on(SqliteConsolidated::new(path), label, &dir, &mut options).await
+        }
+    };
+    drop(temporary);
+    result
+}
 
+async fn run_on<B: Consolidated>(
+    backend: B,
+    label: String,
+    dir: &Path,
+    options: &mut DemoOptions,
+) -> Result<DemoReport> {
+    let mut admin = prepare_consolidated(&backend).await?;
+    writeln!(options.out, "consolidated database: {label}")?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?.to_string();
     let (stop, stopped) = oneshot::channel::<()>();
@@ -114,18 +138,16 @@ pub async fn run(mut options: DemoOptions) -> Result<DemoReport> {
             let _ = stopped.await;
         },
     ));
-    writeln!(out, "server listening on {address}")?;
-
-    let result = run_with_server(&dir, &consolidated_path, &address, &mut options).await;
+    writeln!(options.out, "server listening on {address}")?;
+    let result = run_with_server(dir, &mut admin, &address, options).await;
     let _ = stop.send(());
     server.await.context("server task")??;
-    drop(temporary);
     result
 }
 
-async fn run_with_server(
+async fn run_with_server<C: ConsolidatedConnection>(
     dir: &Path,
-    consolidated_path: &Path,
+    consolidated: &mut C,
     address: &str,
     options: &mut DemoOptions,
 ) -> Result<DemoReport> {
@@ -150,24 +172,20 @@ async fn run_with_server(
     clients = sync_all(clients, address, out).await?;
 
     // Changes on both sides.
-    let consolidated = Connection::open(consolidated_path)?;
     for (index, demo) in clients.iter().enumerate() {
         let sibling = index / USERS.len();
         make_client_changes(demo.client.connection(), demo.user, &demo.name, sibling)?;
     }
     // The server changes alice's first row, which client-0 (alice) also updates: a conflict.
-    consolidated.execute(
-        "UPDATE orders SET amount = '1000.000001', quantity = 500 WHERE id = (SELECT min(id) FROM orders WHERE rep = 'alice')",
-        [],
-    )?;
-    consolidated.execute(
-        "INSERT INTO orders VALUES ('office-carol-1', 'carol', 'desk', 1, '349.990000')",
-        [],
-    )?;
-    consolidated.execute(
-        "DELETE FROM orders WHERE id = (SELECT max(id) FROM orders WHERE rep = 'bob')",
-        [],
-    )?;
+    consolidated.execute_sql("UPDATE orders SET amount = '1000.000001', quantity = 500 WHERE id = (SELECT min(id) FROM orders WHERE rep = 'alice')").await?;
+    consolidated
+        .execute_sql(
+            "INSERT INTO orders VALUES ('office-carol-1', 'carol', 'desk', 1, '349.990000')",
+        )
+        .await?;
+    consolidated
+        .execute_sql("DELETE FROM orders WHERE id = (SELECT max(id) FROM orders WHERE rep = 'bob')")
+        .await?;
     writeln!(
         out,
         "changes made: each client inserts 3 rows, updates 1 and deletes 1; the office updates"
@@ -204,8 +222,8 @@ async fn run_with_server(
     )?;
     let mut agreement = true;
     for demo in &clients {
-        let client_rows = read_orders(demo.client.connection(), None)?;
-        let partition = read_orders(&consolidated, Some(demo.user))?;
+        let client_rows = read_orders(demo.client.connection())?;
+        let partition = consolidated_orders(consolidated, demo.user).await?;
         let matches = client_rows == partition;
         agreement &= matches;
         writeln!(
@@ -225,7 +243,7 @@ async fn run_with_server(
     )?;
 
     let bulk = if options.bulk_rows > 0 {
-        Some(run_bulk(dir, address, options.bulk_rows, &consolidated, out).await?)
+        Some(run_bulk(dir, address, options.bulk_rows, consolidated, out).await?)
     } else {
         None
     };
@@ -254,25 +272,43 @@ fn remove_database(path: &Path) -> Result<()> {
     Ok(())
 }
 
-async fn prepare_consolidated(path: &Path) -> Result<SqliteConsolidated> {
-    {
-        let connection = Connection::open(path)?;
-        connection.execute_batch(TABLE_DDL)?;
-        let mut insert = connection.prepare("INSERT INTO orders VALUES (?1, ?2, ?3, ?4, ?5)")?;
-        for user in USERS {
-            for n in 0..SEED_ROWS_PER_USER {
-                insert.execute(params![
-                    format!("office-{user}-seed-{n}"),
-                    user,
-                    ["pens", "paper", "chairs", "lamps", "cables", "mugs"][n % 6],
-                    (n + 1) as i64 * 10,
-                    format!("{}.{:06}", 100 + n * 7, n * 1234),
-                ])?;
-            }
+/// Tables the demo owns; dropped and recreated on every run.
+const DEMO_TABLES: [&str; 9] = [
+    "orders",
+    "rs_rowversion_orders",
+    "rs_tombstone_orders",
+    "rs_script",
+    "rs_script_version",
+    "rs_subscription",
+    "rs_user",
+    "rs_table",
+    "rs_clock",
+];
+
+/// A fresh demo schema: the demo's tables dropped, `orders` created and seeded,
+/// initialized for sync, users added. Returns an administrative connection.
+async fn prepare_consolidated<B: Consolidated>(backend: &B) -> Result<B::Connection> {
+    let mut connection = backend.connect().await?;
+    for table in DEMO_TABLES {
+        connection
+            .execute_sql(&format!("DROP TABLE IF EXISTS {table}"))
+            .await?;
+    }
+    connection.execute_sql(TABLE_DDL).await?;
+    let mut seed = Vec::new();
+    for user in USERS {
+        for n in 0..SEED_ROWS_PER_USER {
+            seed.push(format!(
+                "('office-{user}-seed-{n}', '{user}', '{item}', {quantity}, '{amount}')",
+                item = ["pens", "paper", "chairs", "lamps", "cables", "mugs"][n % 6],
+                quantity = (n + 1) * 10,
+                amount = format!("{}.{:06}", 100 + n * 7, n * 1234),
+            ));
         }
     }
-    let backend = SqliteConsolidated::new(path);
-    let mut connection = backend.connect().await?;
+    connection
+        .execute_sql(&format!("INSERT INTO orders VALUES {}", seed.join(", ")))
+        .await?;
     connection.install_system_tables().await?;
     connection
         .init_table(&TableInit {
@@ -288,7 +324,7 @@ async fn prepare_consolidated(path: &Path) -> Result<SqliteConsolidated> {
             .map_err(|error| anyhow::anyhow!("hashing a password: {error}"))?;
         connection.set_user(user, &hash).await?;
     }
-    Ok(backend)
+    Ok(connection)
 }
 
 fn open_client(path: &Path) -> Result<Client> {
@@ -387,33 +423,38 @@ fn make_client_changes(
     Ok(())
 }
 
-fn read_orders(connection: &Connection, user: Option<&str>) -> Result<Vec<Vec<Value>>> {
-    let sql = match user {
-        Some(_) => "SELECT id, rep, item, quantity, amount FROM orders WHERE rep = ?1 ORDER BY id",
-        None => "SELECT id, rep, item, quantity, amount FROM orders ORDER BY id",
-    };
-    let mut statement = connection.prepare(sql)?;
-    let map = |row: &rusqlite::Row| {
-        (0..5)
-            .map(|i| row.get::<_, Value>(i))
-            .collect::<rusqlite::Result<Vec<_>>>()
-    };
-    let rows = match user {
-        Some(user) => statement
-            .query_map([user], map)?
-            .collect::<Result<Vec<_>, _>>()?,
-        None => statement
-            .query_map([], map)?
-            .collect::<Result<Vec<_>, _>>()?,
-    };
+/// One user's partition of the consolidated `orders`, ordered by id.
+async fn consolidated_orders<C: ConsolidatedConnection>(
+    consolidated: &mut C,
+    user: &str,
+) -> Result<Vec<Vec<Value>>> {
+    // `user` is one of the demo's own constant names, never input.
+    Ok(consolidated
+        .query_sql(&format!(
+            "SELECT id, rep, item, quantity, amount FROM orders WHERE rep = '{user}' ORDER BY id"
+        ))
+        .await?)
+}
+
+/// A client's whole `orders` table, ordered by id.
+fn read_orders(connection: &Connection) -> Result<Vec<Vec<Value>>> {
+    let mut statement =
+        connection.prepare("SELECT id, rep, item, quantity, amount FROM orders ORDER BY id")?;
+    let rows = statement
+        .query_map([], |row| {
+            (0..5)
+                .map(|i| row.get::<_, Value>(i))
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(rows)
 }
 
-async fn run_bulk(
+async fn run_bulk<C: ConsolidatedConnection>(
     dir: &Path,
     address: &str,
     rows: usize,
-    consolidated: &Connection,
+    consolidated: &mut C,
     out: &mut Box<dyn Write + Send>,
 ) -> Result<BulkReport> {
     writeln!(out, "\nbulk: {rows} rows inserted on one client of {BULK_USER}, uploaded, then downloaded by a new client")?;
@@ -449,11 +490,17 @@ async fn run_bulk(
         downloader
             .connection()
             .query_row("SELECT count(*) FROM orders", [], |row| row.get(0))?;
-    let stored: i64 = consolidated.query_row(
-        "SELECT count(*) FROM orders WHERE rep = ?1",
-        [BULK_USER],
-        |row| row.get(0),
-    )?;
+    let stored = match consolidated
+        .query_sql(&format!(
+            "SELECT count(*) FROM orders WHERE rep = '{BULK_USER}'"
+        ))
+        .await?
+        .first()
+        .and_then(|row| row.first())
+    {
+        Some(Value::Int(count)) => *count,
+        other => bail!("counting the bulk rows gave {other:?}"),
+    };
     if held != rows as i64 || stored != rows as i64 || download.rows_downloaded != rows as u64 {
         bail!("bulk check failed: consolidated holds {stored}, the new client {held}, expected {rows}");
     }

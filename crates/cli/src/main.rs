@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use rowsync_cli::demo;
+use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::sqlite::SqliteConsolidated;
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
 use rowsync_server::{auth, ServerConfig};
@@ -27,9 +28,9 @@ struct Cli {
 enum Command {
     /// Run the sync server.
     Serve {
-        /// The consolidated database: a SQLite file path.
+        /// The consolidated database: a SQLite file path or a postgres:// URL.
         #[arg(long)]
-        db: PathBuf,
+        db: String,
         #[arg(long, default_value = "127.0.0.1:2439")]
         listen: SocketAddr,
         /// Database workers (each holds one pooled connection while it works).
@@ -50,8 +51,9 @@ enum Command {
     },
     /// Make an existing table synchronizable: change tracking and default scripts.
     Init {
+        /// The consolidated database: a SQLite file path or a postgres:// URL.
         #[arg(long)]
-        db: PathBuf,
+        db: String,
         #[arg(long)]
         table: String,
         /// Rows whose value in this column equals a user's name belong to that user.
@@ -67,6 +69,11 @@ enum Command {
     },
     /// Run a complete demonstration on an embedded SQLite consolidated database.
     Demo {
+        /// The consolidated database: a postgres:// URL of a scratch database (the demo
+        /// drops and recreates its tables, orders and rs_*, there) or a SQLite file path.
+        /// Default: a new SQLite file in the demo's directory.
+        #[arg(long)]
+        db: Option<String>,
         /// Client databases to create (spread over three users).
         #[arg(long, default_value_t = 4)]
         clients: usize,
@@ -83,8 +90,9 @@ enum Command {
 enum UserCommand {
     /// Add a user, or set the password of an existing one.
     Add {
+        /// The consolidated database: a SQLite file path or a postgres:// URL.
         #[arg(long)]
-        db: PathBuf,
+        db: String,
         #[arg(long)]
         name: String,
         /// The password; read from standard input when absent.
@@ -110,7 +118,28 @@ fn main() -> Result<()> {
     runtime.block_on(run(cli.command))
 }
 
+fn is_postgres(db: &str) -> bool {
+    db.starts_with("postgres://") || db.starts_with("postgresql://")
+}
+
 async fn run(command: Command) -> Result<()> {
+    let db = match &command {
+        Command::Serve { db, .. }
+        | Command::Init { db, .. }
+        | Command::User {
+            command: UserCommand::Add { db, .. },
+        } => Some(db.clone()),
+        Command::Demo { .. } => None,
+    };
+    match db {
+        Some(db) if is_postgres(&db) => run_with(command, PostgresConsolidated::new(db)).await,
+        Some(db) => run_with(command, SqliteConsolidated::new(PathBuf::from(db))).await,
+        None => run_with(command, SqliteConsolidated::new("unused.db")).await,
+    }
+}
+
+/// Runs a command against one backend (`--db` chose it).
+async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
     match command {
         Command::Serve {
             db,
@@ -124,16 +153,16 @@ async fn run(command: Command) -> Result<()> {
             if workers == 0 || max_connections == 0 {
                 bail!("--workers and --max-connections must be at least 1");
             }
-            let backend = SqliteConsolidated::new(&db);
             backend.connect().await?.install_system_tables().await?;
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("binding {listen}"))?;
-            eprintln!(
-                "rowsync serving {} on {}",
-                db.display(),
-                listener.local_addr()?
-            );
+            let shown = if is_postgres(&db) {
+                "a PostgreSQL database"
+            } else {
+                db.as_str()
+            };
+            eprintln!("rowsync serving {shown} on {}", listener.local_addr()?);
             let config = ServerConfig {
                 connections_max: max_connections,
                 workers,
@@ -149,12 +178,12 @@ async fn run(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Init {
-            db,
+            db: _,
             table,
             partition_column,
             script_version,
         } => {
-            let mut connection = SqliteConsolidated::new(&db).connect().await?;
+            let mut connection = backend.connect().await?;
             connection.install_system_tables().await?;
             connection
                 .init_table(&TableInit {
@@ -167,7 +196,12 @@ async fn run(command: Command) -> Result<()> {
             Ok(())
         }
         Command::User {
-            command: UserCommand::Add { db, name, password },
+            command:
+                UserCommand::Add {
+                    db: _,
+                    name,
+                    password,
+                },
         } => {
             let password = match password {
                 Some(password) => password,
@@ -184,18 +218,20 @@ async fn run(command: Command) -> Result<()> {
             }
             let hash = auth::hash_password(&password)
                 .map_err(|error| anyhow::anyhow!("hashing: {error}"))?;
-            let mut connection = SqliteConsolidated::new(&db).connect().await?;
+            let mut connection = backend.connect().await?;
             connection.install_system_tables().await?;
             connection.set_user(&name, &hash).await?;
             println!("user {name} saved");
             Ok(())
         }
         Command::Demo {
+            db,
             clients,
             bulk_rows,
             dir,
         } => {
             let report = demo::run(demo::DemoOptions {
+                db,
                 clients,
                 bulk_rows,
                 dir,

@@ -17,8 +17,25 @@ impl std::io::Write for Captured {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_reaches_agreement_with_one_conflict() {
+    check_demo(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_reaches_agreement_on_postgres() {
+    let cluster = rowsync_testkit::postgres();
+    let database = cluster.fresh_database_name("demo");
+    let (client, connection) = tokio_postgres::connect(&cluster.url("postgres"), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client.batch_execute(&format!("CREATE DATABASE {database}")).await.unwrap();
+    check_demo(Some(cluster.url(&database))).await;
+}
+
+async fn check_demo(db: Option<String>) {
     let captured = Captured::default();
     let report = run(DemoOptions {
+        db,
         clients: 4,
         bulk_rows: 2_000,
         dir: None,
