@@ -299,10 +299,11 @@ async fn prepare_consolidated<B: Consolidated>(backend: &B) -> Result<B::Connect
     for user in USERS {
         for n in 0..SEED_ROWS_PER_USER {
             seed.push(format!(
-                "('office-{user}-seed-{n}', '{user}', '{item}', {quantity}, '{amount}')",
+                "('office-{user}-seed-{n}', '{user}', '{item}', {quantity}, '{whole}.{fraction:06}')",
                 item = ["pens", "paper", "chairs", "lamps", "cables", "mugs"][n % 6],
                 quantity = (n + 1) * 10,
-                amount = format!("{}.{:06}", 100 + n * 7, n * 1234),
+                whole = 100 + n * 7,
+                fraction = n * 1234,
             ));
         }
     }

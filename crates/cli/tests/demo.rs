@@ -24,11 +24,15 @@ async fn demo_reaches_agreement_with_one_conflict() {
 async fn demo_reaches_agreement_on_postgres() {
     let cluster = rowsync_testkit::postgres();
     let database = cluster.fresh_database_name("demo");
-    let (client, connection) = tokio_postgres::connect(&cluster.url("postgres"), tokio_postgres::NoTls)
+    let (client, connection) =
+        tokio_postgres::connect(&cluster.url("postgres"), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!("CREATE DATABASE {database}"))
         .await
         .unwrap();
-    tokio::spawn(connection);
-    client.batch_execute(&format!("CREATE DATABASE {database}")).await.unwrap();
     check_demo(Some(cluster.url(&database))).await;
 }
 
