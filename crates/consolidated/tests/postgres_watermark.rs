@@ -201,7 +201,7 @@ async fn run_seed(url: &str, seed: u64, steps: usize) {
             ids: Vec::new(),
         });
     }
-    let mut replicas = vec![
+    let mut replicas = [
         Replica::new(&format!("s{seed}-a"), USERS[0]),
         Replica::new(&format!("s{seed}-b"), USERS[0]),
         Replica::new(&format!("s{seed}-c"), USERS[1]),
