@@ -67,6 +67,16 @@ enum Command {
         #[command(subcommand)]
         command: UserCommand,
     },
+    /// Measure uploads (insert, update, delete) and a download through rowsync against
+    /// PostgreSQL's own bulk path in the same run. Drops and recreates bench_rows,
+    /// bench_raw and their rowsync tables in the database named.
+    BenchApply {
+        /// A postgres:// URL of a scratch database.
+        #[arg(long)]
+        db: String,
+        #[arg(long, default_value_t = 1_000_000)]
+        rows: usize,
+    },
     /// Run a complete demonstration on an embedded SQLite consolidated database.
     Demo {
         /// The consolidated database: a postgres:// URL of a scratch database (the demo
@@ -129,7 +139,7 @@ async fn run(command: Command) -> Result<()> {
         | Command::User {
             command: UserCommand::Add { db, .. },
         } => Some(db.clone()),
-        Command::Demo { .. } => None,
+        Command::Demo { .. } | Command::BenchApply { .. } => None,
     };
     match db {
         Some(db) if is_postgres(&db) => run_with(command, PostgresConsolidated::new(db)).await,
@@ -222,6 +232,13 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             connection.install_system_tables().await?;
             connection.set_user(&name, &hash).await?;
             println!("user {name} saved");
+            Ok(())
+        }
+        Command::BenchApply { db, rows } => {
+            if !is_postgres(&db) {
+                bail!("bench-apply measures PostgreSQL: give --db postgres://...");
+            }
+            rowsync_cli::bench_apply::run(&db, rows, &mut std::io::stdout()).await?;
             Ok(())
         }
         Command::Demo {
