@@ -17,8 +17,8 @@ use rowsync_consolidated::postgres::value::Bind;
 use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
 use rowsync_protocol::{
-    encode_frame, Decimal, Hello, Message, Row, RowUpdate, TableUpload, Value, FRAME_BYTES_MAX_DEFAULT,
-    PROTOCOL_VERSION,
+    encode_frame, Decimal, Hello, Message, Row, RowUpdate, TableUpload, Value,
+    FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION,
 };
 use rowsync_server::{auth, ServerConfig};
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
@@ -29,10 +29,18 @@ const USER: &str = "bench";
 const PASSWORD: &str = "bench-password";
 /// Upload messages are cut at about this size, as the client library does.
 const MESSAGE_BYTES: usize = 1024 * 1024;
-const TABLE_DDL: &str = "(id BIGINT PRIMARY KEY, owner TEXT NOT NULL, name TEXT NOT NULL, quantity INTEGER NOT NULL, \
+const TABLE_DDL: &str =
+    "(id BIGINT PRIMARY KEY, owner TEXT NOT NULL, name TEXT NOT NULL, quantity INTEGER NOT NULL, \
      amount NUMERIC(30,6) NOT NULL, updated TIMESTAMPTZ NOT NULL)";
 const COLUMNS: [&str; 6] = ["id", "owner", "name", "quantity", "amount", "updated"];
-const TYPES: [Type; 6] = [Type::INT8, Type::TEXT, Type::TEXT, Type::INT4, Type::NUMERIC, Type::TIMESTAMPTZ];
+const TYPES: [Type; 6] = [
+    Type::INT8,
+    Type::TEXT,
+    Type::TEXT,
+    Type::INT4,
+    Type::NUMERIC,
+    Type::TIMESTAMPTZ,
+];
 
 #[derive(Debug, Clone)]
 pub struct Measurement {
@@ -52,15 +60,21 @@ fn row(id: i64, generation: i64) -> Row {
     vec![
         Value::Int(id),
         Value::Text(USER.into()),
-        Value::Text(format!("item {id} with a name of ordinary length, generation {generation}")),
+        Value::Text(format!(
+            "item {id} with a name of ordinary length, generation {generation}"
+        )),
         Value::Int((id * 7 + generation) % 1000),
-        Value::Decimal(Decimal::new(i128::from(id) * 1_000_123 + i128::from(generation), 6).expect("scale 6")),
+        Value::Decimal(
+            Decimal::new(i128::from(id) * 1_000_123 + i128::from(generation), 6).expect("scale 6"),
+        ),
         Value::Timestamp(1_700_000_000_000_000 + id * 1000 + generation),
     ]
 }
 
 async fn connect(url: &str) -> Result<Client> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.context("connecting to PostgreSQL")?;
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .context("connecting to PostgreSQL")?;
     tokio::spawn(connection);
     Ok(client)
 }
@@ -87,15 +101,27 @@ pub async fn run(url: &str, rows: usize, out: &mut dyn Write) -> Result<Vec<Meas
             script_version: "bench".into(),
         })
         .await?;
-    connection.set_user(USER, &auth::hash_password(PASSWORD).map_err(|e| anyhow::anyhow!("{e}"))?).await?;
-    admin.execute("DELETE FROM rs_subscription WHERE user_name = $1", &[&USER]).await?;
+    connection
+        .set_user(
+            USER,
+            &auth::hash_password(PASSWORD).map_err(|e| anyhow::anyhow!("{e}"))?,
+        )
+        .await?;
+    admin
+        .execute("DELETE FROM rs_subscription WHERE user_name = $1", &[&USER])
+        .await?;
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?.to_string();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(rowsync_server::serve(listener, backend, ServerConfig::default(), async {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(rowsync_server::serve(
+        listener,
+        backend,
+        ServerConfig::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
     let mut sequence = 0u64;
     let mut measurements = Vec::new();
     writeln!(out, "{rows} rows per operation; raw = PostgreSQL's bulk path on an identical table without triggers")?;
@@ -107,19 +133,41 @@ pub async fn run(url: &str, rows: usize, out: &mut dyn Write) -> Result<Vec<Meas
     let raw = timed(copy_rows(&admin, "bench_raw", &inserts)).await?;
     check_count(&admin, "bench_rows", rows).await?;
     check_count(&admin, "bench_raw", rows).await?;
-    measurements.push(Measurement { operation: "upload insert", rows, rowsync, raw });
+    measurements.push(Measurement {
+        operation: "upload insert",
+        rows,
+        rowsync,
+        raw,
+    });
 
     // Updates (old image = what was inserted).
-    let updates: Vec<RowUpdate> = inserts.iter().map(|old| RowUpdate { old: old.clone(), new: row(old_id(old), 1) }).collect();
+    let updates: Vec<RowUpdate> = inserts
+        .iter()
+        .map(|old| RowUpdate {
+            old: old.clone(),
+            new: row(old_id(old), 1),
+        })
+        .collect();
     let upload = chunks(updates.iter().cloned().map(|u| (None, Some(u), None)));
     let rowsync = sync_timed(&address, "writer", &mut sequence, &upload).await?;
     let new_rows: Vec<Row> = updates.iter().map(|u| u.new.clone()).collect();
     let raw = timed(raw_update(&admin, &new_rows)).await?;
-    let changed: i64 = admin.query_one("SELECT count(*) FROM bench_rows WHERE name LIKE '%generation 1'", &[]).await?.get(0);
+    let changed: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM bench_rows WHERE name LIKE '%generation 1'",
+            &[],
+        )
+        .await?
+        .get(0);
     if changed != rows as i64 {
         bail!("{changed} of {rows} rows were updated through rowsync");
     }
-    measurements.push(Measurement { operation: "upload update", rows, rowsync, raw });
+    measurements.push(Measurement {
+        operation: "upload update",
+        rows,
+        rowsync,
+        raw,
+    });
 
     // Download of everything to a new client.
     let started = Instant::now();
@@ -129,7 +177,12 @@ pub async fn run(url: &str, rows: usize, out: &mut dyn Write) -> Result<Vec<Meas
         bail!("the download brought {downloaded} rows, expected {rows}");
     }
     let raw = timed(copy_out(&admin)).await?;
-    measurements.push(Measurement { operation: "download", rows, rowsync, raw });
+    measurements.push(Measurement {
+        operation: "download",
+        rows,
+        rowsync,
+        raw,
+    });
 
     // Deletes.
     let keys: Vec<Row> = (0..rows as i64).map(|id| vec![Value::Int(id)]).collect();
@@ -138,11 +191,20 @@ pub async fn run(url: &str, rows: usize, out: &mut dyn Write) -> Result<Vec<Meas
     let raw = timed(raw_delete(&admin, &keys)).await?;
     check_count(&admin, "bench_rows", 0).await?;
     check_count(&admin, "bench_raw", 0).await?;
-    measurements.push(Measurement { operation: "upload delete", rows, rowsync, raw });
+    measurements.push(Measurement {
+        operation: "upload delete",
+        rows,
+        rowsync,
+        raw,
+    });
 
     let _ = stop.send(());
     server.await.context("server task")??;
-    writeln!(out, "{:<15} {:>12} {:>12} {:>14} {:>14} {:>10}", "operation", "rowsync s", "raw s", "rowsync rows/s", "raw rows/s", "efficiency")?;
+    writeln!(
+        out,
+        "{:<15} {:>12} {:>12} {:>14} {:>14} {:>10}",
+        "operation", "rowsync s", "raw s", "rowsync rows/s", "raw rows/s", "efficiency"
+    )?;
     for m in &measurements {
         writeln!(
             out,
@@ -172,7 +234,10 @@ async fn timed<F: std::future::Future<Output = Result<()>>>(work: F) -> Result<D
 }
 
 async fn check_count(client: &Client, table: &str, expected: usize) -> Result<()> {
-    let count: i64 = client.query_one(&format!("SELECT count(*) FROM {table}"), &[]).await?.get(0);
+    let count: i64 = client
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .await?
+        .get(0);
     if count != expected as i64 {
         bail!("{table} holds {count} rows, expected {expected}");
     }
@@ -198,7 +263,12 @@ fn chunks(operations: impl Iterator<Item = Operation>) -> Vec<Vec<u8>> {
             current.inserts.push(row);
         }
         if let Some(update) = update {
-            bytes += update.old.iter().chain(&update.new).map(Value::encoded_len).sum::<usize>();
+            bytes += update
+                .old
+                .iter()
+                .chain(&update.new)
+                .map(Value::encoded_len)
+                .sum::<usize>();
             current.updates.push(update);
         }
         if let Some(key) = delete {
@@ -206,7 +276,10 @@ fn chunks(operations: impl Iterator<Item = Operation>) -> Vec<Vec<u8>> {
             current.deletes.push(key);
         }
         if bytes >= MESSAGE_BYTES {
-            frames.push(encode_frame(&Message::Upload(std::mem::replace(&mut current, empty()))));
+            frames.push(encode_frame(&Message::Upload(std::mem::replace(
+                &mut current,
+                empty(),
+            ))));
             bytes = 0;
         }
     }
@@ -225,7 +298,12 @@ fn hello(client_id: &str, last_download_watermark: i64) -> Hello {
     }
 }
 
-async fn sync_timed(address: &str, client_id: &str, sequence: &mut u64, frames: &[Vec<u8>]) -> Result<Duration> {
+async fn sync_timed(
+    address: &str,
+    client_id: &str,
+    sequence: &mut u64,
+    frames: &[Vec<u8>],
+) -> Result<Duration> {
     *sequence += 1;
     let started = Instant::now();
     let event = exchange(Exchange {
@@ -241,7 +319,10 @@ async fn sync_timed(address: &str, client_id: &str, sequence: &mut u64, frames: 
     let elapsed = started.elapsed();
     match event {
         SessionEvent::Complete(done) if done.end.summary.conflicts == 0 => Ok(elapsed),
-        SessionEvent::Complete(done) => bail!("{} conflicts in a conflict-free upload", done.end.summary.conflicts),
+        SessionEvent::Complete(done) => bail!(
+            "{} conflicts in a conflict-free upload",
+            done.end.summary.conflicts
+        ),
         other => bail!("the sync did not complete: {other:?}"),
     }
 }
@@ -265,7 +346,10 @@ async fn download_all(address: &str) -> Result<usize> {
 
 async fn copy_rows(client: &Client, table: &str, rows: &[Row]) -> Result<()> {
     let sink = client
-        .copy_in(&format!("COPY {table} ({}) FROM STDIN (FORMAT binary)", COLUMNS.join(", ")))
+        .copy_in(&format!(
+            "COPY {table} ({}) FROM STDIN (FORMAT binary)",
+            COLUMNS.join(", ")
+        ))
         .await?;
     let writer = BinaryCopyInWriter::new(sink, &TYPES);
     pin_mut!(writer);
@@ -278,7 +362,11 @@ async fn copy_rows(client: &Client, table: &str, rows: &[Row]) -> Result<()> {
 }
 
 async fn raw_update(client: &Client, rows: &[Row]) -> Result<()> {
-    client.batch_execute(&format!("BEGIN; CREATE TEMP TABLE raw_stage {TABLE_DDL} ON COMMIT DROP")).await?;
+    client
+        .batch_execute(&format!(
+            "BEGIN; CREATE TEMP TABLE raw_stage {TABLE_DDL} ON COMMIT DROP"
+        ))
+        .await?;
     copy_rows(client, "raw_stage", rows).await?;
     client
         .batch_execute(
@@ -292,8 +380,12 @@ async fn raw_update(client: &Client, rows: &[Row]) -> Result<()> {
 }
 
 async fn raw_delete(client: &Client, keys: &[Row]) -> Result<()> {
-    client.batch_execute("BEGIN; CREATE TEMP TABLE raw_keys (id BIGINT) ON COMMIT DROP").await?;
-    let sink = client.copy_in("COPY raw_keys (id) FROM STDIN (FORMAT binary)").await?;
+    client
+        .batch_execute("BEGIN; CREATE TEMP TABLE raw_keys (id BIGINT) ON COMMIT DROP")
+        .await?;
+    let sink = client
+        .copy_in("COPY raw_keys (id) FROM STDIN (FORMAT binary)")
+        .await?;
     let writer = BinaryCopyInWriter::new(sink, &[Type::INT8]);
     pin_mut!(writer);
     for key in keys {
@@ -311,7 +403,10 @@ async fn raw_delete(client: &Client, keys: &[Row]) -> Result<()> {
 async fn copy_out(client: &Client) -> Result<()> {
     use futures_util::StreamExt;
     let stream = client
-        .copy_out(&format!("COPY (SELECT {} FROM bench_raw) TO STDOUT (FORMAT binary)", COLUMNS.join(", ")))
+        .copy_out(&format!(
+            "COPY (SELECT {} FROM bench_raw) TO STDOUT (FORMAT binary)",
+            COLUMNS.join(", ")
+        ))
         .await?;
     pin_mut!(stream);
     let mut bytes = 0usize;

@@ -1,4 +1,4 @@
 //! The pieces of the `rowsync` command that tests drive directly.
 
-pub mod demo;
 pub mod bench_apply;
+pub mod demo;

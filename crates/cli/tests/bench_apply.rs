@@ -5,18 +5,32 @@
 async fn bench_apply_runs_consistently_in_quick_mode() {
     let cluster = rowsync_testkit::postgres();
     let database = cluster.fresh_database_name("bench");
-    let (client, connection) = tokio_postgres::connect(&cluster.url("postgres"), tokio_postgres::NoTls)
+    let (client, connection) =
+        tokio_postgres::connect(&cluster.url("postgres"), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!("CREATE DATABASE {database}"))
         .await
         .unwrap();
-    tokio::spawn(connection);
-    client.batch_execute(&format!("CREATE DATABASE {database}")).await.unwrap();
     let mut out = Vec::new();
     let measurements = rowsync_cli::bench_apply::run(&cluster.url(&database), 2_000, &mut out)
         .await
         .unwrap();
     let operations: Vec<&str> = measurements.iter().map(|m| m.operation).collect();
-    assert_eq!(operations, ["upload insert", "upload update", "download", "upload delete"]);
-    assert!(measurements.iter().all(|m| m.rows == 2_000 && m.efficiency() > 0.0));
+    assert_eq!(
+        operations,
+        [
+            "upload insert",
+            "upload update",
+            "download",
+            "upload delete"
+        ]
+    );
+    assert!(measurements
+        .iter()
+        .all(|m| m.rows == 2_000 && m.efficiency() > 0.0));
     let printed = String::from_utf8(out).unwrap();
     assert!(printed.contains("efficiency"), "{printed}");
 }

@@ -364,6 +364,25 @@ pub fn assemble_download(
     download
         .deletes
         .extend(resolution.conflict_deletes.iter().cloned());
+    // A key deleted and then written again in the partition is an upsert: the client
+    // applies deletes first, so the delete would be redundant.
+    if !download.deletes.is_empty() && !download.upserts.is_empty() {
+        let key_positions = key_positions_in(
+            &download.columns,
+            &shape.key_columns,
+            table,
+            DOWNLOAD_CURSOR,
+        )?;
+        let upserted: HashSet<Vec<u8>> = download
+            .upserts
+            .iter()
+            .map(|row| key_bytes(row, &key_positions))
+            .collect();
+        let all: Vec<usize> = (0..shape.key_columns.len()).collect();
+        download
+            .deletes
+            .retain(|key| !upserted.contains(&key_bytes(key, &all)));
+    }
     Ok(download)
 }
 

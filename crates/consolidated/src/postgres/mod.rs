@@ -26,6 +26,10 @@ use crate::{
     Consolidated, ConsolidatedConnection, DbError, SyncError, SyncOutcome, SyncRequest, TableInit,
 };
 
+/// Attempts of one sync's transaction when it meets a concurrent insert of the same
+/// key, a serialization failure or a deadlock; each attempt starts from scratch.
+pub const SYNC_ATTEMPTS_MAX: u32 = 3;
+
 #[derive(Debug, Clone)]
 pub struct PostgresConsolidated {
     url: String,
@@ -88,7 +92,16 @@ impl ConsolidatedConnection for PostgresConnection {
     }
 
     async fn synchronize(&mut self, request: Arc<SyncRequest>) -> Result<SyncOutcome, SyncError> {
-        sync::synchronize(&mut self.client, &request).await
+        let mut attempt = 1;
+        loop {
+            match sync::synchronize(&mut self.client, &request).await {
+                Err(error) if sync::is_retryable(&error) && attempt < SYNC_ATTEMPTS_MAX => {
+                    tracing::debug!(%error, attempt, "retrying the sync transaction");
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
     }
 
     async fn execute_sql(&mut self, sql: &str) -> Result<(), DbError> {

@@ -77,7 +77,7 @@ pub async fn table_shape(
                     COALESCE(array_position(i.indkey::int2[], a.attnum) + 1, 0)
              FROM pg_attribute a
              LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
-             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped AND a.attname <> 'rs_xid'
              ORDER BY a.attnum",
             &[&q(table)],
         )
@@ -108,9 +108,8 @@ pub async fn table_shape(
     )))
 }
 
-pub fn row_version_table(table: &str) -> String {
-    format!("rs_rowversion_{table}")
-}
+/// The column `init` adds: the id of the transaction that last wrote the row.
+pub const XID_COLUMN: &str = "rs_xid";
 
 pub fn tombstone_table(table: &str) -> String {
     format!("rs_tombstone_{table}")
@@ -200,12 +199,16 @@ fn key_match(keys: &[String], left: &str, right: &str) -> String {
         .join(" AND ")
 }
 
-/// Row-version and tombstone tables, and statement-level triggers that stamp changed
-/// rows with the writing transaction's id.
+/// Change tracking: an `rs_xid` column stamped with the writing transaction's id (by
+/// its default on insert, by a row trigger on update unless the statement set it, as
+/// rowsync's own scripts do), and a tombstone table kept by triggers for deleted rows
+/// and rows that left their key or partition (an append-only log with one index: a key
+/// deleted twice simply has two tombstones; cleanup drops those every client passed). Row triggers are guarded by `WHEN`
+/// clauses, evaluated without calling a function, so a bulk apply pays almost nothing
+/// for them; deletes use one statement-level trigger over the transition table.
 fn tracking_ddl(shape: &TableShape, key_types: &[&str], partition_column: &str) -> String {
     let name = &shape.name;
     let table = q(name);
-    let versions = q(&row_version_table(name));
     let tombstones = q(&tombstone_table(name));
     let keys = &shape.key_columns;
     let key_columns = list(keys, "");
@@ -216,77 +219,60 @@ fn tracking_ddl(shape: &TableShape, key_types: &[&str], partition_column: &str) 
         .collect::<Vec<_>>()
         .join(", ");
     let partition = q(partition_column);
+    let xid = q(XID_COLUMN);
     let function = |kind: &str| q(&format!("rs_track_{kind}_{name}"));
     let trigger = |kind: &str| q(&format!("rs_{kind}_{name}"));
-    let new_keys = list(keys, "n.");
-    let old_keys = list(keys, "o.");
-    let stamp_new = format!(
-        "INSERT INTO {versions} ({key_columns}, xid) SELECT {new_keys}, {CURRENT_XID} FROM rs_new AS n
-             ON CONFLICT ({key_columns}) DO UPDATE SET xid = excluded.xid;
-         DELETE FROM {tombstones} AS t USING rs_new AS n WHERE {tn} AND t.rs_partition = n.{partition}::text;",
-        tn = key_match(keys, "t", "n"),
-    );
-    let tombstone_old = |condition: &str| {
-        format!(
-            "INSERT INTO {tombstones} ({key_columns}, rs_partition, xid)
-                 SELECT {old_keys}, o.{partition}::text, {CURRENT_XID} FROM rs_old AS o
-                 WHERE o.{partition} IS NOT NULL {condition}
-                 ON CONFLICT ({key_columns}, rs_partition) DO UPDATE SET xid = excluded.xid;"
-        )
-    };
+    let key_moved = keys
+        .iter()
+        .map(|key| format!("OLD.{k} IS DISTINCT FROM NEW.{k}", k = q(key)))
+        .collect::<Vec<_>>()
+        .join(" OR ");
     format!(
         "
-CREATE TABLE IF NOT EXISTS {versions} ({key_definitions}, xid BIGINT NOT NULL, PRIMARY KEY ({key_columns}));
-CREATE INDEX IF NOT EXISTS {versions_index} ON {versions} (xid);
-CREATE TABLE IF NOT EXISTS {tombstones} ({key_definitions}, rs_partition TEXT NOT NULL, xid BIGINT NOT NULL, PRIMARY KEY ({key_columns}, rs_partition));
-CREATE INDEX IF NOT EXISTS {tombstones_index} ON {tombstones} (xid);
-INSERT INTO {versions} ({key_columns}, xid) SELECT {key_columns}, {CURRENT_XID} FROM {table} ON CONFLICT DO NOTHING;
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {xid} BIGINT NOT NULL DEFAULT {CURRENT_XID};
+CREATE INDEX IF NOT EXISTS {xid_index} ON {table} ({partition}, {xid});
+CREATE TABLE IF NOT EXISTS {tombstones} ({key_definitions}, rs_partition TEXT NOT NULL, xid BIGINT NOT NULL);
+CREATE INDEX IF NOT EXISTS {tombstones_index} ON {tombstones} (rs_partition, xid);
 
-CREATE OR REPLACE FUNCTION {insert_function}() RETURNS trigger LANGUAGE plpgsql AS $rs$
+CREATE OR REPLACE FUNCTION {stamp_function}() RETURNS trigger LANGUAGE plpgsql AS $rs$
 BEGIN
-    {stamp_new}
-    RETURN NULL;
+    NEW.{xid} := {CURRENT_XID};
+    RETURN NEW;
 END $rs$;
-CREATE OR REPLACE FUNCTION {update_function}() RETURNS trigger LANGUAGE plpgsql AS $rs$
+CREATE OR REPLACE FUNCTION {moved_function}() RETURNS trigger LANGUAGE plpgsql AS $rs$
 BEGIN
-    -- A row that left its key or its partition leaves a tombstone for its old owner.
-    {tombstone_moved}
-    DELETE FROM {versions} AS v USING rs_old AS o WHERE {vo}
-        AND NOT EXISTS (SELECT 1 FROM rs_new AS n WHERE {no});
-    {stamp_new}
+    IF OLD.{partition} IS NOT NULL THEN
+        INSERT INTO {tombstones} ({key_columns}, rs_partition, xid)
+            VALUES ({old_keys}, OLD.{partition}::text, {CURRENT_XID});
+    END IF;
     RETURN NULL;
 END $rs$;
 CREATE OR REPLACE FUNCTION {delete_function}() RETURNS trigger LANGUAGE plpgsql AS $rs$
 BEGIN
-    DELETE FROM {versions} AS v USING rs_old AS o WHERE {vo};
-    {tombstone_deleted}
+    INSERT INTO {tombstones} ({key_columns}, rs_partition, xid)
+        SELECT {old_keys_set}, o.{partition}::text, {CURRENT_XID} FROM rs_old AS o WHERE o.{partition} IS NOT NULL;
     RETURN NULL;
 END $rs$;
-DROP TRIGGER IF EXISTS {insert_trigger} ON {table};
-CREATE TRIGGER {insert_trigger} AFTER INSERT ON {table} REFERENCING NEW TABLE AS rs_new
-    FOR EACH STATEMENT EXECUTE FUNCTION {insert_function}();
-DROP TRIGGER IF EXISTS {update_trigger} ON {table};
-CREATE TRIGGER {update_trigger} AFTER UPDATE ON {table} REFERENCING OLD TABLE AS rs_old NEW TABLE AS rs_new
-    FOR EACH STATEMENT EXECUTE FUNCTION {update_function}();
+DROP TRIGGER IF EXISTS {stamp_trigger} ON {table};
+CREATE TRIGGER {stamp_trigger} BEFORE UPDATE ON {table} FOR EACH ROW
+    WHEN (NEW.{xid} IS NOT DISTINCT FROM OLD.{xid}) EXECUTE FUNCTION {stamp_function}();
+DROP TRIGGER IF EXISTS {moved_trigger} ON {table};
+CREATE TRIGGER {moved_trigger} AFTER UPDATE ON {table} FOR EACH ROW
+    WHEN ({key_moved} OR OLD.{partition} IS DISTINCT FROM NEW.{partition}) EXECUTE FUNCTION {moved_function}();
 DROP TRIGGER IF EXISTS {delete_trigger} ON {table};
 CREATE TRIGGER {delete_trigger} AFTER DELETE ON {table} REFERENCING OLD TABLE AS rs_old
     FOR EACH STATEMENT EXECUTE FUNCTION {delete_function}();
 ",
-        versions_index = q(&format!("{}_xid", row_version_table(name))),
+        xid_index = q(&format!("rs_xid_{name}")),
         tombstones_index = q(&format!("{}_xid", tombstone_table(name))),
-        insert_function = function("insert"),
-        update_function = function("update"),
+        stamp_function = function("stamp"),
+        moved_function = function("moved"),
         delete_function = function("delete"),
-        insert_trigger = trigger("insert"),
-        update_trigger = trigger("update"),
+        stamp_trigger = trigger("stamp"),
+        moved_trigger = trigger("moved"),
         delete_trigger = trigger("delete"),
-        tombstone_moved = tombstone_old(&format!(
-            "AND NOT EXISTS (SELECT 1 FROM rs_new AS n WHERE {no} AND n.{partition} IS NOT DISTINCT FROM o.{partition})",
-            no = key_match(keys, "n", "o")
-        )),
-        tombstone_deleted = tombstone_old(""),
-        vo = key_match(keys, "v", "o"),
-        no = key_match(keys, "n", "o"),
+        old_keys = list(keys, "OLD."),
+        old_keys_set = list(keys, "o."),
     )
 }
 
@@ -340,9 +326,14 @@ pub fn default_scripts(
     vec![
         (
             UPLOAD_INSERT,
+            // An anti-join rather than ON CONFLICT: half the cost in bulk. A concurrent
+            // insert of the same key makes the sync retry, then it is a conflict.
             format!(
-                "INSERT INTO {table} ({columns}) SELECT {columns} FROM {UPLOAD_PLACEHOLDER} WHERE {partition} = {user} \
-                 ON CONFLICT DO NOTHING RETURNING {returning_keys}"
+                "INSERT INTO {table} ({columns}) SELECT {upload_columns} FROM {UPLOAD_PLACEHOLDER} AS u \
+                 WHERE u.{partition} = {user} AND NOT EXISTS (SELECT 1 FROM {table} AS t WHERE {tu}) \
+                 RETURNING {returning_keys}",
+                upload_columns = list(&all, "u."),
+                tu = key_match(keys, "t", "u"),
             ),
         ),
         (
@@ -370,9 +361,8 @@ pub fn default_scripts(
         (
             DOWNLOAD_CURSOR,
             format!(
-                "SELECT {table_columns} FROM {table} AS t JOIN {versions} AS v ON {m} WHERE v.xid >= :last_download AND t.{partition} = {user}",
-                versions = q(&row_version_table(&shape.name)),
-                m = key_match(keys, "v", "t")
+                "SELECT {table_columns} FROM {table} AS t WHERE t.{partition} = {user} AND t.{xid} >= :last_download",
+                xid = q(XID_COLUMN),
             ),
         ),
         (

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use futures_util::pin_mut;
 use rowsync_protocol::{Row, SyncSummary, TableUpload, Value};
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Transaction};
 
@@ -15,7 +16,7 @@ use crate::plan::{
     ScriptRows, Scripts, TableShape,
 };
 use crate::scripts::*;
-use crate::{quote_identifier as q, SyncError, SyncOutcome, SyncRequest};
+use crate::{quote_identifier as q, DbError, SyncError, SyncOutcome, SyncRequest};
 
 /// Staged rows above which the staging table is analyzed before the script runs, so the
 /// planner joins it by hash rather than by nested loop.
@@ -220,11 +221,26 @@ fn describe(error: &tokio_postgres::Error) -> String {
     }
 }
 
-fn script_failure(event: &str, table: &str, error: &tokio_postgres::Error) -> SyncError {
+/// Failures that a second attempt of the whole sync may not meet: a concurrent insert
+/// of the same key, a serialization failure, a deadlock.
+const RETRYABLE: [SqlState; 3] = [
+    SqlState::UNIQUE_VIOLATION,
+    SqlState::T_R_SERIALIZATION_FAILURE,
+    SqlState::T_R_DEADLOCK_DETECTED,
+];
+
+pub fn is_retryable(error: &SyncError) -> bool {
+    matches!(error, SyncError::Database(DbError::Postgres(error)) if error.code().is_some_and(|code| RETRYABLE.contains(code)))
+}
+
+fn script_failure(event: &str, table: &str, error: tokio_postgres::Error) -> SyncError {
+    if error.code().is_some_and(|code| RETRYABLE.contains(code)) {
+        return SyncError::Database(DbError::Postgres(error));
+    }
     SyncError::Script {
         event: event.to_string(),
         table: table.to_string(),
-        message: describe(error),
+        message: describe(&error),
     }
 }
 
@@ -395,7 +411,7 @@ async fn query_script(
     let (sql, values) = bind_script(&sql, parameters, table, event)?;
     query_rows(transaction, &sql, &values)
         .await
-        .map_err(|error| script_failure(event, table, &error))
+        .map_err(|error| script_failure(event, table, error))
 }
 
 /// Runs an upload set script over its staging table and returns the staged keys that
@@ -448,7 +464,7 @@ async fn apply_script(
         let (sql, values) = bind_script(&wrapped, parameters, table, event)?;
         let (_, keys) = query_rows(transaction, &sql, &values)
             .await
-            .map_err(|error| script_failure(event, table, &error))?;
+            .map_err(|error| script_failure(event, table, error))?;
         return Ok(keys);
     }
     let (sql, values) = bind_script(&script, parameters, table, event)?;
@@ -460,7 +476,7 @@ async fn apply_script(
     let changed = transaction
         .execute(&sql, &params)
         .await
-        .map_err(|error| script_failure(event, table, &error))? as usize;
+        .map_err(|error| script_failure(event, table, error))? as usize;
     if changed >= staged_rows && !is_delete {
         return Ok(Vec::new());
     }
