@@ -33,6 +33,10 @@ pub enum SyncError {
         table: String,
         message: String,
     },
+    #[error("the download's receiver went away before the sync ended")]
+    DownloadAbandoned,
+    #[error("the download could not be taken: {0}")]
+    DownloadRefused(String),
     #[error(transparent)]
     Database(#[from] DbError),
 }
@@ -52,7 +56,8 @@ impl SyncError {
             SyncError::Schema(_) => ErrorCode::Schema,
             SyncError::AlreadySynchronizing { .. } => ErrorCode::AlreadySynchronizing,
             SyncError::Script { .. } => ErrorCode::Script,
-            SyncError::Database(_) => ErrorCode::Internal,
+            SyncError::DownloadAbandoned | SyncError::Database(_) => ErrorCode::Internal,
+            SyncError::DownloadRefused(_) => ErrorCode::Internal,
         }
     }
 }

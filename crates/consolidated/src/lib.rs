@@ -5,6 +5,7 @@
 //! implements both and must pass the conformance suite in `tests/conformance`.
 //! The SQLite backend is the embedded default.
 
+mod download;
 mod error;
 mod names;
 pub mod plan;
@@ -16,6 +17,10 @@ mod types;
 use std::future::Future;
 use std::sync::Arc;
 
+pub use download::{
+    download_channel, synchronize_collect, CollectedSync, DownloadMessage, DownloadSender,
+    DOWNLOAD_BATCH_ROWS, DOWNLOAD_CHANNEL_CHUNKS,
+};
 pub use error::{DbError, SyncError};
 pub use names::quote_identifier;
 pub use types::{SyncOutcome, SyncRequest, TableInit};
@@ -51,11 +56,13 @@ pub trait ConsolidatedConnection: Send + 'static {
     fn init_table(&mut self, init: &TableInit) -> impl Future<Output = Result<(), DbError>> + Send;
 
     /// Runs one sync's database work in one transaction: applies the upload unless its
-    /// sequence was already applied, records the sequence, and fetches the download.
-    /// On any error nothing of the upload stays applied.
+    /// sequence was already applied, records the sequence, and streams the download to
+    /// `download` in chunks as it reads it. On any error nothing of the upload stays
+    /// applied (and whatever was streamed must be discarded).
     fn synchronize(
         &mut self,
         request: Arc<SyncRequest>,
+        download: DownloadSender,
     ) -> impl Future<Output = Result<SyncOutcome, SyncError>> + Send;
 
     /// Runs administrative SQL (one or more statements, no parameters), for tools such

@@ -286,104 +286,134 @@ pub fn validate_upload_shape(
         .collect()
 }
 
-/// One table's download: the cursor's rows minus the client's own applied uploads, the
-/// delete cursor's keys minus the client's own deletes, plus every conflict resolution.
-pub fn assemble_download(
-    shape: &TableShape,
-    cursor: Option<ScriptRows>,
-    delete_cursor: Option<ScriptRows>,
-    resolution: Option<&Resolution>,
-) -> Result<Download, SyncError> {
-    let table = shape.name.as_str();
-    let mut download = Download {
-        table: table.to_string(),
-        key_columns: shape.key_columns.clone(),
-        ..Download::default()
-    };
-    let empty = Resolution::default();
-    let resolution = resolution.unwrap_or(&empty);
-    if let Some((columns, rows)) = cursor {
-        let key_positions = key_positions_in(&columns, &shape.key_columns, table, DOWNLOAD_CURSOR)?;
-        if !resolution.conflict_upserts.is_empty() && resolution.conflict_columns != columns {
-            return Err(SyncError::Script {
-                event: UPLOAD_FETCH.to_string(),
-                table: table.to_string(),
-                message: format!(
-                    "upload_fetch selects {:?} but download_cursor selects {columns:?}; they must select the same columns",
-                    resolution.conflict_columns
-                ),
-            });
+/// Streams one table's download as chunks: first deletes (the delete cursor's keys
+/// minus the client's own deletes, then conflict deletes), then upserts (the cursor's
+/// rows minus the client's own applied uploads, then the current rows of conflicting
+/// keys). Only the upload's keys are held in memory, never the cursor's rows.
+pub struct DownloadFilter<'a> {
+    shape: &'a TableShape,
+    resolution: &'a Resolution,
+    conflict_upsert_keys: HashSet<Vec<u8>>,
+    conflict_delete_keys: HashSet<Vec<u8>>,
+    /// The cursor's columns and key positions, once its first batch was seen.
+    cursor: Option<(Vec<String>, Vec<usize>)>,
+    pub rows_sent: u64,
+}
+
+static NO_RESOLUTION: std::sync::OnceLock<Resolution> = std::sync::OnceLock::new();
+
+impl<'a> DownloadFilter<'a> {
+    pub fn new(shape: &'a TableShape, resolution: Option<&'a Resolution>) -> DownloadFilter<'a> {
+        let resolution =
+            resolution.unwrap_or_else(|| NO_RESOLUTION.get_or_init(Resolution::default));
+        let all: Vec<usize> = (0..shape.key_columns.len()).collect();
+        DownloadFilter {
+            shape,
+            conflict_delete_keys: resolution
+                .conflict_deletes
+                .iter()
+                .map(|key| key_bytes(key, &all))
+                .collect(),
+            conflict_upsert_keys: HashSet::new(),
+            resolution,
+            cursor: None,
+            rows_sent: 0,
         }
-        let conflict_upsert_keys: HashSet<Vec<u8>> = resolution
-            .conflict_upserts
-            .iter()
-            .map(|row| key_bytes(row, &key_positions))
-            .collect();
-        download.upserts = rows
-            .into_iter()
-            .filter(|row| {
-                let key = key_bytes(row, &key_positions);
-                !resolution.uploaded_upsert_keys.contains(&key)
-                    && !conflict_upsert_keys.contains(&key)
-            })
-            .collect();
-        download
-            .upserts
-            .extend(resolution.conflict_upserts.iter().cloned());
-        download.columns = columns;
-    } else if !resolution.conflict_upserts.is_empty() {
-        download.columns = resolution.conflict_columns.clone();
-        download.upserts = resolution.conflict_upserts.clone();
     }
-    if let Some((columns, keys)) = delete_cursor {
-        if columns.len() != shape.key_columns.len() {
+
+    fn chunk(&self, columns: Vec<String>, upserts: Vec<Row>, deletes: Vec<Row>) -> Download {
+        Download {
+            table: self.shape.name.clone(),
+            columns,
+            key_columns: self.shape.key_columns.clone(),
+            upserts,
+            deletes,
+        }
+    }
+
+    /// A batch of the delete cursor, as a chunk to send.
+    pub fn deletes(&mut self, columns: &[String], keys: Vec<Row>) -> Result<Download, SyncError> {
+        if columns.len() != self.shape.key_columns.len() {
             return Err(SyncError::Script {
                 event: DOWNLOAD_DELETE_CURSOR.to_string(),
-                table: table.to_string(),
+                table: self.shape.name.clone(),
                 message: format!(
                     "the script must select exactly the key columns {:?}; it selects {columns:?}",
-                    shape.key_columns
+                    self.shape.key_columns
                 ),
             });
         }
-        let all: Vec<usize> = (0..shape.key_columns.len()).collect();
-        let conflict_delete_keys: HashSet<Vec<u8>> = resolution
-            .conflict_deletes
-            .iter()
-            .map(|key| key_bytes(key, &all))
-            .collect();
-        download.deletes = keys
+        let all: Vec<usize> = (0..self.shape.key_columns.len()).collect();
+        let keys: Vec<Row> = keys
             .into_iter()
             .filter(|key| {
                 let bytes = key_bytes(key, &all);
-                !resolution.uploaded_delete_keys.contains(&bytes)
-                    && !conflict_delete_keys.contains(&bytes)
+                !self.resolution.uploaded_delete_keys.contains(&bytes)
+                    && !self.conflict_delete_keys.contains(&bytes)
             })
             .collect();
+        self.rows_sent += keys.len() as u64;
+        Ok(self.chunk(Vec::new(), Vec::new(), keys))
     }
-    download
-        .deletes
-        .extend(resolution.conflict_deletes.iter().cloned());
-    // A key deleted and then written again in the partition is an upsert: the client
-    // applies deletes first, so the delete would be redundant.
-    if !download.deletes.is_empty() && !download.upserts.is_empty() {
-        let key_positions = key_positions_in(
-            &download.columns,
-            &shape.key_columns,
-            table,
-            DOWNLOAD_CURSOR,
-        )?;
-        let upserted: HashSet<Vec<u8>> = download
-            .upserts
-            .iter()
-            .map(|row| key_bytes(row, &key_positions))
+
+    /// Conflicting keys the client must drop; send after the delete cursor's chunks.
+    pub fn conflict_deletes(&mut self) -> Download {
+        self.rows_sent += self.resolution.conflict_deletes.len() as u64;
+        self.chunk(
+            Vec::new(),
+            Vec::new(),
+            self.resolution.conflict_deletes.clone(),
+        )
+    }
+
+    /// A batch of the download cursor, as a chunk to send.
+    pub fn upserts(&mut self, columns: &[String], rows: Vec<Row>) -> Result<Download, SyncError> {
+        if self.cursor.is_none() {
+            let table = self.shape.name.as_str();
+            let key_positions =
+                key_positions_in(columns, &self.shape.key_columns, table, DOWNLOAD_CURSOR)?;
+            if !self.resolution.conflict_upserts.is_empty()
+                && self.resolution.conflict_columns != columns
+            {
+                return Err(SyncError::Script {
+                    event: UPLOAD_FETCH.to_string(),
+                    table: table.to_string(),
+                    message: format!(
+                        "upload_fetch selects {:?} but download_cursor selects {columns:?}; they must select the same columns",
+                        self.resolution.conflict_columns
+                    ),
+                });
+            }
+            self.conflict_upsert_keys = self
+                .resolution
+                .conflict_upserts
+                .iter()
+                .map(|row| key_bytes(row, &key_positions))
+                .collect();
+            self.cursor = Some((columns.to_vec(), key_positions));
+        }
+        let (columns, key_positions) = self.cursor.as_ref().expect("set above");
+        let rows: Vec<Row> = rows
+            .into_iter()
+            .filter(|row| {
+                let key = key_bytes(row, key_positions);
+                !self.resolution.uploaded_upsert_keys.contains(&key)
+                    && !self.conflict_upsert_keys.contains(&key)
+            })
             .collect();
-        let all: Vec<usize> = (0..shape.key_columns.len()).collect();
-        download
-            .deletes
-            .retain(|key| !upserted.contains(&key_bytes(key, &all)));
+        self.rows_sent += rows.len() as u64;
+        Ok(self.chunk(columns.clone(), rows, Vec::new()))
     }
-    Ok(download)
+
+    /// The current rows of conflicting keys (server wins); send last.
+    pub fn conflict_upserts(&mut self) -> Download {
+        self.rows_sent += self.resolution.conflict_upserts.len() as u64;
+        self.chunk(
+            self.resolution.conflict_columns.clone(),
+            self.resolution.conflict_upserts.clone(),
+            Vec::new(),
+        )
+    }
 }
 
 /// Rewrites named parameters (`:user`) as positional ones (`$1`) for databases that

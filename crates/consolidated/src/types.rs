@@ -1,4 +1,4 @@
-use rowsync_protocol::{Download, SyncSummary, TableUpload};
+use rowsync_protocol::{SyncSummary, TableUpload};
 
 /// One sync's database work, assembled by the server once the whole upload is in hand.
 #[derive(Debug, Clone)]
@@ -22,21 +22,14 @@ impl SyncRequest {
     }
 }
 
-/// What a sync sends back: whole tables (the server splits them into frames).
+/// What a sync did, once its transaction committed; its download went to the
+/// `DownloadSender`.
 #[derive(Debug, Clone, Default)]
 pub struct SyncOutcome {
-    pub downloads: Vec<Download>,
     pub watermark: i64,
     pub summary: SyncSummary,
-}
-
-impl SyncOutcome {
-    pub fn download_row_count(&self) -> u64 {
-        self.downloads
-            .iter()
-            .map(|table| (table.upserts.len() + table.deletes.len()) as u64)
-            .sum()
-    }
+    /// Rows (upserts and deletes) streamed to the download.
+    pub download_rows: u64,
 }
 
 /// `rowsync init`: make an existing table synchronizable in a script version.

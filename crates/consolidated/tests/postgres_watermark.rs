@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use rowsync_consolidated::postgres::value::Read;
 use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::{
-    Consolidated, ConsolidatedConnection, SyncError, SyncRequest, TableInit,
+    synchronize_collect, Consolidated, ConsolidatedConnection, SyncError, SyncRequest, TableInit,
 };
 use rowsync_protocol::{Row, TableUpload, Value};
 use tokio_postgres::{Client, NoTls};
@@ -90,7 +90,7 @@ impl Replica {
 
     async fn sync(&mut self, backend: &mut impl ConsolidatedConnection) {
         let request = self.request(vec![]);
-        let outcome = backend.synchronize(request).await.unwrap();
+        let outcome = synchronize_collect(backend, request).await.unwrap();
         for download in outcome.downloads {
             for key in download.deletes {
                 let Value::Int(id) = key[0] else {
@@ -319,9 +319,7 @@ async fn a_second_concurrent_sync_of_one_client_is_refused_and_changes_nothing()
         inserts: vec![vec![Value::Int(7), "u0".into(), Value::Int(7)]],
         ..TableUpload::default()
     };
-    let refused = backend
-        .synchronize(replica.request(vec![upload.clone()]))
-        .await;
+    let refused = synchronize_collect(&mut backend, replica.request(vec![upload.clone()])).await;
     match refused {
         Err(SyncError::AlreadySynchronizing { client_id }) => assert_eq!(client_id, "c1"),
         other => panic!("expected already synchronizing, got {other:?}"),
@@ -336,8 +334,7 @@ async fn a_second_concurrent_sync_of_one_client_is_refused_and_changes_nothing()
     neighbour.sync(&mut backend).await;
     other.batch_execute("ROLLBACK").await.unwrap();
     replica.upload_sequence -= 1;
-    backend
-        .synchronize(replica.request(vec![upload]))
+    synchronize_collect(&mut backend, replica.request(vec![upload]))
         .await
         .unwrap();
     assert_eq!(committed(&reader, "u0").await.len(), 1);

@@ -14,11 +14,15 @@ pub struct ServerConfig {
     pub upload_bytes_max: usize,
     /// Download messages are cut at about this many bytes.
     pub download_message_bytes_max: usize,
+    /// Encoded download bytes one sync keeps in memory; beyond, they go to a temporary file.
+    pub download_spool_memory_bytes_max: usize,
+    /// Encoded download bytes one sync may send at all.
+    pub download_bytes_max: u64,
     /// Retry hint sent with *busy*.
     pub busy_retry_after_ms: u32,
     /// A connection that sends nothing for this long is closed.
     pub read_timeout: Duration,
-    /// A client that does not take the download for this long is dropped.
+    /// A client whose reading of the download makes no progress for this long is dropped.
     pub write_timeout: Duration,
 }
 
@@ -30,6 +34,8 @@ impl Default for ServerConfig {
             frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
             upload_bytes_max: 512 * 1024 * 1024,
             download_message_bytes_max: 1024 * 1024,
+            download_spool_memory_bytes_max: 16 * 1024 * 1024,
+            download_bytes_max: 16 * 1024 * 1024 * 1024,
             busy_retry_after_ms: 1000,
             read_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(60),

@@ -1,104 +1,236 @@
-//! Cuts a sync's download into frames of bounded size.
+//! The download on its way to the client: chunks from the backend are encoded into
+//! frames as they arrive and kept in a spool (memory up to a limit, then an unnamed
+//! temporary file), so the worker is released before the client reads anything and no
+//! download is ever held whole in memory.
 
 use rowsync_consolidated::SyncOutcome;
 use rowsync_protocol::{encode_frame, Download, EndDownload, Message, Row, Value};
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
 
 fn row_bytes(row: &Row) -> usize {
     2 + row.iter().map(Value::encoded_len).sum::<usize>()
 }
 
-/// The frames of the download, each table split where a message would pass
-/// `message_bytes_max`, then the end of download.
-pub fn download_frames(outcome: SyncOutcome, message_bytes_max: usize) -> Vec<Vec<u8>> {
+/// Frames of one chunk, split where a message would pass `message_bytes_max`.
+pub fn chunk_frames(chunk: Download, message_bytes_max: usize) -> Vec<Vec<u8>> {
+    let Download {
+        table,
+        columns,
+        key_columns,
+        upserts,
+        deletes,
+    } = chunk;
+    let empty = || Download {
+        table: table.clone(),
+        columns: columns.clone(),
+        key_columns: key_columns.clone(),
+        ..Download::default()
+    };
     let mut frames = Vec::new();
-    for download in outcome.downloads {
-        let Download {
-            table,
-            columns,
-            key_columns,
-            upserts,
-            deletes,
-        } = download;
-        let empty = || Download {
-            table: table.clone(),
-            columns: columns.clone(),
-            key_columns: key_columns.clone(),
-            ..Download::default()
-        };
-        let mut chunk = empty();
-        let mut chunk_bytes = 0;
-        for (is_upsert, row) in upserts
-            .into_iter()
-            .map(|row| (true, row))
-            .chain(deletes.into_iter().map(|row| (false, row)))
-        {
-            chunk_bytes += row_bytes(&row);
-            if is_upsert {
-                chunk.upserts.push(row);
-            } else {
-                chunk.deletes.push(row);
-            }
-            if chunk_bytes >= message_bytes_max {
-                frames.push(encode_frame(&Message::Download(std::mem::replace(
-                    &mut chunk,
-                    empty(),
-                ))));
-                chunk_bytes = 0;
-            }
+    let mut current = empty();
+    let mut current_bytes = 0;
+    // Deletes first: a receiver applying messages in order must drop before it writes.
+    for (is_upsert, row) in deletes
+        .into_iter()
+        .map(|row| (false, row))
+        .chain(upserts.into_iter().map(|row| (true, row)))
+    {
+        current_bytes += row_bytes(&row);
+        if is_upsert {
+            current.upserts.push(row);
+        } else {
+            current.deletes.push(row);
         }
-        if !chunk.upserts.is_empty() || !chunk.deletes.is_empty() {
-            frames.push(encode_frame(&Message::Download(chunk)));
+        if current_bytes >= message_bytes_max {
+            frames.push(encode_frame(&Message::Download(std::mem::replace(
+                &mut current,
+                empty(),
+            ))));
+            current_bytes = 0;
         }
     }
-    frames.push(encode_frame(&Message::EndDownload(EndDownload {
-        watermark: outcome.watermark,
-        summary: outcome.summary,
-    })));
+    if !current.upserts.is_empty() || !current.deletes.is_empty() {
+        frames.push(encode_frame(&Message::Download(current)));
+    }
     frames
 }
+
+pub fn end_frame(outcome: &SyncOutcome) -> Vec<u8> {
+    encode_frame(&Message::EndDownload(EndDownload {
+        watermark: outcome.watermark,
+        summary: outcome.summary,
+    }))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpoolError {
+    #[error("the download exceeds the limit of {limit_bytes} bytes")]
+    TooLarge { limit_bytes: u64 },
+    #[error("spilling the download to a temporary file failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Encoded download frames: in memory up to `memory_bytes_max`, then in a temporary
+/// file (unnamed: it disappears with the spool, whatever happens).
+pub struct Spool {
+    memory: Vec<u8>,
+    file: Option<tokio::fs::File>,
+    bytes: u64,
+    memory_bytes_max: usize,
+    bytes_max: u64,
+}
+
+impl Spool {
+    pub fn new(memory_bytes_max: usize, bytes_max: u64) -> Spool {
+        Spool {
+            memory: Vec::new(),
+            file: None,
+            bytes: 0,
+            memory_bytes_max,
+            bytes_max,
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn spilled(&self) -> bool {
+        self.file.is_some()
+    }
+
+    pub async fn append(&mut self, frame: &[u8]) -> Result<(), SpoolError> {
+        self.bytes += frame.len() as u64;
+        if self.bytes > self.bytes_max {
+            return Err(SpoolError::TooLarge {
+                limit_bytes: self.bytes_max,
+            });
+        }
+        if self.file.is_none() && self.memory.len() + frame.len() <= self.memory_bytes_max {
+            self.memory.extend_from_slice(frame);
+            return Ok(());
+        }
+        if self.file.is_none() {
+            let file = tokio::task::spawn_blocking(tempfile::tempfile)
+                .await
+                .map_err(|error| std::io::Error::other(error.to_string()))??;
+            self.file = Some(tokio::fs::File::from_std(file));
+        }
+        let file = self.file.as_mut().expect("created above");
+        file.write_all(frame).await?;
+        Ok(())
+    }
+
+    /// Writes everything spooled, in order, to `out`; each write must progress within
+    /// `write_timeout` (a slow client is dropped, a large download is not).
+    pub async fn send_to(
+        mut self,
+        out: &mut (impl AsyncWrite + Unpin),
+        write_timeout: std::time::Duration,
+    ) -> std::io::Result<()> {
+        let stalled = || {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client stopped reading the download",
+            )
+        };
+        for piece in self.memory.chunks(SPOOL_READ_BYTES) {
+            tokio::time::timeout(write_timeout, out.write_all(piece))
+                .await
+                .map_err(|_| stalled())??;
+        }
+        if let Some(mut file) = self.file.take() {
+            file.flush().await?;
+            file.seek(std::io::SeekFrom::Start(0)).await?;
+            let mut buffer = vec![0u8; SPOOL_READ_BYTES];
+            loop {
+                let read = file.read(&mut buffer).await?;
+                if read == 0 {
+                    break;
+                }
+                tokio::time::timeout(write_timeout, out.write_all(&buffer[..read]))
+                    .await
+                    .map_err(|_| stalled())??;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Bytes read back from a spilled spool at a time.
+const SPOOL_READ_BYTES: usize = 256 * 1024;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rowsync_protocol::{decode_message, FRAME_HEADER_BYTES};
+    use rowsync_protocol::{FrameDecoder, FRAME_BYTES_MAX_DEFAULT};
+
+    fn chunk(start: i64, rows: i64) -> Download {
+        Download {
+            table: "t".into(),
+            columns: vec!["id".into(), "text".into()],
+            key_columns: vec!["id".into()],
+            upserts: (start..start + rows)
+                .map(|i| vec![Value::Int(i), Value::Text("x".repeat(100))])
+                .collect(),
+            deletes: vec![vec![Value::Int(-start)]],
+        }
+    }
 
     #[test]
-    fn splits_large_tables_and_keeps_every_row() {
-        let outcome = SyncOutcome {
-            downloads: vec![Download {
-                table: "t".into(),
-                columns: vec!["id".into(), "text".into()],
-                key_columns: vec!["id".into()],
-                upserts: (0..1000)
-                    .map(|i| vec![Value::Int(i), Value::Text("x".repeat(100))])
-                    .collect(),
-                deletes: (0..10).map(|i| vec![Value::Int(i + 5000)]).collect(),
-            }],
-            watermark: 7,
-            summary: Default::default(),
-        };
-        let frames = download_frames(outcome, 10_000);
+    fn chunks_split_by_size_keep_every_row_with_deletes_first() {
+        let frames = chunk_frames(chunk(0, 1000), 10_000);
         assert!(
             frames.len() > 10,
             "expected many frames, got {}",
             frames.len()
         );
-        let (mut upserts, mut deletes) = (0, 0);
+        let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
+        let mut upserts = 0;
+        let mut first = true;
         for frame in &frames {
-            assert!(
-                frame.len() < 10_000 + 1_000,
-                "frame of {} bytes",
-                frame.len()
-            );
-            match decode_message(&frame[FRAME_HEADER_BYTES..]).unwrap() {
-                Message::Download(download) => {
-                    upserts += download.upserts.len();
-                    deletes += download.deletes.len();
-                }
-                Message::EndDownload(end) => assert_eq!(end.watermark, 7),
-                other => panic!("unexpected {other:?}"),
+            assert!(frame.len() < 11_000, "frame of {} bytes", frame.len());
+            decoder.feed(frame);
+            let Some(Message::Download(download)) = decoder.next_message().unwrap() else {
+                panic!("a download")
+            };
+            if first {
+                assert_eq!(download.deletes, vec![vec![Value::Int(0)]]);
+                first = false;
+            }
+            upserts += download.upserts.len();
+        }
+        assert_eq!(upserts, 1000);
+    }
+
+    #[tokio::test]
+    async fn a_spool_past_its_memory_limit_spills_and_replays_in_order() {
+        let mut spool = Spool::new(50_000, 10_000_000);
+        let mut expected = Vec::new();
+        for n in 0..20 {
+            for frame in chunk_frames(chunk(n * 100, 100), 4096) {
+                expected.extend_from_slice(&frame);
+                spool.append(&frame).await.unwrap();
             }
         }
-        assert_eq!((upserts, deletes), (1000, 10));
+        assert!(spool.spilled());
+        assert_eq!(spool.bytes(), expected.len() as u64);
+        let mut out = Vec::new();
+        spool
+            .send_to(&mut out, std::time::Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(out, expected);
+    }
+
+    #[tokio::test]
+    async fn a_spool_refuses_to_grow_past_its_limit() {
+        let mut spool = Spool::new(1000, 5000);
+        let frame = vec![0u8; 3000];
+        spool.append(&frame).await.unwrap();
+        assert!(matches!(
+            spool.append(&frame).await,
+            Err(SpoolError::TooLarge { limit_bytes: 5000 })
+        ));
     }
 }

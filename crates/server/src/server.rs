@@ -6,14 +6,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rowsync_consolidated::{Consolidated, ConsolidatedConnection, SyncError, SyncRequest};
+use rowsync_consolidated::{
+    download_channel, Consolidated, ConsolidatedConnection, DownloadMessage, SyncError, SyncRequest,
+};
 use rowsync_protocol::{encode_frame, DecodeError, ErrorCode, FrameDecoder, Message, WireError};
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use crate::download::download_frames;
+use crate::download::{chunk_frames, end_frame, Spool, SpoolError};
 use crate::pool::WorkerPool;
 use crate::session::{ReceivedUpload, ServerSession, Step};
 use crate::{auth, ServerConfig};
@@ -207,31 +209,80 @@ async fn run_sync<B: Consolidated>(
         upload_sequence: upload.upload_sequence,
         tables: upload.tables,
     });
-    let mut worker = shared.pool.acquire().await.map_err(database_failure)?;
-    let outcome = worker.connection().synchronize(Arc::clone(&request)).await;
-    let outcome = match outcome {
-        Ok(outcome) => {
-            drop(worker);
-            outcome
+    // The download is encoded into the spool while the worker reads it.
+    let (sender, mut chunks) = download_channel();
+    let message_bytes_max = config.download_message_bytes_max;
+    let mut spool = Spool::new(
+        config.download_spool_memory_bytes_max,
+        config.download_bytes_max,
+    );
+    let spooling = tokio::spawn(async move {
+        while let Some(message) = chunks.recv().await {
+            match message {
+                DownloadMessage::Chunk(chunk) => {
+                    for frame in chunk_frames(chunk, message_bytes_max) {
+                        spool.append(&frame).await?;
+                    }
+                }
+                DownloadMessage::Finish(answer) => {
+                    let _ = answer.send(Ok(()));
+                }
+            }
         }
-        Err(error) => {
+        Ok::<Spool, SpoolError>(spool)
+    });
+    let mut worker = shared.pool.acquire().await.map_err(database_failure)?;
+    let outcome = worker
+        .connection()
+        .synchronize(Arc::clone(&request), sender)
+        .await;
+    let spooled = spooling
+        .await
+        .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?;
+    let (outcome, spool) = match (outcome, spooled) {
+        (Ok(outcome), Ok(spool)) => {
+            drop(worker);
+            (outcome, spool)
+        }
+        (Err(error), spooled) => {
             if matches!(error, SyncError::Database(_)) {
                 worker.discard();
             } else {
                 drop(worker);
             }
+            // A spool failure (size, disk) is the cause when the backend only saw its
+            // receiver go away.
+            let wire = match (&error, spooled) {
+                (
+                    SyncError::DownloadAbandoned | SyncError::DownloadRefused(_),
+                    Err(spool_error),
+                ) => WireError::new(ErrorCode::Internal, spool_error.to_string()),
+                _ => WireError::new(error.code(), error.to_string()),
+            };
+            return Err(Failure::tell(wire));
+        }
+        (Ok(_), Err(spool_error)) => {
+            // Committed, but the download cannot be sent: the client retries, and its
+            // upload is then acknowledged as already applied.
+            drop(worker);
             return Err(Failure::tell(WireError::new(
-                error.code(),
-                error.to_string(),
+                ErrorCode::Internal,
+                spool_error.to_string(),
             )));
         }
     };
     let summary = format!(
-        "client {:?} user {:?}: {} rows up, {} rows down, {} conflicts{}",
+        "client {:?} user {:?}: {} rows up, {} rows down ({} bytes{}), {} conflicts{}",
         request.client_id,
         request.user,
         outcome.summary.rows_uploaded,
-        outcome.download_row_count(),
+        outcome.download_rows,
+        spool.bytes(),
+        if spool.spilled() {
+            ", spilled to disk"
+        } else {
+            ""
+        },
         outcome.summary.conflicts,
         if outcome.summary.upload_already_applied {
             ", upload already applied"
@@ -239,23 +290,25 @@ async fn run_sync<B: Consolidated>(
             ""
         },
     );
-    // The worker is released: encoding and sending happen while it serves others.
-    let frames = download_frames(outcome, config.download_message_bytes_max);
-    let sent = tokio::time::timeout(config.write_timeout, async {
-        for frame in &frames {
-            stream.write_all(frame).await?;
-        }
-        stream.flush().await
-    })
+    // The worker is released: sending happens while it serves others.
+    let end = end_frame(&outcome);
+    let sent = async {
+        spool.send_to(stream, config.write_timeout).await?;
+        tokio::time::timeout(config.write_timeout, async {
+            stream.write_all(&end).await?;
+            stream.flush().await
+        })
+        .await
+        .map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "the client stopped reading")
+        })?
+    }
     .await;
     match sent {
-        Ok(Ok(())) => Ok(summary),
-        Ok(Err(error)) => Err(Failure::silent(format!(
+        Ok(()) => Ok(summary),
+        Err(error) => Err(Failure::silent(format!(
             "sending the download failed after commit: {error}"
         ))),
-        Err(_) => Err(Failure::silent(
-            "sending the download timed out after commit".into(),
-        )),
     }
 }
 

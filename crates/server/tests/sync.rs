@@ -389,3 +389,53 @@ async fn above_the_connection_limit_clients_get_busy_then_succeed() {
     assert_eq!(report.rows_downloaded, 2);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_far_larger_than_the_spool_memory_spills_and_arrives_whole() {
+    let config = ServerConfig {
+        download_spool_memory_bytes_max: 4 * 1024,
+        download_message_bytes_max: 2 * 1024,
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start_with(config).await;
+    let office = server.consolidated();
+    office
+        .execute_batch(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 5000)
+             INSERT INTO orders SELECT 'bulk-' || i, 'alice', 'an item of ordinary length ' || i, i FROM n",
+        )
+        .unwrap();
+    let mut alice = server.client("alice-1");
+    let report = alice.sync(&server.options("alice")).await.unwrap();
+    assert_eq!(report.rows_downloaded, 5002);
+    assert_eq!(
+        client_orders(&alice),
+        server.consolidated_orders(Some("alice"))
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_above_its_limit_is_refused_and_the_upload_rolled_back() {
+    let config = ServerConfig {
+        download_bytes_max: 40,
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start_with(config).await;
+    let before = server.snapshot();
+    let mut alice = server.client("alice-1");
+    alice
+        .connection()
+        .execute("INSERT INTO orders VALUES ('a-1', 'alice', 'x', 1)", [])
+        .unwrap();
+    let Err(ClientError::Server(error)) = alice.sync(&server.options("alice")).await else {
+        panic!("expected a refusal")
+    };
+    assert!(
+        error.message.contains("exceeds the limit of 40 bytes"),
+        "{}",
+        error.message
+    );
+    assert_eq!(server.snapshot(), before, "nothing of the upload stayed");
+    server.stop().await;
+}

@@ -23,7 +23,8 @@ use rowsync_protocol::Row;
 use tokio_postgres::{Client, NoTls};
 
 use crate::{
-    Consolidated, ConsolidatedConnection, DbError, SyncError, SyncOutcome, SyncRequest, TableInit,
+    Consolidated, ConsolidatedConnection, DbError, DownloadSender, SyncError, SyncOutcome,
+    SyncRequest, TableInit,
 };
 
 /// Attempts of one sync's transaction when it meets a concurrent insert of the same
@@ -91,11 +92,19 @@ impl ConsolidatedConnection for PostgresConnection {
         schema::init_table(&mut self.client, init).await
     }
 
-    async fn synchronize(&mut self, request: Arc<SyncRequest>) -> Result<SyncOutcome, SyncError> {
+    async fn synchronize(
+        &mut self,
+        request: Arc<SyncRequest>,
+        download: DownloadSender,
+    ) -> Result<SyncOutcome, SyncError> {
         let mut attempt = 1;
         loop {
-            match sync::synchronize(&mut self.client, &request).await {
-                Err(error) if sync::is_retryable(&error) && attempt < SYNC_ATTEMPTS_MAX => {
+            match sync::synchronize(&mut self.client, &request, &download).await {
+                Err(error)
+                    if sync::is_retryable(&error)
+                        && attempt < SYNC_ATTEMPTS_MAX
+                        && download.chunks_sent() == 0 =>
+                {
                     tracing::debug!(%error, attempt, "retrying the sync transaction");
                     attempt += 1;
                 }

@@ -367,10 +367,13 @@ pub fn default_scripts(
         ),
         (
             DOWNLOAD_DELETE_CURSOR,
+            // Keys back in the partition are downloaded as rows; their tombstones are moot.
             format!(
-                "SELECT {key_list} FROM {tombstones} WHERE xid >= :last_download AND rs_partition = :user::text",
-                key_list = list(keys, ""),
+                "SELECT {key_list} FROM {tombstones} AS d WHERE d.rs_partition = :user::text AND d.xid >= :last_download \
+                 AND NOT EXISTS (SELECT 1 FROM {table} AS t WHERE {td} AND t.{partition} = {user})",
+                key_list = list(keys, "d."),
                 tombstones = q(&tombstone_table(&shape.name)),
+                td = key_match(keys, "t", "d"),
             ),
         ),
     ]

@@ -12,11 +12,14 @@ use tokio_postgres::{Client, Transaction};
 use super::schema::table_shape;
 use super::value::{Bind, Read};
 use crate::plan::{
-    assemble_download, positional_parameters, validate_upload_shape, Parameters, Resolution,
+    positional_parameters, validate_upload_shape, DownloadFilter, Parameters, Resolution,
     ScriptRows, Scripts, TableShape,
 };
 use crate::scripts::*;
-use crate::{quote_identifier as q, DbError, SyncError, SyncOutcome, SyncRequest};
+use crate::{
+    quote_identifier as q, DbError, DownloadSender, SyncError, SyncOutcome, SyncRequest,
+    DOWNLOAD_BATCH_ROWS,
+};
 
 /// Staged rows above which the staging table is analyzed before the script runs, so the
 /// planner joins it by hash rather than by nested loop.
@@ -45,6 +48,7 @@ SELECT COALESCE((SELECT min(xid) FROM running), (SELECT GREATEST(xmax, own + 1) 
 pub async fn synchronize(
     client: &mut Client,
     request: &SyncRequest,
+    download: &DownloadSender,
 ) -> Result<SyncOutcome, SyncError> {
     let transaction = client.transaction().await?;
     let locked: bool = transaction
@@ -107,41 +111,37 @@ pub async fn synchronize(
     // Taken before the download is read: the cursors' later snapshots see every
     // transaction below it.
     let watermark: i64 = transaction.query_one(WATERMARK_QUERY, &[]).await?.get(0);
-    let mut downloads = Vec::new();
+    let mut download_rows = 0;
     for table in scripts.download_tables() {
         let shape = shape_of(&transaction, table).await?;
-        let cursor = match scripts.get(table, DOWNLOAD_CURSOR) {
-            Some(_) => Some(
-                query_script(
-                    &transaction,
-                    &scripts,
-                    table,
-                    DOWNLOAD_CURSOR,
-                    &[],
-                    &parameters,
-                )
-                .await?,
-            ),
-            None => None,
-        };
-        let delete_cursor = match scripts.get(table, DOWNLOAD_DELETE_CURSOR) {
-            Some(_) => Some(
-                query_script(
-                    &transaction,
-                    &scripts,
-                    table,
-                    DOWNLOAD_DELETE_CURSOR,
-                    &[],
-                    &parameters,
-                )
-                .await?,
-            ),
-            None => None,
-        };
-        let download = assemble_download(&shape, cursor, delete_cursor, resolutions.get(table))?;
-        if !download.upserts.is_empty() || !download.deletes.is_empty() {
-            downloads.push(download);
+        let mut filter = DownloadFilter::new(&shape, resolutions.get(table));
+        if scripts.get(table, DOWNLOAD_DELETE_CURSOR).is_some() {
+            let mut batches = Batches::open(
+                &transaction,
+                &scripts,
+                table,
+                DOWNLOAD_DELETE_CURSOR,
+                &parameters,
+            )
+            .await?;
+            while let Some(keys) = batches.next(&transaction).await? {
+                download
+                    .send(filter.deletes(&batches.columns, keys)?)
+                    .await?;
+            }
         }
+        download.send(filter.conflict_deletes()).await?;
+        if scripts.get(table, DOWNLOAD_CURSOR).is_some() {
+            let mut batches =
+                Batches::open(&transaction, &scripts, table, DOWNLOAD_CURSOR, &parameters).await?;
+            while let Some(rows) = batches.next(&transaction).await? {
+                download
+                    .send(filter.upserts(&batches.columns, rows)?)
+                    .await?;
+            }
+        }
+        download.send(filter.conflict_upserts()).await?;
+        download_rows += filter.rows_sent;
     }
     transaction
         .execute(
@@ -155,9 +155,11 @@ pub async fn synchronize(
             &[&request.client_id, &request.user, &request.script_version, &upload_sequence, &watermark],
         )
         .await?;
+    // The server must hold the whole download before the upload is committed.
+    download.finish().await?;
     transaction.commit().await?;
     Ok(SyncOutcome {
-        downloads,
+        download_rows,
         watermark,
         summary: SyncSummary {
             rows_uploaded: request.upload_operation_count(),
@@ -165,6 +167,74 @@ pub async fn synchronize(
             upload_already_applied,
         },
     })
+}
+
+/// A query script read through a portal, `DOWNLOAD_BATCH_ROWS` rows at a time, so a
+/// download of any size takes bounded memory.
+struct Batches {
+    portal: tokio_postgres::Portal,
+    columns: Vec<String>,
+    table: String,
+    event: &'static str,
+    done: bool,
+}
+
+impl Batches {
+    async fn open(
+        transaction: &Transaction<'_>,
+        scripts: &Scripts,
+        table: &str,
+        event: &'static str,
+        parameters: &Parameters<'_>,
+    ) -> Result<Batches, SyncError> {
+        let sql = scripts.expand(table, event, &[])?;
+        let (sql, values) = bind_script(&sql, parameters, table, event)?;
+        let statement = transaction
+            .prepare(&sql)
+            .await
+            .map_err(|error| script_failure(event, table, error))?;
+        let binds = binds_of(&values);
+        let params: Vec<&(dyn ToSql + Sync)> = binds
+            .iter()
+            .map(|bind| bind as &(dyn ToSql + Sync))
+            .collect();
+        let portal = transaction
+            .bind(&statement, &params)
+            .await
+            .map_err(|error| script_failure(event, table, error))?;
+        Ok(Batches {
+            portal,
+            columns: statement
+                .columns()
+                .iter()
+                .map(|column| column.name().to_string())
+                .collect(),
+            table: table.to_string(),
+            event,
+            done: false,
+        })
+    }
+
+    async fn next(&mut self, transaction: &Transaction<'_>) -> Result<Option<Vec<Row>>, SyncError> {
+        if self.done {
+            return Ok(None);
+        }
+        let rows = transaction
+            .query_portal(&self.portal, DOWNLOAD_BATCH_ROWS as i32)
+            .await
+            .map_err(|error| script_failure(self.event, &self.table, error))?;
+        self.done = rows.len() < DOWNLOAD_BATCH_ROWS;
+        let batch = rows
+            .iter()
+            .map(|row| {
+                (0..row.len())
+                    .map(|index| row.try_get::<_, Read>(index).map(|read| read.0))
+                    .collect()
+            })
+            .collect::<Result<Vec<Row>, _>>()
+            .map_err(|error| script_failure(self.event, &self.table, error))?;
+        Ok(if batch.is_empty() { None } else { Some(batch) })
+    }
 }
 
 async fn load_scripts(transaction: &Transaction<'_>, version: &str) -> Result<Scripts, SyncError> {

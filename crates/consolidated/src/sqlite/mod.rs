@@ -15,7 +15,8 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 
 use crate::{
-    Consolidated, ConsolidatedConnection, DbError, SyncError, SyncOutcome, SyncRequest, TableInit,
+    Consolidated, ConsolidatedConnection, DbError, DownloadSender, SyncError, SyncOutcome,
+    SyncRequest, TableInit,
 };
 
 /// How long a connection waits for another writer before failing with "database is locked".
@@ -120,8 +121,12 @@ impl ConsolidatedConnection for SqliteConnection {
             .await
     }
 
-    async fn synchronize(&mut self, request: Arc<SyncRequest>) -> Result<SyncOutcome, SyncError> {
-        self.run(move |connection| sync::synchronize(connection, &request))
+    async fn synchronize(
+        &mut self,
+        request: Arc<SyncRequest>,
+        download: DownloadSender,
+    ) -> Result<SyncOutcome, SyncError> {
+        self.run(move |connection| sync::synchronize(connection, &request, &download))
             .await
     }
 

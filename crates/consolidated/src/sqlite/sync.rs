@@ -5,20 +5,22 @@
 
 use std::collections::HashMap;
 
-use rowsync_protocol::{Download, Row, SyncSummary, TableUpload, Value};
+use rowsync_protocol::{Row, SyncSummary, TableUpload, Value};
 use rusqlite::{params, Connection, OptionalExtension, Statement, TransactionBehavior};
 
 use super::schema::table_shape;
 use crate::plan::{
-    assemble_download, validate_upload_shape, Parameters, Resolution, ScriptRows, Scripts,
-    TableShape,
+    validate_upload_shape, DownloadFilter, Parameters, Resolution, ScriptRows, Scripts, TableShape,
 };
 use crate::scripts::*;
-use crate::{quote_identifier as q, SyncError, SyncOutcome, SyncRequest};
+use crate::{
+    quote_identifier as q, DownloadSender, SyncError, SyncOutcome, SyncRequest, DOWNLOAD_BATCH_ROWS,
+};
 
 pub fn synchronize(
     connection: &mut Connection,
     request: &SyncRequest,
+    download: &DownloadSender,
 ) -> Result<SyncOutcome, SyncError> {
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let scripts = load_scripts(&transaction, &request.script_version)?;
@@ -71,18 +73,16 @@ pub fn synchronize(
         transaction.query_row("SELECT version FROM rs_clock WHERE id = 1", [], |row| {
             row.get(0)
         })?;
-    let mut downloads = Vec::new();
+    let mut download_rows = 0;
     for table in scripts.download_tables() {
-        let download = fetch_download(
+        download_rows += stream_download(
             &transaction,
             &scripts,
             table,
             &parameters,
             resolutions.get(table),
+            download,
         )?;
-        if !download.upserts.is_empty() || !download.deletes.is_empty() {
-            downloads.push(download);
-        }
     }
     transaction.execute(
         "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark, last_sync_at)
@@ -94,9 +94,11 @@ pub fn synchronize(
              last_sync_at = excluded.last_sync_at",
         params![request.client_id, request.user, request.script_version, upload_sequence, watermark],
     )?;
+    // The server must hold the whole download before the upload is committed.
+    download.blocking_finish()?;
     transaction.commit()?;
     Ok(SyncOutcome {
-        downloads,
+        download_rows,
         watermark,
         summary: SyncSummary {
             rows_uploaded: request.upload_operation_count(),
@@ -477,25 +479,73 @@ fn resolve_conflicts(
     resolution.resolve(shape, conflict_keys, columns, rows)
 }
 
-fn fetch_download(
+/// Streams one table's download: the delete cursor, conflict deletes, the download
+/// cursor, conflict upserts, each cursor read and sent `DOWNLOAD_BATCH_ROWS` at a time.
+fn stream_download(
     connection: &Connection,
     scripts: &Scripts,
     table: &str,
     parameters: &Parameters,
     resolution: Option<&Resolution>,
-) -> Result<Download, SyncError> {
+    download: &DownloadSender,
+) -> Result<u64, SyncError> {
     let shape = table_shape(connection, table)?.ok_or_else(|| {
         SyncError::Schema(format!(
             "table {table:?} does not exist in the consolidated database"
         ))
     })?;
-    let run = |event: &str| -> Result<Option<ScriptRows>, SyncError> {
-        match scripts.get(table, event) {
-            Some(_) => query_script(connection, scripts, table, event, &[], parameters).map(Some),
-            None => Ok(None),
+    let mut filter = DownloadFilter::new(&shape, resolution);
+    if scripts.get(table, DOWNLOAD_DELETE_CURSOR).is_some() {
+        for_each_batch(
+            connection,
+            scripts,
+            table,
+            DOWNLOAD_DELETE_CURSOR,
+            parameters,
+            |columns, keys| download.blocking_send(filter.deletes(columns, keys)?),
+        )?;
+    }
+    download.blocking_send(filter.conflict_deletes())?;
+    if scripts.get(table, DOWNLOAD_CURSOR).is_some() {
+        for_each_batch(
+            connection,
+            scripts,
+            table,
+            DOWNLOAD_CURSOR,
+            parameters,
+            |columns, rows| download.blocking_send(filter.upserts(columns, rows)?),
+        )?;
+    }
+    download.blocking_send(filter.conflict_upserts())?;
+    Ok(filter.rows_sent)
+}
+
+/// Runs a query script and hands its rows over in batches.
+fn for_each_batch(
+    connection: &Connection,
+    scripts: &Scripts,
+    table: &str,
+    event: &str,
+    parameters: &Parameters,
+    mut on_batch: impl FnMut(&[String], Vec<Row>) -> Result<(), SyncError>,
+) -> Result<(), SyncError> {
+    let mut statement = prepare_script(connection, scripts, table, event, &[], parameters)?;
+    let columns: Vec<String> = statement.column_names().map(str::to_owned).collect();
+    let width = columns.len();
+    let mut batch = Vec::with_capacity(DOWNLOAD_BATCH_ROWS);
+    let mut cursor = statement.raw_query();
+    while let Some(row) = cursor
+        .next()
+        .map_err(|error| script_failure(event, table, error))?
+    {
+        let values = (0..width)
+            .map(|index| row.get::<_, Value>(index))
+            .collect::<Result<Row, _>>()
+            .map_err(|error| script_failure(event, table, error))?;
+        batch.push(values);
+        if batch.len() == DOWNLOAD_BATCH_ROWS {
+            on_batch(&columns, std::mem::take(&mut batch))?;
         }
-    };
-    let cursor = run(DOWNLOAD_CURSOR)?;
-    let delete_cursor = run(DOWNLOAD_DELETE_CURSOR)?;
-    assemble_download(&shape, cursor, delete_cursor, resolution)
+    }
+    on_batch(&columns, batch)
 }

@@ -12,7 +12,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use rowsync_consolidated::{
-    Consolidated, ConsolidatedConnection, DbError, SyncError, SyncOutcome, SyncRequest, TableInit,
+    synchronize_collect, CollectedSync, Consolidated, ConsolidatedConnection, DbError, SyncError,
+    SyncRequest, TableInit,
 };
 use rowsync_protocol::{Decimal, Download, ErrorCode, Row, RowUpdate, TableUpload, Value};
 
@@ -175,12 +176,12 @@ impl<F: Factory> Fixture<F> {
     }
 
     /// One sync on a fresh connection, as a server worker would run it.
-    async fn sync(&self, request: SyncRequest) -> Result<SyncOutcome, SyncError> {
+    async fn sync(&self, request: SyncRequest) -> Result<CollectedSync, SyncError> {
         let mut connection = self.backend.connect().await.expect("connect");
-        connection.synchronize(Arc::new(request)).await
+        synchronize_collect(&mut connection, Arc::new(request)).await
     }
 
-    async fn sync_ok(&self, request: SyncRequest) -> SyncOutcome {
+    async fn sync_ok(&self, request: SyncRequest) -> CollectedSync {
         let description = format!(
             "sync of client {:?} (user {:?}, sequence {})",
             request.client_id, request.user, request.upload_sequence
@@ -350,7 +351,7 @@ fn sorted(mut rows: Vec<Row>) -> Vec<Row> {
 
 /// The download of `table`, checked for shape; `None` when the outcome has none.
 fn download<'a>(
-    outcome: &'a SyncOutcome,
+    outcome: &'a CollectedSync,
     table: &str,
     key_columns: &[&str],
 ) -> Option<&'a Download> {
@@ -380,7 +381,7 @@ fn download<'a>(
 
 /// The upserts of `table`, projected onto `columns` and sorted.
 fn upserts_of(
-    outcome: &SyncOutcome,
+    outcome: &CollectedSync,
     table: &str,
     columns: &[&str],
     key_columns: &[&str],
@@ -415,29 +416,29 @@ fn upserts_of(
     )
 }
 
-fn deletes_of(outcome: &SyncOutcome, table: &str, key_columns: &[&str]) -> Vec<Row> {
+fn deletes_of(outcome: &CollectedSync, table: &str, key_columns: &[&str]) -> Vec<Row> {
     download(outcome, table, key_columns)
         .map(|download| sorted(download.deletes.clone()))
         .unwrap_or_default()
 }
 
-fn order_upserts(outcome: &SyncOutcome) -> Vec<Row> {
+fn order_upserts(outcome: &CollectedSync) -> Vec<Row> {
     upserts_of(outcome, "orders", &ORDER_COLUMNS, &["id"])
 }
 
-fn order_deletes(outcome: &SyncOutcome) -> Vec<Row> {
+fn order_deletes(outcome: &CollectedSync) -> Vec<Row> {
     deletes_of(outcome, "orders", &["id"])
 }
 
-fn line_upserts(outcome: &SyncOutcome) -> Vec<Row> {
+fn line_upserts(outcome: &CollectedSync) -> Vec<Row> {
     upserts_of(outcome, "lines", &LINE_COLUMNS, &["order_id", "line"])
 }
 
-fn line_deletes(outcome: &SyncOutcome) -> Vec<Row> {
+fn line_deletes(outcome: &CollectedSync) -> Vec<Row> {
     deletes_of(outcome, "lines", &["order_id", "line"])
 }
 
-fn assert_summary(outcome: &SyncOutcome, rows_uploaded: u64, conflicts: u64, already: bool) {
+fn assert_summary(outcome: &CollectedSync, rows_uploaded: u64, conflicts: u64, already: bool) {
     assert_eq!(
         outcome.summary.rows_uploaded, rows_uploaded,
         "rows uploaded"

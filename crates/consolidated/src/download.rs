@@ -1,0 +1,159 @@
+//! How a backend hands a sync's download to the server: in chunks, through a bounded
+//! channel, while its transaction runs, so no download is ever held whole in memory.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use rowsync_protocol::{Download, SyncSummary};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::{ConsolidatedConnection, SyncError, SyncOutcome, SyncRequest};
+
+/// Rows a backend reads from a download cursor at a time, and so the most rows of one
+/// chunk.
+pub const DOWNLOAD_BATCH_ROWS: usize = 1000;
+
+/// Chunks that may wait between the backend and the server's encoder.
+pub const DOWNLOAD_CHANNEL_CHUNKS: usize = 8;
+
+/// The backend's end of the download channel. Within a table, chunks of deletes come
+/// before chunks of upserts, so a receiver that applies chunks in order gets the right
+/// rows even when a key was deleted and written again.
+#[derive(Clone)]
+pub struct DownloadSender {
+    sender: mpsc::Sender<DownloadMessage>,
+    chunks_sent: Arc<AtomicUsize>,
+}
+
+/// What travels from a backend to the download's receiver.
+pub enum DownloadMessage {
+    Chunk(Download),
+    /// The download is complete; the receiver answers whether it took all of it (an
+    /// error says why not). The backend commits only after a yes.
+    Finish(oneshot::Sender<Result<(), String>>),
+}
+
+impl DownloadSender {
+    pub async fn send(&self, chunk: Download) -> Result<(), SyncError> {
+        if chunk.upserts.is_empty() && chunk.deletes.is_empty() {
+            return Ok(());
+        }
+        self.chunks_sent.fetch_add(1, Ordering::Relaxed);
+        self.sender
+            .send(DownloadMessage::Chunk(chunk))
+            .await
+            .map_err(|_| SyncError::DownloadAbandoned)
+    }
+
+    /// For backends whose work runs on a blocking thread.
+    pub fn blocking_send(&self, chunk: Download) -> Result<(), SyncError> {
+        if chunk.upserts.is_empty() && chunk.deletes.is_empty() {
+            return Ok(());
+        }
+        self.chunks_sent.fetch_add(1, Ordering::Relaxed);
+        self.sender
+            .blocking_send(DownloadMessage::Chunk(chunk))
+            .map_err(|_| SyncError::DownloadAbandoned)
+    }
+
+    /// Waits until the receiver has taken every chunk; call right before committing.
+    pub async fn finish(&self) -> Result<(), SyncError> {
+        let (answer, verdict) = oneshot::channel();
+        self.sender
+            .send(DownloadMessage::Finish(answer))
+            .await
+            .map_err(|_| SyncError::DownloadAbandoned)?;
+        Self::verdict(verdict.await)
+    }
+
+    /// [`DownloadSender::finish`] for backends whose work runs on a blocking thread.
+    pub fn blocking_finish(&self) -> Result<(), SyncError> {
+        let (answer, verdict) = oneshot::channel();
+        self.sender
+            .blocking_send(DownloadMessage::Finish(answer))
+            .map_err(|_| SyncError::DownloadAbandoned)?;
+        Self::verdict(verdict.blocking_recv())
+    }
+
+    fn verdict(
+        answer: Result<Result<(), String>, oneshot::error::RecvError>,
+    ) -> Result<(), SyncError> {
+        match answer {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(reason)) => Err(SyncError::DownloadRefused(reason)),
+            Err(_) => Err(SyncError::DownloadAbandoned),
+        }
+    }
+
+    /// Chunks sent so far: a sync may only be retried from scratch before the first.
+    pub fn chunks_sent(&self) -> usize {
+        self.chunks_sent.load(Ordering::Relaxed)
+    }
+}
+
+/// A download channel: the sender for the backend, the receiver for whoever encodes.
+pub fn download_channel() -> (DownloadSender, mpsc::Receiver<DownloadMessage>) {
+    let (sender, receiver) = mpsc::channel(DOWNLOAD_CHANNEL_CHUNKS);
+    let sender = DownloadSender {
+        sender,
+        chunks_sent: Arc::new(AtomicUsize::new(0)),
+    };
+    (sender, receiver)
+}
+
+/// A sync with its whole download gathered, one `Download` per table: for tests and
+/// tools that want to look at a download, not for the server.
+#[derive(Debug, Clone, Default)]
+pub struct CollectedSync {
+    pub downloads: Vec<Download>,
+    pub watermark: i64,
+    pub summary: SyncSummary,
+}
+
+impl CollectedSync {
+    pub fn download_row_count(&self) -> u64 {
+        self.downloads
+            .iter()
+            .map(|table| (table.upserts.len() + table.deletes.len()) as u64)
+            .sum()
+    }
+}
+
+/// Runs a sync and gathers its download.
+pub async fn synchronize_collect<C: ConsolidatedConnection>(
+    connection: &mut C,
+    request: Arc<SyncRequest>,
+) -> Result<CollectedSync, SyncError> {
+    let (sender, mut receiver) = download_channel();
+    let gather = async move {
+        let mut downloads: Vec<Download> = Vec::new();
+        while let Some(message) = receiver.recv().await {
+            let chunk = match message {
+                DownloadMessage::Chunk(chunk) => chunk,
+                DownloadMessage::Finish(answer) => {
+                    let _ = answer.send(Ok(()));
+                    continue;
+                }
+            };
+            match downloads.iter_mut().find(|d| d.table == chunk.table) {
+                Some(table) => {
+                    if table.columns.is_empty() {
+                        table.columns = chunk.columns;
+                    }
+                    table.upserts.extend(chunk.upserts);
+                    table.deletes.extend(chunk.deletes);
+                }
+                None => downloads.push(chunk),
+            }
+        }
+        downloads
+    };
+    let (outcome, downloads): (Result<SyncOutcome, SyncError>, Vec<Download>) =
+        tokio::join!(connection.synchronize(request, sender), gather);
+    let outcome = outcome?;
+    Ok(CollectedSync {
+        downloads,
+        watermark: outcome.watermark,
+        summary: outcome.summary,
+    })
+}
