@@ -48,6 +48,9 @@ enum Command {
         /// Close a connection that sends nothing for this many seconds.
         #[arg(long, default_value_t = 30)]
         read_timeout_seconds: u64,
+        /// Remove tombstones every client has passed this often.
+        #[arg(long, default_value_t = 300)]
+        cleanup_interval_seconds: u64,
     },
     /// Make an existing table synchronizable: change tracking and default scripts.
     Init {
@@ -61,6 +64,13 @@ enum Command {
         partition_column: String,
         #[arg(long, default_value = "v1")]
         script_version: String,
+    },
+    /// Remove tombstones every subscribed client has passed (the server also does this
+    /// every --cleanup-interval-seconds).
+    Cleanup {
+        /// The consolidated database: a SQLite file path or a postgres:// URL.
+        #[arg(long)]
+        db: String,
     },
     /// Manage users.
     User {
@@ -77,7 +87,7 @@ enum Command {
         #[arg(long, default_value_t = 1_000_000)]
         rows: usize,
     },
-    /// Run a complete demonstration on an embedded SQLite consolidated database.
+    /// Run a complete demonstration (embedded SQLite by default, or --db postgres://...).
     Demo {
         /// The consolidated database: a postgres:// URL of a scratch database (the demo
         /// drops and recreates its tables, orders and rs_*, there) or a SQLite file path.
@@ -136,6 +146,7 @@ async fn run(command: Command) -> Result<()> {
     let db = match &command {
         Command::Serve { db, .. }
         | Command::Init { db, .. }
+        | Command::Cleanup { db }
         | Command::User {
             command: UserCommand::Add { db, .. },
         } => Some(db.clone()),
@@ -159,6 +170,7 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             frame_bytes_max,
             upload_bytes_max,
             read_timeout_seconds,
+            cleanup_interval_seconds,
         } => {
             if workers == 0 || max_connections == 0 {
                 bail!("--workers and --max-connections must be at least 1");
@@ -179,6 +191,7 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
                 frame_bytes_max,
                 upload_bytes_max,
                 read_timeout: Duration::from_secs(read_timeout_seconds),
+                cleanup_interval: Duration::from_secs(cleanup_interval_seconds.max(1)),
                 ..ServerConfig::default()
             };
             let shutdown = async {
@@ -232,6 +245,11 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             connection.install_system_tables().await?;
             connection.set_user(&name, &hash).await?;
             println!("user {name} saved");
+            Ok(())
+        }
+        Command::Cleanup { db: _ } => {
+            let removed = backend.connect().await?.cleanup().await?;
+            println!("{removed} tombstones removed");
             Ok(())
         }
         Command::BenchApply { db, rows } => {

@@ -65,6 +65,11 @@ pub trait ConsolidatedConnection: Send + 'static {
         download: DownloadSender,
     ) -> impl Future<Output = Result<SyncOutcome, SyncError>> + Send;
 
+    /// Drops tombstones every subscribed client has passed: those below the lowest
+    /// download watermark any client acknowledged (by sending it in its hello). Returns
+    /// the number removed.
+    fn cleanup(&mut self) -> impl Future<Output = Result<u64, DbError>> + Send;
+
     /// Runs administrative SQL (one or more statements, no parameters), for tools such
     /// as the demo and the benchmark. Never used with client input.
     fn execute_sql(&mut self, sql: &str) -> impl Future<Output = Result<(), DbError>> + Send;

@@ -20,6 +20,8 @@ pub struct ServerConfig {
     pub download_bytes_max: u64,
     /// Retry hint sent with *busy*.
     pub busy_retry_after_ms: u32,
+    /// How often tombstones every client has passed are removed.
+    pub cleanup_interval: Duration,
     /// A connection that sends nothing for this long is closed.
     pub read_timeout: Duration,
     /// A client whose reading of the download makes no progress for this long is dropped.
@@ -37,6 +39,7 @@ impl Default for ServerConfig {
             download_spool_memory_bytes_max: 16 * 1024 * 1024,
             download_bytes_max: 16 * 1024 * 1024 * 1024,
             busy_retry_after_ms: 1000,
+            cleanup_interval: Duration::from_secs(300),
             read_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(60),
         }

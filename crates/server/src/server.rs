@@ -49,6 +49,10 @@ pub async fn serve<B: Consolidated>(
         pool: WorkerPool::new(backend, config.workers),
         config,
     });
+    let cleanup = tokio::spawn(clean_up_periodically(
+        Arc::clone(&shared.pool),
+        shared.config.cleanup_interval,
+    ));
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -79,6 +83,7 @@ pub async fn serve<B: Consolidated>(
             }
         }
     }
+    cleanup.abort();
     let in_flight = shared.config.connections_max as u32;
     if tokio::time::timeout(SHUTDOWN_GRACE, slots.acquire_many(in_flight))
         .await
@@ -87,6 +92,25 @@ pub async fn serve<B: Consolidated>(
         tracing::warn!("syncs still running after the shutdown grace period; stopping anyway");
     }
     Ok(())
+}
+
+/// Removes tombstones every client has passed, on a worker, every `interval`.
+async fn clean_up_periodically<B: Consolidated>(pool: Arc<WorkerPool<B>>, interval: Duration) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.tick().await; // the first tick is immediate; start after one interval
+    loop {
+        ticks.tick().await;
+        let result = match pool.acquire().await {
+            Ok(mut worker) => worker.connection().cleanup().await,
+            Err(error) => Err(error),
+        };
+        match result {
+            Ok(removed) => tracing::info!(removed, "tombstone cleanup"),
+            Err(error) => {
+                tracing::warn!(%error, "tombstone cleanup failed; retrying next interval")
+            }
+        }
+    }
 }
 
 fn is_transient_accept_error(error: &std::io::Error) -> bool {

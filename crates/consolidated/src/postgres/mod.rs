@@ -113,6 +113,10 @@ impl ConsolidatedConnection for PostgresConnection {
         }
     }
 
+    async fn cleanup(&mut self) -> Result<u64, DbError> {
+        schema::cleanup(&mut self.client).await
+    }
+
     async fn execute_sql(&mut self, sql: &str) -> Result<(), DbError> {
         self.client.batch_execute(sql).await?;
         Ok(())

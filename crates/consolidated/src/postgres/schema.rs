@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS rs_subscription (
     script_version TEXT NOT NULL,
     upload_sequence BIGINT NOT NULL DEFAULT 0,
     download_watermark BIGINT NOT NULL DEFAULT 0,
+    download_acknowledged BIGINT NOT NULL DEFAULT 0,
     last_sync_at TIMESTAMPTZ
 );
 CREATE TABLE IF NOT EXISTS rs_table (
@@ -377,4 +378,37 @@ pub fn default_scripts(
             ),
         ),
     ]
+}
+
+/// See `ConsolidatedConnection::cleanup`. The delete cursor asks for ids at or above the
+/// client's watermark, so tombstones below every acknowledged watermark are done.
+pub async fn cleanup(client: &mut Client) -> Result<u64, DbError> {
+    let transaction = client.transaction().await?;
+    // With no subscription at all, every future client starts empty: all tombstones go.
+    let threshold: i64 = transaction
+        .query_one(
+            &format!(
+                "SELECT coalesce(min(download_acknowledged), {CURRENT_XID}) FROM rs_subscription"
+            ),
+            &[],
+        )
+        .await?
+        .get(0);
+    let tables: Vec<String> = transaction
+        .query("SELECT table_name FROM rs_table", &[])
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let mut removed = 0;
+    for table in tables {
+        removed += transaction
+            .execute(
+                &format!("DELETE FROM {} WHERE xid < $1", q(&tombstone_table(&table))),
+                &[&threshold],
+            )
+            .await?;
+    }
+    transaction.commit().await?;
+    Ok(removed)
 }

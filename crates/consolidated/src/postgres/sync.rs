@@ -145,14 +145,23 @@ pub async fn synchronize(
     }
     transaction
         .execute(
-            "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark, last_sync_at)
-             VALUES ($1, $2, $3, $4, $5, now())
+            "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark,
+                 download_acknowledged, last_sync_at)
+             VALUES ($1, $2, $3, $4, $5, $6, now())
              ON CONFLICT (client_id) DO UPDATE SET
                  script_version = excluded.script_version,
                  upload_sequence = greatest(rs_subscription.upload_sequence, excluded.upload_sequence),
                  download_watermark = excluded.download_watermark,
+                 download_acknowledged = greatest(rs_subscription.download_acknowledged, excluded.download_acknowledged),
                  last_sync_at = excluded.last_sync_at",
-            &[&request.client_id, &request.user, &request.script_version, &upload_sequence, &watermark],
+            &[
+                &request.client_id,
+                &request.user,
+                &request.script_version,
+                &upload_sequence,
+                &watermark,
+                &request.last_download_watermark,
+            ],
         )
         .await?;
     // The server must hold the whole download before the upload is committed.

@@ -130,6 +130,10 @@ impl ConsolidatedConnection for SqliteConnection {
             .await
     }
 
+    async fn cleanup(&mut self) -> Result<u64, DbError> {
+        self.run(schema::cleanup).await
+    }
+
     async fn execute_sql(&mut self, sql: &str) -> Result<(), DbError> {
         let sql = sql.to_string();
         self.run(move |connection| Ok(connection.execute_batch(&sql)?))

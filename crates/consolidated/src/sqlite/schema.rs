@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS rs_subscription (
     script_version TEXT NOT NULL,
     upload_sequence INTEGER NOT NULL DEFAULT 0,
     download_watermark INTEGER NOT NULL DEFAULT 0,
+    download_acknowledged INTEGER NOT NULL DEFAULT 0,
     last_sync_at TEXT
 );
 CREATE TABLE IF NOT EXISTS rs_table (
@@ -321,4 +322,33 @@ pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'sta
             ),
         ),
     ]
+}
+
+/// See `ConsolidatedConnection::cleanup`. The delete cursor asks for versions above the
+/// client's watermark, so tombstones at or below every acknowledged watermark are done.
+pub fn cleanup(connection: &mut Connection) -> Result<u64, DbError> {
+    let transaction =
+        connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    // With no subscription at all, every future client starts empty: all tombstones go.
+    let threshold: i64 = transaction.query_row(
+        "SELECT coalesce(min(download_acknowledged), (SELECT version FROM rs_clock WHERE id = 1)) FROM rs_subscription",
+        [],
+        |row| row.get(0),
+    )?;
+    let tables: Vec<String> = transaction
+        .prepare("SELECT table_name FROM rs_table")?
+        .query_map([], |row| row.get(0))?
+        .collect::<Result<_, _>>()?;
+    let mut removed = 0;
+    for table in tables {
+        removed += transaction.execute(
+            &format!(
+                "DELETE FROM {} WHERE version <= ?1",
+                q(&tombstone_table(&table))
+            ),
+            [threshold],
+        )? as u64;
+    }
+    transaction.commit()?;
+    Ok(removed)
 }

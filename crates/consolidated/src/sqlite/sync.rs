@@ -85,14 +85,23 @@ pub fn synchronize(
         )?;
     }
     transaction.execute(
-        "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark, last_sync_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, CURRENT_TIMESTAMP)
+        "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark,
+             download_acknowledged, last_sync_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, CURRENT_TIMESTAMP)
          ON CONFLICT (client_id) DO UPDATE SET
              script_version = excluded.script_version,
              upload_sequence = max(upload_sequence, excluded.upload_sequence),
              download_watermark = excluded.download_watermark,
+             download_acknowledged = max(download_acknowledged, excluded.download_acknowledged),
              last_sync_at = excluded.last_sync_at",
-        params![request.client_id, request.user, request.script_version, upload_sequence, watermark],
+        params![
+            request.client_id,
+            request.user,
+            request.script_version,
+            upload_sequence,
+            watermark,
+            request.last_download_watermark
+        ],
     )?;
     // The server must hold the whole download before the upload is committed.
     download.blocking_finish()?;

@@ -60,6 +60,7 @@ macro_rules! conformance_suite {
             a_failing_script_after_applied_operations_rolls_them_back,
             composite_primary_keys_sync_both_ways,
             decimals_round_trip_without_losing_digits,
+            cleanup_drops_only_tombstones_every_client_passed,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {
@@ -1499,4 +1500,58 @@ pub async fn decimals_round_trip_without_losing_digits<F: Factory>() {
         .map(|row| decimal_digits(&row[4]))
         .collect();
     assert_eq!(downloaded, ["0.000001"]);
+}
+
+pub async fn cleanup_drops_only_tombstones_every_client_passed<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[
+        order(1, "alice", "pen", 1, None),
+        order(2, "alice", "ink", 2, None),
+    ])
+    .await;
+    let tombstones = "SELECT count(*) FROM rs_tombstone_orders";
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    let slow = f.sync_ok(request("alice-2", "alice", 0, 1, vec![])).await;
+    f.sql.execute("DELETE FROM orders WHERE id = 1").await;
+    assert_eq!(
+        f.sql.query_rows(tombstones).await,
+        vec![vec![Value::Int(1)]]
+    );
+
+    // alice-1 receives the delete, then acknowledges it by syncing from the new watermark.
+    let got = f
+        .sync_ok(request("alice-1", "alice", first.watermark, 2, vec![]))
+        .await;
+    assert_eq!(order_deletes(&got), vec![key(&[1])]);
+    f.sync_ok(request("alice-1", "alice", got.watermark, 3, vec![]))
+        .await;
+    assert_eq!(
+        f.admin.cleanup().await.expect("cleanup"),
+        0,
+        "alice-2 has not passed it"
+    );
+    assert_eq!(
+        f.sql.query_rows(tombstones).await,
+        vec![vec![Value::Int(1)]]
+    );
+
+    // alice-2 still gets the delete, acknowledges it, and then the tombstone can go.
+    let late = f
+        .sync_ok(request("alice-2", "alice", slow.watermark, 2, vec![]))
+        .await;
+    assert_eq!(order_deletes(&late), vec![key(&[1])]);
+    f.sync_ok(request("alice-2", "alice", late.watermark, 3, vec![]))
+        .await;
+    assert_eq!(f.admin.cleanup().await.expect("cleanup"), 1);
+    assert_eq!(
+        f.sql.query_rows(tombstones).await,
+        vec![vec![Value::Int(0)]]
+    );
+
+    // A new client starts empty and needs no tombstone.
+    let fresh = f.sync_ok(request("alice-3", "alice", 0, 1, vec![])).await;
+    assert_eq!(
+        order_upserts(&fresh),
+        vec![order(2, "alice", "ink", 2, None)]
+    );
+    assert!(order_deletes(&fresh).is_empty());
 }
