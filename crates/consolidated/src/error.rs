@@ -6,7 +6,7 @@ use thiserror::Error;
 pub enum DbError {
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("postgres: {0}")]
+    #[error("postgres: {}", describe_postgres(.0))]
     Postgres(#[from] tokio_postgres::Error),
     #[error("{0}")]
     Invalid(String),
@@ -65,5 +65,28 @@ impl SyncError {
 impl From<tokio_postgres::Error> for SyncError {
     fn from(error: tokio_postgres::Error) -> SyncError {
         SyncError::Database(DbError::Postgres(error))
+    }
+}
+
+/// The database's own message (with detail and SQLSTATE) where there is one: the
+/// driver's `Display` says only "db error".
+pub fn describe_postgres(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => {
+            let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+            if let Some(detail) = db.detail() {
+                text.push_str(&format!("; {detail}"));
+            }
+            text
+        }
+        None => {
+            let mut text = error.to_string();
+            let mut source = std::error::Error::source(error);
+            while let Some(cause) = source {
+                text.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            text
+        }
     }
 }

@@ -203,12 +203,10 @@ impl Resolution {
 
 /// An exact, hashable identity of a row's key.
 pub fn key_bytes(row: &[Value], key_positions: &[usize]) -> Vec<u8> {
-    let key: Vec<Value> = key_positions
-        .iter()
-        .map(|&position| row[position].clone())
-        .collect();
-    let mut bytes = Vec::new();
-    encode_values(&key, &mut bytes);
+    let mut bytes = Vec::with_capacity(16 * key_positions.len());
+    for &position in key_positions {
+        encode_values(std::slice::from_ref(&row[position]), &mut bytes);
+    }
     bytes
 }
 

@@ -27,6 +27,11 @@ use crate::{
     SyncRequest, TableInit,
 };
 
+/// Local buffers per connection for temporary staging tables, in MiB.
+pub const STAGING_TEMP_BUFFERS_MB: u32 = 256;
+/// Memory per sort or hash in a sync's statements, in MiB.
+pub const STAGING_WORK_MEM_MB: u32 = 64;
+
 /// Attempts of one sync's transaction when it meets a concurrent insert of the same
 /// key, a serialization failure or a deadlock; each attempt starts from scratch.
 pub const SYNC_ATTEMPTS_MAX: u32 = 3;
@@ -53,6 +58,16 @@ impl Consolidated for PostgresConsolidated {
                 tracing::warn!(%error, "consolidated database connection ended");
             }
         });
+        // Staging tables are temporary: with the default 8 MB of local buffers a large
+        // upload is written out and read back; the hash joins that find conflicts
+        // likewise spill beyond the default work_mem. Both are per-session maxima,
+        // used only as needed. JIT compilation costs more than it saves on statements
+        // that run once per sync.
+        client
+            .batch_execute(&format!(
+                "SET temp_buffers = '{STAGING_TEMP_BUFFERS_MB}MB'; SET work_mem = '{STAGING_WORK_MEM_MB}MB'; SET jit = off"
+            ))
+            .await?;
         Ok(PostgresConnection { client })
     }
 }

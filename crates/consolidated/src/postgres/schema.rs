@@ -34,6 +34,8 @@ CREATE TABLE IF NOT EXISTS rs_subscription (
     download_acknowledged BIGINT NOT NULL DEFAULT 0,
     last_sync_at TIMESTAMPTZ
 );
+-- Columns added after a table's first release.
+ALTER TABLE rs_subscription ADD COLUMN IF NOT EXISTS download_acknowledged BIGINT NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS rs_table (
     table_name TEXT PRIMARY KEY,
     partition_column TEXT NOT NULL
@@ -303,15 +305,14 @@ pub fn default_scripts(
     let non_keys: Vec<&String> = all.iter().filter(|name| !keys.contains(name)).collect();
     let columns = list(&all, "");
     let returning_keys = list(keys, &format!("{table}."));
-    let set_new = if non_keys.is_empty() {
-        format!("{k} = u.{k}", k = q(&keys[0]))
-    } else {
-        non_keys
-            .iter()
-            .map(|name| format!("{c} = u.{c}", c = q(name)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    // Setting rs_xid here keeps the stamping trigger from being called for each row.
+    let stamp = format!("{} = {CURRENT_XID}", q(XID_COLUMN));
+    let set_new = non_keys
+        .iter()
+        .map(|name| format!("{c} = u.{c}", c = q(name)))
+        .chain(std::iter::once(stamp))
+        .collect::<Vec<_>>()
+        .join(", ");
     let old_matches = all
         .iter()
         .map(|name| {

@@ -11,6 +11,7 @@ use tokio_postgres::{Client, Transaction};
 
 use super::schema::table_shape;
 use super::value::{Bind, Read};
+use crate::error::describe_postgres;
 use crate::plan::{
     positional_parameters, validate_upload_shape, DownloadFilter, Parameters, Resolution,
     ScriptRows, Scripts, TableShape,
@@ -281,25 +282,6 @@ async fn shape_of(transaction: &Transaction<'_>, table: &str) -> Result<TableSha
         })
 }
 
-/// The message of a database error, with its detail, for the client.
-fn describe(error: &tokio_postgres::Error) -> String {
-    match error.as_db_error() {
-        Some(db) => match db.detail() {
-            Some(detail) => format!("{} ({detail})", db.message()),
-            None => db.message().to_string(),
-        },
-        None => {
-            let mut text = error.to_string();
-            let mut source = std::error::Error::source(error);
-            while let Some(cause) = source {
-                text.push_str(&format!(": {cause}"));
-                source = cause.source();
-            }
-            text
-        }
-    }
-}
-
 /// Failures that a second attempt of the whole sync may not meet: a concurrent insert
 /// of the same key, a serialization failure, a deadlock.
 const RETRYABLE: [SqlState; 3] = [
@@ -319,7 +301,7 @@ fn script_failure(event: &str, table: &str, error: tokio_postgres::Error) -> Syn
     SyncError::Script {
         event: event.to_string(),
         table: table.to_string(),
-        message: describe(&error),
+        message: describe_postgres(&error),
     }
 }
 
@@ -367,7 +349,7 @@ impl Stage {
         &self,
         transaction: &Transaction<'_>,
         table: &str,
-        rows: impl Iterator<Item = &'r [Value]>,
+        rows: impl Iterator<Item = Vec<&'r Value>>,
         row_count: usize,
     ) -> Result<(), SyncError> {
         let columns = self
@@ -394,11 +376,11 @@ impl Stage {
         let refuse = |error: tokio_postgres::Error| {
             SyncError::Schema(format!(
                 "upload of table {table:?} holds a value its column cannot take: {}",
-                describe(&error)
+                describe_postgres(&error)
             ))
         };
         for row in rows {
-            let binds = binds_of(row);
+            let binds: Vec<Bind> = row.into_iter().map(Bind).collect();
             writer
                 .as_mut()
                 .write_raw(binds.iter())
@@ -621,7 +603,7 @@ async fn apply_table(
             .load(
                 transaction,
                 table,
-                upload.inserts.iter().map(|row| row.as_slice()),
+                upload.inserts.iter().map(|row| row.iter().collect()),
                 count,
             )
             .await?;
@@ -631,19 +613,11 @@ async fn apply_table(
     if !upload.updates.is_empty() {
         let stage = Stage::create(transaction, "update", &shape, &upload.columns, true).await?;
         let count = upload.updates.len();
-        let rows: Vec<Row> = upload
+        let rows = upload
             .updates
             .iter()
-            .map(|update| update.new.iter().chain(&update.old).cloned().collect())
-            .collect();
-        stage
-            .load(
-                transaction,
-                table,
-                rows.iter().map(|row| row.as_slice()),
-                count,
-            )
-            .await?;
+            .map(|update| update.new.iter().chain(&update.old).collect());
+        stage.load(transaction, table, rows, count).await?;
         conflict_keys
             .extend(apply_script(transaction, &context, UPLOAD_UPDATE, &stage, count).await?);
     }
@@ -655,7 +629,7 @@ async fn apply_table(
             .load(
                 transaction,
                 table,
-                upload.deletes.iter().map(|row| row.as_slice()),
+                upload.deletes.iter().map(|row| row.iter().collect()),
                 count,
             )
             .await?;
@@ -669,7 +643,7 @@ async fn apply_table(
             .load(
                 transaction,
                 table,
-                conflict_keys.iter().map(|row| row.as_slice()),
+                conflict_keys.iter().map(|row| row.iter().collect()),
                 conflict_keys.len(),
             )
             .await?;

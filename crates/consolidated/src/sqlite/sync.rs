@@ -166,7 +166,10 @@ fn apply_table(
 
     if !upload.inserts.is_empty() {
         let stage = Stage::create(connection, "insert", &shape, &upload.columns, false)?;
-        stage.load(connection, upload.inserts.iter().map(|row| row.as_slice()))?;
+        stage.load(
+            connection,
+            upload.inserts.iter().map(|row| row.iter().collect()),
+        )?;
         let changed = run_script(
             connection,
             scripts,
@@ -181,12 +184,11 @@ fn apply_table(
     }
     if !upload.updates.is_empty() {
         let stage = Stage::create(connection, "update", &shape, &upload.columns, true)?;
-        let rows: Vec<Row> = upload
+        let rows = upload
             .updates
             .iter()
-            .map(|update| update.new.iter().chain(&update.old).cloned().collect())
-            .collect();
-        stage.load(connection, rows.iter().map(|row| row.as_slice()))?;
+            .map(|update| update.new.iter().chain(&update.old).collect());
+        stage.load(connection, rows)?;
         let changed = run_script(
             connection,
             scripts,
@@ -201,7 +203,10 @@ fn apply_table(
     }
     if !upload.deletes.is_empty() {
         let stage = Stage::create(connection, "delete", &shape, &upload.key_columns, false)?;
-        stage.load(connection, upload.deletes.iter().map(|row| row.as_slice()))?;
+        stage.load(
+            connection,
+            upload.deletes.iter().map(|row| row.iter().collect()),
+        )?;
         run_script(
             connection,
             scripts,
@@ -277,7 +282,7 @@ impl Stage {
     fn load<'r>(
         &self,
         connection: &Connection,
-        rows: impl Iterator<Item = &'r [Value]>,
+        rows: impl Iterator<Item = Vec<&'r Value>>,
     ) -> Result<(), SyncError> {
         let placeholders = vec!["?"; self.columns.len()].join(", ");
         let mut statement = connection.prepare(&format!(
@@ -476,7 +481,10 @@ fn resolve_conflicts(
     resolution: &mut Resolution,
 ) -> Result<(), SyncError> {
     let stage = Stage::create(connection, "keys", shape, &shape.key_columns, false)?;
-    stage.load(connection, conflict_keys.iter().map(|row| row.as_slice()))?;
+    stage.load(
+        connection,
+        conflict_keys.iter().map(|row| row.iter().collect()),
+    )?;
     let (columns, rows) = query_script(
         connection,
         scripts,
