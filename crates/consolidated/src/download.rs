@@ -10,8 +10,8 @@ use tokio::sync::{mpsc, oneshot};
 use crate::{ConsolidatedConnection, SyncError, SyncOutcome, SyncRequest};
 
 /// Rows a backend reads from a download cursor at a time, and so the most rows of one
-/// chunk.
-pub const DOWNLOAD_BATCH_ROWS: usize = 1000;
+/// chunk (a few MB: each batch read from PostgreSQL is one round trip).
+pub const DOWNLOAD_BATCH_ROWS: usize = 10_000;
 
 /// Chunks that may wait between the backend and the server's encoder.
 pub const DOWNLOAD_CHANNEL_CHUNKS: usize = 8;

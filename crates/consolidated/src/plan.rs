@@ -391,6 +391,10 @@ impl<'a> DownloadFilter<'a> {
             self.cursor = Some((columns.to_vec(), key_positions));
         }
         let (columns, key_positions) = self.cursor.as_ref().expect("set above");
+        if self.resolution.uploaded_upsert_keys.is_empty() && self.conflict_upsert_keys.is_empty() {
+            self.rows_sent += rows.len() as u64;
+            return Ok(self.chunk(columns.clone(), rows, Vec::new()));
+        }
         let rows: Vec<Row> = rows
             .into_iter()
             .filter(|row| {
