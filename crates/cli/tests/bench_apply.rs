@@ -3,19 +3,9 @@
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_apply_runs_consistently_in_quick_mode() {
-    let cluster = rowsync_testkit::postgres();
-    let database = cluster.fresh_database_name("bench");
-    let (client, connection) =
-        tokio_postgres::connect(&cluster.url("postgres"), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-    tokio::spawn(connection);
-    client
-        .batch_execute(&format!("CREATE DATABASE {database}"))
-        .await
-        .unwrap();
+    let url = rowsync_testkit::fresh_database("bench").await;
     let mut out = Vec::new();
-    let measurements = rowsync_cli::bench_apply::run(&cluster.url(&database), 2_000, &mut out)
+    let measurements = rowsync_cli::bench_apply::run(&url, 2_000, &mut out)
         .await
         .unwrap();
     let operations: Vec<&str> = measurements.iter().map(|m| m.operation).collect();

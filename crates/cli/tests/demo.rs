@@ -22,18 +22,7 @@ async fn demo_reaches_agreement_with_one_conflict() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_reaches_agreement_on_postgres() {
-    let cluster = rowsync_testkit::postgres();
-    let database = cluster.fresh_database_name("demo");
-    let (client, connection) =
-        tokio_postgres::connect(&cluster.url("postgres"), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-    tokio::spawn(connection);
-    client
-        .batch_execute(&format!("CREATE DATABASE {database}"))
-        .await
-        .unwrap();
-    check_demo(Some(cluster.url(&database))).await;
+    check_demo(Some(rowsync_testkit::fresh_database("demo").await)).await;
 }
 
 async fn check_demo(db: Option<String>) {

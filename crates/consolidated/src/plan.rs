@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use rowsync_protocol::{encode_values, Download, Row, TableUpload, Value};
 
 use crate::scripts::*;
-use crate::SyncError;
+use crate::{SyncError, SyncRequest};
 
 /// What a query script returned: its column names and its rows.
 pub type ScriptRows = (Vec<String>, Vec<Row>);
@@ -42,7 +42,24 @@ pub struct Parameters<'a> {
     pub upload_sequence: i64,
 }
 
-impl Parameters<'_> {
+impl<'a> Parameters<'a> {
+    /// The parameters of a sync, checking that its upload sequence fits the database.
+    pub fn for_request(request: &'a SyncRequest) -> Result<Parameters<'a>, SyncError> {
+        let upload_sequence = i64::try_from(request.upload_sequence).map_err(|_| {
+            SyncError::Schema(format!(
+                "upload sequence {} is out of range",
+                request.upload_sequence
+            ))
+        })?;
+        Ok(Parameters {
+            user: &request.user,
+            client_id: &request.client_id,
+            script_version: &request.script_version,
+            last_download: request.last_download_watermark,
+            upload_sequence,
+        })
+    }
+
     /// The value of a named parameter (`user`, `:user`, `@user` and `$user` alike).
     pub fn value(&self, name: &str, table: &str, event: &str) -> Result<Value, SyncError> {
         Ok(match name.trim_start_matches([':', '@', '$']) {
@@ -66,6 +83,31 @@ impl Parameters<'_> {
                 });
             }
         })
+    }
+}
+
+/// The upload sequence this client already had applied, from its subscription (owner,
+/// sequence): a client id belongs to the first user that synced with it. Also refuses
+/// an upload naming one table twice.
+pub fn applied_sequence(
+    request: &SyncRequest,
+    subscription: Option<(String, i64)>,
+) -> Result<i64, SyncError> {
+    let mut tables = HashSet::new();
+    for upload in &request.tables {
+        if !tables.insert(upload.table.as_str()) {
+            return Err(SyncError::Schema(format!(
+                "table {:?} appears twice in one upload",
+                upload.table
+            )));
+        }
+    }
+    match subscription {
+        Some((owner, _)) if owner != request.user => Err(SyncError::ClientIdTaken {
+            client_id: request.client_id.clone(),
+        }),
+        Some((_, sequence)) => Ok(sequence),
+        None => Ok(0),
     }
 }
 

@@ -31,14 +31,7 @@ impl Factory for PostgresFactory {
 
     async fn create() -> (PostgresConsolidated, PostgresSql) {
         let exclusive = rowsync_testkit::exclusive().await;
-        let cluster = rowsync_testkit::postgres();
-        let database = cluster.fresh_database_name("conformance");
-        connect(&cluster.url("postgres"))
-            .await
-            .batch_execute(&format!("CREATE DATABASE {database}"))
-            .await
-            .expect("create a test database");
-        let url = cluster.url(&database);
+        let url = rowsync_testkit::fresh_database("conformance").await;
         (
             PostgresConsolidated::new(&url),
             PostgresSql {

@@ -31,14 +31,7 @@ async fn connect(url: &str) -> Client {
 
 /// A fresh database with `items` partitioned by `owner`; returns its URL.
 async fn fresh_items_database() -> String {
-    let cluster = rowsync_testkit::postgres();
-    let database = cluster.fresh_database_name("watermark");
-    connect(&cluster.url("postgres"))
-        .await
-        .batch_execute(&format!("CREATE DATABASE {database}"))
-        .await
-        .unwrap();
-    let url = cluster.url(&database);
+    let url = rowsync_testkit::fresh_database("watermark").await;
     connect(&url)
         .await
         .batch_execute("CREATE TABLE items (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, value INTEGER NOT NULL)")

@@ -55,6 +55,22 @@ pub fn postgres() -> &'static PgCluster {
     })
 }
 
+/// A new, empty database on the process-wide cluster; returns its URL.
+pub async fn fresh_database(prefix: &str) -> String {
+    let cluster = postgres();
+    let name = cluster.fresh_database_name(prefix);
+    let admin_url = cluster.url("postgres");
+    let (client, connection) = tokio_postgres::connect(&admin_url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|error| panic!("connecting to {admin_url}: {error}"));
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap_or_else(|error| panic!("creating database {name}: {error}"));
+    cluster.url(&name)
+}
+
 /// Serializes the tests that hold it: one at a time per process.
 pub async fn exclusive() -> tokio::sync::OwnedMutexGuard<()> {
     static LOCK: OnceLock<std::sync::Arc<tokio::sync::Mutex<()>>> = OnceLock::new();

@@ -13,8 +13,8 @@ use super::schema::table_shape;
 use super::value::{Bind, Read};
 use crate::error::describe_postgres;
 use crate::plan::{
-    positional_parameters, validate_upload_shape, DownloadFilter, Parameters, Resolution,
-    ScriptRows, Scripts, TableShape,
+    applied_sequence, positional_parameters, validate_upload_shape, DownloadFilter, Parameters,
+    Resolution, ScriptRows, Scripts, TableShape,
 };
 use crate::scripts::*;
 use crate::{
@@ -71,39 +71,15 @@ pub async fn synchronize(
             &[&request.client_id],
         )
         .await?;
-    let applied_sequence: i64 = match subscription {
-        Some(row) if row.get::<_, String>(0) != request.user => {
-            return Err(SyncError::ClientIdTaken {
-                client_id: request.client_id.clone(),
-            })
-        }
-        Some(row) => row.get(1),
-        None => 0,
-    };
-    let upload_sequence = i64::try_from(request.upload_sequence).map_err(|_| {
-        SyncError::Schema(format!(
-            "upload sequence {} is out of range",
-            request.upload_sequence
-        ))
-    })?;
-    let parameters = Parameters {
-        user: &request.user,
-        client_id: &request.client_id,
-        script_version: &request.script_version,
-        last_download: request.last_download_watermark,
-        upload_sequence,
-    };
+    let applied_sequence =
+        applied_sequence(request, subscription.map(|row| (row.get(0), row.get(1))))?;
+    let parameters = Parameters::for_request(request)?;
+    let upload_sequence = parameters.upload_sequence;
     let upload_already_applied = upload_sequence <= applied_sequence;
     let mut resolutions: HashMap<&str, Resolution> = HashMap::new();
     let mut conflicts = 0;
     if !upload_already_applied {
         for upload in &request.tables {
-            if resolutions.contains_key(upload.table.as_str()) {
-                return Err(SyncError::Schema(format!(
-                    "table {:?} appears twice in one upload",
-                    upload.table
-                )));
-            }
             let resolution = apply_table(&transaction, &scripts, upload, &parameters).await?;
             conflicts += resolution.conflict_count;
             resolutions.insert(&upload.table, resolution);

@@ -10,7 +10,8 @@ use rusqlite::{params, Connection, OptionalExtension, Statement, TransactionBeha
 
 use super::schema::table_shape;
 use crate::plan::{
-    validate_upload_shape, DownloadFilter, Parameters, Resolution, ScriptRows, Scripts, TableShape,
+    applied_sequence, validate_upload_shape, DownloadFilter, Parameters, Resolution, ScriptRows,
+    Scripts, TableShape,
 };
 use crate::scripts::*;
 use crate::{
@@ -31,39 +32,14 @@ pub fn synchronize(
             |row| Ok((row.get(0)?, row.get(1)?)),
         )
         .optional()?;
-    let applied_sequence = match subscription {
-        Some((owner, _)) if owner != request.user => {
-            return Err(SyncError::ClientIdTaken {
-                client_id: request.client_id.clone(),
-            })
-        }
-        Some((_, sequence)) => sequence,
-        None => 0,
-    };
-    let upload_sequence = i64::try_from(request.upload_sequence).map_err(|_| {
-        SyncError::Schema(format!(
-            "upload sequence {} is out of range",
-            request.upload_sequence
-        ))
-    })?;
-    let parameters = Parameters {
-        user: &request.user,
-        client_id: &request.client_id,
-        script_version: &request.script_version,
-        last_download: request.last_download_watermark,
-        upload_sequence,
-    };
+    let applied_sequence = applied_sequence(request, subscription)?;
+    let parameters = Parameters::for_request(request)?;
+    let upload_sequence = parameters.upload_sequence;
     let upload_already_applied = upload_sequence <= applied_sequence;
     let mut resolutions: HashMap<&str, Resolution> = HashMap::new();
     let mut conflicts = 0;
     if !upload_already_applied {
         for upload in &request.tables {
-            if resolutions.contains_key(upload.table.as_str()) {
-                return Err(SyncError::Schema(format!(
-                    "table {:?} appears twice in one upload",
-                    upload.table
-                )));
-            }
             let resolution = apply_table(&transaction, &scripts, upload, &parameters)?;
             conflicts += resolution.conflict_count;
             resolutions.insert(&upload.table, resolution);
