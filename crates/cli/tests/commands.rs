@@ -9,21 +9,37 @@ fn rowsync() -> Command {
     Command::new(env!("CARGO_BIN_EXE_rowsync"))
 }
 
+const NOTES: &str = "CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT);
+     INSERT INTO notes VALUES (1, 'erin', 'hello'), (2, 'frank', 'not yours');";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn init_user_add_and_serve_work_from_the_command_line() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("consolidated.db");
-    let connection = rusqlite::Connection::open(&db).unwrap();
-    connection
-        .execute_batch(
-            "CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT);
-             INSERT INTO notes VALUES (1, 'erin', 'hello'), (2, 'frank', 'not yours');",
-        )
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(NOTES)
         .unwrap();
+    command_line_scenario(db.to_str().unwrap(), &dir).await;
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_user_add_and_serve_work_from_the_command_line_on_postgres() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = rowsync_testkit::fresh_database("commands").await;
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client.batch_execute(NOTES).await.unwrap();
+    command_line_scenario(&url, &dir).await;
+}
+
+/// `notes` exists in `db` (a SQLite path or a postgres:// URL) with a row of erin's and
+/// one of frank's: init, add erin, serve, and sync a client as erin.
+async fn command_line_scenario(db: &str, dir: &tempfile::TempDir) {
     let init = rowsync()
-        .args(["init", "--db"])
-        .arg(&db)
+        .args(["init", "--db", db])
         .args(["--table", "notes", "--partition-column", "owner"])
         .output()
         .unwrap();
@@ -34,8 +50,7 @@ async fn init_user_add_and_serve_work_from_the_command_line() {
     );
 
     let refused = rowsync()
-        .args(["init", "--db"])
-        .arg(&db)
+        .args(["init", "--db", db])
         .args(["--table", "notes", "--partition-column", "nobody"])
         .output()
         .unwrap();
@@ -43,8 +58,7 @@ async fn init_user_add_and_serve_work_from_the_command_line() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("has no column \"nobody\""));
 
     let mut add = rowsync()
-        .args(["user", "add", "--db"])
-        .arg(&db)
+        .args(["user", "add", "--db", db])
         .args(["--name", "erin"])
         .env_remove("ROWSYNC_PASSWORD")
         .stdin(Stdio::piped())
@@ -59,8 +73,15 @@ async fn init_user_add_and_serve_work_from_the_command_line() {
     assert!(add.wait().unwrap().success());
 
     let mut serve = rowsync()
-        .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2", "--db"])
-        .arg(&db)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--workers",
+            "2",
+            "--db",
+            db,
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
