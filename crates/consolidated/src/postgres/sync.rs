@@ -78,10 +78,24 @@ pub async fn synchronize(
     let upload_already_applied = upload_sequence <= applied_sequence;
     let mut resolutions: HashMap<&str, Resolution> = HashMap::new();
     let mut conflicts = 0;
-    if !upload_already_applied {
+    // An upload applied before is not applied again, but its conflicts are found again
+    // (by comparing it with the table), so a client whose previous reply was lost still
+    // receives the server's rows for them.
+    {
         for upload in &request.tables {
-            let resolution = apply_table(&transaction, &scripts, upload, &parameters).await?;
-            conflicts += resolution.conflict_count;
+            let resolution = apply_table(
+                &transaction,
+                &scripts,
+                upload,
+                &parameters,
+                !upload_already_applied,
+            )
+            .await?;
+            // Conflicts are counted when an upload is applied; a resend only
+            // delivers their resolution again.
+            if !upload_already_applied {
+                conflicts += resolution.conflict_count;
+            }
             resolutions.insert(&upload.table, resolution);
         }
     }
@@ -455,12 +469,20 @@ async fn query_script(
 /// did not land as sent. A script that returns the keys it applied (`RETURNING`) is
 /// wrapped so the same statement reports the others; any other script is followed by
 /// one comparison query when it changed fewer rows than were staged.
+/// Whether a script has a `RETURNING` clause (the keyword, not a name containing it).
+fn returns_rows(sql: &str) -> bool {
+    sql.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .any(|word| word.eq_ignore_ascii_case("returning"))
+}
+
 /// What every upload script of one table runs with.
 struct TableContext<'a> {
     scripts: &'a Scripts,
     shape: &'a TableShape,
     parameters: &'a Parameters<'a>,
     partition_column: Option<&'a str>,
+    /// False for an upload applied before: scripts do not run, only the comparison.
+    apply: bool,
 }
 
 async fn apply_script(
@@ -475,6 +497,7 @@ async fn apply_script(
         shape,
         parameters,
         partition_column,
+        apply,
     } = *context;
     let table = shape.name.as_str();
     let script = scripts.expand(table, event, &[(UPLOAD_PLACEHOLDER, &stage.name)])?;
@@ -485,7 +508,7 @@ async fn apply_script(
         "EXISTS (SELECT 1 FROM {target} AS t WHERE {})",
         stage.key_match("t", "s")
     );
-    if script.to_ascii_lowercase().contains("returning") {
+    if apply && returns_rows(&script) {
         let unmatched = if is_delete {
             format!(" AND {still_present}")
         } else {
@@ -510,10 +533,14 @@ async fn apply_script(
         .iter()
         .map(|bind| bind as &(dyn ToSql + Sync))
         .collect();
-    let changed = transaction
-        .execute(&sql, &params)
-        .await
-        .map_err(|error| script_failure(event, table, error))? as usize;
+    let changed = if apply {
+        transaction
+            .execute(&sql, &params)
+            .await
+            .map_err(|error| script_failure(event, table, error))? as usize
+    } else {
+        0
+    };
     if changed >= staged_rows && !is_delete {
         return Ok(Vec::new());
     }
@@ -552,6 +579,7 @@ async fn apply_table(
     scripts: &Scripts,
     upload: &TableUpload,
     parameters: &Parameters<'_>,
+    apply: bool,
 ) -> Result<Resolution, SyncError> {
     let table = upload.table.as_str();
     scripts.check_synchronizes(table)?;
@@ -569,6 +597,7 @@ async fn apply_table(
         shape: &shape,
         parameters,
         partition_column: partition_column.as_deref(),
+        apply,
     };
     let mut resolution = Resolution::default();
     let mut conflict_keys: Vec<Row> = Vec::new();

@@ -38,10 +38,23 @@ pub fn synchronize(
     let upload_already_applied = upload_sequence <= applied_sequence;
     let mut resolutions: HashMap<&str, Resolution> = HashMap::new();
     let mut conflicts = 0;
-    if !upload_already_applied {
+    // An upload applied before is not applied again, but its conflicts are found again
+    // (by comparing it with the table), so a client whose previous reply was lost still
+    // receives the server's rows for them.
+    {
         for upload in &request.tables {
-            let resolution = apply_table(&transaction, &scripts, upload, &parameters)?;
-            conflicts += resolution.conflict_count;
+            let resolution = apply_table(
+                &transaction,
+                &scripts,
+                upload,
+                &parameters,
+                !upload_already_applied,
+            )?;
+            // Conflicts are counted when an upload is applied; a resend only
+            // delivers their resolution again.
+            if !upload_already_applied {
+                conflicts += resolution.conflict_count;
+            }
             resolutions.insert(&upload.table, resolution);
         }
     }
@@ -112,11 +125,15 @@ fn load_scripts(connection: &Connection, version: &str) -> Result<Scripts, SyncE
     Ok(Scripts::new(version, rows))
 }
 
+/// Applies one table's upload with its set scripts (`apply`), or only finds which of its
+/// operations the table does not reflect (`!apply`, for an upload applied before), and
+/// resolves those server-wins.
 fn apply_table(
     connection: &Connection,
     scripts: &Scripts,
     upload: &TableUpload,
     parameters: &Parameters,
+    apply: bool,
 ) -> Result<Resolution, SyncError> {
     let table = upload.table.as_str();
     scripts.check_synchronizes(table)?;
@@ -146,14 +163,18 @@ fn apply_table(
             connection,
             upload.inserts.iter().map(|row| row.iter().collect()),
         )?;
-        let changed = run_script(
-            connection,
-            scripts,
-            table,
-            UPLOAD_INSERT,
-            &stage.name,
-            parameters,
-        )?;
+        let changed = if apply {
+            run_script(
+                connection,
+                scripts,
+                table,
+                UPLOAD_INSERT,
+                &stage.name,
+                parameters,
+            )?
+        } else {
+            0
+        };
         if changed < upload.inserts.len() {
             conflict_keys.extend(stage.rows_not_matching_table(connection, &shape, &landed)?);
         }
@@ -165,14 +186,18 @@ fn apply_table(
             .iter()
             .map(|update| update.new.iter().chain(&update.old).collect());
         stage.load(connection, rows)?;
-        let changed = run_script(
-            connection,
-            scripts,
-            table,
-            UPLOAD_UPDATE,
-            &stage.name,
-            parameters,
-        )?;
+        let changed = if apply {
+            run_script(
+                connection,
+                scripts,
+                table,
+                UPLOAD_UPDATE,
+                &stage.name,
+                parameters,
+            )?
+        } else {
+            0
+        };
         if changed < upload.updates.len() {
             conflict_keys.extend(stage.rows_not_matching_table(connection, &shape, &landed)?);
         }
@@ -183,14 +208,16 @@ fn apply_table(
             connection,
             upload.deletes.iter().map(|row| row.iter().collect()),
         )?;
-        run_script(
-            connection,
-            scripts,
-            table,
-            UPLOAD_DELETE,
-            &stage.name,
-            parameters,
-        )?;
+        if apply {
+            run_script(
+                connection,
+                scripts,
+                table,
+                UPLOAD_DELETE,
+                &stage.name,
+                parameters,
+            )?;
+        }
         conflict_keys.extend(stage.keys_still_in_table(connection, &shape)?);
     }
     resolution.record_upload(upload, &key_positions);

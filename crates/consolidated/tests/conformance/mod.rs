@@ -61,6 +61,7 @@ macro_rules! conformance_suite {
             composite_primary_keys_sync_both_ways,
             decimals_round_trip_without_losing_digits,
             cleanup_drops_only_tombstones_every_client_passed,
+            a_resent_upload_still_delivers_its_conflict_resolution,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {
@@ -1554,4 +1555,34 @@ pub async fn cleanup_drops_only_tombstones_every_client_passed<F: Factory>() {
         vec![order(2, "alice", "ink", 2, None)]
     );
     assert!(order_deletes(&fresh).is_empty());
+}
+
+pub async fn a_resent_upload_still_delivers_its_conflict_resolution<F: Factory>() {
+    let bobs = order(7, "bob", "bob's", 7, None);
+    let mine = order(8, "alice", "mine", 8, None);
+    let mut f = Fixture::<F>::with_orders(&[bobs.clone(), mine.clone()]).await;
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    f.sql.execute("UPDATE orders SET quantity = 80 WHERE id = 8").await;
+    let server_row = with(&mine, 3, Value::Int(80));
+    // An insert of a key in bob's partition, and an update from a stale old image.
+    let upload = request(
+        "alice-1",
+        "alice",
+        first.watermark,
+        2,
+        vec![orders_upload(
+            vec![order(7, "alice", "forged", 1, None)],
+            vec![(mine.clone(), with(&mine, 3, Value::Int(9)))],
+            vec![],
+        )],
+    );
+    let answered = f.sync_ok(upload.clone()).await;
+    assert_eq!(answered.summary.conflicts, 2);
+    // The reply is lost; the client resends the same upload from the same watermark.
+    let resent = f.sync_ok(upload).await;
+    assert!(resent.summary.upload_already_applied);
+    assert_eq!(resent.summary.conflicts, 0, "conflicts were counted when applied");
+    assert_eq!(order_deletes(&resent), vec![key(&[7])], "the forged key is dropped again");
+    assert_eq!(order_upserts(&resent), vec![server_row.clone()], "the server's row again");
+    assert_eq!(f.orders().await, vec![bobs, server_row]);
 }
