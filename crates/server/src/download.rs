@@ -121,6 +121,15 @@ impl Spool {
         Ok(())
     }
 
+    /// Makes sure everything appended reached the temporary file (a full disk shows here,
+    /// before the sync commits, not while sending).
+    pub async fn flush(&mut self) -> Result<(), SpoolError> {
+        if let Some(file) = self.file.as_mut() {
+            file.flush().await?;
+        }
+        Ok(())
+    }
+
     /// Writes everything spooled, in order, to `out`; each write must progress within
     /// `write_timeout` (a slow client is dropped, a large download is not).
     pub async fn send_to(

@@ -249,7 +249,13 @@ async fn run_sync<B: Consolidated>(
                     }
                 }
                 DownloadMessage::Finish(answer) => {
-                    let _ = answer.send(Ok(()));
+                    let flushed = spool.flush().await;
+                    let verdict = match &flushed {
+                        Ok(()) => Ok(()),
+                        Err(error) => Err(error.to_string()),
+                    };
+                    let _ = answer.send(verdict);
+                    flushed?;
                 }
             }
         }

@@ -439,3 +439,33 @@ async fn a_download_above_its_limit_is_refused_and_the_upload_rolled_back() {
     assert_eq!(server.snapshot(), before, "nothing of the upload stayed");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insert_or_replace_on_the_client_uploads_as_an_update() {
+    let server = TestServer::start().await;
+    let options = server.options("alice");
+    let mut alice = server.client("alice-1");
+    alice.sync(&options).await.unwrap();
+    alice
+        .connection()
+        .execute(
+            "INSERT OR REPLACE INTO orders VALUES ('alice-seed-0', 'alice', 'replaced', 9)",
+            [],
+        )
+        .unwrap();
+    let report = alice.sync(&options).await.unwrap();
+    assert_eq!(
+        (report.rows_uploaded, report.conflicts),
+        (1, 0),
+        "{report:?}"
+    );
+    assert_eq!(
+        server.consolidated_orders(Some("alice"))[0],
+        row("alice-seed-0", "alice", "replaced", 9)
+    );
+    assert_eq!(
+        client_orders(&alice),
+        server.consolidated_orders(Some("alice"))
+    );
+    server.stop().await;
+}

@@ -118,7 +118,19 @@ pub fn tombstone_table(table: &str) -> String {
     format!("rs_tombstone_{table}")
 }
 
+/// The longest table name whose derived names (`rs_track_delete_<T>`,
+/// `rs_tombstone_<T>_xid`) fit PostgreSQL's 63-byte identifiers.
+pub const TABLE_NAME_BYTES_MAX: usize = 46;
+
 pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<(), DbError> {
+    if init.table.len() > TABLE_NAME_BYTES_MAX {
+        return Err(DbError::Invalid(format!(
+            "table name {:?} is {} bytes; the names rowsync derives from it would pass \
+             PostgreSQL's 63-byte identifier limit (at most {TABLE_NAME_BYTES_MAX} bytes)",
+            init.table,
+            init.table.len()
+        )));
+    }
     if init.table.starts_with("rs_") {
         return Err(DbError::Invalid(
             "tables named rs_* are rowsync's own".into(),
@@ -385,6 +397,11 @@ pub fn default_scripts(
 /// client's watermark, so tombstones below every acknowledged watermark are done.
 pub async fn cleanup(client: &mut Client) -> Result<u64, DbError> {
     let transaction = client.transaction().await?;
+    // Syncs hold this lock shared: cleanup waits for those in flight, whose subscription
+    // (and the watermark it will acknowledge) is not visible before they commit.
+    transaction
+        .batch_execute("SELECT pg_advisory_xact_lock(7263, 0)")
+        .await?;
     // With no subscription at all, every future client starts empty: all tombstones go.
     let threshold: i64 = transaction
         .query_one(

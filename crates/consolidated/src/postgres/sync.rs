@@ -52,6 +52,10 @@ pub async fn synchronize(
     download: &DownloadSender,
 ) -> Result<SyncOutcome, SyncError> {
     let transaction = client.transaction().await?;
+    // Held shared by every sync, exclusively by cleanup: see `schema::cleanup`.
+    transaction
+        .batch_execute("SELECT pg_advisory_xact_lock_shared(7263, 0)")
+        .await?;
     let locked: bool = transaction
         .query_one(
             "SELECT pg_try_advisory_xact_lock(7262, hashtext($1))",

@@ -53,6 +53,9 @@ impl SqliteConsolidated {
         connection.pragma_update(None, "journal_mode", "WAL")?;
         connection.pragma_update(None, "synchronous", "FULL")?;
         connection.pragma_update(None, "foreign_keys", "ON")?;
+        // REPLACE deletes the old row; only with recursive triggers on does that delete
+        // leave its tombstone (a row replaced into another partition must reach its old owner).
+        connection.pragma_update(None, "recursive_triggers", "ON")?;
         Ok(connection)
     }
 }

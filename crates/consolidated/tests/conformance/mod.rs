@@ -1562,7 +1562,9 @@ pub async fn a_resent_upload_still_delivers_its_conflict_resolution<F: Factory>(
     let mine = order(8, "alice", "mine", 8, None);
     let mut f = Fixture::<F>::with_orders(&[bobs.clone(), mine.clone()]).await;
     let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
-    f.sql.execute("UPDATE orders SET quantity = 80 WHERE id = 8").await;
+    f.sql
+        .execute("UPDATE orders SET quantity = 80 WHERE id = 8")
+        .await;
     let server_row = with(&mine, 3, Value::Int(80));
     // An insert of a key in bob's partition, and an update from a stale old image.
     let upload = request(
@@ -1581,8 +1583,19 @@ pub async fn a_resent_upload_still_delivers_its_conflict_resolution<F: Factory>(
     // The reply is lost; the client resends the same upload from the same watermark.
     let resent = f.sync_ok(upload).await;
     assert!(resent.summary.upload_already_applied);
-    assert_eq!(resent.summary.conflicts, 0, "conflicts were counted when applied");
-    assert_eq!(order_deletes(&resent), vec![key(&[7])], "the forged key is dropped again");
-    assert_eq!(order_upserts(&resent), vec![server_row.clone()], "the server's row again");
+    assert_eq!(
+        resent.summary.conflicts, 0,
+        "conflicts were counted when applied"
+    );
+    assert_eq!(
+        order_deletes(&resent),
+        vec![key(&[7])],
+        "the forged key is dropped again"
+    );
+    assert_eq!(
+        order_upserts(&resent),
+        vec![server_row.clone()],
+        "the server's row again"
+    );
     assert_eq!(f.orders().await, vec![bobs, server_row]);
 }
