@@ -16,4 +16,4 @@ pub mod transport;
 pub use client::{Client, SyncOptions, SyncReport};
 pub use error::ClientError;
 pub use session::{ClientSession, CompletedSync, SessionEvent};
-pub use store::{CLIENT_ID_BYTES, UPLOAD_MESSAGE_BYTES_MAX};
+pub use store::{CLIENT_ID_BYTES, UPLOAD_MESSAGE_BYTES_MAX, UPLOAD_ROW_BYTES_MAX};

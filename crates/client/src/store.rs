@@ -12,8 +12,12 @@ use crate::ClientError;
 /// Random bytes in a generated client id (hex-encoded).
 pub const CLIENT_ID_BYTES: usize = 16;
 
-/// Upload messages are cut at about this many bytes, far below any frame limit.
+/// Upload messages are cut before they pass this many bytes, far below any frame limit.
 pub const UPLOAD_MESSAGE_BYTES_MAX: usize = 1024 * 1024;
+
+/// The largest single change (both images of an update) an upload can carry: what fits
+/// one default-size frame with room for the message's own header.
+pub const UPLOAD_ROW_BYTES_MAX: usize = rowsync_protocol::FRAME_BYTES_MAX_DEFAULT - 64 * 1024;
 
 const OLD_PREFIX: &str = "rs_old_";
 
@@ -362,34 +366,37 @@ fn collect_table_upload(
         let old = row_values(row, 1 + key_count, width)?;
         let exists: bool = row.get(1 + key_count + width)?;
         let new = row_values(row, 2 + key_count + width, width)?;
-        let size: usize;
-        match op.as_str() {
+        let size: usize = match op.as_str() {
             "I" | "U" if !exists => {
                 // The row was deleted again by a writer that bypassed the log; nothing to send.
                 continue;
             }
-            "I" => {
-                size = new.iter().map(Value::encoded_len).sum();
-                current.inserts.push(new);
-            }
-            "U" => {
-                size = old.iter().chain(&new).map(Value::encoded_len).sum();
-                current.updates.push(RowUpdate { old, new });
-            }
-            "D" => {
-                size = key.iter().map(Value::encoded_len).sum();
-                current.deletes.push(key);
-            }
+            "I" => new.iter().map(Value::encoded_len).sum(),
+            "U" => old.iter().chain(&new).map(Value::encoded_len).sum(),
+            "D" => key.iter().map(Value::encoded_len).sum(),
             other => {
                 return Err(ClientError::Schema(format!(
                     "change log of {table:?} holds unknown operation {other:?}"
                 )))
             }
+        };
+        if size > UPLOAD_ROW_BYTES_MAX {
+            // The batch is not built and the log is left as it is: nothing is lost.
+            return Err(ClientError::Schema(format!(
+                "a change of table {table:?} (key {key:?}) takes {size} bytes; the most one \
+                 message carries is {UPLOAD_ROW_BYTES_MAX} bytes"
+            )));
         }
-        current_bytes += size;
-        if current_bytes >= UPLOAD_MESSAGE_BYTES_MAX {
+        // Cut before the row that would pass the message size, so no frame grows past it.
+        if current_bytes + size > UPLOAD_MESSAGE_BYTES_MAX && current_bytes > 0 {
             out.push(std::mem::replace(&mut current, new_message()));
             current_bytes = 0;
+        }
+        current_bytes += size;
+        match op.as_str() {
+            "I" => current.inserts.push(new),
+            "U" => current.updates.push(RowUpdate { old, new }),
+            _ => current.deletes.push(key),
         }
     }
     drop(rows);

@@ -37,20 +37,21 @@ pub async fn exchange(request: Exchange<'_>) -> Result<SessionEvent, ClientError
     stream.set_nodelay(true)?;
     let mut decoder = FrameDecoder::new(request.frame_bytes_max);
     let mut session = ClientSession::new();
-    let written = tokio::time::timeout(request.timeout, async {
-        stream
-            .write_all(&encode_frame(&Message::Hello(request.hello)))
-            .await?;
-        for frame in request.upload_frames {
-            stream.write_all(frame).await?;
+    // Each write must progress within the timeout; a large upload may take longer.
+    let hello = encode_frame(&Message::Hello(request.hello));
+    let end = encode_frame(&Message::EndUpload(EndUpload {
+        upload_sequence: request.upload_sequence,
+    }));
+    let frames = std::iter::once(&hello)
+        .chain(request.upload_frames)
+        .chain(std::iter::once(&end));
+    let mut written = Ok(Ok(()));
+    for frame in frames {
+        written = tokio::time::timeout(request.timeout, stream.write_all(frame)).await;
+        if !matches!(written, Ok(Ok(()))) {
+            break;
         }
-        let end = Message::EndUpload(EndUpload {
-            upload_sequence: request.upload_sequence,
-        });
-        stream.write_all(&encode_frame(&end)).await?;
-        stream.flush().await
-    })
-    .await;
+    }
     match written {
         Err(_) => {
             return Err(ClientError::Timeout {

@@ -35,18 +35,20 @@ pub fn chunk_frames(chunk: Download, message_bytes_max: usize) -> Vec<Vec<u8>> {
         .map(|row| (false, row))
         .chain(upserts.into_iter().map(|row| (true, row)))
     {
-        current_bytes += row_bytes(&row);
-        if is_upsert {
-            current.upserts.push(row);
-        } else {
-            current.deletes.push(row);
-        }
-        if current_bytes >= message_bytes_max {
+        // Cut before the row that would pass the size, so no message grows past it.
+        let size = row_bytes(&row);
+        if current_bytes + size > message_bytes_max && current_bytes > 0 {
             frames.push(encode_frame(&Message::Download(std::mem::replace(
                 &mut current,
                 empty(),
             ))));
             current_bytes = 0;
+        }
+        current_bytes += size;
+        if is_upsert {
+            current.upserts.push(row);
+        } else {
+            current.deletes.push(row);
         }
     }
     if !current.upserts.is_empty() || !current.deletes.is_empty() {

@@ -469,3 +469,46 @@ async fn insert_or_replace_on_the_client_uploads_as_an_update() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_rows_travel_in_frames_under_the_limit_and_a_row_too_large_is_refused_clearly() {
+    let server = TestServer::start().await;
+    let options = server.options("alice");
+    let mut alice = server.client("alice-1");
+    let db = alice.connection();
+    db.execute(
+        "INSERT INTO orders VALUES ('a-1', 'alice', ?1, 1)",
+        [&"x".repeat(900_000)],
+    )
+    .unwrap();
+    db.execute(
+        "INSERT INTO orders VALUES ('a-2', 'alice', ?1, 2)",
+        [&"y".repeat(3_500_000)],
+    )
+    .unwrap();
+    let report = alice.sync(&options).await.unwrap();
+    assert_eq!((report.rows_uploaded, report.conflicts), (2, 0));
+    assert_eq!(
+        client_orders(&alice),
+        server.consolidated_orders(Some("alice"))
+    );
+
+    alice
+        .connection()
+        .execute(
+            "INSERT INTO orders VALUES ('a-3', 'alice', ?1, 3)",
+            [&"z".repeat(5_000_000)],
+        )
+        .unwrap();
+    let error = alice.sync(&options).await.unwrap_err();
+    assert!(matches!(error, ClientError::Schema(_)), "{error}");
+    assert!(
+        error.to_string().contains("the most one message carries"),
+        "{error}"
+    );
+    assert!(
+        alice.has_pending_changes().unwrap(),
+        "the change is kept, not lost"
+    );
+    server.stop().await;
+}
