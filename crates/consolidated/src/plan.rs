@@ -40,6 +40,9 @@ pub struct Parameters<'a> {
     pub script_version: &'a str,
     pub last_download: i64,
     pub upload_sequence: i64,
+    /// PostgreSQL: the transaction id of this client's previous sync when the client
+    /// applied that sync's download (it then holds every row that sync wrote), else 0.
+    pub last_sync_xid: i64,
 }
 
 impl<'a> Parameters<'a> {
@@ -57,6 +60,7 @@ impl<'a> Parameters<'a> {
             script_version: &request.script_version,
             last_download: request.last_download_watermark,
             upload_sequence,
+            last_sync_xid: 0,
         })
     }
 
@@ -68,6 +72,7 @@ impl<'a> Parameters<'a> {
             "script_version" => Value::Text(self.script_version.to_string()),
             "last_download" => Value::Int(self.last_download),
             "upload_sequence" => Value::Int(self.upload_sequence),
+            "last_sync_xid" => Value::Int(self.last_sync_xid),
             _ => {
                 let known = PARAMETERS
                     .iter()

@@ -30,7 +30,7 @@ pub const KEYS_PLACEHOLDER: &str = "{keys}";
 pub const OLD_IMAGE_PREFIX: &str = "rs_old_";
 
 /// Named parameters a script may use, and what they hold.
-pub const PARAMETERS: [(&str, &str); 5] = [
+pub const PARAMETERS: [(&str, &str); 6] = [
     ("user", "the authenticated user name"),
     ("client_id", "the client id from the hello"),
     ("script_version", "the script version the client syncs with"),
@@ -39,4 +39,8 @@ pub const PARAMETERS: [(&str, &str); 5] = [
         "the watermark of the client's last applied download",
     ),
     ("upload_sequence", "the sequence number of this upload"),
+    (
+        "last_sync_xid",
+        "PostgreSQL: the transaction id of the client's previous sync if the client applied its download, else 0",
+    ),
 ];

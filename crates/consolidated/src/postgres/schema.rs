@@ -32,10 +32,12 @@ CREATE TABLE IF NOT EXISTS rs_subscription (
     upload_sequence BIGINT NOT NULL DEFAULT 0,
     download_watermark BIGINT NOT NULL DEFAULT 0,
     download_acknowledged BIGINT NOT NULL DEFAULT 0,
+    last_sync_xid BIGINT NOT NULL DEFAULT 0,
     last_sync_at TIMESTAMPTZ
 );
 -- Columns added after a table's first release.
 ALTER TABLE rs_subscription ADD COLUMN IF NOT EXISTS download_acknowledged BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE rs_subscription ADD COLUMN IF NOT EXISTS last_sync_xid BIGINT NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS rs_table (
     table_name TEXT PRIMARY KEY,
     partition_column TEXT NOT NULL
@@ -375,7 +377,8 @@ pub fn default_scripts(
         (
             DOWNLOAD_CURSOR,
             format!(
-                "SELECT {table_columns} FROM {table} AS t WHERE t.{partition} = {user} AND t.{xid} >= :last_download",
+                "SELECT {table_columns} FROM {table} AS t WHERE t.{partition} = {user} AND t.{xid} >= :last_download \
+                 AND t.{xid} <> :last_sync_xid",
                 xid = q(XID_COLUMN),
             ),
         ),
@@ -384,7 +387,7 @@ pub fn default_scripts(
             // Keys back in the partition are downloaded as rows; their tombstones are moot.
             format!(
                 "SELECT {key_list} FROM {tombstones} AS d WHERE d.rs_partition = :user::text AND d.xid >= :last_download \
-                 AND NOT EXISTS (SELECT 1 FROM {table} AS t WHERE {td} AND t.{partition} = {user})",
+                 AND d.xid <> :last_sync_xid AND NOT EXISTS (SELECT 1 FROM {table} AS t WHERE {td} AND t.{partition} = {user})",
                 key_list = list(keys, "d."),
                 tombstones = q(&tombstone_table(&shape.name)),
                 td = key_match(keys, "t", "d"),

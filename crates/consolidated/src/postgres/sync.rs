@@ -26,25 +26,17 @@ use crate::{
 /// planner joins it by hash rather than by nested loop.
 const STAGE_ANALYZE_ROWS_MIN: usize = 1000;
 
-/// The download watermark: the lowest transaction id that may still be running, so
-/// every transaction below it (but ours) has finished and is visible to the download
-/// cursors, which run after this.
-///
-/// A snapshot lists running ids only below its `xmax` (the latest completed id + 1),
-/// which is at or below our own id; ids between `xmax` and ours are checked one by one
-/// with `pg_xact_status`. With none running, the watermark is just above our own id, so
-/// the rows this sync wrote are not downloaded again by the next one.
-const WATERMARK_QUERY: &str = "
-WITH s AS (
-    SELECT (pg_snapshot_xmax(pg_current_snapshot())::text)::bigint AS xmax,
-           (pg_current_xact_id_if_assigned()::text)::bigint AS own
-), running AS (
-    SELECT (x::text)::bigint AS xid FROM pg_snapshot_xip(pg_current_snapshot()) AS x
-    UNION ALL
-    SELECT g FROM s, generate_series(s.xmax, s.own - 1) AS g
-    WHERE pg_xact_status((g::text)::xid8) = 'in progress'
-)
-SELECT COALESCE((SELECT min(xid) FROM running), (SELECT GREATEST(xmax, own + 1) FROM s))";
+/// The download watermark: the lowest transaction id still running in this statement's
+/// snapshot, or the snapshot's `xmax` (latest completed + 1) when none is. Every
+/// transaction below it has finished and is visible to the download cursors, which run
+/// after it. Only the snapshot is trusted: `pg_xact_status` reads the commit log before
+/// the process array, so a transaction whose commit is logged but not yet visible (for
+/// instance while it waits for synchronous replication) would read as committed. Our
+/// own id is at or above `xmax`, so the rows this sync wrote come down once more in the
+/// client's next sync: a harmless duplicate.
+const WATERMARK_QUERY: &str =
+    "SELECT (COALESCE((SELECT min(x) FROM pg_snapshot_xip(pg_current_snapshot()) AS x), \
+     pg_snapshot_xmax(pg_current_snapshot()))::text)::bigint";
 
 pub async fn synchronize(
     client: &mut Client,
@@ -71,13 +63,21 @@ pub async fn synchronize(
     let scripts = load_scripts(&transaction, &request.script_version).await?;
     let subscription = transaction
         .query_opt(
-            "SELECT user_name, upload_sequence FROM rs_subscription WHERE client_id = $1",
+            "SELECT user_name, upload_sequence, download_watermark, last_sync_xid FROM rs_subscription \
+             WHERE client_id = $1",
             &[&request.client_id],
         )
         .await?;
+    // A client that comes back with exactly the watermark of its previous sync applied
+    // that sync's download, so it holds every row that sync's transaction wrote.
+    let last_sync_xid = match &subscription {
+        Some(row) if row.get::<_, i64>(2) == request.last_download_watermark => row.get(3),
+        _ => 0,
+    };
     let applied_sequence =
         applied_sequence(request, subscription.map(|row| (row.get(0), row.get(1))))?;
-    let parameters = Parameters::for_request(request)?;
+    let mut parameters = Parameters::for_request(request)?;
+    parameters.last_sync_xid = last_sync_xid;
     let upload_sequence = parameters.upload_sequence;
     let upload_already_applied = upload_sequence <= applied_sequence;
     let mut resolutions: HashMap<&str, Resolution> = HashMap::new();
@@ -141,13 +141,14 @@ pub async fn synchronize(
     transaction
         .execute(
             "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark,
-                 download_acknowledged, last_sync_at)
-             VALUES ($1, $2, $3, $4, $5, $6, now())
+                 download_acknowledged, last_sync_xid, last_sync_at)
+             VALUES ($1, $2, $3, $4, $5, $6, (pg_current_xact_id()::text)::bigint, now())
              ON CONFLICT (client_id) DO UPDATE SET
                  script_version = excluded.script_version,
                  upload_sequence = greatest(rs_subscription.upload_sequence, excluded.upload_sequence),
                  download_watermark = excluded.download_watermark,
                  download_acknowledged = greatest(rs_subscription.download_acknowledged, excluded.download_acknowledged),
+                 last_sync_xid = excluded.last_sync_xid,
                  last_sync_at = excluded.last_sync_at",
             &[
                 &request.client_id,
