@@ -21,6 +21,8 @@ use rowsync_protocol::{
     FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION,
 };
 use rowsync_server::{auth, ServerConfig};
+
+use crate::local_server::LocalServer;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, NoTls};
@@ -111,17 +113,8 @@ pub async fn run(url: &str, rows: usize, out: &mut dyn Write) -> Result<Vec<Meas
         .execute("DELETE FROM rs_subscription WHERE user_name = $1", &[&USER])
         .await?;
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let address = listener.local_addr()?.to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(rowsync_server::serve(
-        listener,
-        backend,
-        ServerConfig::default(),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let server = LocalServer::start(backend, ServerConfig::default()).await?;
+    let address = server.address.clone();
     let mut sequence = 0u64;
     let mut measurements = Vec::new();
     writeln!(out, "{rows} rows per operation; raw = PostgreSQL's bulk path on an identical table without triggers")?;
@@ -198,8 +191,7 @@ pub async fn run(url: &str, rows: usize, out: &mut dyn Write) -> Result<Vec<Meas
         raw,
     });
 
-    let _ = stop.send(());
-    server.await.context("server task")??;
+    server.stop().await?;
     writeln!(
         out,
         "{:<15} {:>12} {:>12} {:>14} {:>14} {:>10}",

@@ -11,6 +11,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::local_server::LocalServer;
 use anyhow::{bail, Context, Result};
 use rowsync_client::{Client, SyncOptions, SyncReport};
 use rowsync_consolidated::postgres::PostgresConsolidated;
@@ -19,7 +20,6 @@ use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
 use rowsync_protocol::Value;
 use rowsync_server::{auth, ServerConfig};
 use rusqlite::{params, Connection};
-use tokio::sync::oneshot;
 
 pub const USERS: [&str; 3] = ["alice", "bob", "carol"];
 const BULK_USER: &str = "dave";
@@ -127,21 +127,11 @@ async fn run_on<B: Consolidated>(
 ) -> Result<DemoReport> {
     let mut admin = prepare_consolidated(&backend).await?;
     writeln!(options.out, "consolidated database: {label}")?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let address = listener.local_addr()?.to_string();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(rowsync_server::serve(
-        listener,
-        backend,
-        ServerConfig::default(),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let server = LocalServer::start(backend, ServerConfig::default()).await?;
+    let address = server.address.clone();
     writeln!(options.out, "server listening on {address}")?;
     let result = run_with_server(dir, &mut admin, &address, options).await;
-    let _ = stop.send(());
-    server.await.context("server task")??;
+    server.stop().await?;
     result
 }
 

@@ -2,3 +2,4 @@
 
 pub mod bench_apply;
 pub mod demo;
+pub mod local_server;
