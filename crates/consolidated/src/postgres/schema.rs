@@ -3,6 +3,7 @@
 
 use tokio_postgres::{Client, GenericClient};
 
+use crate::names::{column_list, key_match};
 use crate::plan::{Column, TableShape};
 use crate::scripts::*;
 use crate::{quote_identifier as q, DbError, TableInit};
@@ -201,21 +202,6 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<(), DbE
     Ok(())
 }
 
-fn list(names: &[String], prefix: &str) -> String {
-    names
-        .iter()
-        .map(|name| format!("{prefix}{}", q(name)))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn key_match(keys: &[String], left: &str, right: &str) -> String {
-    keys.iter()
-        .map(|key| format!("{left}.{k} = {right}.{k}", k = q(key)))
-        .collect::<Vec<_>>()
-        .join(" AND ")
-}
-
 /// Change tracking: an `rs_xid` column stamped with the writing transaction's id (by
 /// its default on insert, by a row trigger on update unless the statement set it, as
 /// rowsync's own scripts do), and a tombstone table kept by triggers for deleted rows
@@ -228,7 +214,7 @@ fn tracking_ddl(shape: &TableShape, key_types: &[&str], partition_column: &str) 
     let table = q(name);
     let tombstones = q(&tombstone_table(name));
     let keys = &shape.key_columns;
-    let key_columns = list(keys, "");
+    let key_columns = column_list(keys, "");
     let key_definitions = keys
         .iter()
         .zip(key_types)
@@ -288,8 +274,8 @@ CREATE TRIGGER {delete_trigger} AFTER DELETE ON {table} REFERENCING OLD TABLE AS
         stamp_trigger = trigger("stamp"),
         moved_trigger = trigger("moved"),
         delete_trigger = trigger("delete"),
-        old_keys = list(keys, "OLD."),
-        old_keys_set = list(keys, "o."),
+        old_keys = column_list(keys, "OLD."),
+        old_keys_set = column_list(keys, "o."),
     )
 }
 
@@ -317,8 +303,8 @@ pub fn default_scripts(
         .collect();
     let keys = &shape.key_columns;
     let non_keys: Vec<&String> = all.iter().filter(|name| !keys.contains(name)).collect();
-    let columns = list(&all, "");
-    let returning_keys = list(keys, &format!("{table}."));
+    let columns = column_list(&all, "");
+    let returning_keys = column_list(keys, &format!("{table}."));
     // Setting rs_xid here keeps the stamping trigger from being called for each row.
     let stamp = format!("{} = {CURRENT_XID}", q(XID_COLUMN));
     let set_new = non_keys
@@ -338,7 +324,7 @@ pub fn default_scripts(
         })
         .collect::<Vec<_>>()
         .join(" AND ");
-    let table_columns = list(&all, "t.");
+    let table_columns = column_list(&all, "t.");
     vec![
         (
             UPLOAD_INSERT,
@@ -348,7 +334,7 @@ pub fn default_scripts(
                 "INSERT INTO {table} ({columns}) SELECT {upload_columns} FROM {UPLOAD_PLACEHOLDER} AS u \
                  WHERE u.{partition} = {user} AND NOT EXISTS (SELECT 1 FROM {table} AS t WHERE {tu}) \
                  RETURNING {returning_keys}",
-                upload_columns = list(&all, "u."),
+                upload_columns = column_list(&all, "u."),
                 tu = key_match(keys, "t", "u"),
             ),
         ),
@@ -388,7 +374,7 @@ pub fn default_scripts(
             format!(
                 "SELECT {key_list} FROM {tombstones} AS d WHERE d.rs_partition = :user::text AND d.xid >= :last_download \
                  AND d.xid <> :last_sync_xid AND NOT EXISTS (SELECT 1 FROM {table} AS t WHERE {td} AND t.{partition} = {user})",
-                key_list = list(keys, "d."),
+                key_list = column_list(keys, "d."),
                 tombstones = q(&tombstone_table(&shape.name)),
                 td = key_match(keys, "t", "d"),
             ),

@@ -12,6 +12,7 @@ use tokio_postgres::{Client, Transaction};
 use super::schema::table_shape;
 use super::value::{Bind, Read};
 use crate::error::describe_postgres;
+use crate::names::{column_list, key_match};
 use crate::plan::{
     applied_sequence, positional_parameters, validate_upload_shape, DownloadFilter, Parameters,
     Resolution, ScriptRows, Scripts, TableShape,
@@ -392,19 +393,11 @@ impl Stage {
     }
 
     fn key_list(&self, alias: &str) -> String {
-        self.key_columns
-            .iter()
-            .map(|k| format!("{alias}.{}", q(k)))
-            .collect::<Vec<_>>()
-            .join(", ")
+        column_list(&self.key_columns, &format!("{alias}."))
     }
 
     fn key_match(&self, left: &str, right: &str) -> String {
-        self.key_columns
-            .iter()
-            .map(|k| format!("{left}.{k} = {right}.{k}", k = q(k)))
-            .collect::<Vec<_>>()
-            .join(" AND ")
+        key_match(&self.key_columns, left, right)
     }
 }
 

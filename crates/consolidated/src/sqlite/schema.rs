@@ -2,6 +2,7 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::names::{column_list, key_match};
 use crate::plan::{Column, TableShape};
 use crate::scripts::*;
 use crate::{quote_identifier as q, DbError, TableInit};
@@ -149,22 +150,6 @@ pub fn init_table(connection: &mut Connection, init: &TableInit) -> Result<(), D
     }
     transaction.commit()?;
     Ok(())
-}
-
-/// `a."k1" = b."k1" AND a."k2" = b."k2"`
-fn key_match(keys: &[String], left: &str, right: &str) -> String {
-    keys.iter()
-        .map(|key| format!("{left}.{k} = {right}.{k}", k = q(key)))
-        .collect::<Vec<_>>()
-        .join(" AND ")
-}
-
-fn column_list(names: impl IntoIterator<Item = impl AsRef<str>>, prefix: &str) -> String {
-    names
-        .into_iter()
-        .map(|name| format!("{prefix}{}", q(name.as_ref())))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// Row-version and tombstone tables with the triggers that keep them. Every change to

@@ -9,6 +9,7 @@ use rowsync_protocol::{Row, SyncSummary, TableUpload, Value};
 use rusqlite::{params, Connection, OptionalExtension, Statement, TransactionBehavior};
 
 use super::schema::table_shape;
+use crate::names::{column_list, key_match};
 use crate::plan::{
     applied_sequence, validate_upload_shape, DownloadFilter, Parameters, Resolution, ScriptRows,
     Scripts, TableShape,
@@ -157,67 +158,52 @@ fn apply_table(
     let mut resolution = Resolution::default();
     let mut conflict_keys: Vec<Row> = Vec::new();
 
-    if !upload.inserts.is_empty() {
-        let stage = Stage::create(connection, "insert", &shape, &upload.columns, false)?;
-        stage.load(
-            connection,
-            upload.inserts.iter().map(|row| row.iter().collect()),
-        )?;
+    // Each kind is staged, its script run (unless only reconciling), then compared.
+    let stage_and_run = |kind: &str,
+                         columns: &[String],
+                         with_old_image: bool,
+                         rows: &mut dyn Iterator<Item = Vec<&Value>>,
+                         event: &str|
+     -> Result<(Stage, usize), SyncError> {
+        let stage = Stage::create(connection, kind, &shape, columns, with_old_image)?;
+        stage.load(connection, rows)?;
         let changed = if apply {
-            run_script(
-                connection,
-                scripts,
-                table,
-                UPLOAD_INSERT,
-                &stage.name,
-                parameters,
-            )?
+            run_script(connection, scripts, table, event, &stage.name, parameters)?
         } else {
             0
         };
+        Ok((stage, changed))
+    };
+    if !upload.inserts.is_empty() {
+        let mut rows = upload.inserts.iter().map(|row| row.iter().collect());
+        let (stage, changed) =
+            stage_and_run("insert", &upload.columns, false, &mut rows, UPLOAD_INSERT)?;
         if changed < upload.inserts.len() {
             conflict_keys.extend(stage.rows_not_matching_table(connection, &shape, &landed)?);
         }
     }
     if !upload.updates.is_empty() {
-        let stage = Stage::create(connection, "update", &shape, &upload.columns, true)?;
-        let rows = upload
+        let mut rows = upload
             .updates
             .iter()
             .map(|update| update.new.iter().chain(&update.old).collect());
-        stage.load(connection, rows)?;
-        let changed = if apply {
-            run_script(
-                connection,
-                scripts,
-                table,
-                UPLOAD_UPDATE,
-                &stage.name,
-                parameters,
-            )?
-        } else {
-            0
-        };
+        let (stage, changed) =
+            stage_and_run("update", &upload.columns, true, &mut rows, UPLOAD_UPDATE)?;
         if changed < upload.updates.len() {
             conflict_keys.extend(stage.rows_not_matching_table(connection, &shape, &landed)?);
         }
     }
     if !upload.deletes.is_empty() {
-        let stage = Stage::create(connection, "delete", &shape, &upload.key_columns, false)?;
-        stage.load(
-            connection,
-            upload.deletes.iter().map(|row| row.iter().collect()),
+        let mut rows = upload.deletes.iter().map(|row| row.iter().collect());
+        let (stage, _) = stage_and_run(
+            "delete",
+            &upload.key_columns,
+            false,
+            &mut rows,
+            UPLOAD_DELETE,
         )?;
-        if apply {
-            run_script(
-                connection,
-                scripts,
-                table,
-                UPLOAD_DELETE,
-                &stage.name,
-                parameters,
-            )?;
-        }
+        // Deleting a key already gone changes nothing and is fine: only keys still
+        // present are conflicts, whatever the count.
         conflict_keys.extend(stage.keys_still_in_table(connection, &shape)?);
     }
     resolution.record_upload(upload, &key_positions);
@@ -282,10 +268,10 @@ impl Stage {
         })
     }
 
-    fn load<'r>(
+    fn load(
         &self,
         connection: &Connection,
-        rows: impl Iterator<Item = Vec<&'r Value>>,
+        rows: &mut dyn Iterator<Item = Vec<&Value>>,
     ) -> Result<(), SyncError> {
         let placeholders = vec!["?"; self.columns.len()].join(", ");
         let mut statement = connection.prepare(&format!(
@@ -304,12 +290,7 @@ impl Stage {
         condition: &str,
         parameters: &[&str],
     ) -> Result<Vec<Row>, SyncError> {
-        let keys = self
-            .key_columns
-            .iter()
-            .map(|key| format!("s.{}", q(key)))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let keys = column_list(&self.key_columns, "s.");
         let mut statement = connection.prepare(&format!(
             "SELECT {keys} FROM {} AS s WHERE {condition}",
             self.name
@@ -361,12 +342,7 @@ impl Stage {
         connection: &Connection,
         shape: &TableShape,
     ) -> Result<Vec<Row>, SyncError> {
-        let matches = self
-            .key_columns
-            .iter()
-            .map(|key| format!("t.{k} = s.{k}", k = q(key)))
-            .collect::<Vec<_>>()
-            .join(" AND ");
+        let matches = key_match(&self.key_columns, "t", "s");
         self.select_keys(
             connection,
             &format!(
@@ -486,7 +462,7 @@ fn resolve_conflicts(
     let stage = Stage::create(connection, "keys", shape, &shape.key_columns, false)?;
     stage.load(
         connection,
-        conflict_keys.iter().map(|row| row.iter().collect()),
+        &mut conflict_keys.iter().map(|row| row.iter().collect()),
     )?;
     let (columns, rows) = query_script(
         connection,
