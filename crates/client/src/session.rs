@@ -33,10 +33,6 @@ impl ClientSession {
         ClientSession::default()
     }
 
-    pub fn is_finished(&self) -> bool {
-        self.finished
-    }
-
     pub fn handle(&mut self, message: Message) -> Result<SessionEvent, ClientError> {
         if self.finished {
             return Err(ClientError::Protocol(format!(

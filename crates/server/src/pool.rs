@@ -10,7 +10,6 @@ pub struct WorkerPool<B: Consolidated> {
     backend: B,
     idle: Mutex<Vec<B::Connection>>,
     permits: Arc<Semaphore>,
-    workers: usize,
 }
 
 impl<B: Consolidated> WorkerPool<B> {
@@ -19,13 +18,7 @@ impl<B: Consolidated> WorkerPool<B> {
             backend,
             idle: Mutex::new(Vec::with_capacity(workers)),
             permits: Arc::new(Semaphore::new(workers)),
-            workers,
         })
-    }
-
-    /// Workers busy right now.
-    pub fn busy(&self) -> usize {
-        self.workers - self.permits.available_permits()
     }
 
     /// Waits for a free worker and gives it a connection (reused, or opened if none idle).

@@ -31,7 +31,6 @@ const UNPRIVILEGED_GID: u32 = 65534;
 pub struct PgCluster {
     /// `postgres://user@host:port` without a database name.
     base_url: String,
-    bin_dir: Option<PathBuf>,
     /// Keeps the cluster's directory alive for the life of the process.
     _dir: Option<tempfile::TempDir>,
     databases_created: AtomicUsize,
@@ -46,7 +45,6 @@ pub fn postgres() -> &'static PgCluster {
                 .rsplit_once('/')
                 .map(|(base, _)| base.to_string())
                 .unwrap_or(url),
-            bin_dir: None,
             _dir: None,
             databases_created: AtomicUsize::new(0),
         },
@@ -189,7 +187,6 @@ impl PgCluster {
         spawn_watchdog(&bin, &data, root)?;
         Ok(PgCluster {
             base_url: format!("postgres://postgres@127.0.0.1:{port}"),
-            bin_dir: Some(bin),
             _dir: Some(dir),
             databases_created: AtomicUsize::new(0),
         })
@@ -198,11 +195,6 @@ impl PgCluster {
     /// `postgres://user@host:port/name`
     pub fn url(&self, database: &str) -> String {
         format!("{}/{database}", self.base_url)
-    }
-
-    /// The directory of the PostgreSQL programs, when this process started the cluster.
-    pub fn bin_dir(&self) -> Option<&Path> {
-        self.bin_dir.as_deref()
     }
 
     /// A name for a new, empty database, unique in this process; the caller creates it
