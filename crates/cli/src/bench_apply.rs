@@ -287,6 +287,9 @@ fn hello(client_id: &str, last_download_watermark: i64) -> Hello {
         password: PASSWORD.into(),
         script_version: "bench".into(),
         last_download_watermark,
+        token: String::new(),
+        auth_parameters: Vec::new(),
+        download_ack: false,
     }
 }
 
@@ -298,7 +301,7 @@ async fn sync_timed(
 ) -> Result<Duration> {
     *sequence += 1;
     let started = Instant::now();
-    let event = exchange(Exchange {
+    let (event, _connection) = exchange(Exchange {
         address,
         // A watermark far ahead: the writer measures the upload, not a download.
         hello: hello(client_id, i64::MAX / 2),
@@ -321,7 +324,7 @@ async fn sync_timed(
 
 /// A new client's first sync, decoding every row (no SQLite).
 async fn download_all(address: &str) -> Result<usize> {
-    let event = exchange(Exchange {
+    let (event, _connection) = exchange(Exchange {
         address,
         hello: hello("reader", 0),
         upload_frames: &[],

@@ -5,7 +5,7 @@ use rowsync_protocol::{Hello, FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION};
 use rusqlite::Connection;
 
 use crate::session::SessionEvent;
-use crate::transport::{exchange, Exchange};
+use crate::transport::{acknowledge, exchange, Exchange};
 use crate::{store, ClientError};
 
 /// Where and as whom to sync.
@@ -19,6 +19,14 @@ pub struct SyncOptions {
     pub frame_bytes_max: usize,
     /// Limit on connecting and on each wait for the server.
     pub timeout: Duration,
+    /// A signed token (JWT) to log in with instead of the password; the server takes the
+    /// user from it.
+    pub token: Option<String>,
+    /// Custom authentication parameters for the server's scripts (`:auth_1`, ...).
+    pub auth_parameters: Vec<String>,
+    /// Confirm each applied download to the server (MobiLink's download acknowledgement):
+    /// the server then records it at once and runs its `download_ack` script.
+    pub download_ack: bool,
 }
 
 impl SyncOptions {
@@ -34,6 +42,9 @@ impl SyncOptions {
             script_version: "v1".into(),
             frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
             timeout: Duration::from_secs(60),
+            token: None,
+            auth_parameters: Vec::new(),
+            download_ack: false,
         }
     }
 }
@@ -122,8 +133,11 @@ impl Client {
                 password: options.password.clone(),
                 script_version: options.script_version.clone(),
                 last_download_watermark: store::state(&self.connection)?.download_watermark,
+                token: options.token.clone().unwrap_or_default(),
+                auth_parameters: options.auth_parameters.clone(),
+                download_ack: options.download_ack,
             };
-            let event = exchange(Exchange {
+            let (event, connection) = exchange(Exchange {
                 address: &options.address,
                 hello,
                 upload_frames: &batch.frames,
@@ -145,6 +159,9 @@ impl Client {
                 &completed.downloads,
                 completed.end.watermark,
             )?;
+            if options.download_ack {
+                acknowledge(connection, completed.end.watermark, options.timeout).await?;
+            }
             let summary = completed.end.summary;
             report.rounds += 1;
             report.rows_uploaded += if summary.upload_already_applied {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use rowsync_protocol::{encode_frame, EndUpload, FrameDecoder, Hello, Message};
+use rowsync_protocol::{encode_frame, DownloadAck, EndUpload, FrameDecoder, Hello, Message};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -21,8 +21,9 @@ pub struct Exchange<'a> {
     pub timeout: Duration,
 }
 
-/// Sends hello, upload and end of upload; reads until the session completes.
-pub async fn exchange(request: Exchange<'_>) -> Result<SessionEvent, ClientError> {
+/// Sends hello, upload and end of upload; reads until the session completes. Returns
+/// the connection too, for the download acknowledgement.
+pub async fn exchange(request: Exchange<'_>) -> Result<(SessionEvent, TcpStream), ClientError> {
     let timeout_ms = request.timeout.as_millis() as u64;
     let mut stream = tokio::time::timeout(request.timeout, TcpStream::connect(request.address))
         .await
@@ -65,13 +66,43 @@ pub async fn exchange(request: Exchange<'_>) -> Result<SessionEvent, ClientError
             return match read_until_done(&mut stream, &mut decoder, &mut session, request.timeout)
                 .await
             {
-                Ok(event) => Ok(event),
+                Ok(event) => Ok((event, stream)),
                 Err(_) => Err(ClientError::Io(write_error)),
             }
         }
         Ok(Ok(())) => {}
     }
-    read_until_done(&mut stream, &mut decoder, &mut session, request.timeout).await
+    let event = read_until_done(&mut stream, &mut decoder, &mut session, request.timeout).await?;
+    Ok((event, stream))
+}
+
+/// Tells the server the download ending at `watermark` was applied, and waits until the
+/// server has recorded it (it then closes the connection).
+pub async fn acknowledge(
+    mut stream: TcpStream,
+    watermark: i64,
+    timeout: Duration,
+) -> Result<(), ClientError> {
+    let timeout_ms = timeout.as_millis() as u64;
+    let frame = encode_frame(&Message::DownloadAck(DownloadAck { watermark }));
+    tokio::time::timeout(timeout, stream.write_all(&frame))
+        .await
+        .map_err(|_| ClientError::Timeout {
+            during: "sending the download acknowledgement",
+            timeout_ms,
+        })??;
+    let mut buffer = [0u8; 256];
+    loop {
+        let read = tokio::time::timeout(timeout, stream.read(&mut buffer))
+            .await
+            .map_err(|_| ClientError::Timeout {
+                during: "waiting for the server to record the acknowledgement",
+                timeout_ms,
+            })??;
+        if read == 0 {
+            return Ok(());
+        }
+    }
 }
 
 async fn read_until_done(

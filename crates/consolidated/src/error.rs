@@ -27,12 +27,19 @@ pub enum SyncError {
         "client id {client_id:?} is already synchronizing; try again when that sync has ended"
     )]
     AlreadySynchronizing { client_id: String },
-    #[error("script {event} for table {table:?} failed: {message}")]
+    #[error("script {event}{} failed{}: {message}", describe_table(.table), describe_row_key(.row_key))]
     Script {
         event: String,
+        /// Empty for connection scripts.
         table: String,
+        /// The key of the row a row script failed on, as text: `(5, 'a')`.
+        row_key: Option<String>,
+        /// The database's error code (SQLSTATE on PostgreSQL), empty when unknown.
+        code: String,
         message: String,
     },
+    #[error("authentication failed: {0}")]
+    AuthenticationRefused(String),
     #[error("the download's receiver went away before the sync ended")]
     DownloadAbandoned,
     #[error("the download could not be taken: {0}")]
@@ -47,7 +54,53 @@ impl From<rusqlite::Error> for SyncError {
     }
 }
 
+fn describe_table(table: &str) -> String {
+    if table.is_empty() {
+        String::new()
+    } else {
+        format!(" for table {table:?}")
+    }
+}
+
+fn describe_row_key(row_key: &Option<String>) -> String {
+    match row_key {
+        Some(key) => format!(" on the row with key {key}"),
+        None => String::new(),
+    }
+}
+
 impl SyncError {
+    /// A script failure not tied to one row.
+    pub fn script(event: &str, table: &str, message: impl Into<String>) -> SyncError {
+        SyncError::Script {
+            event: event.to_string(),
+            table: table.to_string(),
+            row_key: None,
+            code: String::new(),
+            message: message.into(),
+        }
+    }
+
+    /// This failure, pinned to the row (by its key) a row script failed on.
+    pub fn with_row_key(self, key: String) -> SyncError {
+        match self {
+            SyncError::Script {
+                event,
+                table,
+                code,
+                message,
+                ..
+            } => SyncError::Script {
+                event,
+                table,
+                row_key: Some(key),
+                code,
+                message,
+            },
+            other => other,
+        }
+    }
+
     /// The wire error code a client receives for this failure.
     pub fn code(&self) -> ErrorCode {
         match self {
@@ -56,6 +109,7 @@ impl SyncError {
             SyncError::Schema(_) => ErrorCode::Schema,
             SyncError::AlreadySynchronizing { .. } => ErrorCode::AlreadySynchronizing,
             SyncError::Script { .. } => ErrorCode::Script,
+            SyncError::AuthenticationRefused(_) => ErrorCode::AuthenticationFailed,
             SyncError::DownloadAbandoned | SyncError::Database(_) => ErrorCode::Internal,
             SyncError::DownloadRefused(_) => ErrorCode::Internal,
         }

@@ -23,7 +23,9 @@ pub use download::{
 };
 pub use error::{DbError, SyncError};
 pub use names::quote_identifier;
-pub use types::{SyncOutcome, SyncRequest, TableInit};
+pub use types::{
+    AuthCheck, AuthRequest, DownloadAckRequest, ScriptEntry, SyncOutcome, SyncRequest, TableInit,
+};
 
 /// A consolidated database: hands out connections. Cheap to clone.
 pub trait Consolidated: Clone + Send + Sync + 'static {
@@ -50,6 +52,54 @@ pub trait ConsolidatedConnection: Send + 'static {
         &mut self,
         name: &str,
     ) -> impl Future<Output = Result<Option<String>, DbError>> + Send;
+
+    /// Runs the version's `authenticate_user` script in its own committed transaction, or
+    /// returns the built-in user's password hash when the version has no such script.
+    fn authenticate(
+        &mut self,
+        request: &AuthRequest,
+    ) -> impl Future<Output = Result<AuthCheck, SyncError>> + Send;
+
+    /// Records that a client applied the download ending at `request.watermark` and runs
+    /// `download_ack`, in one transaction. False when that is not the watermark last sent
+    /// to the client (nothing is recorded then).
+    fn acknowledge_download(
+        &mut self,
+        request: &DownloadAckRequest,
+    ) -> impl Future<Output = Result<bool, SyncError>> + Send;
+
+    /// Every stored script, of one version or of all.
+    fn scripts(
+        &mut self,
+        script_version: Option<&str>,
+    ) -> impl Future<Output = Result<Vec<ScriptEntry>, DbError>> + Send;
+
+    /// Stores a script (replacing the one for the same version, table and event). The
+    /// version must exist and the event must be one rowsync runs.
+    fn set_script(
+        &mut self,
+        entry: &ScriptEntry,
+    ) -> impl Future<Output = Result<(), DbError>> + Send;
+
+    /// Removes a script; false if there was none.
+    fn remove_script(
+        &mut self,
+        script_version: &str,
+        table: &str,
+        event: &str,
+    ) -> impl Future<Output = Result<bool, DbError>> + Send;
+
+    /// Adds a script version (idempotent; the description is updated).
+    fn add_script_version(
+        &mut self,
+        name: &str,
+        description: &str,
+    ) -> impl Future<Output = Result<(), DbError>> + Send;
+
+    /// Every script version with its description.
+    fn script_versions(
+        &mut self,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, DbError>> + Send;
 
     /// Prepares an existing table for synchronization: change tracking (row versions and
     /// tombstones kept by triggers) and the default set scripts in the given version.

@@ -3,6 +3,7 @@
 //! cursor results into the download. Backends do the queries; this decides.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use rowsync_protocol::{encode_values, Download, Row, TableUpload, Value};
 
@@ -34,6 +35,7 @@ impl TableShape {
 }
 
 /// The values of the named parameters scripts may use.
+#[derive(Clone)]
 pub struct Parameters<'a> {
     pub user: &'a str,
     pub client_id: &'a str,
@@ -43,6 +45,18 @@ pub struct Parameters<'a> {
     /// PostgreSQL: the transaction id of this client's previous sync when the client
     /// applied that sync's download (it then holds every row that sync wrote), else 0.
     pub last_sync_xid: i64,
+    /// Custom authentication parameters, `:auth_1` onwards.
+    pub auth_parameters: &'a [String],
+    /// Values of one event only (`:password`, `:error_message`, ...), looked up first.
+    pub extra: Vec<(&'static str, Value)>,
+}
+
+/// The images of one row a row script runs for, by column.
+pub struct RowImages<'a> {
+    pub columns: &'a [String],
+    pub new: Option<&'a [Value]>,
+    pub old: Option<&'a [Value]>,
+    pub current: Option<&'a [Value]>,
 }
 
 impl<'a> Parameters<'a> {
@@ -61,12 +75,101 @@ impl<'a> Parameters<'a> {
             last_download: request.last_download_watermark,
             upload_sequence,
             last_sync_xid: 0,
+            auth_parameters: &request.auth_parameters,
+            extra: Vec::new(),
         })
+    }
+
+    /// Parameters outside any sync (`begin_connection`): only the version is known.
+    pub fn for_connection(script_version: &'a str) -> Parameters<'a> {
+        Parameters {
+            user: "",
+            client_id: "",
+            script_version,
+            last_download: 0,
+            upload_sequence: 0,
+            last_sync_xid: 0,
+            auth_parameters: &[],
+            extra: Vec::new(),
+        }
+    }
+
+    /// These parameters plus values of one event.
+    pub fn with(&self, extra: Vec<(&'static str, Value)>) -> Parameters<'a> {
+        let mut parameters = self.clone();
+        parameters.extra.extend(extra);
+        parameters
     }
 
     /// The value of a named parameter (`user`, `:user`, `@user` and `$user` alike).
     pub fn value(&self, name: &str, table: &str, event: &str) -> Result<Value, SyncError> {
-        Ok(match name.trim_start_matches([':', '@', '$']) {
+        self.value_for_row(name, None, table, event)
+    }
+
+    /// The value of a named parameter, where `new.c`, `old.c` and `current.c` name the
+    /// images of `row`.
+    pub fn value_for_row(
+        &self,
+        name: &str,
+        row: Option<&RowImages>,
+        table: &str,
+        event: &str,
+    ) -> Result<Value, SyncError> {
+        let name = name.trim_start_matches([':', '@', '$']);
+        if let Some((_, value)) = self.extra.iter().find(|(known, _)| *known == name) {
+            return Ok(value.clone());
+        }
+        if let Some((image, column)) = name.split_once('.') {
+            let Some(row) = row else {
+                return Err(SyncError::script(
+                    event,
+                    table,
+                    format!(":{name} names a row image, which only row scripts of upload events and resolve_conflict have"),
+                ));
+            };
+            let values = match image {
+                "new" => row.new,
+                "old" => row.old,
+                "current" => row.current,
+                _ => {
+                    return Err(SyncError::script(
+                        event,
+                        table,
+                        format!("unknown row image in :{name}; use :new.<column>, :old.<column> or :current.<column>"),
+                    ))
+                }
+            };
+            let position = row
+                .columns
+                .iter()
+                .position(|known| known == column)
+                .ok_or_else(|| {
+                    SyncError::script(
+                        event,
+                        table,
+                        format!(
+                            ":{name}: the uploaded rows have no column {column:?}; they have {:?}",
+                            row.columns
+                        ),
+                    )
+                })?;
+            // An image the event does not have (old values of an insert) is NULL.
+            return Ok(values
+                .and_then(|values| values.get(position))
+                .cloned()
+                .unwrap_or(Value::Null));
+        }
+        if let Some(index) = name.strip_prefix("auth_") {
+            if let Ok(index) = index.parse::<usize>() {
+                if index >= 1 {
+                    return Ok(self
+                        .auth_parameters
+                        .get(index - 1)
+                        .map_or(Value::Null, |text| Value::Text(text.clone())));
+                }
+            }
+        }
+        Ok(match name {
             "user" => Value::Text(self.user.to_string()),
             "client_id" => Value::Text(self.client_id.to_string()),
             "script_version" => Value::Text(self.script_version.to_string()),
@@ -76,16 +179,17 @@ impl<'a> Parameters<'a> {
             _ => {
                 let known = PARAMETERS
                     .iter()
+                    .chain(&EVENT_PARAMETERS)
                     .map(|(name, _)| format!(":{name}"))
                     .collect::<Vec<_>>();
-                return Err(SyncError::Script {
-                    event: event.to_string(),
-                    table: table.to_string(),
-                    message: format!(
-                        "unknown parameter {name}; known parameters are {}",
+                return Err(SyncError::script(
+                    event,
+                    table,
+                    format!(
+                        "unknown parameter :{name} (or not one of this event); known parameters are {}",
                         known.join(", ")
                     ),
-                });
+                ));
             }
         })
     }
@@ -116,6 +220,47 @@ pub fn applied_sequence(
     }
 }
 
+/// One connection's scripts by version, valid while the version's revision (bumped by a
+/// trigger on every change of `rs_script`) stays the same. Also remembers the versions
+/// whose `begin_connection` ran on this connection.
+#[derive(Default)]
+pub struct ScriptCache {
+    versions: HashMap<String, (i64, Arc<Scripts>)>,
+    connected: HashSet<String>,
+}
+
+impl ScriptCache {
+    pub fn get(&self, version: &str, revision: i64) -> Option<Arc<Scripts>> {
+        self.versions
+            .get(version)
+            .filter(|(cached, _)| *cached == revision)
+            .map(|(_, scripts)| Arc::clone(scripts))
+    }
+
+    /// The scripts last used for `version`, whatever their revision.
+    pub fn last(&self, version: &str) -> Option<Arc<Scripts>> {
+        self.versions
+            .get(version)
+            .map(|(_, scripts)| Arc::clone(scripts))
+    }
+
+    pub fn insert(&mut self, version: &str, revision: i64, scripts: Scripts) -> Arc<Scripts> {
+        let scripts = Arc::new(scripts);
+        self.versions
+            .insert(version.to_string(), (revision, Arc::clone(&scripts)));
+        scripts
+    }
+
+    /// Whether `begin_connection` of `version` ran on this connection.
+    pub fn is_connected(&self, version: &str) -> bool {
+        self.connected.contains(version)
+    }
+
+    pub fn mark_connected(&mut self, version: &str) {
+        self.connected.insert(version.to_string());
+    }
+}
+
 /// The scripts of one script version, by (table, event).
 pub struct Scripts {
     pub version: String,
@@ -131,6 +276,11 @@ impl Scripts {
             version: version.to_string(),
             by_table_event: scripts.into_iter().collect(),
         }
+    }
+
+    /// A connection event's script.
+    pub fn connection_event(&self, event: &str) -> Option<&str> {
+        self.get("", event)
     }
 
     pub fn get(&self, table: &str, event: &str) -> Option<&str> {
@@ -163,7 +313,7 @@ impl Scripts {
     }
 
     pub fn check_synchronizes(&self, table: &str) -> Result<(), SyncError> {
-        if self.by_table_event.keys().any(|(name, _)| name == table) {
+        if !table.is_empty() && self.by_table_event.keys().any(|(name, _)| name == table) {
             Ok(())
         } else {
             Err(SyncError::Schema(format!(
@@ -248,6 +398,194 @@ impl Resolution {
     }
 }
 
+/// The first value of a query script's first row as an integer (a status, an action,
+/// a watermark); `None` when it returned no row.
+pub fn single_integer(rows: Option<ScriptRows>, event: &str) -> Result<Option<i64>, SyncError> {
+    let Some((_, rows)) = rows else {
+        return Ok(None);
+    };
+    match rows.first().and_then(|row| row.first()) {
+        None => Ok(None),
+        Some(Value::Int(value)) => Ok(Some(*value)),
+        Some(Value::Decimal(decimal)) if decimal.scale == 0 => {
+            i64::try_from(decimal.mantissa).map(Some).map_err(|_| {
+                SyncError::script(event, "", "the script returned an integer out of range")
+            })
+        }
+        Some(other) => Err(SyncError::script(
+            event,
+            "",
+            format!("the script must return an integer in its first column; it returned {other:?}"),
+        )),
+    }
+}
+
+/// The named parameters `handle_error` and `report_error` receive.
+pub fn error_parameters(error: &SyncError) -> Vec<(&'static str, Value)> {
+    let (event, table, row_key, code) = match error {
+        SyncError::Script {
+            event,
+            table,
+            row_key,
+            code,
+            ..
+        } => (
+            event.clone(),
+            table.clone(),
+            row_key.clone().map_or(Value::Null, Value::Text),
+            code.clone(),
+        ),
+        _ => (String::new(), String::new(), Value::Null, String::new()),
+    };
+    let message = match error {
+        SyncError::Script { message, .. } => message.clone(),
+        other => other.to_string(),
+    };
+    vec![
+        ("error_message", Value::Text(message)),
+        ("error_code", Value::Text(code)),
+        ("error_event", Value::Text(event)),
+        ("error_table", Value::Text(table)),
+        ("error_row_key", row_key),
+    ]
+}
+
+/// A row's key as people write it: `(5, 'north')`.
+pub fn describe_key(key: &[Value]) -> String {
+    let parts: Vec<String> = key
+        .iter()
+        .map(|value| match value {
+            Value::Null => "NULL".to_string(),
+            Value::Int(n) => n.to_string(),
+            Value::Double(d) => d.to_string(),
+            Value::Decimal(d) => d.to_string(),
+            Value::Text(t) => format!("'{}'", t.replace('\'', "''")),
+            Value::Blob(b) => format!(
+                "x'{}'",
+                b.iter()
+                    .map(|byte| format!("{byte:02x}"))
+                    .collect::<String>()
+            ),
+            Value::Timestamp(micros) => format!("timestamp {micros}us"),
+        })
+        .collect();
+    format!("({})", parts.join(", "))
+}
+
+/// One uploaded operation as row scripts see it: its images over the upload's columns.
+#[derive(Debug, Clone)]
+pub struct UploadedRow {
+    pub operation: &'static str,
+    pub new: Option<Row>,
+    pub old: Option<Row>,
+}
+
+impl UploadedRow {
+    pub fn images<'a>(&'a self, columns: &'a [String]) -> RowImages<'a> {
+        RowImages {
+            columns,
+            new: self.new.as_deref(),
+            old: self.old.as_deref(),
+            current: None,
+        }
+    }
+
+    /// The key, from the new image (inserts, updates) or the old (deletes).
+    pub fn key(&self, key_positions: &[usize]) -> Row {
+        let image = self
+            .new
+            .as_ref()
+            .or(self.old.as_ref())
+            .expect("one image is always set");
+        key_positions
+            .iter()
+            .map(|&position| image[position].clone())
+            .collect()
+    }
+}
+
+/// The columns row images are laid out by, and the key's positions among them: the
+/// upload's columns, or only its key columns when it carries deletes alone.
+pub fn image_layout(upload: &TableUpload, key_positions: &[usize]) -> (Vec<String>, Vec<usize>) {
+    if upload.columns.is_empty() {
+        (
+            upload.key_columns.clone(),
+            (0..upload.key_columns.len()).collect(),
+        )
+    } else {
+        (upload.columns.clone(), key_positions.to_vec())
+    }
+}
+
+/// The operations of one kind of a table's upload, each with both images over
+/// the columns of [`image_layout`] (a delete's old image holds its key, NULL elsewhere);
+/// `key_positions` are the layout's.
+pub fn uploaded_rows(
+    upload: &TableUpload,
+    event: &str,
+    key_positions: &[usize],
+) -> Vec<UploadedRow> {
+    match event {
+        UPLOAD_INSERT => upload
+            .inserts
+            .iter()
+            .map(|row| UploadedRow {
+                operation: "insert",
+                new: Some(row.clone()),
+                old: None,
+            })
+            .collect(),
+        UPLOAD_UPDATE => upload
+            .updates
+            .iter()
+            .map(|update| UploadedRow {
+                operation: "update",
+                new: Some(update.new.clone()),
+                old: Some(update.old.clone()),
+            })
+            .collect(),
+        _ => upload
+            .deletes
+            .iter()
+            .map(|key| {
+                let width = upload.columns.len().max(key.len());
+                let mut old = vec![Value::Null; width];
+                for (value, &position) in key.iter().zip(key_positions) {
+                    old[position] = value.clone();
+                }
+                UploadedRow {
+                    operation: "delete",
+                    new: None,
+                    old: Some(old),
+                }
+            })
+            .collect(),
+    }
+}
+
+/// The uploaded operations behind conflicting keys (the last operation of each key).
+pub fn conflicting_rows(
+    upload: &TableUpload,
+    key_positions: &[usize],
+    conflict_keys: &[Row],
+) -> Vec<UploadedRow> {
+    let all: Vec<usize> = (0..conflict_keys.first().map_or(0, Vec::len)).collect();
+    let wanted: HashSet<Vec<u8>> = conflict_keys
+        .iter()
+        .map(|key| key_bytes(key, &all))
+        .collect();
+    let mut found: HashMap<Vec<u8>, UploadedRow> = HashMap::new();
+    for event in [UPLOAD_INSERT, UPLOAD_UPDATE, UPLOAD_DELETE] {
+        for row in uploaded_rows(upload, event, key_positions) {
+            let key = key_bytes(&row.key(key_positions), &all);
+            if wanted.contains(&key) {
+                found.insert(key, row);
+            }
+        }
+    }
+    found.into_values().collect()
+}
+
 /// An exact, hashable identity of a row's key.
 pub fn key_bytes(row: &[Value], key_positions: &[usize]) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(16 * key_positions.len());
@@ -268,12 +606,14 @@ pub fn key_positions_in(
             columns
                 .iter()
                 .position(|column| column == key)
-                .ok_or_else(|| SyncError::Script {
-                    event: event.to_string(),
-                    table: table.to_string(),
-                    message: format!(
-                        "the script must select the key column {key:?}; it selects {columns:?}"
-                    ),
+                .ok_or_else(|| {
+                    SyncError::script(
+                        &event,
+                        &table,
+                        format!(
+                            "the script must select the key column {key:?}; it selects {columns:?}"
+                        ),
+                    )
                 })
         })
         .collect()
@@ -379,14 +719,14 @@ impl<'a> DownloadFilter<'a> {
     /// A batch of the delete cursor, as a chunk to send.
     pub fn deletes(&mut self, columns: &[String], keys: Vec<Row>) -> Result<Download, SyncError> {
         if columns.len() != self.shape.key_columns.len() {
-            return Err(SyncError::Script {
-                event: DOWNLOAD_DELETE_CURSOR.to_string(),
-                table: self.shape.name.clone(),
-                message: format!(
+            return Err(SyncError::script(
+                DOWNLOAD_DELETE_CURSOR,
+                &self.shape.name,
+                format!(
                     "the script must select exactly the key columns {:?}; it selects {columns:?}",
                     self.shape.key_columns
                 ),
-            });
+            ));
         }
         let all: Vec<usize> = (0..self.shape.key_columns.len()).collect();
         let keys: Vec<Row> = keys
@@ -420,14 +760,10 @@ impl<'a> DownloadFilter<'a> {
             if !self.resolution.conflict_upserts.is_empty()
                 && self.resolution.conflict_columns != columns
             {
-                return Err(SyncError::Script {
-                    event: UPLOAD_FETCH.to_string(),
-                    table: table.to_string(),
-                    message: format!(
+                return Err(SyncError::script(UPLOAD_FETCH, &table, format!(
                         "upload_fetch selects {:?} but download_cursor selects {columns:?}; they must select the same columns",
                         self.resolution.conflict_columns
-                    ),
-                });
+                    )));
             }
             self.conflict_upsert_keys = self
                 .resolution
@@ -470,6 +806,12 @@ impl<'a> DownloadFilter<'a> {
 /// position, however often it appears). String literals, quoted identifiers, comments
 /// and `::` casts are left alone.
 pub fn positional_parameters(sql: &str) -> (String, Vec<String>) {
+    positional_parameters_with(sql, '$')
+}
+
+/// As [`positional_parameters`], writing positions as `<marker>N` (`$1` for
+/// PostgreSQL, `?1` for SQLite). Names may be dotted (`:new.qty`).
+pub fn positional_parameters_with(sql: &str, marker: char) -> (String, Vec<String>) {
     let bytes = sql.as_bytes();
     let mut out = String::with_capacity(sql.len());
     let mut names: Vec<String> = Vec::new();
@@ -496,6 +838,17 @@ pub fn positional_parameters(sql: &str) -> (String, Vec<String>) {
                 while j < bytes.len() && is_ident(bytes[j]) {
                     j += 1;
                 }
+                // One dotted part: `:new.qty`.
+                if bytes.get(j) == Some(&b'.')
+                    && bytes
+                        .get(j + 1)
+                        .is_some_and(|&c| c.is_ascii_alphabetic() || c == b'_')
+                {
+                    j += 1;
+                    while j < bytes.len() && is_ident(bytes[j]) {
+                        j += 1;
+                    }
+                }
                 let name = &sql[i + 1..j];
                 let position = match names.iter().position(|known| known == name) {
                     Some(position) => position,
@@ -504,7 +857,7 @@ pub fn positional_parameters(sql: &str) -> (String, Vec<String>) {
                         names.len() - 1
                     }
                 };
-                out.push_str(&format!("${}", position + 1));
+                out.push_str(&format!("{marker}{}", position + 1));
                 i = j;
                 continue;
             }
@@ -533,5 +886,18 @@ mod tests {
             "SELECT ':x', \":y\", a::text FROM t -- :z\nWHERE u = $1 AND v > $2 AND w = $1::text /* :q */"
         );
         assert_eq!(names, vec!["user", "last_download"]);
+    }
+
+    #[test]
+    fn dotted_names_are_one_parameter() {
+        let (sql, names) = positional_parameters_with(
+            "UPDATE t SET q = :new.q WHERE id = :old.id AND o = :user AND x = :new.q",
+            '?',
+        );
+        assert_eq!(
+            sql,
+            "UPDATE t SET q = ?1 WHERE id = ?2 AND o = ?3 AND x = ?1"
+        );
+        assert_eq!(names, vec!["new.q", "old.id", "user"]);
     }
 }

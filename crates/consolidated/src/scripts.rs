@@ -1,23 +1,60 @@
-//! Script events and the named parameters rowsync binds into scripts.
+//! Script events, the two forms of table script, and the named parameters rowsync binds
+//! into scripts.
 //!
-//! Table scripts are *set scripts*: one statement over the whole staged upload of a
-//! table. Placeholders in braces name staging tables, never values:
-//! `{upload}` is the staged upload of the event's kind, `{keys}` the staged keys for
-//! `upload_fetch`. Values reach scripts only as bound named parameters.
+//! A *set script* works on a whole staged upload at once: placeholders in braces name
+//! staging tables, never values (`{upload}` is the staged upload of the event's kind,
+//! `{keys}` the staged keys for `upload_fetch`, `{conflicts}` the staged conflicts for
+//! `resolve_conflict`). A *row script* is run once per uploaded row, with that row's
+//! values bound as `:new.<column>` and `:old.<column>`. Values reach scripts only as
+//! bound parameters, never as text.
 
+// Connection events (stored with an empty table name), in the order they run.
+pub const BEGIN_CONNECTION: &str = "begin_connection";
+pub const AUTHENTICATE_USER: &str = "authenticate_user";
+pub const BEGIN_SYNCHRONIZATION: &str = "begin_synchronization";
+pub const BEGIN_UPLOAD: &str = "begin_upload";
+pub const END_UPLOAD: &str = "end_upload";
+pub const MODIFY_NEXT_LAST_DOWNLOAD: &str = "modify_next_last_download";
+pub const BEGIN_DOWNLOAD: &str = "begin_download";
+pub const END_DOWNLOAD: &str = "end_download";
+pub const END_SYNCHRONIZATION: &str = "end_synchronization";
+pub const DOWNLOAD_ACK: &str = "download_ack";
+pub const HANDLE_ERROR: &str = "handle_error";
+pub const REPORT_ERROR: &str = "report_error";
+
+pub const CONNECTION_EVENTS: [&str; 12] = [
+    BEGIN_CONNECTION,
+    AUTHENTICATE_USER,
+    BEGIN_SYNCHRONIZATION,
+    BEGIN_UPLOAD,
+    END_UPLOAD,
+    MODIFY_NEXT_LAST_DOWNLOAD,
+    BEGIN_DOWNLOAD,
+    END_DOWNLOAD,
+    END_SYNCHRONIZATION,
+    DOWNLOAD_ACK,
+    HANDLE_ERROR,
+    REPORT_ERROR,
+];
+
+// Table events.
 pub const UPLOAD_INSERT: &str = "upload_insert";
 pub const UPLOAD_UPDATE: &str = "upload_update";
 pub const UPLOAD_DELETE: &str = "upload_delete";
 /// Fetches the current server rows, within the client's partition, for staged keys;
-/// used to resolve conflicts (server wins).
+/// what the client receives for each conflict.
 pub const UPLOAD_FETCH: &str = "upload_fetch";
+/// Runs for conflicting uploaded rows (old, new and current images) before
+/// `upload_fetch`; without it the server's row wins.
+pub const RESOLVE_CONFLICT: &str = "resolve_conflict";
 pub const DOWNLOAD_CURSOR: &str = "download_cursor";
 pub const DOWNLOAD_DELETE_CURSOR: &str = "download_delete_cursor";
 
-pub const TABLE_EVENTS: [&str; 6] = [
+pub const TABLE_EVENTS: [&str; 7] = [
     UPLOAD_INSERT,
     UPLOAD_UPDATE,
     UPLOAD_DELETE,
+    RESOLVE_CONFLICT,
     UPLOAD_FETCH,
     DOWNLOAD_CURSOR,
     DOWNLOAD_DELETE_CURSOR,
@@ -25,12 +62,59 @@ pub const TABLE_EVENTS: [&str; 6] = [
 
 pub const UPLOAD_PLACEHOLDER: &str = "{upload}";
 pub const KEYS_PLACEHOLDER: &str = "{keys}";
+pub const CONFLICTS_PLACEHOLDER: &str = "{conflicts}";
 
-/// Prefix of the old-image columns in the staged upload of `upload_update`.
+/// Prefix of the old-image columns in the staged upload of `upload_update` and in
+/// `{conflicts}`.
 pub const OLD_IMAGE_PREFIX: &str = "rs_old_";
+/// Prefix of the current-image columns in `{conflicts}`.
+pub const CURRENT_IMAGE_PREFIX: &str = "rs_current_";
+/// Column of `{conflicts}` naming the operation that conflicted: insert, update, delete.
+pub const CONFLICT_OPERATION_COLUMN: &str = "rs_operation";
 
-/// Named parameters a script may use, and what they hold.
-pub const PARAMETERS: [(&str, &str); 6] = [
+/// `authenticate_user` returns a status, as in MobiLink: 1000 valid, 2000 valid but
+/// expiring soon; anything else (3000 invalid, 4000 expired, 5000 in use) refuses.
+pub const AUTH_STATUS_VALID: i64 = 1000;
+pub const AUTH_STATUS_VALID_EXPIRING: i64 = 2000;
+
+/// `handle_error` returns an action, as in MobiLink: 1000 skips the offending row and
+/// goes on; 3000 (and anything else) rolls the whole upload back.
+pub const ERROR_ACTION_SKIP_ROW: i64 = 1000;
+pub const ERROR_ACTION_ROLLBACK: i64 = 3000;
+
+/// Whether `event` is one rowsync runs, for `table` (empty for connection events).
+pub fn check_event(table: &str, event: &str) -> Result<(), String> {
+    let (events, scope): (&[&str], &str) = if table.is_empty() {
+        (&CONNECTION_EVENTS, "connection")
+    } else {
+        (&TABLE_EVENTS, "table")
+    };
+    if events.contains(&event) {
+        return Ok(());
+    }
+    let hint = if table.is_empty() && TABLE_EVENTS.contains(&event) {
+        " (it is a table event: name the table)"
+    } else if !table.is_empty() && CONNECTION_EVENTS.contains(&event) {
+        " (it is a connection event: name no table)"
+    } else {
+        ""
+    };
+    Err(format!(
+        "{event:?} is not a {scope} event{hint}; {scope} events are {}",
+        events.join(", ")
+    ))
+}
+
+/// A table script with a staging placeholder works on the whole upload at once; any
+/// other upload or conflict script runs once per row.
+pub fn is_set_script(sql: &str) -> bool {
+    [UPLOAD_PLACEHOLDER, KEYS_PLACEHOLDER, CONFLICTS_PLACEHOLDER]
+        .iter()
+        .any(|placeholder| sql.contains(placeholder))
+}
+
+/// Named parameters every script may use, and what they hold.
+pub const PARAMETERS: [(&str, &str); 7] = [
     ("user", "the authenticated user name"),
     ("client_id", "the client id from the hello"),
     ("script_version", "the script version the client syncs with"),
@@ -42,5 +126,50 @@ pub const PARAMETERS: [(&str, &str); 6] = [
     (
         "last_sync_xid",
         "PostgreSQL: the transaction id of the client's previous sync if the client applied its download, else 0",
+    ),
+    (
+        "auth_1",
+        "custom authentication parameters the client sent: :auth_1, :auth_2, ... (NULL when absent)",
+    ),
+];
+
+/// Named parameters of particular events.
+pub const EVENT_PARAMETERS: [(&str, &str); 10] = [
+    ("new.<column>", "row scripts: the uploaded row's new values"),
+    (
+        "old.<column>",
+        "row scripts: the row's values before the client changed it (updates, deletes)",
+    ),
+    (
+        "current.<column>",
+        "resolve_conflict row script: the row as the server holds it (NULL when gone)",
+    ),
+    (
+        "operation",
+        "resolve_conflict row script: insert, update or delete",
+    ),
+    (
+        "password",
+        "authenticate_user: the password the client sent",
+    ),
+    (
+        "next_last_download",
+        "modify_next_last_download: the watermark rowsync would send",
+    ),
+    (
+        "watermark",
+        "download_ack: the watermark the client acknowledged",
+    ),
+    (
+        "error_message",
+        "handle_error, report_error: the database's message",
+    ),
+    (
+        "error_code",
+        "handle_error, report_error: the SQLSTATE (or SQLite's error name)",
+    ),
+    (
+        "error_event",
+        "handle_error, report_error: the failing script's event; also :error_table, :error_row_key",
     ),
 ];

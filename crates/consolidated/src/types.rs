@@ -1,5 +1,7 @@
 use rowsync_protocol::{SyncSummary, TableUpload};
 
+use crate::plan::Parameters;
+
 /// One sync's database work, assembled by the server once the whole upload is in hand.
 #[derive(Debug, Clone)]
 pub struct SyncRequest {
@@ -11,6 +13,8 @@ pub struct SyncRequest {
     pub upload_sequence: u64,
     /// At most one entry per table (the server merges chunks).
     pub tables: Vec<TableUpload>,
+    /// Custom authentication parameters from the hello (`:auth_1`, ...).
+    pub auth_parameters: Vec<String>,
 }
 
 impl SyncRequest {
@@ -40,4 +44,67 @@ pub struct TableInit {
     /// user's clients.
     pub partition_column: String,
     pub script_version: String,
+}
+
+/// A login to check with the version's `authenticate_user` script, if it has one.
+#[derive(Debug, Clone)]
+pub struct AuthRequest {
+    pub client_id: String,
+    pub user: String,
+    pub password: String,
+    pub script_version: String,
+    pub auth_parameters: Vec<String>,
+}
+
+impl AuthRequest {
+    pub fn parameters(&self) -> Parameters<'_> {
+        Parameters {
+            user: &self.user,
+            client_id: &self.client_id,
+            auth_parameters: &self.auth_parameters,
+            ..Parameters::for_connection(&self.script_version)
+        }
+    }
+}
+
+/// Who decides a login.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthCheck {
+    /// The version's `authenticate_user` script returned this status.
+    Script(i64),
+    /// No script: the built-in user's stored argon2id hash (`None`: no such user).
+    BuiltIn(Option<String>),
+}
+
+/// A client's confirmation that it applied a download (`Hello::download_ack`).
+#[derive(Debug, Clone)]
+pub struct DownloadAckRequest {
+    pub client_id: String,
+    /// The authenticated user.
+    pub user: String,
+    pub script_version: String,
+    pub watermark: i64,
+    pub auth_parameters: Vec<String>,
+}
+
+impl DownloadAckRequest {
+    pub fn parameters(&self) -> Parameters<'_> {
+        Parameters {
+            user: &self.user,
+            client_id: &self.client_id,
+            last_download: self.watermark,
+            auth_parameters: &self.auth_parameters,
+            ..Parameters::for_connection(&self.script_version)
+        }
+    }
+}
+
+/// One stored script, as `rowsync script` lists and sets them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptEntry {
+    pub script_version: String,
+    /// Empty for connection events.
+    pub table: String,
+    pub event: String,
+    pub script: String,
 }

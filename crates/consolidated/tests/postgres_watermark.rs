@@ -78,6 +78,7 @@ impl Replica {
             last_download_watermark: self.watermark,
             upload_sequence: self.upload_sequence,
             tables,
+            auth_parameters: Vec::new(),
         })
     }
 

@@ -25,6 +25,9 @@ pub fn encode_message(message: &Message) -> Vec<u8> {
             put_str(&mut out, &hello.password);
             put_str(&mut out, &hello.script_version);
             out.extend_from_slice(&hello.last_download_watermark.to_be_bytes());
+            put_str(&mut out, &hello.token);
+            put_names(&mut out, &hello.auth_parameters);
+            out.push(u8::from(hello.download_ack));
         }
         Message::Upload(upload) => {
             put_str(&mut out, &upload.table);
@@ -57,6 +60,7 @@ pub fn encode_message(message: &Message) -> Vec<u8> {
             put_str(&mut out, &error.message);
         }
         Message::Busy { retry_after_ms } => out.extend_from_slice(&retry_after_ms.to_be_bytes()),
+        Message::DownloadAck(ack) => out.extend_from_slice(&ack.watermark.to_be_bytes()),
     }
     out
 }
@@ -82,6 +86,9 @@ pub fn decode_message(body: &[u8]) -> Result<Message, DecodeError> {
             password: reader.string("password")?,
             script_version: reader.string("script version")?,
             last_download_watermark: reader.i64("last download watermark")?,
+            token: reader.string("token")?,
+            auth_parameters: reader.names("authentication parameter")?,
+            download_ack: reader.flag("download acknowledgement")?,
         }),
         0x02 => {
             let table = reader.string("table name")?;
@@ -137,6 +144,9 @@ pub fn decode_message(body: &[u8]) -> Result<Message, DecodeError> {
         0x07 => Message::Busy {
             retry_after_ms: reader.u32("retry after")?,
         },
+        0x08 => Message::DownloadAck(DownloadAck {
+            watermark: reader.i64("watermark")?,
+        }),
         other => return Err(DecodeError::UnknownMessageType(other)),
     };
     let trailing = body.len() - reader.offset;

@@ -17,8 +17,8 @@ pub use codec::{decode_message, encode_message, encode_values};
 pub use error::{DecodeError, ErrorCode};
 pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES};
 pub use message::{
-    Download, EndDownload, EndUpload, Hello, Message, MessageType, RowUpdate, SyncSummary,
-    TableUpload, WireError,
+    Download, DownloadAck, EndDownload, EndUpload, Hello, Message, MessageType, RowUpdate,
+    SyncSummary, TableUpload, WireError,
 };
 pub use value::{Decimal, DecimalParseError, Row, Value, DECIMAL_SCALE_MAX};
 

@@ -17,6 +17,7 @@ pub enum Message {
     EndDownload(EndDownload),
     Error(WireError),
     Busy { retry_after_ms: u32 },
+    DownloadAck(DownloadAck),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +30,7 @@ pub enum MessageType {
     EndDownload = 0x05,
     Error = 0x06,
     Busy = 0x07,
+    DownloadAck = 0x08,
 }
 
 impl Message {
@@ -41,6 +43,7 @@ impl Message {
             Message::EndDownload(_) => MessageType::EndDownload,
             Message::Error(_) => MessageType::Error,
             Message::Busy { .. } => MessageType::Busy,
+            Message::DownloadAck(_) => MessageType::DownloadAck,
         }
     }
 }
@@ -55,6 +58,7 @@ impl MessageType {
             MessageType::EndDownload => "end_download",
             MessageType::Error => "error",
             MessageType::Busy => "busy",
+            MessageType::DownloadAck => "download_ack",
         }
     }
 }
@@ -68,6 +72,20 @@ pub struct Hello {
     pub script_version: String,
     /// The watermark of the last download this client applied (0 before the first).
     pub last_download_watermark: i64,
+    /// A signed token (JWT) instead of a password; empty for none. With a token, the
+    /// user is the token's subject and `password` is ignored.
+    pub token: String,
+    /// Custom authentication parameters, bound into scripts as `:auth_1`, `:auth_2`, ...
+    pub auth_parameters: Vec<String>,
+    /// The client will confirm that it applied the download with `DownloadAck`; the
+    /// server then advances the client's acknowledged watermark and runs `download_ack`.
+    pub download_ack: bool,
+}
+
+/// The client applied the download that ended with this watermark.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DownloadAck {
+    pub watermark: i64,
 }
 
 /// The client's changes to one table. A large upload of one table may span several

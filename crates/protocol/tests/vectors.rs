@@ -29,6 +29,23 @@ fn vectors() -> Vec<(&'static str, Message)> {
                 password: "s3cret".into(),
                 script_version: "v1".into(),
                 last_download_watermark: 42,
+                token: String::new(),
+                auth_parameters: vec!["site-9".into()],
+                download_ack: false,
+            }),
+        ),
+        (
+            "hello_with_token",
+            Message::Hello(Hello {
+                protocol_version: PROTOCOL_VERSION,
+                client_id: "device-8".into(),
+                user: String::new(),
+                password: String::new(),
+                script_version: "v2".into(),
+                last_download_watermark: 0,
+                token: "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.c2ln".into(),
+                auth_parameters: Vec::new(),
+                download_ack: true,
             }),
         ),
         (
@@ -122,6 +139,12 @@ fn vectors() -> Vec<(&'static str, Message)> {
             Message::Busy {
                 retry_after_ms: 1500,
             },
+        ),
+        (
+            "download_ack",
+            Message::DownloadAck(DownloadAck {
+                watermark: 1_234_567,
+            }),
         ),
     ]
 }

@@ -1,9 +1,20 @@
-//! Built-in users: argon2id password hashes in `rs_user`.
+//! Authentication, in this order: a signed token when the hello carries one; else the
+//! version's `authenticate_user` script when it has one; else built-in users (argon2id
+//! password hashes in `rs_user`). The user scripts see is the one authenticated here.
 
 use argon2::password_hash::rand_core::OsRng;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+
+use rowsync_consolidated::scripts::{AUTH_STATUS_VALID, AUTH_STATUS_VALID_EXPIRING};
+use rowsync_consolidated::{
+    AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, SyncError,
+};
+use rowsync_protocol::Hello;
+
+use crate::pool::WorkerPool;
+use crate::token::TokenConfig;
 
 /// Hashes a password as an argon2id PHC string (`$argon2id$v=19$...`).
 pub fn hash_password(password: &str) -> Result<String, argon2::password_hash::Error> {
@@ -31,6 +42,84 @@ pub fn verify_password(stored_hash: Option<&str>, password: &str) -> bool {
         .verify_password(password.as_bytes(), &parsed)
         .is_ok();
     known && matches
+}
+
+/// Why a login was refused, or could not be checked.
+#[derive(Debug)]
+pub enum AuthFailure {
+    Refused(String),
+    Sync(SyncError),
+}
+
+/// The authenticated user of a hello.
+pub async fn authenticate<B: Consolidated>(
+    pool: &Arc<WorkerPool<B>>,
+    tokens: &TokenConfig,
+    hello: &Hello,
+) -> Result<String, AuthFailure> {
+    if !hello.token.is_empty() {
+        let subject = tokens
+            .verify(&hello.token)
+            .map_err(|error| AuthFailure::Refused(error.to_string()))?;
+        if !hello.user.is_empty() && hello.user != subject {
+            return Err(AuthFailure::Refused(format!(
+                "the hello names user {:?} but the token was issued to {subject:?}",
+                hello.user
+            )));
+        }
+        return Ok(subject);
+    }
+    let request = AuthRequest {
+        client_id: hello.client_id.clone(),
+        user: hello.user.clone(),
+        password: hello.password.clone(),
+        script_version: hello.script_version.clone(),
+        auth_parameters: hello.auth_parameters.clone(),
+    };
+    // A short database step on a worker; the hash check runs after it is released.
+    let mut worker = pool
+        .acquire(&hello.script_version)
+        .await
+        .map_err(|error| AuthFailure::Sync(error.into()))?;
+    let check = worker.connection().authenticate(&request).await;
+    let check = match check {
+        Ok(check) => {
+            drop(worker);
+            check
+        }
+        Err(error) => {
+            if matches!(error, SyncError::Database(_)) {
+                worker.discard();
+            }
+            return Err(AuthFailure::Sync(error));
+        }
+    };
+    match check {
+        AuthCheck::Script(status)
+            if status == AUTH_STATUS_VALID || status == AUTH_STATUS_VALID_EXPIRING =>
+        {
+            Ok(hello.user.clone())
+        }
+        AuthCheck::Script(status) => Err(AuthFailure::Refused(format!(
+            "authenticate_user refused user {:?} (status {status})",
+            hello.user
+        ))),
+        AuthCheck::BuiltIn(stored_hash) => {
+            let password = hello.password.clone();
+            let valid = tokio::task::spawn_blocking(move || {
+                verify_password(stored_hash.as_deref(), &password)
+            })
+            .await
+            .unwrap_or(false);
+            if valid {
+                Ok(hello.user.clone())
+            } else {
+                Err(AuthFailure::Refused(
+                    "unknown user or wrong password".to_string(),
+                ))
+            }
+        }
+    }
 }
 
 #[cfg(test)]

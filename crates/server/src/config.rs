@@ -2,6 +2,8 @@ use std::time::Duration;
 
 use rowsync_protocol::FRAME_BYTES_MAX_DEFAULT;
 
+use crate::token::TokenConfig;
+
 /// Every bound of the server, with its unit in its name.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -26,6 +28,8 @@ pub struct ServerConfig {
     pub read_timeout: Duration,
     /// A client whose reading of the download makes no progress for this long is dropped.
     pub write_timeout: Duration,
+    /// Signed tokens accepted instead of passwords.
+    pub tokens: TokenConfig,
 }
 
 impl Default for ServerConfig {
@@ -42,6 +46,7 @@ impl Default for ServerConfig {
             cleanup_interval: Duration::from_secs(300),
             read_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(60),
+            tokens: TokenConfig::default(),
         }
     }
 }

@@ -14,6 +14,8 @@ mod download;
 pub mod pool;
 pub mod server;
 pub mod session;
+pub mod token;
 
 pub use config::ServerConfig;
 pub use server::{serve, ServerError};
+pub use token::TokenConfig;

@@ -1,5 +1,8 @@
 //! Database workers: at most `workers` syncs do database work at once, each on one
-//! pooled connection that it holds only for that work.
+//! pooled connection that it holds only for that work. Idle connections remember the
+//! script version they last served, and a sync prefers one of its own version (whose
+//! scripts that connection has loaded and whose `begin_connection` ran), as MobiLink
+//! keeps connections per version.
 
 use std::sync::{Arc, Mutex};
 
@@ -8,7 +11,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub struct WorkerPool<B: Consolidated> {
     backend: B,
-    idle: Mutex<Vec<B::Connection>>,
+    idle: Mutex<Vec<(String, B::Connection)>>,
     permits: Arc<Semaphore>,
 }
 
@@ -21,18 +24,26 @@ impl<B: Consolidated> WorkerPool<B> {
         })
     }
 
-    /// Waits for a free worker and gives it a connection (reused, or opened if none idle).
-    pub async fn acquire(self: &Arc<Self>) -> Result<Worker<B>, DbError> {
+    /// Waits for a free worker and gives it a connection: an idle one of `version` if
+    /// any, else any idle one, else a new one.
+    pub async fn acquire(self: &Arc<Self>, version: &str) -> Result<Worker<B>, DbError> {
         let permit = Arc::clone(&self.permits)
             .acquire_owned()
             .await
             .expect("the worker semaphore is never closed");
-        let idle = self.idle.lock().expect("pool lock").pop();
+        let idle = {
+            let mut idle = self.idle.lock().expect("pool lock");
+            match idle.iter().rposition(|(served, _)| served == version) {
+                Some(position) => Some(idle.remove(position).1),
+                None => idle.pop().map(|(_, connection)| connection),
+            }
+        };
         let connection = match idle {
             Some(connection) => connection,
             None => self.backend.connect().await?,
         };
         Ok(Worker {
+            version: version.to_string(),
             connection: Some(connection),
             pool: Arc::clone(self),
             _permit: permit,
@@ -42,6 +53,7 @@ impl<B: Consolidated> WorkerPool<B> {
 
 /// A worker with its connection; dropping it returns both to the pool.
 pub struct Worker<B: Consolidated> {
+    version: String,
     connection: Option<B::Connection>,
     pool: Arc<WorkerPool<B>>,
     _permit: OwnedSemaphorePermit,
@@ -63,7 +75,12 @@ impl<B: Consolidated> Worker<B> {
 impl<B: Consolidated> Drop for Worker<B> {
     fn drop(&mut self) {
         if let Some(connection) = self.connection.take() {
-            self.pool.idle.lock().expect("pool lock").push(connection);
+            let version = std::mem::take(&mut self.version);
+            self.pool
+                .idle
+                .lock()
+                .expect("pool lock")
+                .push((version, connection));
         }
     }
 }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rowsync_consolidated::{
-    download_channel, Consolidated, ConsolidatedConnection, DownloadMessage, SyncError, SyncRequest,
+    download_channel, Consolidated, ConsolidatedConnection, DownloadAckRequest, DownloadMessage,
+    SyncError, SyncRequest,
 };
 use rowsync_protocol::{encode_frame, DecodeError, ErrorCode, FrameDecoder, Message, WireError};
 use thiserror::Error;
@@ -100,7 +101,7 @@ async fn clean_up_periodically<B: Consolidated>(pool: Arc<WorkerPool<B>>, interv
     ticks.tick().await; // the first tick is immediate; start after one interval
     loop {
         ticks.tick().await;
-        let result = match pool.acquire().await {
+        let result = match pool.acquire("").await {
             Ok(mut worker) => worker.connection().cleanup().await,
             Err(error) => Err(error),
         };
@@ -201,38 +202,31 @@ async fn run_sync<B: Consolidated>(
     let upload = read_upload(stream, config).await?;
     let hello = &upload.hello;
 
-    // Authentication: a short database read on a worker, the hash check outside it.
-    let mut worker = shared.pool.acquire().await.map_err(database_failure)?;
-    let stored_hash = worker.connection().password_hash(&hello.user).await;
-    let stored_hash = match stored_hash {
-        Ok(hash) => hash,
-        Err(error) => {
-            worker.discard();
-            return Err(database_failure(error));
+    let user = match auth::authenticate(&shared.pool, &config.tokens, hello).await {
+        Ok(user) => user,
+        Err(auth::AuthFailure::Refused(reason)) => {
+            return Err(Failure::tell(WireError::new(
+                ErrorCode::AuthenticationFailed,
+                format!("authentication failed: {reason}"),
+            )))
+        }
+        Err(auth::AuthFailure::Sync(error)) => {
+            return Err(Failure::tell(WireError::new(
+                error.code(),
+                error.to_string(),
+            )))
         }
     };
-    drop(worker);
-    let password = hello.password.clone();
-    let authenticated = tokio::task::spawn_blocking(move || {
-        auth::verify_password(stored_hash.as_deref(), &password)
-    })
-    .await
-    .unwrap_or(false);
-    if !authenticated {
-        return Err(Failure::tell(WireError::new(
-            ErrorCode::AuthenticationFailed,
-            "authentication failed: unknown user or wrong password",
-        )));
-    }
-
     let request = Arc::new(SyncRequest {
         client_id: hello.client_id.clone(),
-        user: hello.user.clone(),
+        user,
         script_version: hello.script_version.clone(),
         last_download_watermark: hello.last_download_watermark,
         upload_sequence: upload.upload_sequence,
         tables: upload.tables,
+        auth_parameters: hello.auth_parameters.clone(),
     });
+    let download_ack = hello.download_ack;
     // The download is encoded into the spool while the worker reads it.
     let (sender, mut chunks) = download_channel();
     let message_bytes_max = config.download_message_bytes_max;
@@ -261,7 +255,11 @@ async fn run_sync<B: Consolidated>(
         }
         Ok::<Spool, SpoolError>(spool)
     });
-    let mut worker = shared.pool.acquire().await.map_err(database_failure)?;
+    let mut worker = shared
+        .pool
+        .acquire(&request.script_version)
+        .await
+        .map_err(database_failure)?;
     let outcome = worker
         .connection()
         .synchronize(Arc::clone(&request), sender)
@@ -334,11 +332,93 @@ async fn run_sync<B: Consolidated>(
         })?
     }
     .await;
-    match sent {
-        Ok(()) => Ok(summary),
-        Err(error) => Err(Failure::silent(format!(
+    if let Err(error) = sent {
+        return Err(Failure::silent(format!(
             "sending the download failed after commit: {error}"
+        )));
+    }
+    if download_ack {
+        receive_download_ack(stream, shared, &request, outcome.watermark).await?;
+    }
+    Ok(summary)
+}
+
+/// Waits for the client's `DownloadAck` (it applied the download), then records it and
+/// runs `download_ack` on a worker. No worker is held while waiting.
+async fn receive_download_ack<B: Consolidated>(
+    stream: &mut TcpStream,
+    shared: &Shared<B>,
+    request: &SyncRequest,
+    watermark: i64,
+) -> Result<(), Failure> {
+    let config = &shared.config;
+    let mut decoder = FrameDecoder::new(config.frame_bytes_max);
+    let mut buffer = vec![0u8; READ_CHUNK_BYTES];
+    let ack = loop {
+        match decoder.next_message() {
+            Ok(Some(Message::DownloadAck(ack))) => break ack,
+            Ok(Some(other)) => {
+                return Err(Failure::tell(WireError::new(
+                    ErrorCode::Protocol,
+                    format!(
+                        "expected download_ack, received {}",
+                        other.message_type().name()
+                    ),
+                )))
+            }
+            Ok(None) => {}
+            Err(error) => return Err(Failure::tell(decode_refusal(error))),
+        }
+        let read = tokio::time::timeout(config.read_timeout, stream.read(&mut buffer))
+            .await
+            .map_err(|_| {
+                Failure::silent("no download acknowledgement within the read timeout".into())
+            })?
+            .map_err(|error| {
+                Failure::silent(format!(
+                    "reading the download acknowledgement failed: {error}"
+                ))
+            })?;
+        if read == 0 {
+            return Err(Failure::silent(
+                "the client closed the connection without acknowledging the download".into(),
+            ));
+        }
+        decoder.feed(&buffer[..read]);
+    };
+    if ack.watermark != watermark {
+        return Err(Failure::tell(WireError::new(
+            ErrorCode::Protocol,
+            format!(
+                "the acknowledgement names watermark {}, the download ended with {watermark}",
+                ack.watermark
+            ),
+        )));
+    }
+    let ack_request = DownloadAckRequest {
+        client_id: request.client_id.clone(),
+        user: request.user.clone(),
+        script_version: request.script_version.clone(),
+        watermark,
+        auth_parameters: request.auth_parameters.clone(),
+    };
+    let mut worker = shared
+        .pool
+        .acquire(&request.script_version)
+        .await
+        .map_err(database_failure)?;
+    match worker.connection().acknowledge_download(&ack_request).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Failure::silent(format!(
+            "download acknowledgement for watermark {watermark} of client {:?} no longer matches its subscription; ignored",
+            request.client_id
         ))),
+        Err(error) => {
+            if matches!(error, SyncError::Database(_)) {
+                worker.discard();
+            }
+            Err(Failure::silent(format!("download_ack failed: {error}")))
+        }
     }
 }
 

@@ -73,7 +73,9 @@ impl ServerSession {
                     ("user", &hello.user),
                     ("script version", &hello.script_version),
                 ] {
-                    if value.is_empty() {
+                    // With a token, the user comes from the token.
+                    let required = field != "user" || hello.token.is_empty();
+                    if required && value.is_empty() {
                         return Err(WireError::new(
                             ErrorCode::Protocol,
                             format!("the hello has an empty {field}"),
@@ -154,6 +156,9 @@ mod tests {
             password: "p".into(),
             script_version: "v1".into(),
             last_download_watermark: 0,
+            token: String::new(),
+            auth_parameters: Vec::new(),
+            download_ack: false,
         })
     }
 

@@ -17,6 +17,9 @@ fn hello(user: &str) -> Message {
         password: password(user),
         script_version: "v1".into(),
         last_download_watermark: 0,
+        token: String::new(),
+        auth_parameters: Vec::new(),
+        download_ack: false,
     })
 }
 

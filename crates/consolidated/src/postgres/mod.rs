@@ -13,8 +13,12 @@
 //! download; the next sync asks for everything at or above it. Rows of a transaction
 //! that commits late carry an id at or above every watermark taken while it ran.
 
+mod events;
+mod rows;
 mod schema;
 mod sync;
+
+pub use rows::ROW_SCRIPT_PIPELINE_DEPTH;
 pub mod value;
 
 use std::sync::Arc;
@@ -22,9 +26,10 @@ use std::sync::Arc;
 use rowsync_protocol::Row;
 use tokio_postgres::{Client, NoTls};
 
+use crate::plan::ScriptCache;
 use crate::{
-    Consolidated, ConsolidatedConnection, DbError, DownloadSender, SyncError, SyncOutcome,
-    SyncRequest, TableInit,
+    AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
+    DownloadSender, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
 };
 
 /// Local buffers per connection for temporary staging tables, in MiB.
@@ -68,12 +73,16 @@ impl Consolidated for PostgresConsolidated {
                 "SET temp_buffers = '{STAGING_TEMP_BUFFERS_MB}MB'; SET work_mem = '{STAGING_WORK_MEM_MB}MB'; SET jit = off"
             ))
             .await?;
-        Ok(PostgresConnection { client })
+        Ok(PostgresConnection {
+            client,
+            cache: ScriptCache::default(),
+        })
     }
 }
 
 pub struct PostgresConnection {
     client: Client,
+    cache: ScriptCache,
 }
 
 impl PostgresConnection {
@@ -112,9 +121,11 @@ impl ConsolidatedConnection for PostgresConnection {
         request: Arc<SyncRequest>,
         download: DownloadSender,
     ) -> Result<SyncOutcome, SyncError> {
+        let scripts =
+            events::scripts_for(&self.client, &mut self.cache, &request.script_version).await?;
         let mut attempt = 1;
-        loop {
-            match sync::synchronize(&mut self.client, &request, &download).await {
+        let error = loop {
+            match sync::synchronize(&mut self.client, &scripts, &request, &download).await {
                 Err(error)
                     if sync::is_retryable(&error)
                         && attempt < SYNC_ATTEMPTS_MAX
@@ -123,9 +134,52 @@ impl ConsolidatedConnection for PostgresConnection {
                     tracing::debug!(%error, attempt, "retrying the sync transaction");
                     attempt += 1;
                 }
-                result => return result,
+                Err(error) => break error,
+                Ok(outcome) => return Ok(outcome),
             }
+        };
+        if let Err(report_failure) =
+            events::report_error(&mut self.client, &scripts, &request, &error).await
+        {
+            tracing::error!(%report_failure, sync_error = %error, "report_error failed");
         }
+        Err(error)
+    }
+
+    async fn authenticate(&mut self, request: &AuthRequest) -> Result<AuthCheck, SyncError> {
+        events::authenticate(&mut self.client, &mut self.cache, request).await
+    }
+
+    async fn acknowledge_download(
+        &mut self,
+        request: &DownloadAckRequest,
+    ) -> Result<bool, SyncError> {
+        events::acknowledge_download(&mut self.client, &mut self.cache, request).await
+    }
+
+    async fn scripts(&mut self, script_version: Option<&str>) -> Result<Vec<ScriptEntry>, DbError> {
+        schema::scripts(&self.client, script_version).await
+    }
+
+    async fn set_script(&mut self, entry: &ScriptEntry) -> Result<(), DbError> {
+        schema::set_script(&self.client, entry).await
+    }
+
+    async fn remove_script(
+        &mut self,
+        script_version: &str,
+        table: &str,
+        event: &str,
+    ) -> Result<bool, DbError> {
+        schema::remove_script(&self.client, script_version, table, event).await
+    }
+
+    async fn add_script_version(&mut self, name: &str, description: &str) -> Result<(), DbError> {
+        schema::add_script_version(&self.client, name, description).await
+    }
+
+    async fn script_versions(&mut self) -> Result<Vec<(String, String)>, DbError> {
+        schema::script_versions(&self.client).await
     }
 
     async fn cleanup(&mut self) -> Result<u64, DbError> {

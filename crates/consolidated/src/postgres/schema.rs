@@ -6,7 +6,7 @@ use tokio_postgres::{Client, GenericClient};
 use crate::names::{column_list, key_match};
 use crate::plan::{Column, TableShape};
 use crate::scripts::*;
-use crate::{quote_identifier as q, DbError, TableInit};
+use crate::{quote_identifier as q, DbError, ScriptEntry, TableInit};
 
 const SYSTEM_TABLES: &str = "
 CREATE TABLE IF NOT EXISTS rs_user (
@@ -43,6 +43,23 @@ CREATE TABLE IF NOT EXISTS rs_table (
     table_name TEXT PRIMARY KEY,
     partition_column TEXT NOT NULL
 );
+-- Every change of a script gives its version a new revision, so servers reload it at
+-- their next sync of that version (never during one). A sequence never repeats a
+-- revision, even for a version removed and added again.
+ALTER TABLE rs_script_version ADD COLUMN IF NOT EXISTS revision BIGINT NOT NULL DEFAULT 0;
+CREATE SEQUENCE IF NOT EXISTS rs_script_revision;
+CREATE OR REPLACE FUNCTION rs_script_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        UPDATE rs_script_version SET revision = nextval('rs_script_revision') WHERE name = OLD.script_version;
+    END IF;
+    IF TG_OP <> 'DELETE' THEN
+        UPDATE rs_script_version SET revision = nextval('rs_script_revision') WHERE name = NEW.script_version;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER rs_script_changed AFTER INSERT OR UPDATE OR DELETE ON rs_script
+    FOR EACH ROW EXECUTE FUNCTION rs_script_changed();
 ";
 
 /// The id of the current transaction as a bigint (xid8 fits for 2^63 transactions).
@@ -418,4 +435,97 @@ pub async fn cleanup(client: &mut Client) -> Result<u64, DbError> {
     }
     transaction.commit().await?;
     Ok(removed)
+}
+
+pub async fn scripts(
+    client: &Client,
+    script_version: Option<&str>,
+) -> Result<Vec<ScriptEntry>, DbError> {
+    let rows = client
+        .query(
+            "SELECT script_version, table_name, event, script FROM rs_script
+             WHERE $1::text IS NULL OR script_version = $1 ORDER BY 1, 2, 3",
+            &[&script_version],
+        )
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| ScriptEntry {
+            script_version: row.get(0),
+            table: row.get(1),
+            event: row.get(2),
+            script: row.get(3),
+        })
+        .collect())
+}
+
+pub async fn set_script(client: &Client, entry: &ScriptEntry) -> Result<(), DbError> {
+    check_event(&entry.table, &entry.event).map_err(DbError::Invalid)?;
+    let known = client
+        .query_opt(
+            "SELECT 1 FROM rs_script_version WHERE name = $1",
+            &[&entry.script_version],
+        )
+        .await?;
+    if known.is_none() {
+        return Err(DbError::Invalid(format!(
+            "script version {:?} does not exist; add it with `rowsync version add`",
+            entry.script_version
+        )));
+    }
+    client
+        .execute(
+            "INSERT INTO rs_script (script_version, table_name, event, script) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (script_version, table_name, event) DO UPDATE SET script = excluded.script",
+            &[&entry.script_version, &entry.table, &entry.event, &entry.script],
+        )
+        .await?;
+    Ok(())
+}
+
+pub async fn remove_script(
+    client: &Client,
+    script_version: &str,
+    table: &str,
+    event: &str,
+) -> Result<bool, DbError> {
+    let removed = client
+        .execute(
+            "DELETE FROM rs_script WHERE script_version = $1 AND table_name = $2 AND event = $3",
+            &[&script_version, &table, &event],
+        )
+        .await?;
+    Ok(removed > 0)
+}
+
+pub async fn add_script_version(
+    client: &Client,
+    name: &str,
+    description: &str,
+) -> Result<(), DbError> {
+    if name.is_empty() {
+        return Err(DbError::Invalid(
+            "a script version name must not be empty".into(),
+        ));
+    }
+    client
+        .execute(
+            "INSERT INTO rs_script_version (name, description, revision) VALUES ($1, $2, nextval('rs_script_revision'))
+             ON CONFLICT (name) DO UPDATE SET description = excluded.description",
+            &[&name, &description],
+        )
+        .await?;
+    Ok(())
+}
+
+pub async fn script_versions(client: &Client) -> Result<Vec<(String, String)>, DbError> {
+    Ok(client
+        .query(
+            "SELECT name, description FROM rs_script_version ORDER BY name",
+            &[],
+        )
+        .await?
+        .into_iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect())
 }

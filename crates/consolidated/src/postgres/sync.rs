@@ -7,15 +7,18 @@ use rowsync_protocol::{Row, SyncSummary, TableUpload, Value};
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Transaction};
+use tokio_postgres::{Client, GenericClient, Transaction};
 
+use super::events::run_event;
+use super::rows::run_row_script;
 use super::schema::table_shape;
 use super::value::{Bind, Read};
 use crate::error::describe_postgres;
 use crate::names::{column_list, key_match};
 use crate::plan::{
-    applied_sequence, positional_parameters, validate_upload_shape, DownloadFilter, Parameters,
-    Resolution, ScriptRows, Scripts, TableShape,
+    applied_sequence, conflicting_rows, describe_key, image_layout, positional_parameters,
+    single_integer, uploaded_rows, validate_upload_shape, DownloadFilter, Parameters, Resolution,
+    ScriptRows, Scripts, TableShape, UploadedRow,
 };
 use crate::scripts::*;
 use crate::{
@@ -39,8 +42,11 @@ const WATERMARK_QUERY: &str =
     "SELECT (COALESCE((SELECT min(x) FROM pg_snapshot_xip(pg_current_snapshot()) AS x), \
      pg_snapshot_xmax(pg_current_snapshot()))::text)::bigint";
 
+/// One attempt of a sync with the version's `scripts` (loaded before, so a script
+/// changed meanwhile is used from the next sync on, never half-way through this one).
 pub async fn synchronize(
     client: &mut Client,
+    scripts: &Scripts,
     request: &SyncRequest,
     download: &DownloadSender,
 ) -> Result<SyncOutcome, SyncError> {
@@ -61,7 +67,6 @@ pub async fn synchronize(
             client_id: request.client_id.clone(),
         });
     }
-    let scripts = load_scripts(&transaction, &request.script_version).await?;
     let subscription = transaction
         .query_opt(
             "SELECT user_name, upload_sequence, download_watermark, last_sync_xid FROM rs_subscription \
@@ -83,6 +88,10 @@ pub async fn synchronize(
     let upload_already_applied = upload_sequence <= applied_sequence;
     let mut resolutions: HashMap<&str, Resolution> = HashMap::new();
     let mut conflicts = 0;
+    run_event(&transaction, scripts, BEGIN_SYNCHRONIZATION, &parameters).await?;
+    if !upload_already_applied {
+        run_event(&transaction, scripts, BEGIN_UPLOAD, &parameters).await?;
+    }
     // An upload applied before is not applied again, but its conflicts are found again
     // (by comparing it with the table), so a client whose previous reply was lost still
     // receives the server's rows for them.
@@ -90,7 +99,7 @@ pub async fn synchronize(
         for upload in &request.tables {
             let resolution = apply_table(
                 &transaction,
-                &scripts,
+                scripts,
                 upload,
                 &parameters,
                 !upload_already_applied,
@@ -104,9 +113,18 @@ pub async fn synchronize(
             resolutions.insert(&upload.table, resolution);
         }
     }
+    if !upload_already_applied {
+        run_event(&transaction, scripts, END_UPLOAD, &parameters).await?;
+    }
     // Taken before the download is read: the cursors' later snapshots see every
     // transaction below it.
-    let watermark: i64 = transaction.query_one(WATERMARK_QUERY, &[]).await?.get(0);
+    let mut watermark: i64 = transaction.query_one(WATERMARK_QUERY, &[]).await?.get(0);
+    let next = parameters.with(vec![("next_last_download", Value::Int(watermark))]);
+    let modified = run_event(&transaction, scripts, MODIFY_NEXT_LAST_DOWNLOAD, &next).await?;
+    if let Some(modified) = single_integer(modified, MODIFY_NEXT_LAST_DOWNLOAD)? {
+        watermark = modified;
+    }
+    run_event(&transaction, scripts, BEGIN_DOWNLOAD, &parameters).await?;
     let mut download_rows = 0;
     for table in scripts.download_tables() {
         let shape = shape_of(&transaction, table).await?;
@@ -114,7 +132,7 @@ pub async fn synchronize(
         if scripts.get(table, DOWNLOAD_DELETE_CURSOR).is_some() {
             let mut batches = Batches::open(
                 &transaction,
-                &scripts,
+                scripts,
                 table,
                 DOWNLOAD_DELETE_CURSOR,
                 &parameters,
@@ -129,7 +147,7 @@ pub async fn synchronize(
         download.send(filter.conflict_deletes()).await?;
         if scripts.get(table, DOWNLOAD_CURSOR).is_some() {
             let mut batches =
-                Batches::open(&transaction, &scripts, table, DOWNLOAD_CURSOR, &parameters).await?;
+                Batches::open(&transaction, scripts, table, DOWNLOAD_CURSOR, &parameters).await?;
             while let Some(rows) = batches.next(&transaction).await? {
                 download
                     .send(filter.upserts(&batches.columns, rows)?)
@@ -139,6 +157,7 @@ pub async fn synchronize(
         download.send(filter.conflict_upserts()).await?;
         download_rows += filter.rows_sent;
     }
+    run_event(&transaction, scripts, END_DOWNLOAD, &parameters).await?;
     transaction
         .execute(
             "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark,
@@ -161,6 +180,7 @@ pub async fn synchronize(
             ],
         )
         .await?;
+    run_event(&transaction, scripts, END_SYNCHRONIZATION, &parameters).await?;
     // The server must hold the whole download before the upload is committed.
     download.finish().await?;
     transaction.commit().await?;
@@ -243,30 +263,6 @@ impl Batches {
     }
 }
 
-async fn load_scripts(transaction: &Transaction<'_>, version: &str) -> Result<Scripts, SyncError> {
-    let exists: bool = transaction
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM rs_script_version WHERE name = $1)",
-            &[&version],
-        )
-        .await?
-        .get(0);
-    if !exists {
-        return Err(SyncError::UnknownScriptVersion(version.to_string()));
-    }
-    let rows = transaction
-        .query(
-            "SELECT table_name, event, script FROM rs_script WHERE script_version = $1",
-            &[&version],
-        )
-        .await?;
-    Ok(Scripts::new(
-        version,
-        rows.into_iter()
-            .map(|row| ((row.get(0), row.get(1)), row.get(2))),
-    ))
-}
-
 async fn shape_of(transaction: &Transaction<'_>, table: &str) -> Result<TableShape, SyncError> {
     table_shape(transaction, table)
         .await?
@@ -290,13 +286,17 @@ pub fn is_retryable(error: &SyncError) -> bool {
     matches!(error, SyncError::Database(DbError::Postgres(error)) if error.code().is_some_and(|code| RETRYABLE.contains(code)))
 }
 
-fn script_failure(event: &str, table: &str, error: tokio_postgres::Error) -> SyncError {
+pub(super) fn script_failure(event: &str, table: &str, error: tokio_postgres::Error) -> SyncError {
     if error.code().is_some_and(|code| RETRYABLE.contains(code)) {
         return SyncError::Database(DbError::Postgres(error));
     }
     SyncError::Script {
         event: event.to_string(),
         table: table.to_string(),
+        row_key: None,
+        code: error
+            .code()
+            .map_or_else(String::new, |code| code.code().to_string()),
         message: describe_postgres(&error),
     }
 }
@@ -315,10 +315,17 @@ impl Stage {
         shape: &TableShape,
         columns: &[String],
         with_old_image: bool,
+        with_operation: bool,
     ) -> Result<Stage, SyncError> {
         let name = q(&format!("rs_stage_{kind}_{}", shape.name));
-        let mut select: Vec<String> = columns.iter().map(|column| q(column)).collect();
-        let mut staged = columns.to_vec();
+        let mut select: Vec<String> = Vec::new();
+        let mut staged = Vec::new();
+        if with_operation {
+            select.push(format!("''::text AS {}", q(CONFLICT_OPERATION_COLUMN)));
+            staged.push(CONFLICT_OPERATION_COLUMN.to_string());
+        }
+        select.extend(columns.iter().map(|column| q(column)));
+        staged.extend(columns.iter().cloned());
         if with_old_image {
             for column in columns {
                 let old = format!("{OLD_IMAGE_PREFIX}{column}");
@@ -401,12 +408,12 @@ impl Stage {
     }
 }
 
-fn binds_of(values: &[Value]) -> Vec<Bind<'_>> {
+pub(super) fn binds_of(values: &[Value]) -> Vec<Bind<'_>> {
     values.iter().map(Bind).collect()
 }
 
 /// Binds a script's named parameters as positional ones.
-fn bind_script(
+pub(super) fn bind_script(
     sql: &str,
     parameters: &Parameters,
     table: &str,
@@ -420,8 +427,8 @@ fn bind_script(
     Ok((sql, values))
 }
 
-async fn query_rows(
-    transaction: &Transaction<'_>,
+pub(super) async fn query_rows(
+    transaction: &impl GenericClient,
     sql: &str,
     values: &[Value],
 ) -> Result<(Vec<String>, Vec<Row>), tokio_postgres::Error> {
@@ -525,13 +532,13 @@ async fn apply_script(
             .map_err(|error| script_failure(event, table, error))?;
         return Ok(keys);
     }
-    let (sql, values) = bind_script(&script, parameters, table, event)?;
-    let binds = binds_of(&values);
-    let params: Vec<&(dyn ToSql + Sync)> = binds
-        .iter()
-        .map(|bind| bind as &(dyn ToSql + Sync))
-        .collect();
     let changed = if apply {
+        let (sql, values) = bind_script(&script, parameters, table, event)?;
+        let binds = binds_of(&values);
+        let params: Vec<&(dyn ToSql + Sync)> = binds
+            .iter()
+            .map(|bind| bind as &(dyn ToSql + Sync))
+            .collect();
         transaction
             .execute(&sql, &params)
             .await
@@ -597,51 +604,119 @@ async fn apply_table(
         partition_column: partition_column.as_deref(),
         apply,
     };
-    let mut resolution = Resolution::default();
+    let (image_columns, image_keys) = image_layout(upload, &key_positions);
     let mut conflict_keys: Vec<Row> = Vec::new();
-    if !upload.inserts.is_empty() {
-        let stage = Stage::create(transaction, "insert", &shape, &upload.columns, false).await?;
-        let count = upload.inserts.len();
-        stage
-            .load(
+    for (event, kind, count) in [
+        (UPLOAD_INSERT, "insert", upload.inserts.len()),
+        (UPLOAD_UPDATE, "update", upload.updates.len()),
+        (UPLOAD_DELETE, "delete", upload.deletes.len()),
+    ] {
+        if count == 0 {
+            continue;
+        }
+        let staged_columns = if event == UPLOAD_DELETE {
+            &upload.key_columns
+        } else {
+            &upload.columns
+        };
+        let with_old_image = event == UPLOAD_UPDATE;
+        let script = scripts.require(table, event)?;
+        let rows: Vec<UploadedRow>;
+        let staged: Vec<Vec<&Value>> = if apply && !is_set_script(script) {
+            rows = uploaded_rows(upload, event, &image_keys);
+            let applied = run_row_script(
                 transaction,
+                scripts,
                 table,
-                upload.inserts.iter().map(|row| row.iter().collect()),
-                count,
+                event,
+                script,
+                &image_columns,
+                &image_keys,
+                &rows,
+                parameters,
             )
             .await?;
-        conflict_keys
-            .extend(apply_script(transaction, &context, UPLOAD_INSERT, &stage, count).await?);
-    }
-    if !upload.updates.is_empty() {
-        let stage = Stage::create(transaction, "update", &shape, &upload.columns, true).await?;
-        let count = upload.updates.len();
-        let rows = upload
-            .updates
-            .iter()
-            .map(|update| update.new.iter().chain(&update.old).collect());
-        stage.load(transaction, table, rows, count).await?;
-        conflict_keys
-            .extend(apply_script(transaction, &context, UPLOAD_UPDATE, &stage, count).await?);
-    }
-    if !upload.deletes.is_empty() {
-        let stage =
-            Stage::create(transaction, "delete", &shape, &upload.key_columns, false).await?;
-        let count = upload.deletes.len();
+            // Skipped rows did not land: the client receives the server's row for them.
+            conflict_keys.extend(
+                applied
+                    .skipped
+                    .iter()
+                    .map(|&index| rows[index].key(&image_keys)),
+            );
+            // Rows the statement changed nothing for are compared with the table.
+            applied
+                .unchanged
+                .iter()
+                .map(|&index| staged_images(&rows[index], event, &image_keys))
+                .collect()
+        } else {
+            match event {
+                UPLOAD_INSERT => upload
+                    .inserts
+                    .iter()
+                    .map(|row| row.iter().collect())
+                    .collect(),
+                UPLOAD_UPDATE => upload
+                    .updates
+                    .iter()
+                    .map(|update| update.new.iter().chain(&update.old).collect())
+                    .collect(),
+                _ => upload
+                    .deletes
+                    .iter()
+                    .map(|row| row.iter().collect())
+                    .collect(),
+            }
+        };
+        if staged.is_empty() {
+            continue;
+        }
+        let is_row_script = apply && !is_set_script(script);
+        let stage = Stage::create(
+            transaction,
+            kind,
+            &shape,
+            staged_columns,
+            with_old_image,
+            false,
+        )
+        .await?;
+        let staged_count = staged.len();
         stage
-            .load(
-                transaction,
-                table,
-                upload.deletes.iter().map(|row| row.iter().collect()),
-                count,
-            )
+            .load(transaction, table, staged.into_iter(), staged_count)
             .await?;
+        let compare_only = TableContext {
+            apply: apply && !is_row_script,
+            ..context
+        };
         conflict_keys
-            .extend(apply_script(transaction, &context, UPLOAD_DELETE, &stage, count).await?);
+            .extend(apply_script(transaction, &compare_only, event, &stage, staged_count).await?);
     }
+    let mut resolution = Resolution::default();
     resolution.record_upload(upload, &key_positions);
     if !conflict_keys.is_empty() {
-        let stage = Stage::create(transaction, "keys", &shape, &shape.key_columns, false).await?;
+        if apply && scripts.get(table, RESOLVE_CONFLICT).is_some() {
+            let conflicted = conflicting_rows(upload, &image_keys, &conflict_keys);
+            resolve_conflict(
+                transaction,
+                scripts,
+                &shape,
+                &image_columns,
+                &image_keys,
+                &conflicted,
+                parameters,
+            )
+            .await?;
+        }
+        let stage = Stage::create(
+            transaction,
+            "keys",
+            &shape,
+            &shape.key_columns,
+            false,
+            false,
+        )
+        .await?;
         stage
             .load(
                 transaction,
@@ -662,4 +737,93 @@ async fn apply_table(
         resolution.resolve(&shape, conflict_keys, columns, rows)?;
     }
     Ok(resolution)
+}
+
+/// A row as its kind's staging table holds it: new values (inserts), new then old
+/// (updates), the key (deletes).
+fn staged_images<'r>(row: &'r UploadedRow, event: &str, image_keys: &[usize]) -> Vec<&'r Value> {
+    match event {
+        UPLOAD_INSERT => row.new.iter().flatten().collect(),
+        UPLOAD_UPDATE => row
+            .new
+            .iter()
+            .flatten()
+            .chain(row.old.iter().flatten())
+            .collect(),
+        _ => {
+            let old = row.old.as_ref().expect("deletes have an old image");
+            image_keys.iter().map(|&position| &old[position]).collect()
+        }
+    }
+}
+
+/// Runs `resolve_conflict` for conflicting rows: a set script once over `{conflicts}`
+/// (operation, new columns, `rs_old_` columns), a row script once per row with
+/// `:new.*`, `:old.*` and `:current.*` (the row the server holds, NULL when gone).
+async fn resolve_conflict(
+    transaction: &Transaction<'_>,
+    scripts: &Scripts,
+    shape: &TableShape,
+    columns: &[String],
+    key_positions: &[usize],
+    conflicted: &[UploadedRow],
+    parameters: &Parameters<'_>,
+) -> Result<(), SyncError> {
+    let table = shape.name.as_str();
+    let script = scripts.require(table, RESOLVE_CONFLICT)?;
+    if is_set_script(script) {
+        let stage = Stage::create(transaction, "clash", shape, columns, true, true).await?;
+        let operations: Vec<Value> = conflicted
+            .iter()
+            .map(|row| Value::Text(row.operation.to_string()))
+            .collect();
+        let nulls = vec![Value::Null; columns.len()];
+        let rows = conflicted.iter().zip(&operations).map(|(row, operation)| {
+            std::iter::once(operation)
+                .chain(row.new.as_ref().unwrap_or(&nulls))
+                .chain(row.old.as_ref().unwrap_or(&nulls))
+                .collect()
+        });
+        stage
+            .load(transaction, table, rows, conflicted.len())
+            .await?;
+        let sql = scripts.expand(
+            table,
+            RESOLVE_CONFLICT,
+            &[(CONFLICTS_PLACEHOLDER, &stage.name)],
+        )?;
+        let (sql, values) = bind_script(&sql, parameters, table, RESOLVE_CONFLICT)?;
+        query_rows(transaction, &sql, &values)
+            .await
+            .map_err(|error| script_failure(RESOLVE_CONFLICT, table, error))?;
+        return Ok(());
+    }
+    let current_sql = format!(
+        "SELECT {} FROM {} WHERE {}",
+        column_list(columns, ""),
+        q(table),
+        key_positions
+            .iter()
+            .enumerate()
+            .map(|(index, &position)| format!("{} = ${}", q(&columns[position]), index + 1))
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    );
+    let (sql, names) = positional_parameters(script);
+    for row in conflicted {
+        let key = row.key(key_positions);
+        let (_, current) = query_rows(transaction, &current_sql, &key).await?;
+        let mut images = row.images(columns);
+        images.current = current.first().map(Vec::as_slice);
+        let values = names
+            .iter()
+            .map(|name| parameters.value_for_row(name, Some(&images), table, RESOLVE_CONFLICT))
+            .collect::<Result<Vec<_>, _>>()?;
+        query_rows(transaction, &sql, &values)
+            .await
+            .map_err(|error| {
+                script_failure(RESOLVE_CONFLICT, table, error).with_row_key(describe_key(&key))
+            })?;
+    }
+    Ok(())
 }

@@ -5,6 +5,7 @@
 //! write transaction gives a watermark below which every change is committed. That is
 //! why a counter is a safe watermark here (and would not be on PostgreSQL).
 
+mod events;
 mod schema;
 mod sync;
 
@@ -14,9 +15,10 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
 
+use crate::plan::ScriptCache;
 use crate::{
-    Consolidated, ConsolidatedConnection, DbError, DownloadSender, SyncError, SyncOutcome,
-    SyncRequest, TableInit,
+    AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
+    DownloadSender, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
 };
 
 /// How long a connection waits for another writer before failing with "database is locked".
@@ -69,14 +71,23 @@ impl Consolidated for SqliteConsolidated {
             .await
             .map_err(|error| DbError::Task(error.to_string()))??;
         Ok(SqliteConnection {
-            connection: Arc::new(Mutex::new(connection)),
+            session: Arc::new(Mutex::new(Session {
+                connection,
+                cache: ScriptCache::default(),
+            })),
         })
     }
 }
 
 /// A pooled SQLite connection. Its blocking calls run on tokio's blocking threads.
 pub struct SqliteConnection {
-    connection: Arc<Mutex<Connection>>,
+    session: Arc<Mutex<Session>>,
+}
+
+/// A connection with the scripts it has loaded.
+struct Session {
+    connection: Connection,
+    cache: ScriptCache,
 }
 
 impl SqliteConnection {
@@ -88,9 +99,21 @@ impl SqliteConnection {
         T: Send + 'static,
         E: From<DbError> + Send + 'static,
     {
-        let connection = Arc::clone(&self.connection);
+        self.run_session(move |session| work(&mut session.connection))
+            .await
+    }
+
+    async fn run_session<T, E>(
+        &self,
+        work: impl FnOnce(&mut Session) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<DbError> + Send + 'static,
+    {
+        let session = Arc::clone(&self.session);
         tokio::task::spawn_blocking(move || {
-            let mut guard = connection.lock().map_err(|_| {
+            let mut guard = session.lock().map_err(|_| {
                 DbError::Task("a previous task panicked holding this connection".into())
             })?;
             work(&mut guard)
@@ -129,7 +152,79 @@ impl ConsolidatedConnection for SqliteConnection {
         request: Arc<SyncRequest>,
         download: DownloadSender,
     ) -> Result<SyncOutcome, SyncError> {
-        self.run(move |connection| sync::synchronize(connection, &request, &download))
+        self.run_session(move |session| {
+            let Session { connection, cache } = session;
+            let scripts = events::scripts_for(connection, cache, &request.script_version)?;
+            let error = match sync::synchronize(connection, &scripts, &request, &download) {
+                Ok(outcome) => return Ok(outcome),
+                Err(error) => error,
+            };
+            if let Err(report_failure) =
+                events::report_error(connection, &scripts, &request, &error)
+            {
+                tracing::error!(%report_failure, sync_error = %error, "report_error failed");
+            }
+            Err(error)
+        })
+        .await
+    }
+
+    async fn authenticate(&mut self, request: &AuthRequest) -> Result<AuthCheck, SyncError> {
+        let request = request.clone();
+        self.run_session(move |session| {
+            events::authenticate(&mut session.connection, &mut session.cache, &request)
+        })
+        .await
+    }
+
+    async fn acknowledge_download(
+        &mut self,
+        request: &DownloadAckRequest,
+    ) -> Result<bool, SyncError> {
+        let request = request.clone();
+        self.run_session(move |session| {
+            events::acknowledge_download(&mut session.connection, &mut session.cache, &request)
+        })
+        .await
+    }
+
+    async fn scripts(&mut self, script_version: Option<&str>) -> Result<Vec<ScriptEntry>, DbError> {
+        let script_version = script_version.map(str::to_owned);
+        self.run(move |connection| schema::scripts(connection, script_version.as_deref()))
+            .await
+    }
+
+    async fn set_script(&mut self, entry: &ScriptEntry) -> Result<(), DbError> {
+        let entry = entry.clone();
+        self.run(move |connection| schema::set_script(connection, &entry))
+            .await
+    }
+
+    async fn remove_script(
+        &mut self,
+        script_version: &str,
+        table: &str,
+        event: &str,
+    ) -> Result<bool, DbError> {
+        let (script_version, table, event) = (
+            script_version.to_owned(),
+            table.to_owned(),
+            event.to_owned(),
+        );
+        self.run(move |connection| {
+            schema::remove_script(connection, &script_version, &table, &event)
+        })
+        .await
+    }
+
+    async fn add_script_version(&mut self, name: &str, description: &str) -> Result<(), DbError> {
+        let (name, description) = (name.to_owned(), description.to_owned());
+        self.run(move |connection| schema::add_script_version(connection, &name, &description))
+            .await
+    }
+
+    async fn script_versions(&mut self) -> Result<Vec<(String, String)>, DbError> {
+        self.run(|connection| schema::script_versions(connection))
             .await
     }
 

@@ -5,7 +5,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::names::{column_list, key_match};
 use crate::plan::{Column, TableShape};
 use crate::scripts::*;
-use crate::{quote_identifier as q, DbError, TableInit};
+use crate::{quote_identifier as q, DbError, ScriptEntry, TableInit};
 
 const SYSTEM_TABLES: &str = "
 CREATE TABLE IF NOT EXISTS rs_user (
@@ -43,11 +43,128 @@ CREATE TABLE IF NOT EXISTS rs_clock (
     version INTEGER NOT NULL
 );
 INSERT OR IGNORE INTO rs_clock (id, version) VALUES (1, 0);
+CREATE TABLE IF NOT EXISTS rs_script_revision (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    revision INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO rs_script_revision (id, revision) VALUES (1, 0);
+";
+
+/// Every change of a script gives its version a new revision (from a counter that never
+/// repeats), so servers reload it at their next sync of that version.
+const SCRIPT_REVISION_TRIGGERS: &str = "
+CREATE TRIGGER IF NOT EXISTS rs_script_inserted AFTER INSERT ON rs_script BEGIN
+    UPDATE rs_script_revision SET revision = revision + 1;
+    UPDATE rs_script_version SET revision = (SELECT revision FROM rs_script_revision) WHERE name = NEW.script_version;
+END;
+CREATE TRIGGER IF NOT EXISTS rs_script_updated AFTER UPDATE ON rs_script BEGIN
+    UPDATE rs_script_revision SET revision = revision + 1;
+    UPDATE rs_script_version SET revision = (SELECT revision FROM rs_script_revision)
+        WHERE name IN (OLD.script_version, NEW.script_version);
+END;
+CREATE TRIGGER IF NOT EXISTS rs_script_deleted AFTER DELETE ON rs_script BEGIN
+    UPDATE rs_script_revision SET revision = revision + 1;
+    UPDATE rs_script_version SET revision = (SELECT revision FROM rs_script_revision) WHERE name = OLD.script_version;
+END;
 ";
 
 pub fn install_system_tables(connection: &Connection) -> Result<(), DbError> {
     connection.execute_batch(SYSTEM_TABLES)?;
+    let has_revision: bool = connection.query_row(
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('rs_script_version') WHERE name = 'revision')",
+        [],
+        |row| row.get(0),
+    )?;
+    if !has_revision {
+        connection.execute_batch(
+            "ALTER TABLE rs_script_version ADD COLUMN revision INTEGER NOT NULL DEFAULT 0",
+        )?;
+    }
+    connection.execute_batch(SCRIPT_REVISION_TRIGGERS)?;
     Ok(())
+}
+
+pub fn scripts(
+    connection: &Connection,
+    script_version: Option<&str>,
+) -> Result<Vec<ScriptEntry>, DbError> {
+    let mut statement = connection.prepare(
+        "SELECT script_version, table_name, event, script FROM rs_script
+         WHERE ?1 IS NULL OR script_version = ?1 ORDER BY 1, 2, 3",
+    )?;
+    let rows = statement
+        .query_map([script_version], |row| {
+            Ok(ScriptEntry {
+                script_version: row.get(0)?,
+                table: row.get(1)?,
+                event: row.get(2)?,
+                script: row.get(3)?,
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows)
+}
+
+pub fn set_script(connection: &Connection, entry: &ScriptEntry) -> Result<(), DbError> {
+    check_event(&entry.table, &entry.event).map_err(DbError::Invalid)?;
+    let known: bool = connection.query_row(
+        "SELECT EXISTS (SELECT 1 FROM rs_script_version WHERE name = ?1)",
+        [&entry.script_version],
+        |row| row.get(0),
+    )?;
+    if !known {
+        return Err(DbError::Invalid(format!(
+            "script version {:?} does not exist; add it with `rowsync version add`",
+            entry.script_version
+        )));
+    }
+    connection.execute(
+        "INSERT INTO rs_script (script_version, table_name, event, script) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (script_version, table_name, event) DO UPDATE SET script = excluded.script",
+        params![entry.script_version, entry.table, entry.event, entry.script],
+    )?;
+    Ok(())
+}
+
+pub fn remove_script(
+    connection: &Connection,
+    script_version: &str,
+    table: &str,
+    event: &str,
+) -> Result<bool, DbError> {
+    Ok(connection.execute(
+        "DELETE FROM rs_script WHERE script_version = ?1 AND table_name = ?2 AND event = ?3",
+        params![script_version, table, event],
+    )? > 0)
+}
+
+pub fn add_script_version(
+    connection: &Connection,
+    name: &str,
+    description: &str,
+) -> Result<(), DbError> {
+    if name.is_empty() {
+        return Err(DbError::Invalid(
+            "a script version name must not be empty".into(),
+        ));
+    }
+    connection.execute_batch("UPDATE rs_script_revision SET revision = revision + 1")?;
+    connection.execute(
+        "INSERT INTO rs_script_version (name, description, revision)
+         VALUES (?1, ?2, (SELECT revision FROM rs_script_revision))
+         ON CONFLICT (name) DO UPDATE SET description = excluded.description",
+        params![name, description],
+    )?;
+    Ok(())
+}
+
+pub fn script_versions(connection: &Connection) -> Result<Vec<(String, String)>, DbError> {
+    let mut statement =
+        connection.prepare("SELECT name, description FROM rs_script_version ORDER BY name")?;
+    let rows = statement
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows)
 }
 
 pub fn set_user(

@@ -8,11 +8,13 @@ use std::collections::HashMap;
 use rowsync_protocol::{Row, SyncSummary, TableUpload, Value};
 use rusqlite::{params, Connection, OptionalExtension, Statement, TransactionBehavior};
 
+use super::events::{run_bound, run_event, run_row_script};
 use super::schema::table_shape;
 use crate::names::{column_list, key_match};
 use crate::plan::{
-    applied_sequence, validate_upload_shape, DownloadFilter, Parameters, Resolution, ScriptRows,
-    Scripts, TableShape,
+    applied_sequence, conflicting_rows, describe_key, image_layout, single_integer, uploaded_rows,
+    validate_upload_shape, DownloadFilter, Parameters, Resolution, ScriptRows, Scripts, TableShape,
+    UploadedRow,
 };
 use crate::scripts::*;
 use crate::{
@@ -21,11 +23,11 @@ use crate::{
 
 pub fn synchronize(
     connection: &mut Connection,
+    scripts: &Scripts,
     request: &SyncRequest,
     download: &DownloadSender,
 ) -> Result<SyncOutcome, SyncError> {
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let scripts = load_scripts(&transaction, &request.script_version)?;
     let subscription: Option<(String, i64)> = transaction
         .query_row(
             "SELECT user_name, upload_sequence FROM rs_subscription WHERE client_id = ?1",
@@ -39,6 +41,10 @@ pub fn synchronize(
     let upload_already_applied = upload_sequence <= applied_sequence;
     let mut resolutions: HashMap<&str, Resolution> = HashMap::new();
     let mut conflicts = 0;
+    run_event(&transaction, scripts, BEGIN_SYNCHRONIZATION, &parameters)?;
+    if !upload_already_applied {
+        run_event(&transaction, scripts, BEGIN_UPLOAD, &parameters)?;
+    }
     // An upload applied before is not applied again, but its conflicts are found again
     // (by comparing it with the table), so a client whose previous reply was lost still
     // receives the server's rows for them.
@@ -46,7 +52,7 @@ pub fn synchronize(
         for upload in &request.tables {
             let resolution = apply_table(
                 &transaction,
-                &scripts,
+                scripts,
                 upload,
                 &parameters,
                 !upload_already_applied,
@@ -59,21 +65,31 @@ pub fn synchronize(
             resolutions.insert(&upload.table, resolution);
         }
     }
-    let watermark: i64 =
+    if !upload_already_applied {
+        run_event(&transaction, scripts, END_UPLOAD, &parameters)?;
+    }
+    let mut watermark: i64 =
         transaction.query_row("SELECT version FROM rs_clock WHERE id = 1", [], |row| {
             row.get(0)
         })?;
+    let next = parameters.with(vec![("next_last_download", Value::Int(watermark))]);
+    let modified = run_event(&transaction, scripts, MODIFY_NEXT_LAST_DOWNLOAD, &next)?;
+    if let Some(modified) = single_integer(modified, MODIFY_NEXT_LAST_DOWNLOAD)? {
+        watermark = modified;
+    }
+    run_event(&transaction, scripts, BEGIN_DOWNLOAD, &parameters)?;
     let mut download_rows = 0;
     for table in scripts.download_tables() {
         download_rows += stream_download(
             &transaction,
-            &scripts,
+            scripts,
             table,
             &parameters,
             resolutions.get(table),
             download,
         )?;
     }
+    run_event(&transaction, scripts, END_DOWNLOAD, &parameters)?;
     transaction.execute(
         "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark,
              download_acknowledged, last_sync_at)
@@ -93,6 +109,7 @@ pub fn synchronize(
             request.last_download_watermark
         ],
     )?;
+    run_event(&transaction, scripts, END_SYNCHRONIZATION, &parameters)?;
     // The server must hold the whole download before the upload is committed.
     download.blocking_finish()?;
     transaction.commit()?;
@@ -105,25 +122,6 @@ pub fn synchronize(
             upload_already_applied,
         },
     })
-}
-
-fn load_scripts(connection: &Connection, version: &str) -> Result<Scripts, SyncError> {
-    let exists: bool = connection.query_row(
-        "SELECT EXISTS (SELECT 1 FROM rs_script_version WHERE name = ?1)",
-        [version],
-        |row| row.get(0),
-    )?;
-    if !exists {
-        return Err(SyncError::UnknownScriptVersion(version.to_string()));
-    }
-    let mut statement = connection
-        .prepare("SELECT table_name, event, script FROM rs_script WHERE script_version = ?1")?;
-    let rows = statement
-        .query_map([version], |row| {
-            Ok(((row.get(0)?, row.get(1)?), row.get(2)?))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Scripts::new(version, rows))
 }
 
 /// Applies one table's upload with its set scripts (`apply`), or only finds which of its
@@ -155,59 +153,109 @@ fn apply_table(
         partition_column: partition_column.as_deref(),
         user: parameters.user,
     };
-    let mut resolution = Resolution::default();
+    let (image_columns, image_keys) = image_layout(upload, &key_positions);
     let mut conflict_keys: Vec<Row> = Vec::new();
-
-    // Each kind is staged, its script run (unless only reconciling), then compared.
-    let stage_and_run = |kind: &str,
-                         columns: &[String],
-                         with_old_image: bool,
-                         rows: &mut dyn Iterator<Item = Vec<&Value>>,
-                         event: &str|
-     -> Result<(Stage, usize), SyncError> {
-        let stage = Stage::create(connection, kind, &shape, columns, with_old_image)?;
-        stage.load(connection, rows)?;
-        let changed = if apply {
+    for (event, kind, count) in [
+        (UPLOAD_INSERT, "insert", upload.inserts.len()),
+        (UPLOAD_UPDATE, "update", upload.updates.len()),
+        (UPLOAD_DELETE, "delete", upload.deletes.len()),
+    ] {
+        if count == 0 {
+            continue;
+        }
+        let staged_columns = if event == UPLOAD_DELETE {
+            &upload.key_columns
+        } else {
+            &upload.columns
+        };
+        let script = scripts.require(table, event)?;
+        let row_script = apply && !is_set_script(script);
+        let rows: Vec<UploadedRow>;
+        let mut staged: Vec<Vec<&Value>> = if row_script {
+            rows = uploaded_rows(upload, event, &image_keys);
+            let applied = run_row_script(
+                connection,
+                scripts,
+                table,
+                event,
+                script,
+                &image_columns,
+                &image_keys,
+                &rows,
+                parameters,
+            )?;
+            // Skipped rows did not land: the client receives the server's row for them.
+            conflict_keys.extend(
+                applied
+                    .skipped
+                    .iter()
+                    .map(|&index| rows[index].key(&image_keys)),
+            );
+            // Rows the statement changed nothing for are compared with the table.
+            applied
+                .unchanged
+                .iter()
+                .map(|&index| staged_images(&rows[index], event, &image_keys))
+                .collect()
+        } else {
+            match event {
+                UPLOAD_INSERT => upload
+                    .inserts
+                    .iter()
+                    .map(|row| row.iter().collect())
+                    .collect(),
+                UPLOAD_UPDATE => upload
+                    .updates
+                    .iter()
+                    .map(|update| update.new.iter().chain(&update.old).collect())
+                    .collect(),
+                _ => upload
+                    .deletes
+                    .iter()
+                    .map(|row| row.iter().collect())
+                    .collect(),
+            }
+        };
+        if staged.is_empty() {
+            continue;
+        }
+        let staged_count = staged.len();
+        let stage = Stage::create(
+            connection,
+            kind,
+            &shape,
+            staged_columns,
+            event == UPLOAD_UPDATE,
+        )?;
+        stage.load(connection, &mut staged.drain(..))?;
+        let changed = if apply && !row_script {
             run_script(connection, scripts, table, event, &stage.name, parameters)?
         } else {
             0
         };
-        Ok((stage, changed))
-    };
-    if !upload.inserts.is_empty() {
-        let mut rows = upload.inserts.iter().map(|row| row.iter().collect());
-        let (stage, changed) =
-            stage_and_run("insert", &upload.columns, false, &mut rows, UPLOAD_INSERT)?;
-        if changed < upload.inserts.len() {
+        if event == UPLOAD_DELETE {
+            // Deleting a key already gone changes nothing and is fine: only keys still
+            // present are conflicts, whatever the count.
+            conflict_keys.extend(stage.keys_still_in_table(connection, &shape)?);
+        } else if changed < staged_count {
             conflict_keys.extend(stage.rows_not_matching_table(connection, &shape, &landed)?);
         }
     }
-    if !upload.updates.is_empty() {
-        let mut rows = upload
-            .updates
-            .iter()
-            .map(|update| update.new.iter().chain(&update.old).collect());
-        let (stage, changed) =
-            stage_and_run("update", &upload.columns, true, &mut rows, UPLOAD_UPDATE)?;
-        if changed < upload.updates.len() {
-            conflict_keys.extend(stage.rows_not_matching_table(connection, &shape, &landed)?);
-        }
-    }
-    if !upload.deletes.is_empty() {
-        let mut rows = upload.deletes.iter().map(|row| row.iter().collect());
-        let (stage, _) = stage_and_run(
-            "delete",
-            &upload.key_columns,
-            false,
-            &mut rows,
-            UPLOAD_DELETE,
-        )?;
-        // Deleting a key already gone changes nothing and is fine: only keys still
-        // present are conflicts, whatever the count.
-        conflict_keys.extend(stage.keys_still_in_table(connection, &shape)?);
-    }
+    let mut resolution = Resolution::default();
     resolution.record_upload(upload, &key_positions);
     if !conflict_keys.is_empty() {
+        if apply && scripts.get(table, RESOLVE_CONFLICT).is_some() {
+            let conflicted = conflicting_rows(upload, &image_keys, &conflict_keys);
+            resolve_conflict(
+                connection,
+                scripts,
+                &shape,
+                &image_columns,
+                &image_keys,
+                &conflicted,
+                parameters,
+            )?;
+        }
         resolve_conflicts(
             connection,
             scripts,
@@ -218,6 +266,109 @@ fn apply_table(
         )?;
     }
     Ok(resolution)
+}
+
+/// A row as its kind's staging table holds it: new values (inserts), new then old
+/// (updates), the key (deletes).
+fn staged_images<'r>(row: &'r UploadedRow, event: &str, image_keys: &[usize]) -> Vec<&'r Value> {
+    match event {
+        UPLOAD_INSERT => row.new.iter().flatten().collect(),
+        UPLOAD_UPDATE => row
+            .new
+            .iter()
+            .flatten()
+            .chain(row.old.iter().flatten())
+            .collect(),
+        _ => {
+            let old = row.old.as_ref().expect("deletes have an old image");
+            image_keys.iter().map(|&position| &old[position]).collect()
+        }
+    }
+}
+
+/// Runs `resolve_conflict` for conflicting rows: a set script once over `{conflicts}`
+/// (operation, new columns, `rs_old_` columns), a row script once per row with
+/// `:new.*`, `:old.*` and `:current.*` (the row the server holds, NULL when gone).
+fn resolve_conflict(
+    connection: &Connection,
+    scripts: &Scripts,
+    shape: &TableShape,
+    columns: &[String],
+    key_positions: &[usize],
+    conflicted: &[UploadedRow],
+    parameters: &Parameters,
+) -> Result<(), SyncError> {
+    let table = shape.name.as_str();
+    let script = scripts.require(table, RESOLVE_CONFLICT)?;
+    if is_set_script(script) {
+        let name = q(&format!("rs_stage_clash_{table}"));
+        let mut select = vec![format!("'' AS {}", q(CONFLICT_OPERATION_COLUMN))];
+        select.extend(columns.iter().map(|column| q(column)));
+        select.extend(columns.iter().map(|column| {
+            format!(
+                "{} AS {}",
+                q(column),
+                q(&format!("{OLD_IMAGE_PREFIX}{column}"))
+            )
+        }));
+        connection.execute_batch(&format!(
+            "DROP TABLE IF EXISTS temp.{name}; CREATE TEMP TABLE {name} AS SELECT {} FROM main.{} WHERE 0;",
+            select.join(", "),
+            q(table)
+        ))?;
+        let placeholders = vec!["?"; 1 + 2 * columns.len()].join(", ");
+        let mut insert =
+            connection.prepare(&format!("INSERT INTO temp.{name} VALUES ({placeholders})"))?;
+        let nulls = vec![Value::Null; columns.len()];
+        for row in conflicted {
+            let operation = Value::Text(row.operation.to_string());
+            let values = std::iter::once(&operation)
+                .chain(row.new.as_ref().unwrap_or(&nulls))
+                .chain(row.old.as_ref().unwrap_or(&nulls));
+            insert.execute(rusqlite::params_from_iter(values))?;
+        }
+        let sql = scripts.expand(
+            table,
+            RESOLVE_CONFLICT,
+            &[(CONFLICTS_PLACEHOLDER, &format!("temp.{name}"))],
+        )?;
+        run_bound(connection, &sql, parameters, None, table, RESOLVE_CONFLICT)?;
+        return Ok(());
+    }
+    let current_sql = format!(
+        "SELECT {} FROM main.{} WHERE {}",
+        column_list(columns, ""),
+        q(table),
+        key_positions
+            .iter()
+            .enumerate()
+            .map(|(index, &position)| format!("{} = ?{}", q(&columns[position]), index + 1))
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    );
+    let mut current_statement = connection.prepare(&current_sql)?;
+    for row in conflicted {
+        let key = row.key(key_positions);
+        let current: Option<Row> = current_statement
+            .query_row(rusqlite::params_from_iter(&key), |found| {
+                (0..columns.len())
+                    .map(|index| found.get::<_, Value>(index))
+                    .collect::<Result<Row, _>>()
+            })
+            .optional()?;
+        let mut images = row.images(columns);
+        images.current = current.as_deref();
+        run_bound(
+            connection,
+            script,
+            parameters,
+            Some(&images),
+            table,
+            RESOLVE_CONFLICT,
+        )
+        .map_err(|error| error.with_row_key(describe_key(&key)))?;
+    }
+    Ok(())
 }
 
 /// Where an uploaded row counts as landed: in the table and, when the table is
@@ -362,13 +513,13 @@ fn bind_parameters(
 ) -> Result<(), SyncError> {
     for index in 1..=statement.parameter_count() {
         let Some(name) = statement.parameter_name(index).map(str::to_owned) else {
-            return Err(SyncError::Script {
-                event: event.to_string(),
-                table: table.to_string(),
-                message: format!(
+            return Err(SyncError::script(
+                &event,
+                &table,
+                format!(
                     "parameter {index} has no name; scripts use named parameters such as :user"
                 ),
-            });
+            ));
         };
         statement.raw_bind_parameter(index, parameters.value(&name, table, event)?)?;
     }
@@ -391,10 +542,16 @@ fn prepare_script<'c>(
     Ok(statement)
 }
 
-fn script_failure(event: &str, table: &str, error: rusqlite::Error) -> SyncError {
+pub(super) fn script_failure(event: &str, table: &str, error: rusqlite::Error) -> SyncError {
+    let code = match &error {
+        rusqlite::Error::SqliteFailure(failure, _) => format!("{:?}", failure.code),
+        _ => String::new(),
+    };
     SyncError::Script {
         event: event.to_string(),
         table: table.to_string(),
+        row_key: None,
+        code,
         message: error.to_string(),
     }
 }

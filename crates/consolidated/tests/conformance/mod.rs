@@ -291,6 +291,7 @@ fn request(
         last_download_watermark,
         upload_sequence,
         tables,
+        auth_parameters: Vec::new(),
     }
 }
 

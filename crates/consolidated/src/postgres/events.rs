@@ -1,0 +1,160 @@
+//! Script versions and connection events on PostgreSQL: loading (and caching) a
+//! version's scripts, `begin_connection`, `authenticate_user`, `download_ack` and
+//! `report_error`, each of which runs outside the sync's own transaction.
+
+use std::sync::Arc;
+
+use rowsync_protocol::Value;
+use tokio_postgres::{Client, GenericClient};
+
+use super::sync::{bind_script, query_rows, script_failure};
+use crate::plan::{error_parameters, single_integer, Parameters, ScriptCache, ScriptRows, Scripts};
+use crate::scripts::*;
+use crate::types::{AuthCheck, AuthRequest, DownloadAckRequest};
+use crate::{SyncError, SyncRequest};
+
+/// The scripts of `version`, from the cache unless they changed; runs `begin_connection`
+/// the first time this connection serves the version.
+pub async fn scripts_for(
+    client: &Client,
+    cache: &mut ScriptCache,
+    version: &str,
+) -> Result<Arc<Scripts>, SyncError> {
+    let revision: i64 = client
+        .query_opt(
+            "SELECT revision FROM rs_script_version WHERE name = $1",
+            &[&version],
+        )
+        .await?
+        .map(|row| row.get(0))
+        .ok_or_else(|| SyncError::UnknownScriptVersion(version.to_string()))?;
+    let scripts = match cache.get(version, revision) {
+        Some(scripts) => scripts,
+        None => {
+            let rows = client
+                .query(
+                    "SELECT table_name, event, script FROM rs_script WHERE script_version = $1",
+                    &[&version],
+                )
+                .await?;
+            cache.insert(
+                version,
+                revision,
+                Scripts::new(
+                    version,
+                    rows.into_iter()
+                        .map(|row| ((row.get(0), row.get(1)), row.get(2))),
+                ),
+            )
+        }
+    };
+    if !cache.is_connected(version) {
+        let parameters = Parameters::for_connection(version);
+        run_event(client, &scripts, BEGIN_CONNECTION, &parameters).await?;
+        cache.mark_connected(version);
+    }
+    Ok(scripts)
+}
+
+/// Runs a connection event's script if the version has one; returns what it selected.
+pub async fn run_event(
+    client: &impl GenericClient,
+    scripts: &Scripts,
+    event: &str,
+    parameters: &Parameters<'_>,
+) -> Result<Option<ScriptRows>, SyncError> {
+    let Some(script) = scripts.connection_event(event) else {
+        return Ok(None);
+    };
+    let (sql, values) = bind_script(script, parameters, "", event)?;
+    query_rows(client, &sql, &values)
+        .await
+        .map(Some)
+        .map_err(|error| script_failure(event, "", error))
+}
+
+/// `authenticate_user` in its own committed transaction, or the stored password hash
+/// when the version has no such script.
+pub async fn authenticate(
+    client: &mut Client,
+    cache: &mut ScriptCache,
+    request: &AuthRequest,
+) -> Result<AuthCheck, SyncError> {
+    let scripts = scripts_for(client, cache, &request.script_version).await?;
+    if scripts.connection_event(AUTHENTICATE_USER).is_none() {
+        let hash = client
+            .query_opt(
+                "SELECT password_hash FROM rs_user WHERE name = $1",
+                &[&request.user],
+            )
+            .await?
+            .map(|row| row.get(0));
+        return Ok(AuthCheck::BuiltIn(hash));
+    }
+    let parameters = request
+        .parameters()
+        .with(vec![("password", Value::Text(request.password.clone()))]);
+    let transaction = client.transaction().await?;
+    let rows = run_event(&transaction, &scripts, AUTHENTICATE_USER, &parameters).await?;
+    let status = single_integer(rows, AUTHENTICATE_USER)?.ok_or_else(|| {
+        SyncError::script(
+            AUTHENTICATE_USER,
+            "",
+            "the script returned no row; it must select a status (1000 valid, 3000 invalid)",
+        )
+    })?;
+    transaction.commit().await?;
+    Ok(AuthCheck::Script(status))
+}
+
+/// The client applied the download that ended with `request.watermark`: record it as
+/// acknowledged and run `download_ack`, in one transaction. Returns false (and does
+/// nothing) when the watermark is not the one last sent to this client.
+pub async fn acknowledge_download(
+    client: &mut Client,
+    cache: &mut ScriptCache,
+    request: &DownloadAckRequest,
+) -> Result<bool, SyncError> {
+    let scripts = scripts_for(client, cache, &request.script_version).await?;
+    let transaction = client.transaction().await?;
+    transaction
+        .execute(
+            "SELECT pg_advisory_xact_lock(7262, hashtext($1))",
+            &[&request.client_id],
+        )
+        .await?;
+    let updated = transaction
+        .execute(
+            "UPDATE rs_subscription SET download_acknowledged = greatest(download_acknowledged, $3)
+             WHERE client_id = $1 AND user_name = $2 AND download_watermark = $3",
+            &[&request.client_id, &request.user, &request.watermark],
+        )
+        .await?;
+    if updated == 0 {
+        return Ok(false);
+    }
+    let parameters = request
+        .parameters()
+        .with(vec![("watermark", Value::Int(request.watermark))]);
+    run_event(&transaction, &scripts, DOWNLOAD_ACK, &parameters).await?;
+    transaction.commit().await?;
+    Ok(true)
+}
+
+/// `report_error` after a failed sync, in its own committed transaction (the sync's
+/// was rolled back), so what it records stays.
+pub async fn report_error(
+    client: &mut Client,
+    scripts: &Scripts,
+    request: &SyncRequest,
+    error: &SyncError,
+) -> Result<(), SyncError> {
+    if scripts.connection_event(REPORT_ERROR).is_none() {
+        return Ok(());
+    }
+    let parameters = Parameters::for_request(request)?.with(error_parameters(error));
+    let transaction = client.transaction().await?;
+    run_event(&transaction, scripts, REPORT_ERROR, &parameters).await?;
+    transaction.commit().await?;
+    Ok(())
+}
