@@ -815,6 +815,7 @@ async fn resolve_conflict(
         let (_, current) = query_rows(transaction, &current_sql, &key).await?;
         let mut images = row.images(columns);
         images.current = current.first().map(Vec::as_slice);
+        let parameters = parameters.with(vec![("operation", Value::Text(row.operation.into()))]);
         let values = names
             .iter()
             .map(|name| parameters.value_for_row(name, Some(&images), table, RESOLVE_CONFLICT))

@@ -358,10 +358,11 @@ fn resolve_conflict(
             .optional()?;
         let mut images = row.images(columns);
         images.current = current.as_deref();
+        let parameters = parameters.with(vec![("operation", Value::Text(row.operation.into()))]);
         run_bound(
             connection,
             script,
-            parameters,
+            &parameters,
             Some(&images),
             table,
             RESOLVE_CONFLICT,

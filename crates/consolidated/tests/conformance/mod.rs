@@ -62,6 +62,15 @@ macro_rules! conformance_suite {
             decimals_round_trip_without_losing_digits,
             cleanup_drops_only_tombstones_every_client_passed,
             a_resent_upload_still_delivers_its_conflict_resolution,
+            connection_events_run_in_order_each_in_its_transaction,
+            modify_next_last_download_replaces_the_watermark,
+            row_scripts_apply_each_row_and_find_conflicts,
+            a_failing_row_script_rolls_back_or_is_skipped_by_handle_error,
+            resolve_conflict_sees_old_new_and_current_rows_in_both_forms,
+            versions_coexist_and_a_changed_script_applies_from_the_next_sync,
+            download_ack_records_the_watermark_and_runs_its_script,
+            authenticate_user_script_decides_logins,
+            hostile_values_in_every_parameter_are_data_not_sql,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {
@@ -74,6 +83,9 @@ macro_rules! conformance_suite {
     };
 }
 pub(crate) use conformance_suite;
+
+mod scripts;
+pub use scripts::*;
 
 // ---------------------------------------------------------------------------------
 // Fixture and helpers

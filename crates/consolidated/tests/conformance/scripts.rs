@@ -1,0 +1,657 @@
+//! The script model on every backend: events and their order, row and set scripts,
+//! versions, errors, download acknowledgement, `authenticate_user`, bound parameters.
+
+use super::*;
+use rowsync_consolidated::{AuthCheck, AuthRequest, DownloadAckRequest, ScriptEntry};
+
+const EVENT_LOG_DDL: &str = "CREATE TABLE event_log (n INTEGER, event TEXT, detail TEXT)";
+
+/// A script that appends `event` (and `detail`, SQL over bound parameters) to event_log.
+fn log_script(event: &str, detail: &str) -> String {
+    format!(
+        "INSERT INTO event_log (n, event, detail) SELECT count(*), '{event}', {detail} FROM event_log"
+    )
+}
+
+impl<F: Factory> Fixture<F> {
+    async fn set_script(&mut self, version: &str, table: &str, event: &str, script: &str) {
+        self.admin
+            .set_script(&ScriptEntry {
+                script_version: version.into(),
+                table: table.into(),
+                event: event.into(),
+                script: script.into(),
+            })
+            .await
+            .unwrap_or_else(|error| panic!("set {event} of {version}: {error}"));
+    }
+
+    async fn event_log(&mut self) -> Vec<String> {
+        self.sql
+            .query_rows("SELECT event FROM event_log ORDER BY n")
+            .await
+            .into_iter()
+            .map(|row| match &row[0] {
+                Value::Text(event) => event.clone(),
+                other => panic!("event {other:?}"),
+            })
+            .collect()
+    }
+
+    async fn event_details(&mut self, event: &str) -> Vec<Value> {
+        self.sql
+            .query_rows(&format!(
+                "SELECT detail FROM event_log WHERE event = '{event}' ORDER BY n"
+            ))
+            .await
+            .into_iter()
+            .map(|mut row| row.remove(0))
+            .collect()
+    }
+
+    /// Replaces the default upload set scripts of orders with row scripts.
+    async fn use_row_scripts(&mut self, version: &str) {
+        for (event, script) in [
+            (
+                "upload_insert",
+                "INSERT INTO orders (id, rep, item, quantity, amount) VALUES (:new.id, :user, :new.item, :new.quantity, :new.amount)",
+            ),
+            (
+                "upload_update",
+                "UPDATE orders SET item = :new.item, quantity = :new.quantity, amount = :new.amount \
+                 WHERE id = :old.id AND rep = :user AND quantity = :old.quantity",
+            ),
+            ("upload_delete", "DELETE FROM orders WHERE id = :old.id AND rep = :user"),
+        ] {
+            self.set_script(version, "orders", event, script).await;
+        }
+    }
+}
+
+fn versioned(mut request: SyncRequest, version: &str) -> SyncRequest {
+    request.script_version = version.into();
+    request
+}
+
+pub async fn connection_events_run_in_order_each_in_its_transaction<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[]).await;
+    f.sql.execute(EVENT_LOG_DDL).await;
+    for event in [
+        "begin_connection",
+        "begin_synchronization",
+        "begin_upload",
+        "end_upload",
+        "modify_next_last_download",
+        "begin_download",
+        "end_download",
+        "end_synchronization",
+    ] {
+        f.set_script("v1", "", event, &log_script(event, ":user"))
+            .await;
+    }
+    let mut connection = f.backend.connect().await.expect("connect");
+    let insert = orders_upload(vec![order(1, "alice", "pen", 1, None)], vec![], vec![]);
+    synchronize_collect(
+        &mut connection,
+        Arc::new(request("c1", "alice", 0, 1, vec![insert])),
+    )
+    .await
+    .expect("first sync");
+    let expected = [
+        "begin_connection",
+        "begin_synchronization",
+        "begin_upload",
+        "end_upload",
+        "modify_next_last_download",
+        "begin_download",
+        "end_download",
+        "end_synchronization",
+    ];
+    assert_eq!(f.event_log().await, expected);
+    // The same pooled connection does not run begin_connection again; a resent upload
+    // (sequence 1 again) runs no upload events.
+    synchronize_collect(
+        &mut connection,
+        Arc::new(request("c1", "alice", 0, 1, vec![])),
+    )
+    .await
+    .expect("second sync");
+    let log = f.event_log().await;
+    assert_eq!(
+        &log[expected.len()..],
+        [
+            "begin_synchronization",
+            "modify_next_last_download",
+            "begin_download",
+            "end_download",
+            "end_synchronization"
+        ]
+    );
+    assert_eq!(f.event_details("begin_upload").await, vec![text("alice")]);
+
+    // A failing event rolls back everything of its sync transaction; report_error
+    // records the failure in its own transaction.
+    f.set_script(
+        "v1",
+        "",
+        "end_synchronization",
+        "INSERT INTO no_such_table VALUES (1)",
+    )
+    .await;
+    f.set_script(
+        "v1",
+        "",
+        "report_error",
+        &log_script(
+            "report_error",
+            ":error_event || '/' || :error_table || '/' || :client_id",
+        ),
+    )
+    .await;
+    let before = f.event_log().await.len();
+    let insert = orders_upload(vec![order(2, "alice", "ink", 2, None)], vec![], vec![]);
+    let error = synchronize_collect(
+        &mut connection,
+        Arc::new(request("c1", "alice", 0, 2, vec![insert])),
+    )
+    .await
+    .expect_err("a failing end_synchronization fails the sync");
+    match &error {
+        SyncError::Script { event, .. } => assert_eq!(event, "end_synchronization"),
+        other => panic!("expected a script error, got {other}"),
+    }
+    assert_eq!(error.code(), ErrorCode::Script);
+    assert_eq!(f.orders().await, vec![order(1, "alice", "pen", 1, None)]);
+    let log = f.event_log().await;
+    assert_eq!(
+        log[before..],
+        ["report_error"],
+        "only report_error's row stays"
+    );
+    assert_eq!(
+        f.event_details("report_error").await,
+        vec![text("end_synchronization//c1")]
+    );
+}
+
+pub async fn modify_next_last_download_replaces_the_watermark<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[]).await;
+    f.set_script(
+        "v1",
+        "",
+        "modify_next_last_download",
+        "SELECT CAST(:next_last_download AS BIGINT) * 0 + 424242",
+    )
+    .await;
+    let modified = f.sync_ok(request("c1", "alice", 0, 1, vec![])).await;
+    assert_eq!(modified.watermark, 424242);
+    assert_eq!(
+        f.sql
+            .query_rows("SELECT download_watermark FROM rs_subscription WHERE client_id = 'c1'")
+            .await,
+        vec![vec![Value::Int(424242)]]
+    );
+    assert!(f
+        .admin
+        .remove_script("v1", "", "modify_next_last_download")
+        .await
+        .expect("remove"));
+    let unmodified = f.sync_ok(request("c2", "alice", 0, 1, vec![])).await;
+    assert_ne!(unmodified.watermark, 424242);
+}
+
+pub async fn row_scripts_apply_each_row_and_find_conflicts<F: Factory>() {
+    let one = order(1, "alice", "pen", 1, None);
+    let two = order(2, "alice", "ink", 2, None);
+    let three = order(3, "alice", "cap", 3, None);
+    let mut f = Fixture::<F>::with_orders(&[one.clone(), two.clone(), three.clone()]).await;
+    f.use_row_scripts("v1").await;
+    let first = f.sync_ok(request("c1", "alice", 0, 1, vec![])).await;
+    f.sql
+        .execute("UPDATE orders SET quantity = 30 WHERE id = 3")
+        .await;
+    let outcome = f
+        .sync_ok(request(
+            "c1",
+            "alice",
+            first.watermark,
+            2,
+            vec![orders_upload(
+                vec![order(4, "alice", "nib", 4, None)],
+                vec![
+                    (two.clone(), with(&two, 3, Value::Int(20))),
+                    (three.clone(), with(&three, 3, Value::Int(33))),
+                ],
+                vec![key(&[1])],
+            )],
+        ))
+        .await;
+    let orders = f.orders().await;
+    assert_eq!(
+        orders,
+        vec![
+            with(&two, 3, Value::Int(20)),
+            order(3, "alice", "cap", 30, None),
+            order(4, "alice", "nib", 4, None),
+        ]
+    );
+    assert_eq!(outcome.summary.conflicts, 1, "the stale update of 3");
+    assert_eq!(
+        order_upserts(&outcome),
+        vec![order(3, "alice", "cap", 30, None)]
+    );
+}
+
+pub async fn a_failing_row_script_rolls_back_or_is_skipped_by_handle_error<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[]).await;
+    f.sql.execute(EVENT_LOG_DDL).await;
+    f.set_script(
+        "v1",
+        "orders",
+        "upload_insert",
+        "INSERT INTO orders (id, rep, item, quantity, amount) VALUES (:new.id, CASE WHEN :new.item = 'bad' THEN NULL ELSE :user END, :new.item, :new.quantity, :new.amount)",
+    )
+    .await;
+    let rows = vec![
+        order(1, "alice", "pen", 1, None),
+        order(2, "alice", "bad", 2, None),
+        order(3, "alice", "ink", 3, None),
+    ];
+    let upload = || orders_upload(rows.clone(), vec![], vec![]);
+    let error = f
+        .sync(request("c1", "alice", 0, 1, vec![upload()]))
+        .await
+        .expect_err("a NOT NULL violation fails the sync");
+    match &error {
+        SyncError::Script {
+            event,
+            table,
+            row_key,
+            message,
+            ..
+        } => {
+            assert_eq!(
+                (event.as_str(), table.as_str()),
+                ("upload_insert", "orders")
+            );
+            assert_eq!(row_key.as_deref(), Some("(2)"));
+            assert!(message.to_lowercase().contains("null"), "{message}");
+        }
+        other => panic!("expected a script error, got {other}"),
+    }
+    let text = error.to_string();
+    assert!(
+        text.contains("upload_insert") && text.contains("orders") && text.contains("(2)"),
+        "{text}"
+    );
+    assert_eq!(
+        f.orders().await,
+        Vec::<Row>::new(),
+        "nothing is half-applied"
+    );
+
+    // handle_error asking for a rollback changes nothing.
+    f.set_script("v1", "", "handle_error", "SELECT 3000").await;
+    f.sync(request("c1", "alice", 0, 1, vec![upload()]))
+        .await
+        .expect_err("rolled back");
+    assert_eq!(f.orders().await, Vec::<Row>::new());
+
+    // handle_error skipping the row: the others land, the skipped row is a conflict the
+    // client is told to drop (the server has no such row).
+    f.set_script(
+        "v1",
+        "",
+        "handle_error",
+        "SELECT CASE WHEN :error_event = 'upload_insert' AND :error_row_key = '(2)' THEN 1000 ELSE 3000 END",
+    )
+    .await;
+    let outcome = f
+        .sync_ok(request("c1", "alice", 0, 1, vec![upload()]))
+        .await;
+    assert_eq!(
+        f.orders().await,
+        vec![
+            order(1, "alice", "pen", 1, None),
+            order(3, "alice", "ink", 3, None)
+        ]
+    );
+    assert_eq!(outcome.summary.conflicts, 1);
+    assert_eq!(order_deletes(&outcome), vec![key(&[2])]);
+}
+
+pub async fn resolve_conflict_sees_old_new_and_current_rows_in_both_forms<F: Factory>() {
+    let one = order(1, "alice", "pen", 10, None);
+    let two = order(2, "alice", "ink", 10, None);
+    let mut f = Fixture::<F>::with_orders(&[one.clone(), two.clone()]).await;
+    let first = f.sync_ok(request("c1", "alice", 0, 1, vec![])).await;
+    // Row form: the client added 3 to a quantity the server meanwhile raised to 15.
+    f.set_script(
+        "v1",
+        "orders",
+        "resolve_conflict",
+        "UPDATE orders SET quantity = CAST(:current.quantity AS INTEGER) + CAST(:new.quantity AS INTEGER) \
+         - CAST(:old.quantity AS INTEGER) WHERE id = :new.id AND CAST(:operation AS TEXT) = 'update'",
+    )
+    .await;
+    f.sql
+        .execute("UPDATE orders SET quantity = 15 WHERE id = 1")
+        .await;
+    let outcome = f
+        .sync_ok(request(
+            "c1",
+            "alice",
+            first.watermark,
+            2,
+            vec![orders_upload(
+                vec![],
+                vec![(one.clone(), with(&one, 3, Value::Int(13)))],
+                vec![],
+            )],
+        ))
+        .await;
+    assert_eq!(outcome.summary.conflicts, 1);
+    assert_eq!(order_upserts(&outcome), vec![with(&one, 3, Value::Int(18))]);
+    // Set form over {conflicts}: the same merge for row 2.
+    f.set_script(
+        "v1",
+        "orders",
+        "resolve_conflict",
+        "UPDATE orders SET quantity = quantity + (SELECT c.quantity - c.rs_old_quantity FROM {conflicts} AS c \
+         WHERE c.id = orders.id AND c.rs_operation = 'update') WHERE id IN (SELECT id FROM {conflicts})",
+    )
+    .await;
+    f.sql
+        .execute("UPDATE orders SET quantity = 100 WHERE id = 2")
+        .await;
+    let outcome = f
+        .sync_ok(request(
+            "c1",
+            "alice",
+            outcome.watermark,
+            3,
+            vec![orders_upload(
+                vec![],
+                vec![(two.clone(), with(&two, 3, Value::Int(7)))],
+                vec![],
+            )],
+        ))
+        .await;
+    assert_eq!(outcome.summary.conflicts, 1);
+    assert_eq!(order_upserts(&outcome), vec![with(&two, 3, Value::Int(97))]);
+    assert_eq!(
+        f.orders().await,
+        vec![with(&one, 3, Value::Int(18)), with(&two, 3, Value::Int(97))]
+    );
+}
+
+pub async fn versions_coexist_and_a_changed_script_applies_from_the_next_sync<F: Factory>() {
+    let rows = [
+        order(1, "alice", "pen", 1, None),
+        order(2, "alice", "ink", 9, None),
+    ];
+    let mut f = Fixture::<F>::with_orders(&rows).await;
+    f.admin
+        .add_script_version("v2", "big orders only")
+        .await
+        .expect("add v2");
+    for entry in f.admin.scripts(Some("v1")).await.expect("list v1") {
+        f.set_script("v2", &entry.table, &entry.event, &entry.script)
+            .await;
+    }
+    let v1_cursor = f.current_script("orders", "download_cursor").await;
+    f.set_script(
+        "v2",
+        "orders",
+        "download_cursor",
+        &format!("SELECT * FROM ({v1_cursor}) AS c WHERE c.quantity > 5"),
+    )
+    .await;
+    f.use_row_scripts("v2").await;
+    // Two clients at once, one per version.
+    let (old, new) = tokio::join!(
+        f.sync(request("c1", "alice", 0, 1, vec![])),
+        f.sync(versioned(request("c2", "alice", 0, 1, vec![]), "v2")),
+    );
+    let (old, new) = (old.expect("v1 sync"), new.expect("v2 sync"));
+    assert_eq!(order_upserts(&old), rows.to_vec());
+    assert_eq!(order_upserts(&new), vec![rows[1].clone()]);
+    // v2 applies uploads with its row scripts.
+    let inserted = f
+        .sync_ok(versioned(
+            request(
+                "c2",
+                "alice",
+                new.watermark,
+                2,
+                vec![orders_upload(
+                    vec![order(3, "alice", "cap", 7, None)],
+                    vec![],
+                    vec![],
+                )],
+            ),
+            "v2",
+        ))
+        .await;
+    assert_eq!(inserted.summary.conflicts, 0);
+    let versions: Vec<String> = f
+        .admin
+        .script_versions()
+        .await
+        .expect("versions")
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(versions, ["v1", "v2"]);
+
+    // A script changed between two syncs on one pooled connection is used by the second.
+    let mut connection = f.backend.connect().await.expect("connect");
+    let before = synchronize_collect(
+        &mut connection,
+        Arc::new(versioned(request("c3", "alice", 0, 1, vec![]), "v2")),
+    )
+    .await
+    .expect("sync");
+    assert_eq!(
+        order_upserts(&before).len(),
+        2,
+        "ids 2 and 3: {:?}",
+        order_upserts(&before)
+    );
+    f.set_script(
+        "v2",
+        "orders",
+        "download_cursor",
+        &format!("SELECT * FROM ({v1_cursor}) AS c WHERE c.quantity > 8"),
+    )
+    .await;
+    let after = synchronize_collect(
+        &mut connection,
+        Arc::new(versioned(request("c4", "alice", 0, 1, vec![]), "v2")),
+    )
+    .await
+    .expect("sync");
+    assert_eq!(order_upserts(&after), vec![rows[1].clone()]);
+}
+
+pub async fn download_ack_records_the_watermark_and_runs_its_script<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[order(1, "alice", "pen", 1, None)]).await;
+    f.sql.execute(EVENT_LOG_DDL).await;
+    f.set_script(
+        "v1",
+        "",
+        "download_ack",
+        &log_script("download_ack", ":watermark"),
+    )
+    .await;
+    let outcome = f.sync_ok(request("c1", "alice", 0, 1, vec![])).await;
+    let acknowledged = "SELECT download_acknowledged FROM rs_subscription WHERE client_id = 'c1'";
+    assert_eq!(
+        f.sql.query_rows(acknowledged).await,
+        vec![vec![Value::Int(0)]]
+    );
+    let ack = |watermark| DownloadAckRequest {
+        client_id: "c1".into(),
+        user: "alice".into(),
+        script_version: "v1".into(),
+        watermark,
+        auth_parameters: Vec::new(),
+    };
+    let mut connection = f.backend.connect().await.expect("connect");
+    assert!(
+        !connection
+            .acknowledge_download(&ack(outcome.watermark + 1))
+            .await
+            .expect("ack"),
+        "a watermark never sent is not acknowledged"
+    );
+    assert_eq!(f.event_log().await, Vec::<String>::new());
+    assert!(connection
+        .acknowledge_download(&ack(outcome.watermark))
+        .await
+        .expect("ack"));
+    assert_eq!(
+        f.sql.query_rows(acknowledged).await,
+        vec![vec![Value::Int(outcome.watermark)]]
+    );
+    assert_eq!(f.event_details("download_ack").await.len(), 1);
+}
+
+pub async fn authenticate_user_script_decides_logins<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[]).await;
+    f.sql.execute(EVENT_LOG_DDL).await;
+    f.admin
+        .set_user("alice", "$argon2id$stored")
+        .await
+        .expect("user");
+    let login = |user: &str, password: &str, site: &str| AuthRequest {
+        client_id: "c1".into(),
+        user: user.into(),
+        password: password.into(),
+        script_version: "v1".into(),
+        auth_parameters: vec![site.into()],
+    };
+    let mut connection = f.backend.connect().await.expect("connect");
+    assert_eq!(
+        connection
+            .authenticate(&login("alice", "x", "s"))
+            .await
+            .expect("built-in"),
+        AuthCheck::BuiltIn(Some("$argon2id$stored".into()))
+    );
+    assert_eq!(
+        connection
+            .authenticate(&login("nobody", "x", "s"))
+            .await
+            .expect("built-in"),
+        AuthCheck::BuiltIn(None)
+    );
+    f.set_script(
+        "v1",
+        "",
+        "authenticate_user",
+        "SELECT CASE WHEN :password = 'open sesame' AND :auth_1 = 'site-9' THEN 1000 ELSE 3000 END",
+    )
+    .await;
+    f.set_script(
+        "v1",
+        "",
+        "begin_connection",
+        &log_script("begin_connection", "NULL"),
+    )
+    .await;
+    assert_eq!(
+        connection
+            .authenticate(&login("zed", "open sesame", "site-9"))
+            .await
+            .expect("script"),
+        AuthCheck::Script(1000)
+    );
+    assert_eq!(
+        connection
+            .authenticate(&login("zed", "open sesame", "site-1"))
+            .await
+            .expect("script"),
+        AuthCheck::Script(3000)
+    );
+    f.set_script("v1", "", "authenticate_user", "SELECT 1 WHERE 1 = 0")
+        .await;
+    let error = connection
+        .authenticate(&login("zed", "open sesame", "site-9"))
+        .await
+        .expect_err("no status");
+    assert!(error.to_string().contains("authenticate_user"), "{error}");
+}
+
+/// Hostile text in every value a client controls.
+const PAYLOADS: [&str; 3] = [
+    "x'); DROP TABLE orders; --",
+    "' OR '1'='1",
+    "\"; DELETE FROM orders WHERE 1=1; --",
+];
+
+pub async fn hostile_values_in_every_parameter_are_data_not_sql<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[order(1, "bob", "pen", 1, None)]).await;
+    f.sql.execute(EVENT_LOG_DDL).await;
+    for event in ["begin_synchronization", "end_upload", "end_synchronization"] {
+        f.set_script(
+            "v1",
+            "",
+            event,
+            &log_script(
+                event,
+                ":user || '|' || :client_id || '|' || :auth_1 || '|' || :script_version",
+            ),
+        )
+        .await;
+    }
+    f.admin
+        .add_script_version(PAYLOADS[2], "hostile")
+        .await
+        .expect("version");
+    for entry in f.admin.scripts(Some("v1")).await.expect("list") {
+        f.set_script(PAYLOADS[2], &entry.table, &entry.event, &entry.script)
+            .await;
+    }
+    f.use_row_scripts(PAYLOADS[2]).await;
+    for (index, payload) in PAYLOADS.iter().enumerate() {
+        let id = 10 + index as i64;
+        for version in ["v1", PAYLOADS[2]] {
+            let id = if version == "v1" { id } else { id + 100 };
+            let mut sync = versioned(
+                request(
+                    &format!("{payload}{version}"),
+                    payload,
+                    0,
+                    1,
+                    vec![orders_upload(
+                        vec![order(id, payload, payload, 1, Some(payload))],
+                        vec![],
+                        vec![],
+                    )],
+                ),
+                version,
+            );
+            sync.auth_parameters = vec![payload.to_string()];
+            let outcome = f.sync_ok(sync).await;
+            assert_eq!(outcome.summary.conflicts, 0, "{payload} in {version}");
+        }
+    }
+    // Every table is intact, and the payloads were stored as the values they are.
+    let orders = f.orders().await;
+    assert_eq!(orders.len(), 1 + 2 * PAYLOADS.len(), "{orders:?}");
+    assert_eq!(orders[0], order(1, "bob", "pen", 1, None));
+    for row in &orders[1..] {
+        assert_eq!(row[1], row[2], "rep and item hold the same payload");
+        assert!(
+            PAYLOADS.iter().any(|payload| row[1] == text(payload)),
+            "{row:?}"
+        );
+    }
+    let logged = f.event_details("end_upload").await;
+    assert_eq!(logged.len(), 2 * PAYLOADS.len());
+    assert!(
+        logged.contains(&text(&format!("{p}|{p}v1|{p}|v1", p = PAYLOADS[0]))),
+        "{logged:?}"
+    );
+}
