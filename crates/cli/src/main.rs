@@ -51,6 +51,28 @@ enum Command {
         /// Remove tombstones every client has passed this often.
         #[arg(long, default_value_t = 300)]
         cleanup_interval_seconds: u64,
+        /// Accept HS256 tokens (JWT) signed with the secret in this file.
+        #[arg(long)]
+        jwt_hs256_secret_file: Option<PathBuf>,
+        /// Accept RS256 tokens (JWT) signed for the RSA public key in this PEM file.
+        #[arg(long)]
+        jwt_rs256_public_key_file: Option<PathBuf>,
+        /// Require this `aud` claim in tokens.
+        #[arg(long)]
+        jwt_audience: Option<String>,
+        /// Require this `iss` claim in tokens.
+        #[arg(long)]
+        jwt_issuer: Option<String>,
+    },
+    /// Manage the scripts of script versions.
+    Script {
+        #[command(subcommand)]
+        command: ScriptCommand,
+    },
+    /// Manage script versions.
+    Version {
+        #[command(subcommand)]
+        command: VersionCommand,
     },
     /// Make an existing table synchronizable: change tracking and default scripts.
     Init {
@@ -121,6 +143,68 @@ enum UserCommand {
     },
 }
 
+#[derive(clap::Args)]
+struct ScriptKey {
+    /// The consolidated database: a SQLite file path or a postgres:// URL.
+    #[arg(long)]
+    db: String,
+    #[arg(long)]
+    version: String,
+    /// The table of a table event; none for connection events.
+    #[arg(long, default_value = "")]
+    table: String,
+    #[arg(long)]
+    event: String,
+}
+
+#[derive(Subcommand)]
+enum ScriptCommand {
+    /// List the scripts of one version (or of all).
+    List {
+        /// The consolidated database: a SQLite file path or a postgres:// URL.
+        #[arg(long)]
+        db: String,
+        #[arg(long)]
+        version: Option<String>,
+    },
+    /// Print one script.
+    Show {
+        #[command(flatten)]
+        key: ScriptKey,
+    },
+    /// Store a script, read from --file or from standard input.
+    Set {
+        #[command(flatten)]
+        key: ScriptKey,
+        #[arg(long)]
+        file: Option<PathBuf>,
+    },
+    /// Remove a script.
+    Remove {
+        #[command(flatten)]
+        key: ScriptKey,
+    },
+}
+
+#[derive(Subcommand)]
+enum VersionCommand {
+    /// Add a script version (or update its description).
+    Add {
+        /// The consolidated database: a SQLite file path or a postgres:// URL.
+        #[arg(long)]
+        db: String,
+        name: String,
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// List the script versions.
+    List {
+        /// The consolidated database: a SQLite file path or a postgres:// URL.
+        #[arg(long)]
+        db: String,
+    },
+}
+
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -149,6 +233,23 @@ async fn run(command: Command) -> Result<()> {
         | Command::Cleanup { db }
         | Command::User {
             command: UserCommand::Add { db, .. },
+        }
+        | Command::Script {
+            command:
+                ScriptCommand::List { db, .. }
+                | ScriptCommand::Show {
+                    key: ScriptKey { db, .. },
+                }
+                | ScriptCommand::Set {
+                    key: ScriptKey { db, .. },
+                    ..
+                }
+                | ScriptCommand::Remove {
+                    key: ScriptKey { db, .. },
+                },
+        }
+        | Command::Version {
+            command: VersionCommand::Add { db, .. } | VersionCommand::List { db },
         } => Some(db.clone()),
         Command::Demo { .. } | Command::BenchApply { .. } => None,
     };
@@ -171,7 +272,24 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             upload_bytes_max,
             read_timeout_seconds,
             cleanup_interval_seconds,
+            jwt_hs256_secret_file,
+            jwt_rs256_public_key_file,
+            jwt_audience,
+            jwt_issuer,
         } => {
+            let read = |path: Option<PathBuf>| -> Result<Option<Vec<u8>>> {
+                path.map(|path| {
+                    std::fs::read(&path).with_context(|| format!("reading {}", path.display()))
+                })
+                .transpose()
+            };
+            let tokens = rowsync_server::TokenConfig {
+                hs256_secret: read(jwt_hs256_secret_file)?,
+                rs256_public_key_pem: read(jwt_rs256_public_key_file)?,
+                audience: jwt_audience,
+                issuer: jwt_issuer,
+                leeway_seconds: 30,
+            };
             if workers == 0 || max_connections == 0 {
                 bail!("--workers and --max-connections must be at least 1");
             }
@@ -192,6 +310,7 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
                 upload_bytes_max,
                 read_timeout: Duration::from_secs(read_timeout_seconds),
                 cleanup_interval: Duration::from_secs(cleanup_interval_seconds.max(1)),
+                tokens,
                 ..ServerConfig::default()
             };
             let shutdown = async {
@@ -247,6 +366,27 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             println!("user {name} saved");
             Ok(())
         }
+        Command::Script { command } => script_command(command, backend).await,
+        Command::Version { command } => {
+            let mut connection = backend.connect().await?;
+            connection.install_system_tables().await?;
+            match command {
+                VersionCommand::Add {
+                    db: _,
+                    name,
+                    description,
+                } => {
+                    connection.add_script_version(&name, &description).await?;
+                    println!("script version {name} saved");
+                }
+                VersionCommand::List { db: _ } => {
+                    for (name, description) in connection.script_versions().await? {
+                        println!("{name}\t{description}");
+                    }
+                }
+            }
+            Ok(())
+        }
         Command::Cleanup { db: _ } => {
             let removed = backend.connect().await?.cleanup().await?;
             println!("{removed} tombstones removed");
@@ -278,5 +418,98 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+async fn script_command<B: Consolidated>(command: ScriptCommand, backend: B) -> Result<()> {
+    let mut connection = backend.connect().await?;
+    connection.install_system_tables().await?;
+    match command {
+        ScriptCommand::List { db: _, version } => {
+            for entry in connection.scripts(version.as_deref()).await? {
+                let table = if entry.table.is_empty() {
+                    "(connection)"
+                } else {
+                    entry.table.as_str()
+                };
+                let first_line = entry.script.lines().next().unwrap_or("");
+                println!(
+                    "{}\t{table}\t{}\t{first_line}",
+                    entry.script_version, entry.event
+                );
+            }
+        }
+        ScriptCommand::Show { key } => {
+            let found = connection
+                .scripts(Some(&key.version))
+                .await?
+                .into_iter()
+                .find(|entry| entry.table == key.table && entry.event == key.event);
+            match found {
+                Some(entry) => println!("{}", entry.script),
+                None => bail!(
+                    "script version {:?} has no {} script{}",
+                    key.version,
+                    key.event,
+                    table_suffix(&key.table)
+                ),
+            }
+        }
+        ScriptCommand::Set { key, file } => {
+            rowsync_consolidated::scripts::check_event(&key.table, &key.event)
+                .map_err(anyhow::Error::msg)?;
+            let script = match file {
+                Some(path) => std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading {}", path.display()))?,
+                None => {
+                    let mut input = String::new();
+                    std::io::stdin()
+                        .read_to_string(&mut input)
+                        .context("reading the script from stdin")?;
+                    input
+                }
+            };
+            let script = script.trim().to_string();
+            if script.is_empty() {
+                bail!("the script is empty");
+            }
+            connection
+                .set_script(&rowsync_consolidated::ScriptEntry {
+                    script_version: key.version.clone(),
+                    table: key.table.clone(),
+                    event: key.event.clone(),
+                    script,
+                })
+                .await?;
+            println!(
+                "{} script{} of version {} saved",
+                key.event,
+                table_suffix(&key.table),
+                key.version
+            );
+        }
+        ScriptCommand::Remove { key } => {
+            if !connection
+                .remove_script(&key.version, &key.table, &key.event)
+                .await?
+            {
+                bail!(
+                    "script version {:?} has no {} script{}",
+                    key.version,
+                    key.event,
+                    table_suffix(&key.table)
+                );
+            }
+            println!("{} script{} removed", key.event, table_suffix(&key.table));
+        }
+    }
+    Ok(())
+}
+
+fn table_suffix(table: &str) -> String {
+    if table.is_empty() {
+        String::new()
+    } else {
+        format!(" for table {table}")
     }
 }

@@ -57,6 +57,8 @@ async fn command_line_scenario(db: &str, dir: &tempfile::TempDir) {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("has no column \"nobody\""));
 
+    script_and_version_commands(db);
+
     let mut add = rowsync()
         .args(["user", "add", "--db", db])
         .args(["--name", "erin"])
@@ -118,4 +120,148 @@ async fn command_line_scenario(db: &str, dir: &tempfile::TempDir) {
     assert_eq!(body, "hello");
     // The refusal arrives even though logging it hits a broken pipe.
     assert!(matches!(wrong, Err(ClientError::Server(_))), "{wrong:?}");
+}
+
+fn run_ok(args: &[&str], stdin: Option<&str>) -> String {
+    let mut child = rowsync()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(text) = stdin {
+        input.write_all(text.as_bytes()).unwrap();
+    }
+    drop(input);
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn run_refused(args: &[&str]) -> String {
+    let mut child = rowsync()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A script on stdin, for the commands that read one.
+    let _ = child.stdin.take().unwrap().write_all(b"SELECT 1");
+    let output = child.wait_with_output().unwrap();
+    assert!(!output.status.success(), "{args:?} succeeded");
+    String::from_utf8(output.stderr).unwrap()
+}
+
+/// `rowsync version` and `rowsync script` on a database where `init` ran for notes.
+fn script_and_version_commands(db: &str) {
+    let listed = run_ok(&["script", "list", "--db", db, "--version", "v1"], None);
+    assert!(listed.contains("v1\tnotes\tupload_insert"), "{listed}");
+    let cursor = run_ok(
+        &[
+            "script",
+            "show",
+            "--db",
+            db,
+            "--version",
+            "v1",
+            "--table",
+            "notes",
+            "--event",
+            "download_cursor",
+        ],
+        None,
+    );
+    assert!(cursor.starts_with("SELECT"), "{cursor}");
+
+    run_ok(
+        &[
+            "version",
+            "add",
+            "--db",
+            db,
+            "v2",
+            "--description",
+            "second",
+        ],
+        None,
+    );
+    let versions = run_ok(&["version", "list", "--db", db], None);
+    assert_eq!(versions, "v1\t\nv2\tsecond\n");
+
+    let set = [
+        "script",
+        "set",
+        "--db",
+        db,
+        "--version",
+        "v2",
+        "--event",
+        "begin_synchronization",
+    ];
+    run_ok(&set, Some("SELECT 1\n"));
+    let shown = run_ok(
+        &[
+            "script",
+            "show",
+            "--db",
+            db,
+            "--version",
+            "v2",
+            "--event",
+            "begin_synchronization",
+        ],
+        None,
+    );
+    assert_eq!(shown, "SELECT 1\n");
+    let error = run_refused(&[
+        "script",
+        "set",
+        "--db",
+        db,
+        "--version",
+        "v2",
+        "--event",
+        "bogus",
+    ]);
+    assert!(
+        error.contains("\"bogus\" is not a connection event"),
+        "{error}"
+    );
+    let error = run_refused(&[
+        "script",
+        "set",
+        "--db",
+        db,
+        "--version",
+        "v9",
+        "--event",
+        "end_upload",
+    ]);
+    assert!(
+        error.contains("script version \"v9\" does not exist"),
+        "{error}"
+    );
+    let remove = [
+        "script",
+        "remove",
+        "--db",
+        db,
+        "--version",
+        "v2",
+        "--event",
+        "begin_synchronization",
+    ];
+    run_ok(&remove, None);
+    let error = run_refused(&remove);
+    assert!(
+        error.contains("has no begin_synchronization script"),
+        "{error}"
+    );
 }
