@@ -283,8 +283,18 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
                 })
                 .transpose()
             };
+            // A secret file written by `echo` ends with a newline that is not the secret's.
+            let secret = read(jwt_hs256_secret_file)?.map(|mut secret| {
+                while secret
+                    .last()
+                    .is_some_and(|byte| matches!(byte, b'\n' | b'\r'))
+                {
+                    secret.pop();
+                }
+                secret
+            });
             let tokens = rowsync_server::TokenConfig {
-                hs256_secret: read(jwt_hs256_secret_file)?,
+                hs256_secret: secret,
                 rs256_public_key_pem: read(jwt_rs256_public_key_file)?,
                 audience: jwt_audience,
                 issuer: jwt_issuer,

@@ -608,8 +608,8 @@ pub fn key_positions_in(
                 .position(|column| column == key)
                 .ok_or_else(|| {
                     SyncError::script(
-                        &event,
-                        &table,
+                        event,
+                        table,
                         format!(
                             "the script must select the key column {key:?}; it selects {columns:?}"
                         ),
@@ -760,7 +760,7 @@ impl<'a> DownloadFilter<'a> {
             if !self.resolution.conflict_upserts.is_empty()
                 && self.resolution.conflict_columns != columns
             {
-                return Err(SyncError::script(UPLOAD_FETCH, &table, format!(
+                return Err(SyncError::script(UPLOAD_FETCH, table, format!(
                         "upload_fetch selects {:?} but download_cursor selects {columns:?}; they must select the same columns",
                         self.resolution.conflict_columns
                     )));

@@ -67,8 +67,6 @@ pub const CONFLICTS_PLACEHOLDER: &str = "{conflicts}";
 /// Prefix of the old-image columns in the staged upload of `upload_update` and in
 /// `{conflicts}`.
 pub const OLD_IMAGE_PREFIX: &str = "rs_old_";
-/// Prefix of the current-image columns in `{conflicts}`.
-pub const CURRENT_IMAGE_PREFIX: &str = "rs_current_";
 /// Column of `{conflicts}` naming the operation that conflicted: insert, update, delete.
 pub const CONFLICT_OPERATION_COLUMN: &str = "rs_operation";
 

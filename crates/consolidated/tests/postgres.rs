@@ -63,3 +63,63 @@ impl RawSql for PostgresSql {
 }
 
 conformance::conformance_suite!(PostgresFactory);
+
+/// Like [`PostgresFactory`], with every statement of the database logged.
+struct LoggingPostgresFactory;
+
+impl Factory for LoggingPostgresFactory {
+    type Backend = PostgresConsolidated;
+    type Sql = PostgresSql;
+
+    async fn create() -> (PostgresConsolidated, PostgresSql) {
+        let (backend, sql) = PostgresFactory::create().await;
+        sql.client
+            .batch_execute(
+                "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET log_statement = %L', current_database(), 'all'); END $$",
+            )
+            .await
+            .expect("log every statement of this database");
+        (backend, sql)
+    }
+}
+
+/// The server log's records (a line with the log prefix and its continuation lines).
+fn log_records(log: &str) -> Vec<String> {
+    let mut records: Vec<String> = Vec::new();
+    for line in log.lines() {
+        let starts_record = line.len() > 4 && line[..4].chars().all(|c| c.is_ascii_digit());
+        match records.last_mut() {
+            Some(record) if !starts_record => {
+                record.push('\n');
+                record.push_str(line);
+            }
+            _ => records.push(line.to_string()),
+        }
+    }
+    records
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_parameters_reach_the_statement_log_only_as_bound_values() {
+    let log_file = rowsync_testkit::postgres()
+        .log_file()
+        .expect("this test reads the throwaway cluster's log; unset ROWSYNC_TEST_POSTGRES_URL");
+    conformance::hostile_values_in_every_parameter_are_data_not_sql::<LoggingPostgresFactory>()
+        .await;
+    let log = std::fs::read_to_string(&log_file).expect("read the server log");
+    let records = log_records(&log);
+    let mut bound = 0;
+    for payload in conformance::PAYLOADS {
+        for record in records.iter().filter(|record| record.contains(payload)) {
+            assert!(
+                record.contains("DETAIL:  parameters:"),
+                "a hostile value appears in a statement's text, not as a bound parameter:\n{record}"
+            );
+            bound += 1;
+        }
+    }
+    assert!(
+        bound >= conformance::PAYLOADS.len(),
+        "the statement log must show the hostile values as bound parameters ({bound} records)"
+    );
+}

@@ -192,6 +192,12 @@ impl PgCluster {
         })
     }
 
+    /// The server's log file: a throwaway cluster's own; `None` for a server named by
+    /// `ROWSYNC_TEST_POSTGRES_URL`, whose log this process cannot know.
+    pub fn log_file(&self) -> Option<PathBuf> {
+        self._dir.as_ref().map(|dir| dir.path().join("server.log"))
+    }
+
     /// `postgres://user@host:port/name`
     pub fn url(&self, database: &str) -> String {
         format!("{}/{database}", self.base_url)

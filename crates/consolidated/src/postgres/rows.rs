@@ -4,10 +4,12 @@
 use futures_util::stream::FuturesOrdered;
 use futures_util::StreamExt;
 use rowsync_protocol::Value;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Transaction;
 
 use super::sync::{bind_script, binds_of, query_rows, script_failure};
+use crate::error::describe_postgres;
 use crate::plan::{
     describe_key, error_parameters, positional_parameters, single_integer, Parameters, Scripts,
     UploadedRow,
@@ -175,7 +177,23 @@ async fn execute_row(
     transaction
         .execute(statement, &params)
         .await
-        .map_err(|error| (offset, script_failure(event, table, error)))
+        .map_err(|error| (offset, row_failure(event, table, error)))
+}
+
+/// A row statement's failure. A unique violation is the row's own fault here (the
+/// statement names one key), not a concurrent insert as in a set script: it goes to
+/// `handle_error` like any other instead of retrying the sync.
+fn row_failure(event: &str, table: &str, error: tokio_postgres::Error) -> SyncError {
+    if error.code() == Some(&SqlState::UNIQUE_VIOLATION) {
+        return SyncError::Script {
+            event: event.to_string(),
+            table: table.to_string(),
+            row_key: None,
+            code: SqlState::UNIQUE_VIOLATION.code().to_string(),
+            message: describe_postgres(&error),
+        };
+    }
+    script_failure(event, table, error)
 }
 
 /// Asks `handle_error` what to do about a failed row: true skips it. Without the script,

@@ -75,11 +75,7 @@ pub fn run_bound(
             .raw_bind_parameter(index + 1, value)
             .map_err(|error| script_failure(event, table, error))?;
     }
-    let columns: Vec<String> = statement
-        .column_names()
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
+    let columns: Vec<String> = statement.column_names().map(str::to_owned).collect();
     if columns.is_empty() {
         let changed = statement
             .raw_execute()

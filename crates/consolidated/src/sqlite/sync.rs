@@ -515,8 +515,8 @@ fn bind_parameters(
     for index in 1..=statement.parameter_count() {
         let Some(name) = statement.parameter_name(index).map(str::to_owned) else {
             return Err(SyncError::script(
-                &event,
-                &table,
+                event,
+                table,
                 format!(
                     "parameter {index} has no name; scripts use named parameters such as :user"
                 ),

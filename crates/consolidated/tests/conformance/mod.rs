@@ -71,6 +71,7 @@ macro_rules! conformance_suite {
             download_ack_records_the_watermark_and_runs_its_script,
             authenticate_user_script_decides_logins,
             hostile_values_in_every_parameter_are_data_not_sql,
+            a_row_script_hitting_an_existing_key_fails_by_row_and_can_be_skipped,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {

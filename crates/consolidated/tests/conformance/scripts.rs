@@ -584,7 +584,7 @@ pub async fn authenticate_user_script_decides_logins<F: Factory>() {
 }
 
 /// Hostile text in every value a client controls.
-const PAYLOADS: [&str; 3] = [
+pub const PAYLOADS: [&str; 3] = [
     "x'); DROP TABLE orders; --",
     "' OR '1'='1",
     "\"; DELETE FROM orders WHERE 1=1; --",
@@ -654,4 +654,42 @@ pub async fn hostile_values_in_every_parameter_are_data_not_sql<F: Factory>() {
         logged.contains(&text(&format!("{p}|{p}v1|{p}|v1", p = PAYLOADS[0]))),
         "{logged:?}"
     );
+}
+
+pub async fn a_row_script_hitting_an_existing_key_fails_by_row_and_can_be_skipped<F: Factory>() {
+    let existing = order(1, "alice", "pen", 1, None);
+    let mut f = Fixture::<F>::with_orders(std::slice::from_ref(&existing)).await;
+    f.use_row_scripts("v1").await;
+    let upload = || {
+        orders_upload(
+            vec![
+                order(1, "alice", "dup", 5, None),
+                order(2, "alice", "ink", 2, None),
+            ],
+            vec![],
+            vec![],
+        )
+    };
+    let error = f
+        .sync(request("c1", "alice", 0, 1, vec![upload()]))
+        .await
+        .expect_err("a duplicate key fails the row");
+    match &error {
+        SyncError::Script { event, row_key, .. } => {
+            assert_eq!(event, "upload_insert");
+            assert_eq!(row_key.as_deref(), Some("(1)"));
+        }
+        other => panic!("expected a script error, got {other}"),
+    }
+    assert_eq!(f.orders().await, vec![existing.clone()]);
+    f.set_script("v1", "", "handle_error", "SELECT 1000").await;
+    let outcome = f
+        .sync_ok(request("c1", "alice", 0, 1, vec![upload()]))
+        .await;
+    assert_eq!(
+        f.orders().await,
+        vec![existing.clone(), order(2, "alice", "ink", 2, None)]
+    );
+    assert_eq!(outcome.summary.conflicts, 1);
+    assert_eq!(order_upserts(&outcome), vec![existing]);
 }
