@@ -15,7 +15,7 @@ use rowsync_client::transport::{exchange, Exchange};
 use rowsync_client::SessionEvent;
 use rowsync_consolidated::postgres::value::Bind;
 use rowsync_consolidated::postgres::PostgresConsolidated;
-use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection, ScriptEntry, TableInit};
 use rowsync_protocol::{
     encode_frame, Decimal, Hello, Message, Row, RowUpdate, TableUpload, Value,
     FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION,
@@ -28,6 +28,8 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{Client, NoTls};
 
 const USER: &str = "bench";
+/// The script version whose upload_insert is a row script.
+const ROW_SCRIPT_VERSION: &str = "bench_row_scripts";
 const PASSWORD: &str = "bench-password";
 /// Upload messages are cut at about this size, as the client library does.
 const MESSAGE_BYTES: usize = 1024 * 1024;
@@ -191,16 +193,58 @@ pub async fn run(url: &str, rows: usize, out: &mut dyn Write) -> Result<Vec<Meas
         raw,
     });
 
+    // Inserts again, through a MobiLink-style row script (one pipelined statement per
+    // row) in a second script version, into the now empty table.
+    connection
+        .add_script_version(ROW_SCRIPT_VERSION, "row scripts")
+        .await?;
+    for entry in connection.scripts(Some("bench")).await? {
+        connection
+            .set_script(&ScriptEntry {
+                script_version: ROW_SCRIPT_VERSION.into(),
+                ..entry
+            })
+            .await?;
+    }
+    connection
+        .set_script(&ScriptEntry {
+            script_version: ROW_SCRIPT_VERSION.into(),
+            table: "bench_rows".into(),
+            event: "upload_insert".into(),
+            script: "INSERT INTO bench_rows (id, owner, name, quantity, amount, updated) \
+                     VALUES (:new.id, :user, :new.name, :new.quantity, :new.amount, :new.updated)"
+                .into(),
+        })
+        .await?;
+    let upload = chunks(inserts.iter().cloned().map(|r| (Some(r), None, None)));
+    let mut row_sequence = 0;
+    let rowsync = sync_timed_version(
+        &address,
+        "row-writer",
+        ROW_SCRIPT_VERSION,
+        &mut row_sequence,
+        &upload,
+    )
+    .await?;
+    check_count(&admin, "bench_rows", rows).await?;
+    let set_insert = measurements[0].rowsync;
+    measurements.push(Measurement {
+        operation: "insert, row scripts",
+        rows,
+        rowsync,
+        raw: measurements[0].raw,
+    });
+
     server.stop().await?;
     writeln!(
         out,
-        "{:<15} {:>12} {:>12} {:>14} {:>14} {:>10}",
+        "{:<20} {:>12} {:>12} {:>14} {:>14} {:>10}",
         "operation", "rowsync s", "raw s", "rowsync rows/s", "raw rows/s", "efficiency"
     )?;
     for m in &measurements {
         writeln!(
             out,
-            "{:<15} {:>12.3} {:>12.3} {:>14.0} {:>14.0} {:>10.2}",
+            "{:<20} {:>12.3} {:>12.3} {:>14.0} {:>14.0} {:>10.2}",
             m.operation,
             m.rowsync.as_secs_f64(),
             m.raw.as_secs_f64(),
@@ -209,6 +253,11 @@ pub async fn run(url: &str, rows: usize, out: &mut dyn Write) -> Result<Vec<Meas
             m.efficiency()
         )?;
     }
+    writeln!(
+        out,
+        "uploaded inserts: set scripts {:.1}x faster than row scripts",
+        rowsync.as_secs_f64() / set_insert.as_secs_f64()
+    )?;
     Ok(measurements)
 }
 
@@ -299,12 +348,24 @@ async fn sync_timed(
     sequence: &mut u64,
     frames: &[Vec<u8>],
 ) -> Result<Duration> {
+    sync_timed_version(address, client_id, "bench", sequence, frames).await
+}
+
+async fn sync_timed_version(
+    address: &str,
+    client_id: &str,
+    script_version: &str,
+    sequence: &mut u64,
+    frames: &[Vec<u8>],
+) -> Result<Duration> {
     *sequence += 1;
     let started = Instant::now();
+    let mut hello = hello(client_id, i64::MAX / 2);
+    hello.script_version = script_version.into();
     let (event, _connection) = exchange(Exchange {
         address,
         // A watermark far ahead: the writer measures the upload, not a download.
-        hello: hello(client_id, i64::MAX / 2),
+        hello,
         upload_frames: frames,
         upload_sequence: *sequence,
         frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,

@@ -15,7 +15,8 @@ async fn bench_apply_runs_consistently_in_quick_mode() {
             "upload insert",
             "upload update",
             "download",
-            "upload delete"
+            "upload delete",
+            "insert, row scripts"
         ]
     );
     assert!(measurements
@@ -23,4 +24,5 @@ async fn bench_apply_runs_consistently_in_quick_mode() {
         .all(|m| m.rows == 2_000 && m.efficiency() > 0.0));
     let printed = String::from_utf8(out).unwrap();
     assert!(printed.contains("efficiency"), "{printed}");
+    assert!(printed.contains("faster than row scripts"), "{printed}");
 }
