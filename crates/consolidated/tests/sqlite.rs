@@ -54,3 +54,45 @@ impl RawSql for SqliteSql {
 }
 
 conformance::conformance_suite!(SqliteFactory);
+
+/// Every statement text the logging backends ran, across this test binary.
+fn statement_log() -> &'static std::sync::Mutex<Vec<String>> {
+    static LOG: std::sync::OnceLock<std::sync::Mutex<Vec<String>>> = std::sync::OnceLock::new();
+    LOG.get_or_init(Default::default)
+}
+
+/// Like [`SqliteFactory`], with every statement's text logged.
+struct LoggingSqliteFactory;
+
+impl Factory for LoggingSqliteFactory {
+    type Backend = SqliteConsolidated;
+    type Sql = SqliteSql;
+
+    async fn create() -> (SqliteConsolidated, SqliteSql) {
+        let (backend, sql) = SqliteFactory::create().await;
+        let backend = backend.with_statement_log(std::sync::Arc::new(|text: &str| {
+            statement_log().lock().unwrap().push(text.to_string())
+        }));
+        (backend, sql)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_parameters_never_appear_in_a_statement_text() {
+    conformance::hostile_values_in_every_parameter_are_data_not_sql::<LoggingSqliteFactory>().await;
+    let log = statement_log().lock().unwrap().clone();
+    assert!(
+        log.iter()
+            .any(|text| text.contains("INSERT INTO orders (id, rep, item")),
+        "the log holds the row scripts' statements ({} statements)",
+        log.len()
+    );
+    for payload in conformance::PAYLOADS {
+        for text in &log {
+            assert!(
+                !text.contains(payload),
+                "a hostile value appears in a statement's text: {text}"
+            );
+        }
+    }
+}

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rusqlite::trace::{TraceEvent, TraceEventCodes};
 use rusqlite::{Connection, OpenFlags};
 
 use crate::plan::ScriptCache;
@@ -24,9 +25,24 @@ use crate::{
 /// How long a connection waits for another writer before failing with "database is locked".
 pub const BUSY_TIMEOUT_MS: u64 = 30_000;
 
-#[derive(Debug, Clone)]
+/// Receives the text of every statement a connection runs, as written (parameters
+/// unexpanded): SQLite's counterpart of PostgreSQL's `log_statement = 'all'`.
+pub type StatementLog = Arc<dyn Fn(&str) + Send + Sync>;
+
+#[derive(Clone)]
 pub struct SqliteConsolidated {
     path: PathBuf,
+    statement_log: Option<StatementLog>,
+}
+
+impl std::fmt::Debug for SqliteConsolidated {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("SqliteConsolidated")
+            .field("path", &self.path)
+            .field("statement_log", &self.statement_log.is_some())
+            .finish()
+    }
 }
 
 impl SqliteConsolidated {
@@ -34,7 +50,14 @@ impl SqliteConsolidated {
     pub fn new(path: impl AsRef<Path>) -> SqliteConsolidated {
         SqliteConsolidated {
             path: path.as_ref().to_path_buf(),
+            statement_log: None,
         }
+    }
+
+    /// Every connection opened from now on reports each statement's text to `log`.
+    pub fn with_statement_log(mut self, log: StatementLog) -> SqliteConsolidated {
+        self.statement_log = Some(log);
+        self
     }
 
     pub fn path(&self) -> &Path {
@@ -43,7 +66,7 @@ impl SqliteConsolidated {
 
     /// Opens a plain rusqlite connection with the settings every rowsync connection uses.
     pub fn open_blocking(&self) -> Result<Connection, DbError> {
-        let connection = Connection::open_with_flags(
+        let mut connection = Connection::open_with_flags(
             &self.path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
                 | OpenFlags::SQLITE_OPEN_CREATE
@@ -58,6 +81,17 @@ impl SqliteConsolidated {
         // REPLACE deletes the old row; only with recursive triggers on does that delete
         // leave its tombstone (a row replaced into another partition must reach its old owner).
         connection.pragma_update(None, "recursive_triggers", "ON")?;
+        if let Some(log) = &self.statement_log {
+            let log = Arc::clone(log);
+            connection.trace_v2(
+                TraceEventCodes::SQLITE_TRACE_STMT,
+                Some(move |event: TraceEvent<'_>| {
+                    if let TraceEvent::Stmt(statement, _) = event {
+                        log(&statement.sql());
+                    }
+                }),
+            )?;
+        }
         Ok(connection)
     }
 }
