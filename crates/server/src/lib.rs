@@ -10,6 +10,7 @@
 
 pub mod auth;
 mod config;
+pub mod controller;
 mod download;
 pub mod pool;
 pub mod server;
