@@ -11,6 +11,7 @@
 pub mod auth;
 mod config;
 pub mod controller;
+pub mod metrics;
 mod download;
 pub mod pool;
 pub mod server;

@@ -1,0 +1,233 @@
+//! What the server counts, as Prometheus metrics (`/metrics` on the admin endpoint),
+//! and the per-sync phase timings, like the MobiLink Monitor's.
+
+use std::fmt;
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// The phases of one sync, in order.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Phase {
+    /// Accept to the hello decoded.
+    connect,
+    /// Checking the credentials.
+    authenticate,
+    /// The rest of the upload received.
+    upload_received,
+    /// Waiting for a database worker.
+    worker_wait,
+    /// The upload applied (scripts and conflicts).
+    upload_applied,
+    /// The download read and spooled, and the transaction committed.
+    download_fetched,
+    /// The download sent to the client.
+    download_sent,
+}
+
+pub const PHASES: [Phase; 7] = [
+    Phase::connect,
+    Phase::authenticate,
+    Phase::upload_received,
+    Phase::worker_wait,
+    Phase::upload_applied,
+    Phase::download_fetched,
+    Phase::download_sent,
+];
+
+impl fmt::Display for Phase {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, formatter)
+    }
+}
+
+/// How a sync ended.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Outcome {
+    ok,
+    /// Refused with an error (bad input, authentication, script error, ...).
+    refused,
+    /// The connection failed or timed out.
+    failed,
+    /// Answered busy at the connection limit.
+    busy,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabel {
+    phase: Phase,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: Outcome,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    syncs: Family<OutcomeLabel, Counter>,
+    phase_seconds: Family<PhaseLabel, Histogram>,
+    pub rows_uploaded: Counter,
+    pub rows_downloaded: Counter,
+    /// Connections holding a slot (up to the connection limit).
+    pub connections: Gauge,
+    pub syncs_waiting_for_worker: Gauge,
+    pub workers_busy: Gauge,
+    pub workers: Gauge,
+    pub worker_adjustments: Counter,
+    /// Upload and download bytes held in memory by syncs in flight.
+    pub cache_bytes: Gauge,
+    pub cache_bytes_max: Gauge,
+    pub spilled_bytes: Counter,
+}
+
+fn phase_histogram() -> Histogram {
+    // 100 µs to about 30 min.
+    Histogram::new(exponential_buckets(0.0001, 3.0, 16))
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("rowsync");
+        let syncs = Family::<OutcomeLabel, Counter>::default();
+        registry.register("syncs", "Syncs ended, by outcome", syncs.clone());
+        let phase_seconds =
+            Family::<PhaseLabel, Histogram>::new_with_constructor(phase_histogram as fn() -> Histogram);
+        registry.register(
+            "sync_phase_seconds",
+            "Time spent in each phase of a sync",
+            phase_seconds.clone(),
+        );
+        let metrics = Metrics {
+            syncs,
+            phase_seconds,
+            rows_uploaded: Counter::default(),
+            rows_downloaded: Counter::default(),
+            connections: Gauge::default(),
+            syncs_waiting_for_worker: Gauge::default(),
+            workers_busy: Gauge::default(),
+            workers: Gauge::default(),
+            worker_adjustments: Counter::default(),
+            cache_bytes: Gauge::default(),
+            cache_bytes_max: Gauge::default(),
+            spilled_bytes: Counter::default(),
+            registry,
+        };
+        let mut metrics = metrics;
+        let registry = &mut metrics.registry;
+        registry.register("rows_uploaded", "Rows uploaded by applied syncs", metrics.rows_uploaded.clone());
+        registry.register("rows_downloaded", "Rows sent in downloads", metrics.rows_downloaded.clone());
+        registry.register("connections", "Connections holding a slot", metrics.connections.clone());
+        registry.register(
+            "syncs_waiting_for_worker",
+            "Syncs whose upload is in, waiting for a database worker",
+            metrics.syncs_waiting_for_worker.clone(),
+        );
+        registry.register("workers_busy", "Database workers running a sync", metrics.workers_busy.clone());
+        registry.register("workers", "Database workers (current count)", metrics.workers.clone());
+        registry.register(
+            "worker_adjustments",
+            "Changes of the worker count by the controller",
+            metrics.worker_adjustments.clone(),
+        );
+        registry.register(
+            "cache_bytes",
+            "Upload and download bytes in memory for syncs in flight",
+            metrics.cache_bytes.clone(),
+        );
+        registry.register("cache_bytes_max", "The cache limit", metrics.cache_bytes_max.clone());
+        registry.register(
+            "spilled_bytes",
+            "Bytes written to temporary files because the cache was full",
+            metrics.spilled_bytes.clone(),
+        );
+        metrics
+    }
+
+    pub fn sync_ended(&self, outcome: Outcome) {
+        self.syncs.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    pub fn syncs_ended(&self, outcome: Outcome) -> u64 {
+        self.syncs.get_or_create(&OutcomeLabel { outcome }).get()
+    }
+
+    pub fn phase(&self, phase: Phase, duration: Duration) {
+        self.phase_seconds
+            .get_or_create(&PhaseLabel { phase })
+            .observe(duration.as_secs_f64());
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+}
+
+/// Per-sync phase timings, for the sync's log line and the histograms.
+#[derive(Debug, Default, Clone)]
+pub struct PhaseTimings {
+    pub phases: Vec<(Phase, Duration)>,
+}
+
+impl PhaseTimings {
+    pub fn record(&mut self, metrics: &Metrics, phase: Phase, duration: Duration) {
+        metrics.phase(phase, duration);
+        self.phases.push((phase, duration));
+    }
+}
+
+impl fmt::Display for PhaseTimings {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, (phase, duration)) in self.phases.iter().enumerate() {
+            if index > 0 {
+                formatter.write_str(" ")?;
+            }
+            write!(formatter, "{phase}={:.1}ms", duration.as_secs_f64() * 1000.0)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposes_counters_gauges_and_phase_histograms() {
+        let metrics = Metrics::new();
+        metrics.sync_ended(Outcome::ok);
+        metrics.sync_ended(Outcome::busy);
+        metrics.sync_ended(Outcome::busy);
+        metrics.phase(Phase::worker_wait, Duration::from_millis(3));
+        metrics.workers.set(7);
+        metrics.cache_bytes.set(1234);
+        let text = metrics.encode();
+        for expected in [
+            "rowsync_syncs_total{outcome=\"busy\"} 2",
+            "rowsync_syncs_total{outcome=\"ok\"} 1",
+            "rowsync_sync_phase_seconds_count{phase=\"worker_wait\"} 1",
+            "rowsync_workers 7",
+            "rowsync_cache_bytes 1234",
+        ] {
+            assert!(text.contains(expected), "{expected} in\n{text}");
+        }
+        assert_eq!(metrics.syncs_ended(Outcome::busy), 2);
+    }
+}
