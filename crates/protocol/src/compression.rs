@@ -457,6 +457,132 @@ impl Preamble {
     }
 }
 
+#[derive(Debug, Error)]
+pub enum InboundError {
+    #[error(transparent)]
+    Preamble(#[from] PreambleError),
+    #[error(transparent)]
+    Compression(#[from] CompressionError),
+}
+
+enum InboundState {
+    /// Nothing decided yet: fewer bytes than a preamble seen, all starting with `R`.
+    Start(Vec<u8>),
+    Body(Decompressor),
+}
+
+/// One direction of a connection as it arrives: an optional [`Preamble`], then the
+/// (possibly compressed) frame stream. Feed what arrives, take decompressed pieces out.
+pub struct Inbound {
+    state: InboundState,
+    preamble: Option<Preamble>,
+    decompressed_bytes_max: u64,
+}
+
+impl Inbound {
+    pub fn new(decompressed_bytes_max: u64) -> Inbound {
+        Inbound {
+            state: InboundState::Start(Vec::new()),
+            preamble: None,
+            decompressed_bytes_max,
+        }
+    }
+
+    /// The peer's preamble, once seen (`None` also for a preamble-less peer).
+    pub fn preamble(&self) -> Option<Preamble> {
+        self.preamble
+    }
+
+    /// Whether the first bytes have arrived and told preamble from frame.
+    pub fn started(&self) -> bool {
+        matches!(self.state, InboundState::Body(_))
+    }
+
+    /// Bytes received as they were on the wire, preamble included.
+    pub fn wire_bytes(&self) -> u64 {
+        match &self.state {
+            InboundState::Start(buffered) => buffered.len() as u64,
+            InboundState::Body(decompressor) => {
+                decompressor.input_bytes() + self.preamble.map_or(0, |_| PREAMBLE_BYTES as u64)
+            }
+        }
+    }
+
+    /// Adds received bytes. Feed again only after `next_chunk` returned `None`.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<(), InboundError> {
+        let buffered = match &mut self.state {
+            InboundState::Body(decompressor) => {
+                decompressor.feed(bytes);
+                return Ok(());
+            }
+            InboundState::Start(buffered) => {
+                buffered.extend_from_slice(bytes);
+                buffered
+            }
+        };
+        let Some(&first) = buffered.first() else {
+            return Ok(());
+        };
+        let (compression, rest) = if Preamble::starts_with_preamble(first) {
+            if buffered.len() < PREAMBLE_BYTES {
+                return Ok(());
+            }
+            let header: [u8; PREAMBLE_BYTES] = buffered[..PREAMBLE_BYTES]
+                .try_into()
+                .expect("length checked");
+            let preamble = Preamble::decode(&header)?;
+            self.preamble = Some(preamble);
+            (preamble.compression, buffered.split_off(PREAMBLE_BYTES))
+        } else {
+            (Compression::None, std::mem::take(buffered))
+        };
+        let mut decompressor = Decompressor::new(compression, self.decompressed_bytes_max)?;
+        decompressor.feed(&rest);
+        self.state = InboundState::Body(decompressor);
+        Ok(())
+    }
+
+    /// The next piece of the frame stream, or `None` when more bytes are needed.
+    pub fn next_chunk(&mut self) -> Result<Option<&[u8]>, InboundError> {
+        match &mut self.state {
+            InboundState::Start(_) => Ok(None),
+            InboundState::Body(decompressor) => Ok(decompressor.next_chunk()?),
+        }
+    }
+}
+
+/// The bytes a sender puts on the wire for one direction: a preamble and a compressed
+/// stream, or (for [`Compression::None`] without a preamble) the frames unchanged, as a
+/// peer that predates the preamble expects.
+pub struct Outbound {
+    compressor: Compressor,
+    preamble: Option<Preamble>,
+}
+
+impl Outbound {
+    /// `with_preamble`: announce the compression (required for anything but `None`).
+    pub fn new(compression: Compression, with_preamble: bool) -> Result<Outbound, CompressionError> {
+        Ok(Outbound {
+            compressor: Compressor::new(compression)?,
+            preamble: (with_preamble || compression != Compression::None)
+                .then_some(Preamble { compression }),
+        })
+    }
+
+    /// The preamble to send first, if any (taken once).
+    pub fn take_preamble(&mut self) -> Option<[u8; PREAMBLE_BYTES]> {
+        self.preamble.take().map(Preamble::encode)
+    }
+
+    pub fn compressor(&mut self) -> &mut Compressor {
+        &mut self.compressor
+    }
+
+    pub fn finish(self) -> Result<Vec<u8>, CompressionError> {
+        self.compressor.finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -595,6 +721,41 @@ mod tests {
         let stream = writer.into_inner().0;
         let error = decompress_all(Compression::Zstd, &stream, u64::MAX, 4096).unwrap_err();
         assert!(error.to_string().contains("invalid zstd data"), "{error}");
+    }
+
+    #[test]
+    fn inbound_tells_a_preamble_from_a_frame_at_any_split() {
+        let frames = b"\x00\x00\x00\x05\x07\x00\x00\x05\xdc".to_vec();
+        for (compression, with_preamble) in [
+            (Compression::None, false),
+            (Compression::None, true),
+            (Compression::Zlib, true),
+            (Compression::Zstd, true),
+        ] {
+            let mut outbound = Outbound::new(compression, with_preamble).unwrap();
+            let mut wire = outbound.take_preamble().map(Vec::from).unwrap_or_default();
+            wire.extend(outbound.compressor().compress(&frames).unwrap());
+            wire.extend(outbound.finish().unwrap());
+            for piece in [1, 3, 8, wire.len()] {
+                let mut inbound = Inbound::new(1 << 20);
+                let mut out = Vec::new();
+                for bytes in wire.chunks(piece) {
+                    inbound.feed(bytes).unwrap();
+                    while let Some(chunk) = inbound.next_chunk().unwrap() {
+                        out.extend_from_slice(chunk);
+                    }
+                }
+                assert_eq!(out, frames, "{compression} {with_preamble} {piece}");
+                assert_eq!(inbound.wire_bytes(), wire.len() as u64);
+                assert_eq!(
+                    inbound.preamble().map(|p| p.compression),
+                    with_preamble.then_some(compression)
+                );
+            }
+        }
+        let mut inbound = Inbound::new(1 << 20);
+        let error = inbound.feed(b"RSYN\x07\x00\x00\x00").unwrap_err();
+        assert!(error.to_string().contains("preamble version 7"), "{error}");
     }
 
     #[test]

@@ -16,7 +16,8 @@ mod value;
 
 pub use codec::{decode_message, encode_message, encode_values};
 pub use compression::{
-    compress_all, Compression, CompressionError, Compressor, Decompressor, Preamble, PreambleError,
+    compress_all, Compression, CompressionError, Compressor, Decompressor, Inbound, InboundError,
+    Outbound, Preamble, PreambleError,
     DECOMPRESS_CHUNK_BYTES, PREAMBLE_BYTES, PREAMBLE_MAGIC, PREAMBLE_VERSION,
 };
 pub use error::{DecodeError, ErrorCode};
