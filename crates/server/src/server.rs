@@ -9,11 +9,14 @@ use std::time::{Duration, Instant};
 use rowsync_consolidated::{
     download_channel, Consolidated, ConsolidatedConnection, DownloadMessage, SyncError, SyncRequest,
 };
-use rowsync_protocol::{encode_frame, DecodeError, ErrorCode, FrameDecoder, Message, WireError};
+use rowsync_protocol::{
+    encode_frame, CompressionError, DecodeError, ErrorCode, FrameDecoder, Inbound, InboundError,
+    Message, Outbound, WireError,
+};
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::download::{chunk_frames, end_frame, Spool, SpoolError};
 use crate::pool::WorkerPool;
@@ -31,32 +34,115 @@ pub enum ServerError {
     Accept(std::io::Error),
 }
 
-struct Shared<B: Consolidated> {
-    config: ServerConfig,
+pub(crate) struct Shared<B: Consolidated> {
+    pub(crate) config: ServerConfig,
     pool: Arc<WorkerPool<B>>,
+    /// One permit per sync in progress, whatever its transport (`connections_max`).
+    pub(crate) slots: Arc<Semaphore>,
 }
 
-/// Serves syncs on `listener` until `shutdown` completes, then lets syncs in progress
-/// finish (up to a grace period).
+/// How an endpoint's connections carry the protocol.
+#[derive(Clone)]
+pub enum Transport {
+    /// The frame stream on a TCP connection.
+    Tcp,
+    /// The frame stream inside TLS.
+    Tls(Arc<rustls::ServerConfig>),
+    /// HTTP/1.1 or HTTP/2 (prior knowledge): one POST per sync.
+    Http,
+    /// HTTP/1.1 or HTTP/2 (chosen by ALPN) inside TLS.
+    Https(Arc<rustls::ServerConfig>),
+}
+
+impl Transport {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Tls(_) => "tls",
+            Transport::Http => "http",
+            Transport::Https(_) => "https",
+        }
+    }
+}
+
+/// A listening socket and the transport its connections speak.
+pub struct Endpoint {
+    pub listener: TcpListener,
+    pub transport: Transport,
+}
+
+/// Serves syncs on `listener` (plain TCP) until `shutdown` completes, then lets syncs in
+/// progress finish (up to a grace period).
 pub async fn serve<B: Consolidated>(
     listener: TcpListener,
     backend: B,
     config: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    let slots = Arc::new(Semaphore::new(config.connections_max));
+    let endpoint = Endpoint {
+        listener,
+        transport: Transport::Tcp,
+    };
+    serve_endpoints(vec![endpoint], backend, config, shutdown).await
+}
+
+/// Serves syncs on every endpoint, all under one connection limit and one worker pool,
+/// until `shutdown` completes; then lets syncs in progress finish (up to a grace period).
+pub async fn serve_endpoints<B: Consolidated>(
+    endpoints: Vec<Endpoint>,
+    backend: B,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
     let shared = Arc::new(Shared {
         pool: WorkerPool::new(backend, config.workers),
+        slots: Arc::new(Semaphore::new(config.connections_max)),
         config,
     });
     let cleanup = tokio::spawn(clean_up_periodically(
         Arc::clone(&shared.pool),
         shared.config.cleanup_interval,
     ));
-    tokio::pin!(shutdown);
+    let (stop, stopped) = watch::channel(false);
+    let mut accepting = tokio::task::JoinSet::new();
+    for endpoint in endpoints {
+        accepting.spawn(accept_loop(endpoint, Arc::clone(&shared), stopped.clone()));
+    }
+    let mut result = Ok(());
+    tokio::select! {
+        _ = shutdown => {}
+        Some(joined) = accepting.join_next() => {
+            result = joined.unwrap_or_else(|error| {
+                Err(ServerError::Accept(std::io::Error::other(error.to_string())))
+            });
+        }
+    }
+    let _ = stop.send(true);
+    while accepting.join_next().await.is_some() {}
+    cleanup.abort();
+    let in_flight = shared.config.connections_max as u32;
+    if tokio::time::timeout(SHUTDOWN_GRACE, shared.slots.acquire_many(in_flight))
+        .await
+        .is_err()
+    {
+        tracing::warn!("syncs still running after the shutdown grace period; stopping anyway");
+    }
+    result
+}
+
+/// The network stage of one endpoint.
+async fn accept_loop<B: Consolidated>(
+    endpoint: Endpoint,
+    shared: Arc<Shared<B>>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), ServerError> {
+    let Endpoint {
+        listener,
+        transport,
+    } = endpoint;
     loop {
         let (stream, peer) = tokio::select! {
-            _ = &mut shutdown => break,
+            _ = stop.changed() => return Ok(()),
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) if is_transient_accept_error(&error) => {
@@ -68,30 +154,62 @@ pub async fn serve<B: Consolidated>(
             },
         };
         let _ = stream.set_nodelay(true);
-        match Arc::clone(&slots).try_acquire_owned() {
-            Ok(permit) => {
-                let shared = Arc::clone(&shared);
+        let shared = Arc::clone(&shared);
+        match &transport {
+            Transport::Tcp => {
+                let permit = Arc::clone(&shared.slots).try_acquire_owned().ok();
+                tokio::spawn(serve_stream(stream, peer, shared, permit));
+            }
+            Transport::Tls(config) => {
+                let permit = Arc::clone(&shared.slots).try_acquire_owned().ok();
+                let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(config));
                 tokio::spawn(async move {
-                    handle_connection(stream, peer, &shared).await;
-                    drop(permit);
+                    let timeout = shared.config.tls_handshake_timeout;
+                    if let Some(stream) =
+                        crate::tls_accept::accept(stream, peer, &acceptor, timeout, false).await
+                    {
+                        serve_stream(stream, peer, shared, permit).await;
+                    }
                 });
             }
-            Err(_) => {
-                let retry_after_ms = shared.config.busy_retry_after_ms;
-                tracing::debug!(%peer, "connection limit reached; answering busy");
-                tokio::spawn(reply_and_close(stream, Message::Busy { retry_after_ms }));
+            Transport::Http => {
+                tokio::spawn(crate::http::serve_connection(stream, peer, shared));
+            }
+            Transport::Https(config) => {
+                let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(config));
+                tokio::spawn(async move {
+                    let timeout = shared.config.tls_handshake_timeout;
+                    if let Some(stream) =
+                        crate::tls_accept::accept(stream, peer, &acceptor, timeout, true).await
+                    {
+                        crate::http::serve_connection(stream, peer, shared).await;
+                    }
+                });
             }
         }
     }
-    cleanup.abort();
-    let in_flight = shared.config.connections_max as u32;
-    if tokio::time::timeout(SHUTDOWN_GRACE, slots.acquire_many(in_flight))
-        .await
-        .is_err()
-    {
-        tracing::warn!("syncs still running after the shutdown grace period; stopping anyway");
+}
+
+/// One sync over a byte stream (TCP or TLS): with a slot, run it; without, answer busy.
+async fn serve_stream<B: Consolidated, S>(
+    stream: S,
+    peer: SocketAddr,
+    shared: Arc<Shared<B>>,
+    permit: Option<OwnedSemaphorePermit>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    match permit {
+        Some(permit) => {
+            handle_connection(stream, peer, &shared).await;
+            drop(permit);
+        }
+        None => {
+            let retry_after_ms = shared.config.busy_retry_after_ms;
+            tracing::debug!(%peer, "connection limit reached; answering busy");
+            reply_and_close(stream, Message::Busy { retry_after_ms }).await;
+        }
     }
-    Ok(())
 }
 
 /// Removes tombstones every client has passed, on a worker, every `interval`.
@@ -139,11 +257,14 @@ impl Failure {
     }
 }
 
-async fn handle_connection<B: Consolidated>(
-    mut stream: TcpStream,
+/// Runs one sync over any byte stream (TCP, TLS, or an HTTP request and its response).
+pub(crate) async fn handle_connection<B: Consolidated, S>(
+    mut stream: S,
     peer: SocketAddr,
     shared: &Shared<B>,
-) {
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
     let started = Instant::now();
     match run_sync(&mut stream, shared).await {
         Ok(summary) => {
@@ -171,9 +292,16 @@ const REFUSAL_DRAIN_TIME: Duration = Duration::from_secs(2);
 /// Sends a final message (error or busy), closes our side, and drains what the client
 /// is still sending so the kernel does not answer it with a reset that could destroy
 /// the message in flight.
-async fn reply_and_close(mut stream: TcpStream, message: Message) {
-    let frame = encode_frame(&message);
-    if tokio::time::timeout(REFUSAL_DRAIN_TIME, stream.write_all(&frame))
+pub(crate) async fn reply_and_close(stream: impl AsyncRead + AsyncWrite + Unpin, message: Message) {
+    reply_bytes_and_close(stream, &encode_frame(&message)).await
+}
+
+/// Sends `reply` (a frame, or a plain-text answer), closes our side, drains the input.
+pub(crate) async fn reply_bytes_and_close(
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
+    reply: &[u8],
+) {
+    if tokio::time::timeout(REFUSAL_DRAIN_TIME, stream.write_all(reply))
         .await
         .is_err()
     {
@@ -194,11 +322,11 @@ async fn reply_and_close(mut stream: TcpStream, message: Message) {
 }
 
 async fn run_sync<B: Consolidated>(
-    stream: &mut TcpStream,
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin + Send),
     shared: &Shared<B>,
 ) -> Result<String, Failure> {
     let config = &shared.config;
-    let upload = read_upload(stream, config).await?;
+    let (upload, mut outbound, wire_bytes_received) = read_upload(stream, config).await?;
     let hello = &upload.hello;
 
     // Authentication: a short database read on a worker, the hash check outside it.
@@ -236,9 +364,11 @@ async fn run_sync<B: Consolidated>(
     // The download is encoded into the spool while the worker reads it.
     let (sender, mut chunks) = download_channel();
     let message_bytes_max = config.download_message_bytes_max;
+    let preamble = outbound.take_preamble();
     let mut spool = Spool::new(
         config.download_spool_memory_bytes_max,
         config.download_bytes_max,
+        outbound,
     );
     let spooling = tokio::spawn(async move {
         while let Some(message) = chunks.recv().await {
@@ -269,7 +399,7 @@ async fn run_sync<B: Consolidated>(
     let spooled = spooling
         .await
         .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?;
-    let (outcome, spool) = match (outcome, spooled) {
+    let (outcome, mut spool) = match (outcome, spooled) {
         (Ok(outcome), Ok(spool)) => {
             drop(worker);
             (outcome, spool)
@@ -301,13 +431,28 @@ async fn run_sync<B: Consolidated>(
             )));
         }
     };
+    // The worker is released: the end of the download joins the spool, then all of it
+    // is sent while the worker serves others.
+    let ended = async {
+        spool.append(&end_frame(&outcome)).await?;
+        spool.finish().await
+    }
+    .await;
+    if let Err(spool_error) = ended {
+        return Err(Failure::tell(WireError::new(
+            ErrorCode::Internal,
+            spool_error.to_string(),
+        )));
+    }
     let summary = format!(
-        "client {:?} user {:?}: {} rows up, {} rows down ({} bytes{}), {} conflicts{}",
+        "client {:?} user {:?}: {} rows up ({} bytes received), {} rows down ({} bytes, {} sent{}), {} conflicts{}",
         request.client_id,
         request.user,
         outcome.summary.rows_uploaded,
+        wire_bytes_received,
         outcome.download_rows,
         spool.bytes(),
+        spool.wire_bytes(),
         if spool.spilled() {
             ", spilled to disk"
         } else {
@@ -320,14 +465,16 @@ async fn run_sync<B: Consolidated>(
             ""
         },
     );
-    // The worker is released: sending happens while it serves others.
-    let end = end_frame(&outcome);
     let sent = async {
+        if let Some(preamble) = preamble {
+            tokio::time::timeout(config.write_timeout, stream.write_all(&preamble))
+                .await
+                .map_err(|_| {
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, "the client stopped reading")
+                })??;
+        }
         spool.send_to(stream, config.write_timeout).await?;
-        tokio::time::timeout(config.write_timeout, async {
-            stream.write_all(&end).await?;
-            stream.flush().await
-        })
+        tokio::time::timeout(config.write_timeout, stream.flush())
         .await
         .map_err(|_| {
             std::io::Error::new(std::io::ErrorKind::TimedOut, "the client stopped reading")
@@ -349,38 +496,74 @@ fn database_failure(error: impl std::fmt::Display) -> Failure {
     ))
 }
 
-/// The stream stage: reads and decodes until the upload is complete.
+/// The stream stage: reads (and decompresses) and decodes until the upload is complete.
+/// Returns the upload, the sender for the reply (the client's compression, announced
+/// by a preamble when the client sent one) and the bytes received on the wire.
 async fn read_upload(
-    stream: &mut TcpStream,
+    stream: &mut (impl AsyncRead + Unpin),
     config: &ServerConfig,
-) -> Result<ReceivedUpload, Failure> {
+) -> Result<(ReceivedUpload, Outbound, u64), Failure> {
+    let started = tokio::time::Instant::now();
+    let header_deadline = started + config.header_read_timeout;
+    let mut inbound = Inbound::new(config.decompressed_bytes_max);
     let mut decoder = FrameDecoder::new(config.frame_bytes_max);
     let mut session = ServerSession::new(config.upload_bytes_max);
+    let mut hello_seen = false;
     let mut buffer = vec![0u8; READ_CHUNK_BYTES];
     loop {
-        loop {
-            let before = decoder.buffered_bytes();
-            let message = match decoder.next_message() {
-                Ok(Some(message)) => message,
-                Ok(None) => break,
-                Err(error) => return Err(Failure::tell(decode_refusal(error))),
-            };
-            let frame_bytes = before - decoder.buffered_bytes();
-            match session.handle(message, frame_bytes) {
-                Ok(Step::Continue) => {}
-                Ok(Step::Complete(upload)) => return Ok(upload),
-                Err(error) => return Err(Failure::tell(error)),
+        while let Some(chunk) = inbound.next_chunk().map_err(inbound_refusal)? {
+            decoder.feed(chunk);
+            loop {
+                let before = decoder.buffered_bytes();
+                let message = match decoder.next_message() {
+                    Ok(Some(message)) => message,
+                    Ok(None) => break,
+                    Err(error) => return Err(Failure::tell(decode_refusal(error))),
+                };
+                let frame_bytes = before - decoder.buffered_bytes();
+                match session.handle(message, frame_bytes) {
+                    Ok(Step::Continue) => hello_seen = true,
+                    Ok(Step::Complete(upload)) => {
+                        let compression = inbound
+                            .preamble()
+                            .map(|preamble| preamble.compression)
+                            .unwrap_or_default();
+                        let outbound = Outbound::new(compression, inbound.preamble().is_some())
+                            .map_err(|error| {
+                                Failure::tell(WireError::new(
+                                    ErrorCode::Internal,
+                                    error.to_string(),
+                                ))
+                            })?;
+                        return Ok((upload, outbound, inbound.wire_bytes()));
+                    }
+                    Err(error) => return Err(Failure::tell(error)),
+                }
             }
         }
-        let read = match tokio::time::timeout(config.read_timeout, stream.read(&mut buffer)).await {
+        // Until the hello is in, the header timeout also bounds the wait.
+        let now = tokio::time::Instant::now();
+        let header_wait = header_deadline.saturating_duration_since(now);
+        let header_bound = !hello_seen && header_wait < config.read_timeout;
+        let wait = if header_bound {
+            header_wait
+        } else {
+            config.read_timeout
+        };
+        let read = match tokio::time::timeout(wait, stream.read(&mut buffer)).await {
             Err(_) => {
-                return Err(Failure::tell(WireError::new(
-                    ErrorCode::Timeout,
+                let reason = if header_bound {
+                    format!(
+                        "the hello did not arrive within the header read timeout of {} ms",
+                        config.header_read_timeout.as_millis()
+                    )
+                } else {
                     format!(
                         "nothing received for {} ms",
                         config.read_timeout.as_millis()
-                    ),
-                )))
+                    )
+                };
+                return Err(Failure::tell(WireError::new(ErrorCode::Timeout, reason)));
             }
             Ok(Err(error)) => {
                 return Err(Failure::silent(format!(
@@ -396,8 +579,20 @@ async fn read_upload(
             };
             return Err(Failure::silent(reason));
         }
-        decoder.feed(&buffer[..read]);
+        inbound
+            .feed(&buffer[..read])
+            .map_err(inbound_refusal)?;
     }
+}
+
+fn inbound_refusal(error: InboundError) -> Failure {
+    let code = match error {
+        InboundError::Compression(CompressionError::DecompressedTooLarge { .. }) => {
+            ErrorCode::UploadTooLarge
+        }
+        _ => ErrorCode::Protocol,
+    };
+    Failure::tell(WireError::new(code, error.to_string()))
 }
 
 fn decode_refusal(error: DecodeError) -> WireError {
