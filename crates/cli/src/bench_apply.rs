@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use futures_util::pin_mut;
 use rowsync_client::transport::{exchange, Exchange};
-use rowsync_client::SessionEvent;
+use rowsync_client::{SessionEvent, TransportOptions};
 use rowsync_consolidated::postgres::value::Bind;
 use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
@@ -300,6 +300,7 @@ async fn sync_timed(
     let started = Instant::now();
     let event = exchange(Exchange {
         address,
+        transport: &TransportOptions::default(),
         // A watermark far ahead: the writer measures the upload, not a download.
         hello: hello(client_id, i64::MAX / 2),
         upload_frames: frames,
@@ -323,6 +324,7 @@ async fn sync_timed(
 async fn download_all(address: &str) -> Result<usize> {
     let event = exchange(Exchange {
         address,
+        transport: &TransportOptions::default(),
         hello: hello("reader", 0),
         upload_frames: &[],
         upload_sequence: 1,

@@ -5,14 +5,17 @@ use rowsync_protocol::{Hello, FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION};
 use rusqlite::Connection;
 
 use crate::session::SessionEvent;
-use crate::transport::{exchange, Exchange};
+use crate::transport::{exchange, Exchange, TransportOptions};
 use crate::{store, ClientError};
 
 /// Where and as whom to sync.
 #[derive(Debug, Clone)]
 pub struct SyncOptions {
-    /// `host:port` of a rowsync server.
+    /// The server's URL: `tcp://host:port` (or just `host:port`), `tls://host:port`,
+    /// `http://host:port/path` or `https://host:port/path`.
     pub address: String,
+    /// Compression, TLS verification and client certificate, HTTP version.
+    pub transport: TransportOptions,
     pub user: String,
     pub password: String,
     pub script_version: String,
@@ -29,6 +32,7 @@ impl SyncOptions {
     ) -> SyncOptions {
         SyncOptions {
             address: address.into(),
+            transport: TransportOptions::default(),
             user: user.into(),
             password: password.into(),
             script_version: "v1".into(),
@@ -125,6 +129,7 @@ impl Client {
             };
             let event = exchange(Exchange {
                 address: &options.address,
+                transport: &options.transport,
                 hello,
                 upload_frames: &batch.frames,
                 upload_sequence: batch.upload_sequence,
