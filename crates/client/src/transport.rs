@@ -451,6 +451,20 @@ impl Receiver {
     }
 }
 
+/// A TLS alert (a refused client certificate, say) arrives as an I/O error; name it.
+fn stream_error(error: std::io::Error, authority: &str) -> ClientError {
+    match error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(tls) => ClientError::Tls {
+            address: authority.to_string(),
+            message: tls.to_string(),
+        },
+        None => ClientError::Io(error),
+    }
+}
+
 async fn exchange_stream<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     request: &Exchange<'_>,
@@ -478,20 +492,22 @@ async fn exchange_stream<S: AsyncRead + AsyncWrite + Unpin>(
         // The server may have refused the sync early (busy, bad credentials) and closed;
         // its answer, if any, says more than the broken pipe.
         Ok(Err(write_error)) => {
-            return match read_until_done(&mut stream, &mut receiver, request.timeout).await {
+            return match read_until_done(&mut stream, &mut receiver, request.timeout, request.address).await {
                 Ok(event) => Ok(event),
-                Err(_) => Err(ClientError::Io(write_error)),
+                Err(read_error @ ClientError::Tls { .. }) => Err(read_error),
+                Err(_) => Err(stream_error(write_error, request.address)),
             }
         }
         Ok(Ok(())) => {}
     }
-    read_until_done(&mut stream, &mut receiver, request.timeout).await
+    read_until_done(&mut stream, &mut receiver, request.timeout, request.address).await
 }
 
 async fn read_until_done<S: AsyncRead + Unpin>(
     stream: &mut S,
     receiver: &mut Receiver,
     timeout: Duration,
+    authority: &str,
 ) -> Result<SessionEvent, ClientError> {
     let mut buffer = vec![0u8; READ_CHUNK_BYTES];
     loop {
@@ -500,7 +516,8 @@ async fn read_until_done<S: AsyncRead + Unpin>(
             .map_err(|_| ClientError::Timeout {
                 during: "waiting for the download",
                 timeout_ms: timeout.as_millis() as u64,
-            })??;
+            })?
+            .map_err(|error| stream_error(error, authority))?;
         if read == 0 {
             return Err(receiver.ended());
         }
@@ -549,22 +566,46 @@ where
         .body(Full::new(Bytes::from(body)))
         .map_err(|error| http_error(format!("building the request: {error}")))?;
     let io = TokioIo::new(stream);
+    let authority = address.authority();
+    // The connection's own error (a TLS alert, say) says more than the request's.
+    let failed = |error: hyper::Error, connection: Option<hyper::Error>| {
+        let error = connection.unwrap_or(error);
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+        let mut chain = String::new();
+        while let Some(cause) = source {
+            if let Some(tls) = cause.downcast_ref::<rustls::Error>() {
+                return tls_error(address, tls);
+            }
+            chain.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        http_error(format!("HTTP request to {authority} failed{chain}"))
+    };
     let sending = async {
         if http2 {
             let (mut sender, connection) =
-                hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await?;
-            tokio::spawn(connection);
-            sender.send_request(http_request).await
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                    .await
+                    .map_err(|error| failed(error, None))?;
+            let connection = tokio::spawn(connection);
+            match sender.send_request(http_request).await {
+                Ok(response) => Ok(response),
+                Err(error) => Err(failed(error, connection.await.ok().and_then(Result::err))),
+            }
         } else {
-            let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await?;
-            tokio::spawn(connection);
-            sender.send_request(http_request).await
+            let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(|error| failed(error, None))?;
+            let connection = tokio::spawn(connection);
+            match sender.send_request(http_request).await {
+                Ok(response) => Ok(response),
+                Err(error) => Err(failed(error, connection.await.ok().and_then(Result::err))),
+            }
         }
     };
     let response = tokio::time::timeout(timeout, sending)
         .await
-        .map_err(|_| timed_out("waiting for the HTTP response"))?
-        .map_err(|error| http_error(format!("HTTP request to {} failed: {error}", address.authority())))?;
+        .map_err(|_| timed_out("waiting for the HTTP response"))??;
     let status = response.status();
     let mut body = response.into_body();
     let mut receiver = Receiver::new(request);
