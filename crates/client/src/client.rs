@@ -5,7 +5,7 @@ use rowsync_protocol::{Hello, FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION};
 use rusqlite::Connection;
 
 use crate::session::SessionEvent;
-use crate::transport::{exchange, Exchange, TransportOptions};
+use crate::transport::{exchange_measured, Exchange, TransportOptions, WireBytes};
 use crate::{store, ClientError};
 
 /// Where and as whom to sync.
@@ -54,6 +54,8 @@ pub struct SyncReport {
     pub upload_already_applied: bool,
     pub watermark: i64,
     pub elapsed: Duration,
+    /// Bytes on the wire, both directions, all rounds (TLS and HTTP overhead included).
+    pub wire: WireBytes,
 }
 
 /// A client database.
@@ -127,7 +129,7 @@ impl Client {
                 script_version: options.script_version.clone(),
                 last_download_watermark: store::state(&self.connection)?.download_watermark,
             };
-            let event = exchange(Exchange {
+            let (event, wire) = exchange_measured(Exchange {
                 address: &options.address,
                 transport: &options.transport,
                 hello,
@@ -152,6 +154,8 @@ impl Client {
             )?;
             let summary = completed.end.summary;
             report.rounds += 1;
+            report.wire.sent += wire.sent;
+            report.wire.received += wire.received;
             report.rows_uploaded += if summary.upload_already_applied {
                 0
             } else {
