@@ -79,8 +79,8 @@ impl Measurement {
 }
 
 const WORDS: [&str; 16] = [
-    "north", "south", "east", "west", "red", "blue", "small", "large", "steel", "oak",
-    "lamp", "desk", "chair", "shelf", "crate", "valve",
+    "north", "south", "east", "west", "red", "blue", "small", "large", "steel", "oak", "lamp",
+    "desk", "chair", "shelf", "crate", "valve",
 ];
 
 /// A row's text: about 92 bytes a row as in the paper, words that repeat as in real
@@ -101,7 +101,12 @@ fn row_text(n: usize, generation: u64) -> (String, String) {
         WORDS[next() as usize % 16],
         WORDS[next() as usize % 16]
     );
-    let note = format!("lot {:08x} to {} bay {}", next(), WORDS[next() as usize % 16], next() % 100);
+    let note = format!(
+        "lot {:08x} to {} bay {}",
+        next(),
+        WORDS[next() as usize % 16],
+        next() % 100
+    );
     (name, note)
 }
 
@@ -137,11 +142,7 @@ struct Server {
     urls: Vec<(Link, String)>,
 }
 
-async fn start_server(
-    consolidated: &Path,
-    ecc: &PkiFiles,
-    rsa: &PkiFiles,
-) -> Result<Server> {
+async fn start_server(consolidated: &Path, ecc: &PkiFiles, rsa: &PkiFiles) -> Result<Server> {
     let files = |pki: &PkiFiles| TlsFiles {
         cert_chain: pki.server_cert.clone(),
         private_key: pki.server_key.clone(),
@@ -173,7 +174,11 @@ async fn start_server(
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .context("binding a loopback port")?;
-        let path = if scheme.starts_with("http") { "/sync" } else { "" };
+        let path = if scheme.starts_with("http") {
+            "/sync"
+        } else {
+            ""
+        };
         urls.push((link, format!("{scheme}://{}{path}", listener.local_addr()?)));
         endpoints.push(Endpoint {
             listener,
@@ -243,7 +248,10 @@ pub async fn run(rows: usize, repeat: usize, out: &mut dyn Write) -> Result<Vec<
     let mut subjects = Vec::new();
     for (link, url) in &server.urls {
         for compression in Compression::ALL {
-            let user = format!("{}-{compression}", link.label().to_lowercase().replace(':', "-"));
+            let user = format!(
+                "{}-{compression}",
+                link.label().to_lowercase().replace(':', "-")
+            );
             admin.set_user(&user, &hash).await?;
             let mut client = Client::open(dir.path().join(format!("{user}.db")))?;
             client.connection().execute_batch(TABLE_DDL)?;
@@ -335,10 +343,8 @@ pub async fn run(rows: usize, repeat: usize, out: &mut dyn Write) -> Result<Vec<
                 |row| row.get(0),
             )
         };
-        let (client_rows, server_rows) = (
-            count(subject.client.connection())?,
-            count(&consolidated)?,
-        );
+        let (client_rows, server_rows) =
+            (count(subject.client.connection())?, count(&consolidated)?);
         if client_rows != server_rows || server_rows != (rows * repeat) as i64 {
             bail!(
                 "{}: client holds {client_rows} rows, consolidated {server_rows}, expected {}",

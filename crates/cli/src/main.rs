@@ -318,7 +318,11 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
         }
         Command::Cert { dir, names, rsa } => {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            let kind = if rsa { KeyKind::Rsa2048 } else { KeyKind::EcdsaP256 };
+            let kind = if rsa {
+                KeyKind::Rsa2048
+            } else {
+                KeyKind::EcdsaP256
+            };
             let files = tls::write_test_pki(&dir, &names, kind)?;
             println!(
                 "CA certificate (give clients --ca-file / TlsOptions::ca_file): {}",

@@ -204,7 +204,12 @@ async fn syncs_through_nginx_land_on_both_servers_over_http_and_https() {
     let (_first, first_http, first_log) = start_server(&db);
     let (_second, second_http, second_log) = start_server(&db);
     let (http_port, https_port) = (free_port(), free_port());
-    write_nginx_config(dir.path(), &[first_http, second_http], http_port, https_port);
+    write_nginx_config(
+        dir.path(),
+        &[first_http, second_http],
+        http_port,
+        https_port,
+    );
     let _nginx = start_nginx(dir.path(), http_port);
 
     let mut clients = Vec::new();
@@ -216,9 +221,15 @@ async fn syncs_through_nginx_land_on_both_servers_over_http_and_https() {
     }
     let options = |user: &str, round: usize| {
         let (url, compression) = if round % 2 == 0 {
-            (format!("http://127.0.0.1:{http_port}/sync"), Compression::Zlib)
+            (
+                format!("http://127.0.0.1:{http_port}/sync"),
+                Compression::Zlib,
+            )
         } else {
-            (format!("https://127.0.0.1:{https_port}/sync"), Compression::Zstd)
+            (
+                format!("https://127.0.0.1:{https_port}/sync"),
+                Compression::Zstd,
+            )
         };
         let mut options = SyncOptions::new(url, user, format!("{user}-secret"));
         options.transport.compression = compression;
@@ -262,9 +273,11 @@ async fn syncs_through_nginx_land_on_both_servers_over_http_and_https() {
         assert_eq!(rows_of(client.connection(), user), expected);
         let others: i64 = client
             .connection()
-            .query_row("SELECT count(*) FROM notes WHERE owner <> ?1", [user], |row| {
-                row.get(0)
-            })
+            .query_row(
+                "SELECT count(*) FROM notes WHERE owner <> ?1",
+                [user],
+                |row| row.get(0),
+            )
             .unwrap();
         assert_eq!(others, 0, "{user} holds only its partition");
     }
@@ -275,5 +288,8 @@ async fn syncs_through_nginx_land_on_both_servers_over_http_and_https() {
     }
     let (first, second) = (syncs_logged(&first_log), syncs_logged(&second_log));
     assert_eq!(first + second, 20, "syncs logged: {first} + {second}");
-    assert!(first >= 5 && second >= 5, "syncs per server: {first} and {second}");
+    assert!(
+        first >= 5 && second >= 5,
+        "syncs per server: {first} and {second}"
+    );
 }

@@ -17,7 +17,10 @@ pub enum ClientError {
     #[error("TLS with {address}: {message}")]
     Tls { address: String, message: String },
     #[error("HTTP: {message}")]
-    Http { status: Option<u16>, message: String },
+    Http {
+        status: Option<u16>,
+        message: String,
+    },
     #[error("the server's byte stream: {0}")]
     Stream(#[from] InboundError),
     #[error("timed out after {timeout_ms} ms while {during}")]

@@ -16,6 +16,6 @@ pub mod transport;
 pub use client::{Client, SyncOptions, SyncReport};
 pub use error::ClientError;
 pub use rowsync_protocol::Compression;
-pub use transport::{HttpVersion, TlsOptions, TransportOptions, WireBytes};
 pub use session::{ClientSession, CompletedSync, SessionEvent};
 pub use store::{CLIENT_ID_BYTES, UPLOAD_MESSAGE_BYTES_MAX, UPLOAD_ROW_BYTES_MAX};
+pub use transport::{HttpVersion, TlsOptions, TransportOptions, WireBytes};

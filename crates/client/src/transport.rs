@@ -291,7 +291,10 @@ fn client_config(
             let certificates = CertificateDer::pem_file_iter(path)
                 .and_then(|certificates| certificates.collect::<Result<Vec<_>, _>>())
                 .map_err(|error| {
-                    tls_error(address, format!("reading CA file {}: {error}", path.display()))
+                    tls_error(
+                        address,
+                        format!("reading CA file {}: {error}", path.display()),
+                    )
                 })?;
             if certificates.is_empty() {
                 return Err(tls_error(
@@ -397,7 +400,10 @@ fn upload_stream(request: &Exchange<'_>) -> Result<Vec<Vec<u8>>, ClientError> {
         .chain(request.upload_frames)
         .chain(std::iter::once(&end))
     {
-        let piece = outbound.compressor().compress(frame).map_err(compress_error)?;
+        let piece = outbound
+            .compressor()
+            .compress(frame)
+            .map_err(compress_error)?;
         if !piece.is_empty() {
             pieces.push(piece);
         }
@@ -492,7 +498,14 @@ async fn exchange_stream<S: AsyncRead + AsyncWrite + Unpin>(
         // The server may have refused the sync early (busy, bad credentials) and closed;
         // its answer, if any, says more than the broken pipe.
         Ok(Err(write_error)) => {
-            return match read_until_done(&mut stream, &mut receiver, request.timeout, request.address).await {
+            return match read_until_done(
+                &mut stream,
+                &mut receiver,
+                request.timeout,
+                request.address,
+            )
+            .await
+            {
                 Ok(event) => Ok(event),
                 Err(read_error @ ClientError::Tls { .. }) => Err(read_error),
                 Err(_) => Err(stream_error(write_error, request.address)),
@@ -723,11 +736,19 @@ mod tests {
         assert_eq!((bare.scheme, bare.port), (Scheme::Tcp, 2500));
         let https = ServerAddress::parse("https://sync.example.com").unwrap();
         assert_eq!(
-            (https.scheme, https.host.as_str(), https.port, https.path.as_str()),
+            (
+                https.scheme,
+                https.host.as_str(),
+                https.port,
+                https.path.as_str()
+            ),
             (Scheme::Https, "sync.example.com", 443, "/sync")
         );
         let v6 = ServerAddress::parse("tls://[::1]:7000").unwrap();
-        assert_eq!((v6.host.as_str(), v6.authority()), ("::1", "[::1]:7000".into()));
+        assert_eq!(
+            (v6.host.as_str(), v6.authority()),
+            ("::1", "[::1]:7000".into())
+        );
         let path = ServerAddress::parse("http://proxy:8080/rowsync/a").unwrap();
         assert_eq!(path.path, "/rowsync/a");
         for (bad, fragment) in [

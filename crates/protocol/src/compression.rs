@@ -561,7 +561,10 @@ pub struct Outbound {
 
 impl Outbound {
     /// `with_preamble`: announce the compression (required for anything but `None`).
-    pub fn new(compression: Compression, with_preamble: bool) -> Result<Outbound, CompressionError> {
+    pub fn new(
+        compression: Compression,
+        with_preamble: bool,
+    ) -> Result<Outbound, CompressionError> {
         Ok(Outbound {
             compressor: Compressor::new(compression)?,
             preamble: (with_preamble || compression != Compression::None)
@@ -657,7 +660,11 @@ mod tests {
             (Compression::Zlib, 100u64 << 20),
         ] {
             let stream = bomb(compression, inflated);
-            assert!(stream.len() <= 105 * 1024, "{compression}: {}", stream.len());
+            assert!(
+                stream.len() <= 105 * 1024,
+                "{compression}: {}",
+                stream.len()
+            );
             let limit = 1 << 20;
             let mut decompressor = Decompressor::new(compression, limit).unwrap();
             let mut produced = 0u64;
@@ -699,7 +706,13 @@ mod tests {
             stream.extend_from_slice(b"junk");
             let error = decompress_all(compression, &stream, 1 << 20, 1024).unwrap_err();
             assert!(
-                matches!(error, CompressionError::TrailingBytes { trailing_bytes: 4, .. }),
+                matches!(
+                    error,
+                    CompressionError::TrailingBytes {
+                        trailing_bytes: 4,
+                        ..
+                    }
+                ),
                 "{error}"
             );
         }
@@ -712,7 +725,9 @@ mod tests {
             .set_parameter(zstd::stream::raw::CParameter::WindowLog(27))
             .unwrap();
         encoder
-            .set_parameter(zstd::stream::raw::CParameter::EnableLongDistanceMatching(true))
+            .set_parameter(zstd::stream::raw::CParameter::EnableLongDistanceMatching(
+                true,
+            ))
             .unwrap();
         let input = sample();
         let mut writer = zstd::stream::zio::Writer::new(Vec::new(), encoder);

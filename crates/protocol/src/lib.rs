@@ -17,8 +17,8 @@ mod value;
 pub use codec::{decode_message, encode_message, encode_values};
 pub use compression::{
     compress_all, Compression, CompressionError, Compressor, Decompressor, Inbound, InboundError,
-    Outbound, Preamble, PreambleError,
-    DECOMPRESS_CHUNK_BYTES, PREAMBLE_BYTES, PREAMBLE_MAGIC, PREAMBLE_VERSION,
+    Outbound, Preamble, PreambleError, DECOMPRESS_CHUNK_BYTES, PREAMBLE_BYTES, PREAMBLE_MAGIC,
+    PREAMBLE_VERSION,
 };
 pub use error::{DecodeError, ErrorCode};
 pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES};

@@ -16,7 +16,7 @@ pub struct ServerConfig {
     pub download_message_bytes_max: usize,
     /// Encoded download bytes one sync keeps in memory; beyond, they go to a temporary file.
     pub download_spool_memory_bytes_max: usize,
-    /// Encoded download bytes one sync may send at all.
+    /// Encoded download bytes one sync may send at all (frames, counted before compression).
     pub download_bytes_max: u64,
     /// Retry hint sent with *busy*.
     pub busy_retry_after_ms: u32,

@@ -475,10 +475,10 @@ async fn run_sync<B: Consolidated>(
         }
         spool.send_to(stream, config.write_timeout).await?;
         tokio::time::timeout(config.write_timeout, stream.flush())
-        .await
-        .map_err(|_| {
-            std::io::Error::new(std::io::ErrorKind::TimedOut, "the client stopped reading")
-        })?
+            .await
+            .map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "the client stopped reading")
+            })?
     }
     .await;
     match sent {
@@ -579,9 +579,7 @@ async fn read_upload(
             };
             return Err(Failure::silent(reason));
         }
-        inbound
-            .feed(&buffer[..read])
-            .map_err(inbound_refusal)?;
+        inbound.feed(&buffer[..read]).map_err(inbound_refusal)?;
     }
 }
 

@@ -150,8 +150,8 @@ fn key_pair(kind: KeyKind) -> Result<KeyPair, TlsError> {
         KeyKind::Rsa2048 => {
             // ring signs with RSA keys but cannot make them: the rsa crate does.
             use rsa::pkcs8::EncodePrivateKey;
-            let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)
-                .map_err(generate_error)?;
+            let key =
+                rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048).map_err(generate_error)?;
             let pem = key
                 .to_pkcs8_pem(rsa::pkcs8::LineEnding::LF)
                 .map_err(generate_error)?;

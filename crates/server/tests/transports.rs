@@ -36,8 +36,11 @@ async fn sync_suite(via: Via, compression: Compression) {
     let db = phone.connection();
     db.execute("INSERT INTO orders VALUES ('new', 'alice', 'lamp', 3)", [])
         .unwrap();
-    db.execute("UPDATE orders SET quantity = 42 WHERE id = 'alice-seed-0'", [])
-        .unwrap();
+    db.execute(
+        "UPDATE orders SET quantity = 42 WHERE id = 'alice-seed-0'",
+        [],
+    )
+    .unwrap();
     db.execute("DELETE FROM orders WHERE id = 'alice-seed-1'", [])
         .unwrap();
     let report = phone.sync(&options).await.unwrap();
@@ -53,7 +56,10 @@ async fn sync_suite(via: Via, compression: Compression) {
     // A conflict: the laptop edits a row the phone already changed; the server wins.
     laptop
         .connection()
-        .execute("UPDATE orders SET quantity = 7 WHERE id = 'alice-seed-0'", [])
+        .execute(
+            "UPDATE orders SET quantity = 7 WHERE id = 'alice-seed-0'",
+            [],
+        )
         .unwrap();
     let report = laptop.sync(&options).await.unwrap();
     assert_eq!(report.conflicts, 1);
@@ -131,13 +137,12 @@ fn tls_connector(server: &TestServer, alpn: &[u8]) -> tokio_rustls::TlsConnector
     for certificate in rowsync_server::tls::load_certificates(&server.pki.ca_cert).unwrap() {
         roots.add(certificate).unwrap();
     }
-    let mut config = rustls::ClientConfig::builder_with_provider(
-        rowsync_server::tls::crypto_provider(),
-    )
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let mut config =
+        rustls::ClientConfig::builder_with_provider(rowsync_server::tls::crypto_provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
     config.alpn_protocols = vec![alpn.to_vec()];
     tokio_rustls::TlsConnector::from(Arc::new(config))
 }
@@ -156,7 +161,10 @@ async fn tls_stream(
 }
 
 /// Writes `bytes`, then reads everything until the server closes.
-async fn write_then_read_all(mut stream: impl AsyncRead + AsyncWrite + Unpin, bytes: &[u8]) -> Vec<u8> {
+async fn write_then_read_all(
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
+    bytes: &[u8],
+) -> Vec<u8> {
     let _ = stream.write_all(bytes).await;
     let _ = stream.flush().await;
     let mut received = Vec::new();
@@ -183,16 +191,17 @@ fn messages_in_http_response(response: &[u8]) -> (String, Vec<Message>) {
     let head_end = text.find("\r\n\r\n").expect("an HTTP response") + 4;
     let head = text[..head_end].to_string();
     let mut body = response[head_end..].to_vec();
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         let mut unchunked = Vec::new();
         let mut rest = &body[..];
         loop {
             let line_end = rest.windows(2).position(|w| w == b"\r\n").unwrap();
-            let size = usize::from_str_radix(
-                std::str::from_utf8(&rest[..line_end]).unwrap().trim(),
-                16,
-            )
-            .unwrap();
+            let size =
+                usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).unwrap().trim(), 16)
+                    .unwrap();
             rest = &rest[line_end + 2..];
             if size == 0 {
                 break;
@@ -281,7 +290,12 @@ async fn a_decompression_bomb_is_refused_at_the_limit_before_any_database_work()
     }));
     let mut outbound = Outbound::new(Compression::Zstd, true).unwrap();
     let mut stream = outbound.take_preamble().unwrap().to_vec();
-    stream.extend(outbound.compressor().compress(&encode_frame(&hello("alice"))).unwrap());
+    stream.extend(
+        outbound
+            .compressor()
+            .compress(&encode_frame(&hello("alice")))
+            .unwrap(),
+    );
     for _ in 0..3 * 1024 {
         stream.extend(outbound.compressor().compress(&chunk).unwrap());
     }
@@ -525,8 +539,13 @@ async fn plain_text_to_a_tls_port_and_tls_to_a_plain_port_get_clear_errors() {
     options.address = format!("http://{}/sync", server.https_address);
     let error = client.sync(&options).await.unwrap_err();
     assert!(
-        matches!(error, ClientError::Http { status: Some(400), .. })
-            && error.to_string().contains("this port speaks HTTPS"),
+        matches!(
+            error,
+            ClientError::Http {
+                status: Some(400),
+                ..
+            }
+        ) && error.to_string().contains("this port speaks HTTPS"),
         "{error}"
     );
     // A tls:// client on the plain TCP port: the handshake fails, and says why.
@@ -534,7 +553,8 @@ async fn plain_text_to_a_tls_port_and_tls_to_a_plain_port_get_clear_errors() {
     options.address = format!("tls://{}", server.address);
     let error = client.sync(&options).await.unwrap_err();
     assert!(
-        matches!(error, ClientError::Tls { .. }) && error.to_string().contains("did not answer in TLS"),
+        matches!(error, ClientError::Tls { .. })
+            && error.to_string().contains("did not answer in TLS"),
         "{error}"
     );
     server.stop().await;
@@ -554,17 +574,31 @@ async fn above_the_connection_limit_every_transport_answers_busy() {
             let options = server.options_over("alice", via, compression);
             let error = client.sync(&options).await.unwrap_err();
             assert!(
-                matches!(error, ClientError::Busy { retry_after_ms: 1500 }),
+                matches!(
+                    error,
+                    ClientError::Busy {
+                        retry_after_ms: 1500
+                    }
+                ),
                 "{via:?} {compression}: {error}"
             );
         }
     }
     // HTTP: 503 with Retry-After, and the busy frame in the body.
     let stream = TcpStream::connect(server.http_address).await.unwrap();
-    let response = write_then_read_all(stream, &http_post("x", &encode_frame(&hello("alice")))).await;
+    let response =
+        write_then_read_all(stream, &http_post("x", &encode_frame(&hello("alice")))).await;
     let (head, messages) = messages_in_http_response(&response);
     assert!(head.starts_with("HTTP/1.1 503"), "{head}");
-    assert!(head.to_ascii_lowercase().contains("retry-after: 2"), "{head}");
-    assert_eq!(messages, vec![Message::Busy { retry_after_ms: 1500 }]);
+    assert!(
+        head.to_ascii_lowercase().contains("retry-after: 2"),
+        "{head}"
+    );
+    assert_eq!(
+        messages,
+        vec![Message::Busy {
+            retry_after_ms: 1500
+        }]
+    );
     server.stop().await;
 }
