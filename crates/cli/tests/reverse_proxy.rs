@@ -220,15 +220,15 @@ async fn syncs_through_nginx_land_on_both_servers_over_http_and_https() {
         clients.push((user.to_string(), client));
     }
     let options = |user: &str, round: usize| {
-        let (url, compression) = if round % 2 == 0 {
-            (
-                format!("http://127.0.0.1:{http_port}/sync"),
-                Compression::Zlib,
-            )
-        } else {
+        let (url, compression) = if round % 2 == 1 {
             (
                 format!("https://127.0.0.1:{https_port}/sync"),
                 Compression::Zstd,
+            )
+        } else {
+            (
+                format!("http://127.0.0.1:{http_port}/sync"),
+                Compression::Zlib,
             )
         };
         let mut options = SyncOptions::new(url, user, format!("{user}-secret"));

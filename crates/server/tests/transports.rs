@@ -443,10 +443,9 @@ async fn an_upload_that_stalls_is_refused_after_the_body_timeout() {
     );
     // HTTP: a body announced longer than what is sent.
     let mut stream = TcpStream::connect(server.http_address).await.unwrap();
-    let mut request = format!(
-        "POST /sync HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\nconnection: close\r\n\r\n"
-    )
-    .into_bytes();
+    let mut request =
+        b"POST /sync HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\nconnection: close\r\n\r\n"
+            .to_vec();
     request.extend_from_slice(&hello_frame);
     stream.write_all(&request).await.unwrap();
     let mut received = Vec::new();
