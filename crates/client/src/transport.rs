@@ -35,6 +35,8 @@ pub const DEFAULT_PORT: u16 = 2439;
 pub const DEFAULT_HTTP_PATH: &str = "/sync";
 /// The media type of HTTP request and response bodies.
 pub const CONTENT_TYPE_ROWSYNC: &str = "application/x-rowsync";
+/// Retry hint for a `503` that names none.
+const BUSY_RETRY_AFTER_MS_DEFAULT: u32 = 1000;
 /// Bytes of an unexpected HTTP answer's body kept for the error message.
 const HTTP_ERROR_BODY_BYTES_MAX: usize = 1024;
 /// A download may inflate to at most this many bytes by default (the reference
@@ -620,6 +622,15 @@ where
         .await
         .map_err(|_| timed_out("waiting for the HTTP response"))??;
     let status = response.status();
+    // A 503 without a busy frame (from a proxy, say): its Retry-After is the hint.
+    let retry_after_ms = response
+        .headers()
+        .get(http::header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u32>().ok())
+        .map_or(BUSY_RETRY_AFTER_MS_DEFAULT, |seconds| {
+            seconds.saturating_mul(1000)
+        });
     let mut body = response.into_body();
     let mut receiver = Receiver::new(request);
     if status != http::StatusCode::OK && status != http::StatusCode::SERVICE_UNAVAILABLE {
@@ -650,6 +661,9 @@ where
             .await
             .map_err(|_| timed_out("waiting for the download"))?;
         match frame {
+            None if status == http::StatusCode::SERVICE_UNAVAILABLE => {
+                return Ok(SessionEvent::Busy { retry_after_ms })
+            }
             None => return Err(receiver.ended()),
             Some(Err(error)) => {
                 return Err(http_error(format!("reading the HTTP response: {error}")))

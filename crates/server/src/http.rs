@@ -30,25 +30,72 @@ const RESPONSE_PIPE_BYTES: usize = 64 * 1024;
 type ResponseBody = BoxBody<Bytes, std::io::Error>;
 
 /// Serves HTTP requests on one connection (HTTP/1.1 keep-alive, or HTTP/2 streams).
-pub(crate) async fn serve_connection<B, I>(io: I, peer: SocketAddr, shared: Arc<Shared<B>>)
-where
+/// `over_limit`: the server has too many HTTP connections open; every request on this
+/// one is answered busy, and it closes after one answer or at most
+/// `OVER_LIMIT_CONNECTION_TIME`.
+pub(crate) async fn serve_connection<B, I>(
+    io: I,
+    peer: SocketAddr,
+    shared: Arc<Shared<B>>,
+    over_limit: bool,
+) where
     B: Consolidated,
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let header_read_timeout = shared.config.header_read_timeout;
     let service = service_fn(move |request| {
         let shared = Arc::clone(&shared);
-        async move { Ok::<_, Infallible>(handle_request(request, peer, shared)) }
+        async move {
+            Ok::<_, Infallible>(if over_limit {
+                busy_response(shared.config.busy_retry_after_ms)
+            } else {
+                handle_request(request, peer, shared)
+            })
+        }
     });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
+        .header_read_timeout(header_read_timeout)
+        .keep_alive(!over_limit);
     builder.http2().timer(TokioTimer::new());
-    if let Err(error) = builder.serve_connection(TokioIo::new(io), service).await {
+    let serving = builder.serve_connection(TokioIo::new(io), service);
+    let result = if over_limit {
+        match tokio::time::timeout(OVER_LIMIT_CONNECTION_TIME, serving).await {
+            Ok(result) => result,
+            Err(_) => return,
+        }
+    } else {
+        serving.await
+    };
+    if let Err(error) = result {
         tracing::debug!(%peer, %error, "HTTP connection ended with an error");
     }
+}
+
+/// How long a connection above the HTTP connection limit may stay open to hear busy.
+const OVER_LIMIT_CONNECTION_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `503` with `Retry-After` (seconds, rounded up) and a `busy` frame as the body.
+fn busy_response(retry_after_ms: u32) -> Response<ResponseBody> {
+    let frame = encode_frame(&Message::Busy { retry_after_ms });
+    let mut response = Response::new(
+        Full::new(Bytes::from(frame))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(CONTENT_TYPE_ROWSYNC),
+    );
+    headers.insert(
+        header::RETRY_AFTER,
+        header::HeaderValue::from(retry_after_ms.div_ceil(1000).max(1)),
+    );
+    response
 }
 
 fn plain_response(status: StatusCode, text: String) -> Response<ResponseBody> {
@@ -81,25 +128,8 @@ fn handle_request<B: Consolidated>(
         return response;
     }
     let Ok(permit) = Arc::clone(&shared.slots).try_acquire_owned() else {
-        let retry_after_ms = shared.config.busy_retry_after_ms;
         tracing::debug!(%peer, "connection limit reached; answering busy");
-        let frame = encode_frame(&Message::Busy { retry_after_ms });
-        let mut response = Response::new(
-            Full::new(Bytes::from(frame))
-                .map_err(|never| match never {})
-                .boxed(),
-        );
-        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            header::HeaderValue::from_static(CONTENT_TYPE_ROWSYNC),
-        );
-        headers.insert(
-            header::RETRY_AFTER,
-            header::HeaderValue::from(retry_after_ms.div_ceil(1000).max(1)),
-        );
-        return response;
+        return busy_response(shared.config.busy_retry_after_ms);
     };
     let body = BodyStream::new(request.into_body())
         .map_ok(|frame| frame.into_data().unwrap_or_default())

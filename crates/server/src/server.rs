@@ -39,6 +39,9 @@ pub(crate) struct Shared<B: Consolidated> {
     pool: Arc<WorkerPool<B>>,
     /// One permit per sync in progress, whatever its transport (`connections_max`).
     pub(crate) slots: Arc<Semaphore>,
+    /// One permit per open HTTP(S) connection (`connections_max` of them): a keep-alive
+    /// or HTTP/2 connection may sit between requests without holding a sync's slot.
+    http_connections: Arc<Semaphore>,
 }
 
 /// How an endpoint's connections carry the protocol.
@@ -97,6 +100,7 @@ pub async fn serve_endpoints<B: Consolidated>(
     let shared = Arc::new(Shared {
         pool: WorkerPool::new(backend, config.workers),
         slots: Arc::new(Semaphore::new(config.connections_max)),
+        http_connections: Arc::new(Semaphore::new(config.connections_max)),
         config,
     });
     let cleanup = tokio::spawn(clean_up_periodically(
@@ -172,18 +176,59 @@ async fn accept_loop<B: Consolidated>(
                     }
                 });
             }
-            Transport::Http => {
-                tokio::spawn(crate::http::serve_connection(stream, peer, shared));
-            }
-            Transport::Https(config) => {
-                let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(config));
-                tokio::spawn(async move {
-                    let timeout = shared.config.tls_handshake_timeout;
-                    if let Some(stream) =
-                        crate::tls_accept::accept(stream, peer, &acceptor, timeout, true).await
-                    {
-                        crate::http::serve_connection(stream, peer, shared).await;
+            Transport::Http | Transport::Https(_) => {
+                // Above the limit, the connection is still served, briefly: every request
+                // on it is answered busy, then it closes.
+                let connection = Arc::clone(&shared.http_connections)
+                    .try_acquire_owned()
+                    .ok();
+                if connection.is_none() {
+                    tracing::debug!(%peer, "HTTP connection limit reached; answering busy");
+                }
+                let tls = match &transport {
+                    Transport::Https(config) => {
+                        Some(tokio_rustls::TlsAcceptor::from(Arc::clone(config)))
                     }
+                    _ => None,
+                };
+                tokio::spawn(async move {
+                    let header_read_timeout = shared.config.header_read_timeout;
+                    match tls {
+                        None => {
+                            // hyper's header timeout starts once it knows the HTTP version;
+                            // a client that sends nothing at all is closed here.
+                            let mut first = [0u8; 1];
+                            match tokio::time::timeout(header_read_timeout, stream.peek(&mut first))
+                                .await
+                            {
+                                Ok(Ok(1)) => {
+                                    let over_limit = connection.is_none();
+                                    crate::http::serve_connection(stream, peer, shared, over_limit)
+                                        .await
+                                }
+                                Ok(_) => {}
+                                Err(_) => {
+                                    tracing::warn!(%peer, "nothing received within the header read timeout; closed")
+                                }
+                            }
+                        }
+                        Some(acceptor) => {
+                            let timeout = shared.config.tls_handshake_timeout;
+                            if let Some(stream) =
+                                crate::tls_accept::accept(stream, peer, &acceptor, timeout, true)
+                                    .await
+                            {
+                                crate::http::serve_connection(
+                                    stream,
+                                    peer,
+                                    shared,
+                                    connection.is_none(),
+                                )
+                                .await;
+                            }
+                        }
+                    }
+                    drop(connection);
                 });
             }
         }

@@ -401,6 +401,14 @@ async fn a_hello_slower_than_the_header_timeout_is_refused() {
         .expect("closed after the handshake timeout")
         .unwrap();
     assert!(received.is_empty());
+    // HTTP: a connection that sends nothing is closed.
+    let mut silent = TcpStream::connect(server.http_address).await.unwrap();
+    let mut received = Vec::new();
+    tokio::time::timeout(TEST_WAIT, silent.read_to_end(&mut received))
+        .await
+        .expect("closed after the header timeout")
+        .unwrap();
+    assert!(received.is_empty());
     // HTTP: headers that never end: hyper closes the connection.
     let mut stream = TcpStream::connect(server.http_address).await.unwrap();
     stream
@@ -562,11 +570,13 @@ async fn plain_text_to_a_tls_port_and_tls_to_a_plain_port_get_clear_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn above_the_connection_limit_every_transport_answers_busy() {
     let server = TestServer::start_with(ServerConfig {
-        connections_max: 0,
+        connections_max: 1,
         busy_retry_after_ms: 1500,
         ..ServerConfig::default()
     })
     .await;
+    // A silent TCP connection holds the only sync slot.
+    let squatter = TcpStream::connect(server.address).await.unwrap();
     let mut client = server.client("c");
     for via in [Via::Tcp, Via::Tls, Via::Http, Via::H2c, Via::Https] {
         for compression in [Compression::None, Compression::Zstd] {
@@ -583,7 +593,9 @@ async fn above_the_connection_limit_every_transport_answers_busy() {
             );
         }
     }
-    // HTTP: 503 with Retry-After, and the busy frame in the body.
+    // HTTP: 503 with Retry-After, and the busy frame in the body; the same when the
+    // HTTP connections themselves are at the limit (a silent one holds the only one).
+    let _idle_http = TcpStream::connect(server.http_address).await.unwrap();
     let stream = TcpStream::connect(server.http_address).await.unwrap();
     let response =
         write_then_read_all(stream, &http_post("x", &encode_frame(&hello("alice")))).await;
@@ -599,5 +611,6 @@ async fn above_the_connection_limit_every_transport_answers_busy() {
             retry_after_ms: 1500
         }]
     );
+    drop(squatter);
     server.stop().await;
 }
