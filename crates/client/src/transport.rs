@@ -467,7 +467,7 @@ fn stream_error(error: std::io::Error, authority: &str) -> ClientError {
     {
         Some(tls) => ClientError::Tls {
             address: authority.to_string(),
-            message: tls.to_string(),
+            message: format!("the session failed after the handshake: {tls}"),
         },
         None => ClientError::Io(error),
     }

@@ -43,7 +43,10 @@ pub(crate) async fn serve_connection<B, I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let header_read_timeout = shared.config.header_read_timeout;
+    let request_seen = Arc::new(tokio::sync::Notify::new());
+    let seen = Arc::clone(&request_seen);
     let service = service_fn(move |request| {
+        seen.notify_one();
         let shared = Arc::clone(&shared);
         async move {
             Ok::<_, Infallible>(if over_limit {
@@ -61,13 +64,30 @@ pub(crate) async fn serve_connection<B, I>(
         .keep_alive(!over_limit);
     builder.http2().timer(TokioTimer::new());
     let serving = builder.serve_connection(TokioIo::new(io), service);
-    let result = if over_limit {
-        match tokio::time::timeout(OVER_LIMIT_CONNECTION_TIME, serving).await {
-            Ok(result) => result,
-            Err(_) => return,
+    tokio::pin!(serving);
+    // hyper's own header timeout starts once it knows the HTTP version, and HTTP/2 has
+    // none: the first request must arrive within the header timeout, or the connection
+    // is closed (dropped).
+    let first_request = tokio::time::timeout(header_read_timeout, request_seen.notified());
+    let early = tokio::select! {
+        result = &mut serving => Some(result),
+        waited = first_request => match waited {
+            Ok(()) => None,
+            Err(_) => {
+                tracing::warn!(%peer, "no HTTP request within the header read timeout; closed");
+                return;
+            }
+        },
+    };
+    let result = match early {
+        Some(result) => result,
+        None if over_limit => {
+            match tokio::time::timeout(OVER_LIMIT_CONNECTION_TIME, serving).await {
+                Ok(result) => result,
+                Err(_) => return,
+            }
         }
-    } else {
-        serving.await
+        None => serving.await,
     };
     if let Err(error) = result {
         tracing::debug!(%peer, %error, "HTTP connection ended with an error");

@@ -192,25 +192,10 @@ async fn accept_loop<B: Consolidated>(
                     _ => None,
                 };
                 tokio::spawn(async move {
-                    let header_read_timeout = shared.config.header_read_timeout;
+                    let over_limit = connection.is_none();
                     match tls {
                         None => {
-                            // hyper's header timeout starts once it knows the HTTP version;
-                            // a client that sends nothing at all is closed here.
-                            let mut first = [0u8; 1];
-                            match tokio::time::timeout(header_read_timeout, stream.peek(&mut first))
-                                .await
-                            {
-                                Ok(Ok(1)) => {
-                                    let over_limit = connection.is_none();
-                                    crate::http::serve_connection(stream, peer, shared, over_limit)
-                                        .await
-                                }
-                                Ok(_) => {}
-                                Err(_) => {
-                                    tracing::warn!(%peer, "nothing received within the header read timeout; closed")
-                                }
-                            }
+                            crate::http::serve_connection(stream, peer, shared, over_limit).await
                         }
                         Some(acceptor) => {
                             let timeout = shared.config.tls_handshake_timeout;
@@ -218,13 +203,8 @@ async fn accept_loop<B: Consolidated>(
                                 crate::tls_accept::accept(stream, peer, &acceptor, timeout, true)
                                     .await
                             {
-                                crate::http::serve_connection(
-                                    stream,
-                                    peer,
-                                    shared,
-                                    connection.is_none(),
-                                )
-                                .await;
+                                crate::http::serve_connection(stream, peer, shared, over_limit)
+                                    .await;
                             }
                         }
                     }

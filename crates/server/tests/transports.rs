@@ -401,7 +401,8 @@ async fn a_hello_slower_than_the_header_timeout_is_refused() {
         .expect("closed after the handshake timeout")
         .unwrap();
     assert!(received.is_empty());
-    // HTTP: a connection that sends nothing is closed.
+    // HTTP, HTTPS (after the handshake) and h2c (after the preface): a connection that
+    // sends no request is closed.
     let mut silent = TcpStream::connect(server.http_address).await.unwrap();
     let mut received = Vec::new();
     tokio::time::timeout(TEST_WAIT, silent.read_to_end(&mut received))
@@ -409,6 +410,20 @@ async fn a_hello_slower_than_the_header_timeout_is_refused() {
         .expect("closed after the header timeout")
         .unwrap();
     assert!(received.is_empty());
+    let mut silent = tls_stream(&server, server.https_address, b"http/1.1").await;
+    let mut received = Vec::new();
+    let _ = tokio::time::timeout(TEST_WAIT, silent.read_to_end(&mut received))
+        .await
+        .expect("closed after the header timeout");
+    assert!(received.is_empty());
+    let mut h2c = TcpStream::connect(server.http_address).await.unwrap();
+    h2c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    let mut received = Vec::new();
+    let _ = tokio::time::timeout(TEST_WAIT, h2c.read_to_end(&mut received))
+        .await
+        .expect("closed after the header timeout");
     // HTTP: headers that never end: hyper closes the connection.
     let mut stream = TcpStream::connect(server.http_address).await.unwrap();
     stream
@@ -522,7 +537,23 @@ async fn a_server_requiring_client_certificates_refuses_clients_without_one() {
             error.to_string().to_lowercase().contains("certificate"),
             "{via:?}: {error}"
         );
+        // A client certificate of another CA is refused too.
+        let other = tempfile::tempdir().unwrap();
+        let other_pki = rowsync_server::tls::write_test_pki(
+            other.path(),
+            &["localhost".into()],
+            rowsync_server::tls::KeyKind::EcdsaP256,
+        )
+        .unwrap();
         let mut options = options;
+        options.transport.tls.client_cert = Some(other_pki.client_cert);
+        options.transport.tls.client_key = Some(other_pki.client_key);
+        let error = client.sync(&options).await.unwrap_err();
+        assert!(
+            error.to_string().to_lowercase().contains("certificate")
+                || error.to_string().contains("alert"),
+            "{via:?}: {error}"
+        );
         options.transport.tls.client_cert = Some(server.pki.client_cert.clone());
         options.transport.tls.client_key = Some(server.pki.client_key.clone());
         client.sync(&options).await.unwrap();
