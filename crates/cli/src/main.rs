@@ -325,7 +325,7 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             };
             let files = tls::write_test_pki(&dir, &names, kind)?;
             println!(
-                "CA certificate (give clients --ca-file / TlsOptions::ca_file): {}",
+                "CA certificate (clients trust it through TlsOptions::ca_file): {}",
                 files.ca_cert.display()
             );
             println!(
