@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use futures_util::pin_mut;
 use rowsync_client::transport::{exchange, Exchange};
-use rowsync_client::SessionEvent;
+use rowsync_client::{SessionEvent, TransportOptions};
 use rowsync_consolidated::postgres::value::Bind;
 use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, ScriptEntry, TableInit};
@@ -362,14 +362,16 @@ async fn sync_timed_version(
     let started = Instant::now();
     let mut hello = hello(client_id, i64::MAX / 2);
     hello.script_version = script_version.into();
-    let (event, _connection) = exchange(Exchange {
+    let event = exchange(Exchange {
         address,
+        transport: &TransportOptions::default(),
         // A watermark far ahead: the writer measures the upload, not a download.
         hello,
         upload_frames: frames,
         upload_sequence: *sequence,
         frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
         timeout: Duration::from_secs(3600),
+        acknowledge: None,
     })
     .await?;
     let elapsed = started.elapsed();
@@ -385,13 +387,15 @@ async fn sync_timed_version(
 
 /// A new client's first sync, decoding every row (no SQLite).
 async fn download_all(address: &str) -> Result<usize> {
-    let (event, _connection) = exchange(Exchange {
+    let event = exchange(Exchange {
         address,
+        transport: &TransportOptions::default(),
         hello: hello("reader", 0),
         upload_frames: &[],
         upload_sequence: 1,
         frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
         timeout: Duration::from_secs(3600),
+        acknowledge: None,
     })
     .await?;
     match event {

@@ -11,7 +11,8 @@ use rowsync_cli::demo;
 use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::sqlite::SqliteConsolidated;
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
-use rowsync_server::{auth, ServerConfig};
+use rowsync_server::tls::{self, KeyKind, TlsFiles};
+use rowsync_server::{auth, Endpoint, ServerConfig, Transport};
 
 #[derive(Parser)]
 #[command(
@@ -31,8 +32,27 @@ enum Command {
         /// The consolidated database: a SQLite file path or a postgres:// URL.
         #[arg(long)]
         db: String,
+        /// Address of the plain TCP endpoint (tcp:// clients).
         #[arg(long, default_value = "127.0.0.1:2439")]
         listen: SocketAddr,
+        /// Also serve TLS (tls:// clients) here; needs --cert and --key.
+        #[arg(long)]
+        tls_listen: Option<SocketAddr>,
+        /// Also serve HTTP/1.1 and HTTP/2 (h2c) here (http:// clients).
+        #[arg(long)]
+        http_listen: Option<SocketAddr>,
+        /// Also serve HTTPS (HTTP/1.1 and HTTP/2 by ALPN) here; needs --cert and --key.
+        #[arg(long)]
+        https_listen: Option<SocketAddr>,
+        /// PEM certificate chain of the TLS and HTTPS endpoints (see `rowsync cert`).
+        #[arg(long)]
+        cert: Option<PathBuf>,
+        /// PEM private key of --cert.
+        #[arg(long)]
+        key: Option<PathBuf>,
+        /// Require TLS and HTTPS clients to present a certificate signed by this CA (PEM).
+        #[arg(long)]
+        client_ca: Option<PathBuf>,
         /// Database workers (each holds one pooled connection while it works).
         #[arg(long, default_value_t = 4)]
         workers: usize,
@@ -45,9 +65,18 @@ enum Command {
         /// Largest upload accepted for one sync, in bytes.
         #[arg(long, default_value_t = ServerConfig::default().upload_bytes_max)]
         upload_bytes_max: usize,
-        /// Close a connection that sends nothing for this many seconds.
+        /// Close a connection that sends nothing for this many seconds (body read timeout).
         #[arg(long, default_value_t = 30)]
         read_timeout_seconds: u64,
+        /// The hello (TCP, TLS) or the request headers (HTTP) must arrive within this.
+        #[arg(long, default_value_t = ServerConfig::default().header_read_timeout.as_millis() as u64)]
+        header_read_timeout_ms: u64,
+        /// A TLS handshake must complete within this.
+        #[arg(long, default_value_t = ServerConfig::default().tls_handshake_timeout.as_millis() as u64)]
+        tls_handshake_timeout_ms: u64,
+        /// Bytes a compressed upload may inflate to, checked while decompressing.
+        #[arg(long, default_value_t = ServerConfig::default().decompressed_bytes_max)]
+        decompressed_bytes_max: u64,
         /// Remove tombstones every client has passed this often.
         #[arg(long, default_value_t = 300)]
         cleanup_interval_seconds: u64,
@@ -93,6 +122,31 @@ enum Command {
         /// The consolidated database: a SQLite file path or a postgres:// URL.
         #[arg(long)]
         db: String,
+    },
+    /// Write a test certificate authority, a server certificate and a client
+    /// certificate (PEM) for the TLS and HTTPS endpoints.
+    Cert {
+        /// Directory to write ca.pem, server.pem, server-key.pem, client.pem and
+        /// client-key.pem into (created if missing).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Host names and IP addresses the server certificate is valid for.
+        #[arg(long = "name", default_values_t = ["localhost".to_string(), "127.0.0.1".to_string()])]
+        names: Vec<String>,
+        /// RSA 2048 keys instead of ECDSA P-256.
+        #[arg(long)]
+        rsa: bool,
+    },
+    /// Time a fixed sync workload (download, update, delete, insert) over every
+    /// transport x compression, in one run, relative to plain TCP, with the bytes on the
+    /// wire. Runs on an embedded SQLite database in a temporary directory.
+    BenchTransport {
+        /// Rows per sync.
+        #[arg(long, default_value_t = 1000)]
+        rows: usize,
+        /// Times each workload runs per combination (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
     },
     /// Manage users.
     User {
@@ -251,7 +305,10 @@ async fn run(command: Command) -> Result<()> {
         | Command::Version {
             command: VersionCommand::Add { db, .. } | VersionCommand::List { db },
         } => Some(db.clone()),
-        Command::Demo { .. } | Command::BenchApply { .. } => None,
+        Command::Demo { .. }
+        | Command::BenchApply { .. }
+        | Command::Cert { .. }
+        | Command::BenchTransport { .. } => None,
     };
     match db {
         Some(db) if is_postgres(&db) => run_with(command, PostgresConsolidated::new(db)).await,
@@ -266,11 +323,20 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
         Command::Serve {
             db,
             listen,
+            tls_listen,
+            http_listen,
+            https_listen,
+            cert,
+            key,
+            client_ca,
             workers,
             max_connections,
             frame_bytes_max,
             upload_bytes_max,
             read_timeout_seconds,
+            header_read_timeout_ms,
+            tls_handshake_timeout_ms,
+            decompressed_bytes_max,
             cleanup_interval_seconds,
             jwt_hs256_secret_file,
             jwt_rs256_public_key_file,
@@ -303,22 +369,72 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             if workers == 0 || max_connections == 0 {
                 bail!("--workers and --max-connections must be at least 1");
             }
+            let tls_files = match (cert, key) {
+                (Some(cert_chain), Some(private_key)) => Some(TlsFiles {
+                    cert_chain,
+                    private_key,
+                    client_ca,
+                }),
+                (None, None) => {
+                    if client_ca.is_some() {
+                        bail!("--client-ca needs --cert and --key");
+                    }
+                    None
+                }
+                _ => bail!("--cert and --key go together"),
+            };
+            let mut wanted = vec![(listen, "tcp")];
+            wanted.extend(tls_listen.map(|address| (address, "tls")));
+            wanted.extend(http_listen.map(|address| (address, "http")));
+            wanted.extend(https_listen.map(|address| (address, "https")));
+            let mut endpoints = Vec::new();
+            let mut shown_endpoints = Vec::new();
+            for (address, kind) in wanted {
+                let transport = match kind {
+                    "tcp" => Transport::Tcp,
+                    "http" => Transport::Http,
+                    _ => {
+                        let Some(files) = &tls_files else {
+                            bail!("--{kind}-listen needs --cert and --key (make a test pair with `rowsync cert`)");
+                        };
+                        let alpn: &[&[u8]] = if kind == "tls" {
+                            &[tls::ALPN_ROWSYNC]
+                        } else {
+                            &tls::ALPN_HTTP
+                        };
+                        let config = tls::server_config(files, alpn)?;
+                        if kind == "tls" {
+                            Transport::Tls(config)
+                        } else {
+                            Transport::Https(config)
+                        }
+                    }
+                };
+                let listener = tokio::net::TcpListener::bind(address)
+                    .await
+                    .with_context(|| format!("binding {address}"))?;
+                shown_endpoints.push(format!("{kind}://{}", listener.local_addr()?));
+                endpoints.push(Endpoint {
+                    listener,
+                    transport,
+                });
+            }
             backend.connect().await?.install_system_tables().await?;
-            let listener = tokio::net::TcpListener::bind(listen)
-                .await
-                .with_context(|| format!("binding {listen}"))?;
             let shown = if is_postgres(&db) {
                 "a PostgreSQL database"
             } else {
                 db.as_str()
             };
-            eprintln!("rowsync serving {shown} on {}", listener.local_addr()?);
+            eprintln!("rowsync serving {shown} on {}", shown_endpoints.join(" "));
             let config = ServerConfig {
                 connections_max: max_connections,
                 workers,
                 frame_bytes_max,
                 upload_bytes_max,
                 read_timeout: Duration::from_secs(read_timeout_seconds),
+                header_read_timeout: Duration::from_millis(header_read_timeout_ms),
+                tls_handshake_timeout: Duration::from_millis(tls_handshake_timeout_ms),
+                decompressed_bytes_max,
                 cleanup_interval: Duration::from_secs(cleanup_interval_seconds.max(1)),
                 tokens,
                 ..ServerConfig::default()
@@ -326,7 +442,39 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             let shutdown = async {
                 let _ = tokio::signal::ctrl_c().await;
             };
-            rowsync_server::serve(listener, backend, config, shutdown).await?;
+            rowsync_server::serve_endpoints(endpoints, backend, config, shutdown).await?;
+            Ok(())
+        }
+        Command::Cert { dir, names, rsa } => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let kind = if rsa {
+                KeyKind::Rsa2048
+            } else {
+                KeyKind::EcdsaP256
+            };
+            let files = tls::write_test_pki(&dir, &names, kind)?;
+            println!(
+                "CA certificate (clients trust it through TlsOptions::ca_file): {}",
+                files.ca_cert.display()
+            );
+            println!(
+                "server certificate for {}: {} (key {})",
+                names.join(", "),
+                files.server_cert.display(),
+                files.server_key.display()
+            );
+            println!(
+                "client certificate: {} (key {})",
+                files.client_cert.display(),
+                files.client_key.display()
+            );
+            Ok(())
+        }
+        Command::BenchTransport { rows, repeat } => {
+            if rows == 0 || repeat == 0 {
+                bail!("--rows and --repeat must be at least 1");
+            }
+            rowsync_cli::bench_transport::run(rows, repeat, &mut std::io::stdout()).await?;
             Ok(())
         }
         Command::Init {

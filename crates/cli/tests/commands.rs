@@ -265,3 +265,102 @@ fn script_and_version_commands(db: &str) {
         "{error}"
     );
 }
+
+/// `rowsync cert`, then `rowsync serve` with TLS and HTTPS endpoints: clients verify the
+/// certificate against the CA written by `cert` and sync over both, compressed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cert_and_serve_over_tls_and_https_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("consolidated.db");
+    let db = db.to_str().unwrap();
+    rusqlite::Connection::open(db)
+        .unwrap()
+        .execute_batch(NOTES)
+        .unwrap();
+    let init = rowsync()
+        .args(["init", "--db", db])
+        .args(["--table", "notes", "--partition-column", "owner"])
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{init:?}");
+    let added = rowsync()
+        .args(["user", "add", "--db", db, "--name", "erin"])
+        .env("ROWSYNC_PASSWORD", "erin-secret")
+        .output()
+        .unwrap();
+    assert!(added.status.success(), "{added:?}");
+    let pki = dir.path().join("pki");
+    let cert = rowsync()
+        .args(["cert", "--dir", pki.to_str().unwrap(), "--rsa"])
+        .output()
+        .unwrap();
+    assert!(cert.status.success(), "{cert:?}");
+    assert!(String::from_utf8_lossy(&cert.stdout).contains("ca.pem"));
+
+    // TLS without a certificate is refused up front, by name.
+    let refused = rowsync()
+        .args(["serve", "--db", db, "--listen", "127.0.0.1:0"])
+        .args(["--tls-listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--tls-listen needs --cert and --key"),
+        "{refused:?}"
+    );
+
+    let mut serve = rowsync()
+        .args(["serve", "--db", db, "--listen", "127.0.0.1:0"])
+        .args([
+            "--tls-listen",
+            "127.0.0.1:0",
+            "--https-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--cert")
+        .arg(pki.join("server.pem"))
+        .arg("--key")
+        .arg(pki.join("server-key.pem"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(serve.stderr.take().unwrap());
+    let mut banner = String::new();
+    stderr.read_line(&mut banner).unwrap();
+    drop(stderr);
+    let url = |scheme: &str| {
+        banner
+            .split_whitespace()
+            .find(|word| word.starts_with(&format!("{scheme}://")))
+            .unwrap_or_else(|| panic!("no {scheme} endpoint in {banner}"))
+            .to_string()
+    };
+    let mut client = Client::open(dir.path().join("erin.db")).unwrap();
+    client
+        .connection()
+        .execute_batch(
+            "CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT)",
+        )
+        .unwrap();
+    client.track("notes").unwrap();
+    let mut results = Vec::new();
+    for (address, compression) in [
+        (url("tls"), rowsync_client::Compression::Zlib),
+        (
+            format!("{}/sync", url("https")),
+            rowsync_client::Compression::Zstd,
+        ),
+    ] {
+        let mut options = SyncOptions::new(address, "erin", "erin-secret");
+        options.transport.compression = compression;
+        options.transport.tls.ca_file = Some(pki.join("ca.pem"));
+        results.push(client.sync(&options).await);
+    }
+    serve.kill().unwrap();
+    serve.wait().unwrap();
+    let downloaded: Vec<u64> = results
+        .into_iter()
+        .map(|result| result.unwrap().rows_downloaded)
+        .collect();
+    assert_eq!(downloaded, vec![1, 0]);
+}

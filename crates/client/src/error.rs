@@ -1,4 +1,4 @@
-use rowsync_protocol::{DecodeError, WireError};
+use rowsync_protocol::{DecodeError, InboundError, WireError};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -12,6 +12,17 @@ pub enum ClientError {
         address: String,
         source: std::io::Error,
     },
+    #[error("invalid server address {address:?}: {message}")]
+    Address { address: String, message: String },
+    #[error("TLS with {address}: {message}")]
+    Tls { address: String, message: String },
+    #[error("HTTP: {message}")]
+    Http {
+        status: Option<u16>,
+        message: String,
+    },
+    #[error("the server's byte stream: {0}")]
+    Stream(#[from] InboundError),
     #[error("timed out after {timeout_ms} ms while {during}")]
     Timeout {
         during: &'static str,

@@ -26,6 +26,10 @@ pub enum SessionEvent {
     Busy {
         retry_after_ms: u32,
     },
+    /// The server recorded a download acknowledgement.
+    Acknowledged {
+        watermark: i64,
+    },
 }
 
 impl ClientSession {
@@ -56,6 +60,12 @@ impl ClientSession {
             Message::Busy { retry_after_ms } => {
                 self.finished = true;
                 Ok(SessionEvent::Busy { retry_after_ms })
+            }
+            Message::DownloadAck(ack) => {
+                self.finished = true;
+                Ok(SessionEvent::Acknowledged {
+                    watermark: ack.watermark,
+                })
             }
             Message::Error(error) => {
                 self.finished = true;

@@ -1,9 +1,28 @@
-//! Moves one sync's bytes over TCP. All protocol decisions are the session's.
+//! Moves one sync's bytes over TCP, TLS, HTTP or HTTPS. All protocol decisions are the
+//! session's; compression is [`Outbound`]/[`Inbound`]'s.
+//!
+//! The server is named by a URL: `tcp://host:port` (a bare `host:port` means the same),
+//! `tls://host:port`, `http://host:port/path`, `https://host:port/path`. On TCP and TLS
+//! the bytes are the frame stream itself (after a preamble when compressed); on HTTP one
+//! POST carries the same bytes as its body and the response body is the server's stream.
 
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use rowsync_protocol::{encode_frame, DownloadAck, EndUpload, FrameDecoder, Hello, Message};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rowsync_protocol::{
+    encode_frame, Compression, DownloadAck, EndUpload, FrameDecoder, Hello, Inbound, Message,
+    Outbound,
+};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::session::{ClientSession, SessionEvent};
@@ -11,47 +30,481 @@ use crate::ClientError;
 
 /// Bytes read from the socket at a time.
 pub const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Default port of `tcp://` and `tls://` addresses.
+pub const DEFAULT_PORT: u16 = 2439;
+/// Default path of `http://` and `https://` addresses.
+pub const DEFAULT_HTTP_PATH: &str = "/sync";
+/// The media type of HTTP request and response bodies.
+pub const CONTENT_TYPE_ROWSYNC: &str = "application/x-rowsync";
+/// Retry hint for a `503` that names none.
+const BUSY_RETRY_AFTER_MS_DEFAULT: u32 = 1000;
+/// Bytes of an unexpected HTTP answer's body kept for the error message.
+const HTTP_ERROR_BODY_BYTES_MAX: usize = 1024;
+/// A download may inflate to at most this many bytes by default (the reference
+/// server's default download limit).
+pub const DECOMPRESSED_BYTES_MAX_DEFAULT: u64 = 16 * 1024 * 1024 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Tcp,
+    Tls,
+    Http,
+    Https,
+}
+
+impl Scheme {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheme::Tcp => "tcp",
+            Scheme::Tls => "tls",
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+
+    fn uses_tls(self) -> bool {
+        matches!(self, Scheme::Tls | Scheme::Https)
+    }
+}
+
+/// A parsed server address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerAddress {
+    pub scheme: Scheme,
+    /// Host name or IP address (IPv6 without brackets).
+    pub host: String,
+    pub port: u16,
+    /// The HTTP request path (`/sync` unless the URL names one).
+    pub path: String,
+}
+
+impl ServerAddress {
+    pub fn parse(text: &str) -> Result<ServerAddress, ClientError> {
+        let invalid = |why: &str| ClientError::Address {
+            address: text.to_string(),
+            message: why.to_string(),
+        };
+        let (scheme, rest) = match text.split_once("://") {
+            Some((scheme, rest)) => {
+                let scheme = match scheme.to_ascii_lowercase().as_str() {
+                    "tcp" => Scheme::Tcp,
+                    "tls" => Scheme::Tls,
+                    "http" => Scheme::Http,
+                    "https" => Scheme::Https,
+                    _ => return Err(invalid("the scheme must be tcp, tls, http or https")),
+                };
+                (scheme, rest)
+            }
+            None => (Scheme::Tcp, text),
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(slash) => (&rest[..slash], &rest[slash..]),
+            None => (rest, ""),
+        };
+        if !path.is_empty() && matches!(scheme, Scheme::Tcp | Scheme::Tls) {
+            return Err(invalid("a tcp:// or tls:// address has no path"));
+        }
+        let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+            let (host, after) = bracketed
+                .split_once(']')
+                .ok_or_else(|| invalid("unclosed [ in the host"))?;
+            (host, after.strip_prefix(':'))
+        } else {
+            match authority.rsplit_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (authority, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(invalid("the host is missing"));
+        }
+        let port = match port {
+            Some(port) => port
+                .parse::<u16>()
+                .map_err(|_| invalid("the port must be a number from 1 to 65535"))?,
+            None => match scheme {
+                Scheme::Tcp | Scheme::Tls => DEFAULT_PORT,
+                Scheme::Http => 80,
+                Scheme::Https => 443,
+            },
+        };
+        let path = if path.is_empty() || path == "/" {
+            DEFAULT_HTTP_PATH.to_string()
+        } else {
+            path.to_string()
+        };
+        Ok(ServerAddress {
+            scheme,
+            host: host.to_string(),
+            port,
+            path,
+        })
+    }
+
+    /// `host:port`, IPv6 hosts in brackets.
+    pub fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// How to verify the server (TLS and HTTPS) and whom to present.
+#[derive(Debug, Clone, Default)]
+pub struct TlsOptions {
+    /// PEM file of the CA certificates to trust instead of the public web roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM certificate chain and key to present when the server asks for one.
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+    /// The name the server's certificate must carry, when not the URL's host.
+    pub server_name: Option<String>,
+}
+
+/// HTTP version for `http://` and `https://`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HttpVersion {
+    /// HTTPS: HTTP/2 if the server offers it (ALPN), else HTTP/1.1. HTTP: HTTP/1.1.
+    #[default]
+    Auto,
+    Http1,
+    /// HTTPS: HTTP/2 required. HTTP: HTTP/2 with prior knowledge (h2c).
+    Http2,
+}
+
+/// Everything about the transport beyond the address.
+#[derive(Debug, Clone)]
+pub struct TransportOptions {
+    /// Compression of both directions (the server answers in kind).
+    pub compression: Compression,
+    pub tls: TlsOptions,
+    pub http_version: HttpVersion,
+    /// Bytes the server's (compressed) download may inflate to.
+    pub decompressed_bytes_max: u64,
+}
+
+impl Default for TransportOptions {
+    fn default() -> TransportOptions {
+        TransportOptions {
+            compression: Compression::None,
+            tls: TlsOptions::default(),
+            http_version: HttpVersion::Auto,
+            decompressed_bytes_max: DECOMPRESSED_BYTES_MAX_DEFAULT,
+        }
+    }
+}
 
 pub struct Exchange<'a> {
     pub address: &'a str,
+    pub transport: &'a TransportOptions,
     pub hello: Hello,
     pub upload_frames: &'a [Vec<u8>],
     pub upload_sequence: u64,
     pub frame_bytes_max: usize,
     pub timeout: Duration,
+    /// Instead of an upload, confirm that the download ending at this watermark was
+    /// applied (the hello then has `download_ack` set). A separate exchange, so it works
+    /// alike on every transport and through any server behind a proxy.
+    pub acknowledge: Option<i64>,
 }
 
-/// Sends hello, upload and end of upload; reads until the session completes. Returns
-/// the connection too, for the download acknowledgement.
-pub async fn exchange(request: Exchange<'_>) -> Result<(SessionEvent, TcpStream), ClientError> {
-    let timeout_ms = request.timeout.as_millis() as u64;
-    let mut stream = tokio::time::timeout(request.timeout, TcpStream::connect(request.address))
+/// Bytes that crossed the TCP connection, in each direction, everything included (TLS
+/// records, HTTP headers, the preamble).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WireBytes {
+    pub sent: u64,
+    pub received: u64,
+}
+
+/// Sends hello, upload and end of upload; reads until the session completes.
+pub async fn exchange(request: Exchange<'_>) -> Result<SessionEvent, ClientError> {
+    Ok(exchange_measured(request).await?.0)
+}
+
+/// [`exchange`], also counting the bytes on the wire.
+pub async fn exchange_measured(
+    request: Exchange<'_>,
+) -> Result<(SessionEvent, WireBytes), ClientError> {
+    let address = ServerAddress::parse(request.address)?;
+    let counters = Arc::new(Counters::default());
+    let tcp = connect_tcp(&address, request.timeout).await?;
+    let stream = Counted {
+        inner: tcp,
+        counters: Arc::clone(&counters),
+    };
+    let event = match address.scheme {
+        Scheme::Tcp => exchange_stream(stream, &request).await,
+        Scheme::Tls => {
+            let (tls, _) = tls_handshake(stream, &address, &request, &[b"rowsync"]).await?;
+            exchange_stream(tls, &request).await
+        }
+        Scheme::Http => {
+            let http2 = request.transport.http_version == HttpVersion::Http2;
+            exchange_http(stream, &address, http2, &request).await
+        }
+        Scheme::Https => {
+            let alpn: &[&[u8]] = match request.transport.http_version {
+                HttpVersion::Auto => &[b"h2", b"http/1.1"],
+                HttpVersion::Http1 => &[b"http/1.1"],
+                HttpVersion::Http2 => &[b"h2"],
+            };
+            let (tls, alpn) = tls_handshake(stream, &address, &request, alpn).await?;
+            let http2 = alpn.as_deref() == Some(b"h2".as_slice());
+            if request.transport.http_version == HttpVersion::Http2 && !http2 {
+                return Err(ClientError::Http {
+                    status: None,
+                    message: format!("{} did not agree to HTTP/2", address.authority()),
+                });
+            }
+            exchange_http(tls, &address, http2, &request).await
+        }
+    }?;
+    Ok((event, counters.get()))
+}
+
+async fn connect_tcp(address: &ServerAddress, timeout: Duration) -> Result<TcpStream, ClientError> {
+    let authority = address.authority();
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(&authority))
         .await
         .map_err(|_| ClientError::Timeout {
             during: "connecting",
-            timeout_ms,
+            timeout_ms: timeout.as_millis() as u64,
         })?
         .map_err(|source| ClientError::Connect {
-            address: request.address.to_string(),
+            address: authority,
             source,
         })?;
     stream.set_nodelay(true)?;
-    let mut decoder = FrameDecoder::new(request.frame_bytes_max);
-    let mut session = ClientSession::new();
+    Ok(stream)
+}
+
+fn tls_error(address: &ServerAddress, message: impl std::fmt::Display) -> ClientError {
+    ClientError::Tls {
+        address: address.authority(),
+        message: message.to_string(),
+    }
+}
+
+fn client_config(
+    options: &TlsOptions,
+    address: &ServerAddress,
+    alpn: &[&[u8]],
+) -> Result<rustls::ClientConfig, ClientError> {
+    let mut roots = rustls::RootCertStore::empty();
+    match &options.ca_file {
+        Some(path) => {
+            let certificates = CertificateDer::pem_file_iter(path)
+                .and_then(|certificates| certificates.collect::<Result<Vec<_>, _>>())
+                .map_err(|error| {
+                    tls_error(
+                        address,
+                        format!("reading CA file {}: {error}", path.display()),
+                    )
+                })?;
+            if certificates.is_empty() {
+                return Err(tls_error(
+                    address,
+                    format!("CA file {} holds no PEM certificate", path.display()),
+                ));
+            }
+            for certificate in certificates {
+                roots.add(certificate).map_err(|error| {
+                    tls_error(address, format!("CA file {}: {error}", path.display()))
+                })?;
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|error| tls_error(address, error))?
+        .with_root_certificates(roots);
+    let mut config = match (&options.client_cert, &options.client_key) {
+        (Some(cert), Some(key)) => {
+            let chain = CertificateDer::pem_file_iter(cert)
+                .and_then(|certificates| certificates.collect::<Result<Vec<_>, _>>())
+                .map_err(|error| {
+                    tls_error(
+                        address,
+                        format!("reading client certificate {}: {error}", cert.display()),
+                    )
+                })?;
+            let key = PrivateKeyDer::from_pem_file(key).map_err(|error| {
+                tls_error(
+                    address,
+                    format!("reading client key {}: {error}", key.display()),
+                )
+            })?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|error| tls_error(address, format!("client certificate: {error}")))?
+        }
+        (None, None) => builder.with_no_client_auth(),
+        _ => {
+            return Err(tls_error(
+                address,
+                "a client certificate needs both its certificate and its key file",
+            ))
+        }
+    };
+    config.alpn_protocols = alpn.iter().map(|name| name.to_vec()).collect();
+    Ok(config)
+}
+
+/// The TLS handshake; verifies the server's certificate chain and name. Returns the
+/// stream and the negotiated ALPN protocol.
+async fn tls_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
+    address: &ServerAddress,
+    request: &Exchange<'_>,
+    alpn: &[&[u8]],
+) -> Result<(tokio_rustls::client::TlsStream<S>, Option<Vec<u8>>), ClientError> {
+    let options = &request.transport.tls;
+    let config = client_config(options, address, alpn)?;
+    let name = options.server_name.as_deref().unwrap_or(&address.host);
+    let server_name = ServerName::try_from(name.to_string())
+        .map_err(|error| tls_error(address, format!("server name {name:?}: {error}")))?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tls = tokio::time::timeout(request.timeout, connector.connect(server_name, stream))
+        .await
+        .map_err(|_| ClientError::Timeout {
+            during: "the TLS handshake",
+            timeout_ms: request.timeout.as_millis() as u64,
+        })?
+        .map_err(|error| {
+            let plain_text = error
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                .is_some_and(|inner| matches!(inner, rustls::Error::InvalidMessage(_)));
+            let hint = if plain_text {
+                " (the server did not answer in TLS: is this a plain tcp:// or http:// port?)"
+            } else {
+                ""
+            };
+            tls_error(address, format!("handshake failed: {error}{hint}"))
+        })?;
+    let alpn = tls.get_ref().1.alpn_protocol().map(|name| name.to_vec());
+    Ok((tls, alpn))
+}
+
+/// The client's side of the byte stream: preamble (when compressed), then the frames.
+fn upload_stream(request: &Exchange<'_>) -> Result<Vec<Vec<u8>>, ClientError> {
+    let mut outbound = Outbound::new(request.transport.compression, false)
+        .map_err(|error| ClientError::Protocol(format!("compression: {error}")))?;
+    let compress_error = |error| ClientError::Protocol(format!("compression: {error}"));
+    let mut pieces = Vec::with_capacity(request.upload_frames.len() + 3);
+    if let Some(preamble) = outbound.take_preamble() {
+        pieces.push(preamble.to_vec());
+    }
+    let mut hello = request.hello.clone();
+    hello.download_ack = request.acknowledge.is_some();
+    let hello = encode_frame(&Message::Hello(hello));
+    let (upload_frames, end) = match request.acknowledge {
+        Some(watermark) => (
+            &[][..],
+            encode_frame(&Message::DownloadAck(DownloadAck { watermark })),
+        ),
+        None => (
+            request.upload_frames,
+            encode_frame(&Message::EndUpload(EndUpload {
+                upload_sequence: request.upload_sequence,
+            })),
+        ),
+    };
+    for frame in std::iter::once(&hello)
+        .chain(upload_frames)
+        .chain(std::iter::once(&end))
+    {
+        let piece = outbound
+            .compressor()
+            .compress(frame)
+            .map_err(compress_error)?;
+        if !piece.is_empty() {
+            pieces.push(piece);
+        }
+    }
+    let tail = outbound.finish().map_err(compress_error)?;
+    if !tail.is_empty() {
+        pieces.push(tail);
+    }
+    Ok(pieces)
+}
+
+/// The server's side of the byte stream, turned into session events.
+struct Receiver {
+    inbound: Inbound,
+    decoder: FrameDecoder,
+    session: ClientSession,
+}
+
+impl Receiver {
+    fn new(request: &Exchange<'_>) -> Receiver {
+        Receiver {
+            inbound: Inbound::new(request.transport.decompressed_bytes_max),
+            decoder: FrameDecoder::new(request.frame_bytes_max),
+            session: ClientSession::new(),
+        }
+    }
+
+    /// Takes received bytes; a final event once the session is complete.
+    fn take(&mut self, bytes: &[u8]) -> Result<Option<SessionEvent>, ClientError> {
+        self.inbound.feed(bytes)?;
+        while let Some(chunk) = self.inbound.next_chunk()? {
+            self.decoder.feed(chunk);
+            while let Some(message) = self.decoder.next_message()? {
+                match self.session.handle(message)? {
+                    SessionEvent::Continue => {}
+                    done => return Ok(Some(done)),
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The stream ended before the session did.
+    fn ended(&self) -> ClientError {
+        match self.decoder.finish() {
+            Err(error) => error.into(),
+            Ok(()) => ClientError::Protocol(
+                "the server closed the connection before the end of the download".into(),
+            ),
+        }
+    }
+}
+
+/// A TLS alert (a refused client certificate, say) arrives as an I/O error; name it.
+fn stream_error(error: std::io::Error, authority: &str) -> ClientError {
+    match error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(tls) => ClientError::Tls {
+            address: authority.to_string(),
+            message: format!("the session failed after the handshake: {tls}"),
+        },
+        None => ClientError::Io(error),
+    }
+}
+
+async fn exchange_stream<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    request: &Exchange<'_>,
+) -> Result<SessionEvent, ClientError> {
+    let timeout_ms = request.timeout.as_millis() as u64;
+    let mut receiver = Receiver::new(request);
     // Each write must progress within the timeout; a large upload may take longer.
-    let hello = encode_frame(&Message::Hello(request.hello));
-    let end = encode_frame(&Message::EndUpload(EndUpload {
-        upload_sequence: request.upload_sequence,
-    }));
-    let frames = std::iter::once(&hello)
-        .chain(request.upload_frames)
-        .chain(std::iter::once(&end));
     let mut written = Ok(Ok(()));
-    for frame in frames {
-        written = tokio::time::timeout(request.timeout, stream.write_all(frame)).await;
+    for piece in upload_stream(request)? {
+        written = tokio::time::timeout(request.timeout, stream.write_all(&piece)).await;
         if !matches!(written, Ok(Ok(()))) {
             break;
         }
+    }
+    if matches!(written, Ok(Ok(()))) {
+        written = tokio::time::timeout(request.timeout, stream.flush()).await;
     }
     match written {
         Err(_) => {
@@ -63,74 +516,279 @@ pub async fn exchange(request: Exchange<'_>) -> Result<(SessionEvent, TcpStream)
         // The server may have refused the sync early (busy, bad credentials) and closed;
         // its answer, if any, says more than the broken pipe.
         Ok(Err(write_error)) => {
-            return match read_until_done(&mut stream, &mut decoder, &mut session, request.timeout)
-                .await
+            return match read_until_done(
+                &mut stream,
+                &mut receiver,
+                request.timeout,
+                request.address,
+            )
+            .await
             {
-                Ok(event) => Ok((event, stream)),
-                Err(_) => Err(ClientError::Io(write_error)),
+                Ok(event) => Ok(event),
+                Err(read_error @ ClientError::Tls { .. }) => Err(read_error),
+                Err(_) => Err(stream_error(write_error, request.address)),
             }
         }
         Ok(Ok(())) => {}
     }
-    let event = read_until_done(&mut stream, &mut decoder, &mut session, request.timeout).await?;
-    Ok((event, stream))
+    read_until_done(&mut stream, &mut receiver, request.timeout, request.address).await
 }
 
-/// Tells the server the download ending at `watermark` was applied, and waits until the
-/// server has recorded it (it then closes the connection).
-pub async fn acknowledge(
-    mut stream: TcpStream,
-    watermark: i64,
+async fn read_until_done<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    receiver: &mut Receiver,
     timeout: Duration,
-) -> Result<(), ClientError> {
-    let timeout_ms = timeout.as_millis() as u64;
-    let frame = encode_frame(&Message::DownloadAck(DownloadAck { watermark }));
-    tokio::time::timeout(timeout, stream.write_all(&frame))
-        .await
-        .map_err(|_| ClientError::Timeout {
-            during: "sending the download acknowledgement",
-            timeout_ms,
-        })??;
-    let mut buffer = [0u8; 256];
-    loop {
-        let read = tokio::time::timeout(timeout, stream.read(&mut buffer))
-            .await
-            .map_err(|_| ClientError::Timeout {
-                during: "waiting for the server to record the acknowledgement",
-                timeout_ms,
-            })??;
-        if read == 0 {
-            return Ok(());
-        }
-    }
-}
-
-async fn read_until_done(
-    stream: &mut TcpStream,
-    decoder: &mut FrameDecoder,
-    session: &mut ClientSession,
-    timeout: Duration,
+    authority: &str,
 ) -> Result<SessionEvent, ClientError> {
     let mut buffer = vec![0u8; READ_CHUNK_BYTES];
     loop {
-        while let Some(message) = decoder.next_message()? {
-            match session.handle(message)? {
-                SessionEvent::Continue => {}
-                done => return Ok(done),
-            }
-        }
         let read = tokio::time::timeout(timeout, stream.read(&mut buffer))
             .await
             .map_err(|_| ClientError::Timeout {
                 during: "waiting for the download",
                 timeout_ms: timeout.as_millis() as u64,
-            })??;
+            })?
+            .map_err(|error| stream_error(error, authority))?;
         if read == 0 {
-            decoder.finish()?;
-            return Err(ClientError::Protocol(
-                "the server closed the connection before the end of the download".into(),
-            ));
+            return Err(receiver.ended());
         }
-        decoder.feed(&buffer[..read]);
+        if let Some(event) = receiver.take(&buffer[..read])? {
+            return Ok(event);
+        }
+    }
+}
+
+async fn exchange_http<S>(
+    stream: S,
+    address: &ServerAddress,
+    http2: bool,
+    request: &Exchange<'_>,
+) -> Result<SessionEvent, ClientError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let http_error = |message: String| ClientError::Http {
+        status: None,
+        message,
+    };
+    let timeout = request.timeout;
+    let timed_out = |during| ClientError::Timeout {
+        during,
+        timeout_ms: timeout.as_millis() as u64,
+    };
+    let body: Vec<u8> = upload_stream(request)?.concat();
+    let scheme = if address.scheme.uses_tls() {
+        "https"
+    } else {
+        "http"
+    };
+    let builder = http::Request::post(if http2 {
+        format!("{scheme}://{}{}", address.authority(), address.path)
+    } else {
+        address.path.clone()
+    })
+    .header(http::header::CONTENT_TYPE, CONTENT_TYPE_ROWSYNC);
+    let builder = if http2 {
+        builder
+    } else {
+        builder.header(http::header::HOST, address.authority())
+    };
+    let http_request = builder
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|error| http_error(format!("building the request: {error}")))?;
+    let io = TokioIo::new(stream);
+    let authority = address.authority();
+    // The connection's own error (a TLS alert, say) says more than the request's.
+    let failed = |error: hyper::Error, connection: Option<hyper::Error>| {
+        let error = connection.unwrap_or(error);
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+        let mut chain = String::new();
+        while let Some(cause) = source {
+            if let Some(tls) = cause.downcast_ref::<rustls::Error>() {
+                return tls_error(address, tls);
+            }
+            chain.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        http_error(format!("HTTP request to {authority} failed{chain}"))
+    };
+    let sending = async {
+        if http2 {
+            let (mut sender, connection) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                    .await
+                    .map_err(|error| failed(error, None))?;
+            let connection = tokio::spawn(connection);
+            match sender.send_request(http_request).await {
+                Ok(response) => Ok(response),
+                Err(error) => Err(failed(error, connection.await.ok().and_then(Result::err))),
+            }
+        } else {
+            let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(|error| failed(error, None))?;
+            let connection = tokio::spawn(connection);
+            match sender.send_request(http_request).await {
+                Ok(response) => Ok(response),
+                Err(error) => Err(failed(error, connection.await.ok().and_then(Result::err))),
+            }
+        }
+    };
+    let response = tokio::time::timeout(timeout, sending)
+        .await
+        .map_err(|_| timed_out("waiting for the HTTP response"))??;
+    let status = response.status();
+    // A 503 without a busy frame (from a proxy, say): its Retry-After is the hint.
+    let retry_after_ms = response
+        .headers()
+        .get(http::header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u32>().ok())
+        .map_or(BUSY_RETRY_AFTER_MS_DEFAULT, |seconds| {
+            seconds.saturating_mul(1000)
+        });
+    let mut body = response.into_body();
+    let mut receiver = Receiver::new(request);
+    if status != http::StatusCode::OK && status != http::StatusCode::SERVICE_UNAVAILABLE {
+        // Not rowsync's answer (a proxy's, or a refusal of the request itself).
+        let mut text = Vec::new();
+        while text.len() < HTTP_ERROR_BODY_BYTES_MAX {
+            match tokio::time::timeout(timeout, body.frame()).await {
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        text.extend_from_slice(&data);
+                    }
+                }
+                _ => break,
+            }
+        }
+        text.truncate(HTTP_ERROR_BODY_BYTES_MAX);
+        return Err(ClientError::Http {
+            status: Some(status.as_u16()),
+            message: format!(
+                "{} answered {status}: {}",
+                address.authority(),
+                String::from_utf8_lossy(&text).trim()
+            ),
+        });
+    }
+    loop {
+        let frame = tokio::time::timeout(timeout, body.frame())
+            .await
+            .map_err(|_| timed_out("waiting for the download"))?;
+        match frame {
+            None if status == http::StatusCode::SERVICE_UNAVAILABLE => {
+                return Ok(SessionEvent::Busy { retry_after_ms })
+            }
+            None => return Err(receiver.ended()),
+            Some(Err(error)) => {
+                return Err(http_error(format!("reading the HTTP response: {error}")))
+            }
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    if let Some(event) = receiver.take(&data)? {
+                        return Ok(event);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    sent: AtomicU64,
+    received: AtomicU64,
+}
+
+impl Counters {
+    fn get(&self) -> WireBytes {
+        WireBytes {
+            sent: self.sent.load(Ordering::Relaxed),
+            received: self.received.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A stream that counts the bytes through it.
+struct Counted<S> {
+    inner: S,
+    counters: Arc<Counters>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let read = buf.filled().len() - before;
+        self.counters
+            .received
+            .fetch_add(read as u64, Ordering::Relaxed);
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(written)) = &polled {
+            self.counters
+                .sent
+                .fetch_add(*written as u64, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_with_defaults_and_bad_ones_are_named() {
+        let bare = ServerAddress::parse("127.0.0.1:2500").unwrap();
+        assert_eq!((bare.scheme, bare.port), (Scheme::Tcp, 2500));
+        let https = ServerAddress::parse("https://sync.example.com").unwrap();
+        assert_eq!(
+            (
+                https.scheme,
+                https.host.as_str(),
+                https.port,
+                https.path.as_str()
+            ),
+            (Scheme::Https, "sync.example.com", 443, "/sync")
+        );
+        let v6 = ServerAddress::parse("tls://[::1]:7000").unwrap();
+        assert_eq!(
+            (v6.host.as_str(), v6.authority()),
+            ("::1", "[::1]:7000".into())
+        );
+        let path = ServerAddress::parse("http://proxy:8080/rowsync/a").unwrap();
+        assert_eq!(path.path, "/rowsync/a");
+        for (bad, fragment) in [
+            ("ftp://x:1", "scheme"),
+            ("tcp://x:99999", "port"),
+            ("tcp://x:1/path", "no path"),
+            ("http://:80", "host"),
+        ] {
+            let error = ServerAddress::parse(bad).unwrap_err().to_string();
+            assert!(error.contains(fragment), "{bad}: {error}");
+        }
     }
 }

@@ -6,6 +6,7 @@
 //! `tests/vectors.json` pin the exact bytes.
 
 mod codec;
+mod compression;
 mod error;
 mod frame;
 mod message;
@@ -14,6 +15,11 @@ mod sqlite;
 mod value;
 
 pub use codec::{decode_message, encode_message, encode_values};
+pub use compression::{
+    compress_all, Compression, CompressionError, Compressor, Decompressor, Inbound, InboundError,
+    Outbound, Preamble, PreambleError, DECOMPRESS_CHUNK_BYTES, PREAMBLE_BYTES, PREAMBLE_MAGIC,
+    PREAMBLE_VERSION,
+};
 pub use error::{DecodeError, ErrorCode};
 pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES};
 pub use message::{

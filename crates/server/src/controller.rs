@@ -191,7 +191,12 @@ mod tests {
     /// Runs the controller against a synthetic database whose throughput at `n` workers
     /// is `capacity(n)` rows/s (with ±3% noise), always with syncs waiting; returns the
     /// counts it chose, interval by interval.
-    fn simulate(controller: &mut WorkerController, capacity: impl Fn(usize) -> f64, intervals: usize, seed: u64) -> Vec<usize> {
+    fn simulate(
+        controller: &mut WorkerController,
+        capacity: impl Fn(usize) -> f64,
+        intervals: usize,
+        seed: u64,
+    ) -> Vec<usize> {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let mut counts = Vec::new();
         for _ in 0..intervals {
@@ -230,14 +235,23 @@ mod tests {
             let average = settled.iter().sum::<usize>() as f64 / settled.len() as f64;
             assert!((10.5..=13.5).contains(&average), "seed {seed}: {counts:?}");
             // Within seconds: near the peak by the tenth interval.
-            assert!(counts[..10].iter().any(|&n| (8..=16).contains(&n)), "seed {seed}: {counts:?}");
+            assert!(
+                counts[..10].iter().any(|&n| (8..=16).contains(&n)),
+                "seed {seed}: {counts:?}"
+            );
         }
     }
 
     #[test]
     fn backs_off_when_more_workers_only_add_contention() {
         // Beyond 4 workers every added one costs throughput (a hot lock).
-        let capacity = |n: usize| if n <= 4 { 1000.0 * n as f64 } else { 4000.0 - 600.0 * (n - 4) as f64 };
+        let capacity = |n: usize| {
+            if n <= 4 {
+                1000.0 * n as f64
+            } else {
+                4000.0 - 600.0 * (n - 4) as f64
+            }
+        };
         let mut controller = WorkerController::new(config(2, 64));
         let counts = simulate(&mut controller, capacity, 30, 7);
         assert!(counts[10..].iter().all(|&n| n <= 7), "{counts:?}");
@@ -263,6 +277,11 @@ mod tests {
             }
         }
         assert_eq!(controller.workers(), 3);
-        assert!(decisions.iter().all(|d| d.reason.contains("no sync waited")), "{decisions:?}");
+        assert!(
+            decisions
+                .iter()
+                .all(|d| d.reason.contains("no sync waited")),
+            "{decisions:?}"
+        );
     }
 }

@@ -4,7 +4,9 @@
 //! download is ever held whole in memory.
 
 use rowsync_consolidated::SyncOutcome;
-use rowsync_protocol::{encode_frame, Download, EndDownload, Message, Row, Value};
+use rowsync_protocol::{
+    encode_frame, CompressionError, Download, EndDownload, Message, Outbound, Row, Value,
+};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
 
 fn row_bytes(row: &Row) -> usize {
@@ -70,31 +72,44 @@ pub enum SpoolError {
     TooLarge { limit_bytes: u64 },
     #[error("spilling the download to a temporary file failed: {0}")]
     Io(#[from] std::io::Error),
+    #[error("compressing the download failed: {0}")]
+    Compression(#[from] CompressionError),
 }
 
-/// Encoded download frames: in memory up to `memory_bytes_max`, then in a temporary
-/// file (unnamed: it disappears with the spool, whatever happens).
+/// Encoded download frames, compressed as the client asked: in memory up to
+/// `memory_bytes_max`, then in a temporary file (unnamed: it disappears with the spool,
+/// whatever happens). The limit `bytes_max` counts frames before compression.
 pub struct Spool {
     memory: Vec<u8>,
     file: Option<tokio::fs::File>,
     bytes: u64,
+    wire_bytes: u64,
     memory_bytes_max: usize,
     bytes_max: u64,
+    outbound: Option<Outbound>,
 }
 
 impl Spool {
-    pub fn new(memory_bytes_max: usize, bytes_max: u64) -> Spool {
+    pub fn new(memory_bytes_max: usize, bytes_max: u64, outbound: Outbound) -> Spool {
         Spool {
             memory: Vec::new(),
             file: None,
             bytes: 0,
+            wire_bytes: 0,
             memory_bytes_max,
             bytes_max,
+            outbound: Some(outbound),
         }
     }
 
+    /// Frame bytes appended (before compression).
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Bytes held to be sent (after compression).
+    pub fn wire_bytes(&self) -> u64 {
+        self.wire_bytes
     }
 
     pub fn spilled(&self) -> bool {
@@ -108,6 +123,31 @@ impl Spool {
                 limit_bytes: self.bytes_max,
             });
         }
+        let compressed = match self.outbound.as_mut() {
+            Some(outbound) => outbound.compressor().compress(frame)?,
+            None => {
+                return Err(SpoolError::Io(std::io::Error::other(
+                    "append after the download was finished",
+                )))
+            }
+        };
+        self.store(&compressed).await
+    }
+
+    /// Ends the compressed stream and makes sure it is all stored.
+    pub async fn finish(&mut self) -> Result<(), SpoolError> {
+        if let Some(outbound) = self.outbound.take() {
+            let trailer = outbound.finish()?;
+            self.store(&trailer).await?;
+        }
+        self.flush().await
+    }
+
+    async fn store(&mut self, frame: &[u8]) -> Result<(), SpoolError> {
+        if frame.is_empty() {
+            return Ok(());
+        }
+        self.wire_bytes += frame.len() as u64;
         if self.file.is_none() && self.memory.len() + frame.len() <= self.memory_bytes_max {
             self.memory.extend_from_slice(frame);
             return Ok(());
@@ -174,7 +214,11 @@ const SPOOL_READ_BYTES: usize = 256 * 1024;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rowsync_protocol::{FrameDecoder, FRAME_BYTES_MAX_DEFAULT};
+    use rowsync_protocol::{Compression, FrameDecoder, FRAME_BYTES_MAX_DEFAULT};
+
+    fn plain() -> Outbound {
+        Outbound::new(Compression::None, false).unwrap()
+    }
 
     fn chunk(start: i64, rows: i64) -> Download {
         Download {
@@ -216,7 +260,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_spool_past_its_memory_limit_spills_and_replays_in_order() {
-        let mut spool = Spool::new(50_000, 10_000_000);
+        let mut spool = Spool::new(50_000, 10_000_000, plain());
         let mut expected = Vec::new();
         for n in 0..20 {
             for frame in chunk_frames(chunk(n * 100, 100), 4096) {
@@ -224,8 +268,10 @@ mod tests {
                 spool.append(&frame).await.unwrap();
             }
         }
+        spool.finish().await.unwrap();
         assert!(spool.spilled());
         assert_eq!(spool.bytes(), expected.len() as u64);
+        assert_eq!(spool.wire_bytes(), expected.len() as u64);
         let mut out = Vec::new();
         spool
             .send_to(&mut out, std::time::Duration::from_secs(5))
@@ -235,8 +281,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_compressed_spool_holds_fewer_bytes_and_replays_the_same_frames() {
+        for compression in [Compression::Zlib, Compression::Zstd] {
+            let outbound = Outbound::new(compression, true).unwrap();
+            let mut spool = Spool::new(20_000, 10_000_000, outbound);
+            let mut expected = Vec::new();
+            for n in 0..20 {
+                for frame in chunk_frames(chunk(n * 100, 100), 4096) {
+                    expected.extend_from_slice(&frame);
+                    spool.append(&frame).await.unwrap();
+                }
+            }
+            spool.finish().await.unwrap();
+            assert_eq!(spool.bytes(), expected.len() as u64);
+            assert!(spool.wire_bytes() * 4 < spool.bytes(), "{compression}");
+            let mut out = Vec::new();
+            spool
+                .send_to(&mut out, std::time::Duration::from_secs(5))
+                .await
+                .unwrap();
+            let mut decompressor =
+                rowsync_protocol::Decompressor::new(compression, u64::MAX).unwrap();
+            decompressor.feed(&out);
+            let mut replayed = Vec::new();
+            while let Some(piece) = decompressor.next_chunk().unwrap() {
+                replayed.extend_from_slice(piece);
+            }
+            assert!(decompressor.is_finished());
+            assert!(replayed == expected, "{compression}");
+        }
+    }
+
+    #[tokio::test]
     async fn a_spool_refuses_to_grow_past_its_limit() {
-        let mut spool = Spool::new(1000, 5000);
+        let mut spool = Spool::new(1000, 5000, plain());
         let frame = vec![0u8; 3000];
         spool.append(&frame).await.unwrap();
         assert!(matches!(

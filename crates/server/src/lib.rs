@@ -7,17 +7,23 @@
 //! 3. database stage ([`pool`]): authenticate, then take one of `workers` pooled
 //!    connections, run the sync's transaction, release it.
 //! 4. the download is encoded and sent after the worker is released.
+//!
+//! The byte stream of a sync travels over TCP, TLS ([`tls`]), or HTTP(S) ([`http`]);
+//! every transport feeds the same stages.
 
 pub mod auth;
 mod config;
 pub mod controller;
-pub mod metrics;
 mod download;
+pub mod http;
+pub mod metrics;
 pub mod pool;
 pub mod server;
 pub mod session;
+pub mod tls;
+mod tls_accept;
 pub mod token;
 
 pub use config::ServerConfig;
-pub use server::{serve, ServerError};
+pub use server::{serve, serve_endpoints, Endpoint, ServerError, Transport};
 pub use token::TokenConfig;

@@ -104,8 +104,9 @@ impl Metrics {
         let mut registry = Registry::with_prefix("rowsync");
         let syncs = Family::<OutcomeLabel, Counter>::default();
         registry.register("syncs", "Syncs ended, by outcome", syncs.clone());
-        let phase_seconds =
-            Family::<PhaseLabel, Histogram>::new_with_constructor(phase_histogram as fn() -> Histogram);
+        let phase_seconds = Family::<PhaseLabel, Histogram>::new_with_constructor(
+            phase_histogram as fn() -> Histogram,
+        );
         registry.register(
             "sync_phase_seconds",
             "Time spent in each phase of a sync",
@@ -128,16 +129,36 @@ impl Metrics {
         };
         let mut metrics = metrics;
         let registry = &mut metrics.registry;
-        registry.register("rows_uploaded", "Rows uploaded by applied syncs", metrics.rows_uploaded.clone());
-        registry.register("rows_downloaded", "Rows sent in downloads", metrics.rows_downloaded.clone());
-        registry.register("connections", "Connections holding a slot", metrics.connections.clone());
+        registry.register(
+            "rows_uploaded",
+            "Rows uploaded by applied syncs",
+            metrics.rows_uploaded.clone(),
+        );
+        registry.register(
+            "rows_downloaded",
+            "Rows sent in downloads",
+            metrics.rows_downloaded.clone(),
+        );
+        registry.register(
+            "connections",
+            "Connections holding a slot",
+            metrics.connections.clone(),
+        );
         registry.register(
             "syncs_waiting_for_worker",
             "Syncs whose upload is in, waiting for a database worker",
             metrics.syncs_waiting_for_worker.clone(),
         );
-        registry.register("workers_busy", "Database workers running a sync", metrics.workers_busy.clone());
-        registry.register("workers", "Database workers (current count)", metrics.workers.clone());
+        registry.register(
+            "workers_busy",
+            "Database workers running a sync",
+            metrics.workers_busy.clone(),
+        );
+        registry.register(
+            "workers",
+            "Database workers (current count)",
+            metrics.workers.clone(),
+        );
         registry.register(
             "worker_adjustments",
             "Changes of the worker count by the controller",
@@ -148,7 +169,11 @@ impl Metrics {
             "Upload and download bytes in memory for syncs in flight",
             metrics.cache_bytes.clone(),
         );
-        registry.register("cache_bytes_max", "The cache limit", metrics.cache_bytes_max.clone());
+        registry.register(
+            "cache_bytes_max",
+            "The cache limit",
+            metrics.cache_bytes_max.clone(),
+        );
         registry.register(
             "spilled_bytes",
             "Bytes written to temporary files because the cache was full",
@@ -199,7 +224,11 @@ impl fmt::Display for PhaseTimings {
             if index > 0 {
                 formatter.write_str(" ")?;
             }
-            write!(formatter, "{phase}={:.1}ms", duration.as_secs_f64() * 1000.0)?;
+            write!(
+                formatter,
+                "{phase}={:.1}ms",
+                duration.as_secs_f64() * 1000.0
+            )?;
         }
         Ok(())
     }

@@ -14,7 +14,14 @@ pub struct ReceivedUpload {
 #[derive(Debug)]
 pub enum Step {
     Continue,
+    /// The hello is in (and checked): authenticate before reading on.
+    Hello(Hello),
     Complete(ReceivedUpload),
+    /// A download acknowledgement instead of an upload (the hello asked for it).
+    Acknowledge {
+        hello: Hello,
+        watermark: i64,
+    },
 }
 
 #[derive(Debug)]
@@ -23,6 +30,9 @@ enum State {
     Uploading {
         hello: Hello,
         tables: Vec<TableUpload>,
+    },
+    AwaitingAcknowledgement {
+        hello: Hello,
     },
     Done,
 }
@@ -82,14 +92,26 @@ impl ServerSession {
                         ));
                     }
                 }
-                (
-                    State::Uploading {
-                        hello,
-                        tables: Vec::new(),
-                    },
-                    Step::Continue,
-                )
+                let step = Step::Hello(hello.clone());
+                if hello.download_ack {
+                    (State::AwaitingAcknowledgement { hello }, step)
+                } else {
+                    (
+                        State::Uploading {
+                            hello,
+                            tables: Vec::new(),
+                        },
+                        step,
+                    )
+                }
             }
+            (State::AwaitingAcknowledgement { hello }, Message::DownloadAck(ack)) => (
+                State::Done,
+                Step::Acknowledge {
+                    hello,
+                    watermark: ack.watermark,
+                },
+            ),
             (State::Uploading { hello, mut tables }, Message::Upload(upload)) => {
                 merge(&mut tables, upload)?;
                 (State::Uploading { hello, tables }, Step::Continue)
@@ -106,6 +128,7 @@ impl ServerSession {
                 let expected = match state {
                     State::AwaitingHello => "hello",
                     State::Uploading { .. } => "upload or end_upload",
+                    State::AwaitingAcknowledgement { .. } => "download_ack",
                     State::Done => "nothing",
                 };
                 return Err(WireError::new(

@@ -3,7 +3,7 @@
 
 mod support;
 
-use rowsync_client::ClientError;
+use rowsync_client::{BusyRetry, ClientError};
 use rowsync_protocol::{ErrorCode, Value};
 use rowsync_server::ServerConfig;
 use support::*;
@@ -368,25 +368,23 @@ async fn above_the_connection_limit_clients_get_busy_then_succeed() {
         .await
         .unwrap();
     let mut client = server.client("c");
-    let options = server.options("alice");
+    let mut options = server.options("alice");
+    options.busy_retry = BusyRetry::Never;
     let error = client.sync(&options).await.unwrap_err();
     let ClientError::Busy { retry_after_ms } = error else {
         panic!("expected busy, got {error}")
     };
     assert_eq!(retry_after_ms, 25);
-    drop(squatter);
-    let mut attempts = 0;
-    let report = loop {
-        attempts += 1;
-        match client.sync(&options).await {
-            Ok(report) => break report,
-            Err(ClientError::Busy { retry_after_ms }) if attempts < 200 => {
-                tokio::time::sleep(std::time::Duration::from_millis(retry_after_ms.into())).await
-            }
-            Err(error) => panic!("attempt {attempts}: {error}"),
-        }
-    };
+    // By default the client retries after the hint (plus jitter) until a slot is free.
+    options.busy_retry = BusyRetry::default();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        drop(squatter);
+    });
+    let report = client.sync(&options).await.unwrap();
+    release.await.unwrap();
     assert_eq!(report.rows_downloaded, 2);
+    assert!(report.busy_retries >= 1, "{report:?}");
     server.stop().await;
 }
 

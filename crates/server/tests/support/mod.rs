@@ -1,5 +1,6 @@
-//! Test harness: a real server on a loopback port over a real SQLite consolidated file,
-//! real client databases, and a TCP proxy that can cut or hold the server's reply.
+//! Test harness: a real server over a real SQLite consolidated file, listening on four
+//! loopback ports (TCP, TLS, HTTP, HTTPS, with a freshly generated test CA), real client
+//! databases, and a TCP proxy that can cut or hold the server's reply.
 
 #![allow(dead_code)]
 
@@ -8,11 +9,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use rowsync_client::{Client, SyncOptions};
+use rowsync_client::{Client, Compression, HttpVersion, SyncOptions};
 use rowsync_consolidated::sqlite::SqliteConsolidated;
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
 use rowsync_protocol::Value;
-use rowsync_server::{auth, ServerConfig};
+use rowsync_server::tls::{self, KeyKind, PkiFiles, TlsFiles};
+use rowsync_server::{auth, Endpoint, ServerConfig, Transport};
 use rusqlite::Connection;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -26,8 +28,30 @@ pub fn password(user: &str) -> String {
     format!("{user}-password")
 }
 
+/// How a test client reaches the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    Tcp,
+    Tls,
+    /// HTTP/1.1.
+    Http,
+    /// HTTP/2 with prior knowledge (h2c).
+    H2c,
+    /// HTTPS, HTTP/2 chosen by ALPN.
+    Https,
+    /// HTTPS, HTTP/1.1 only.
+    HttpsHttp1,
+}
+
 pub struct TestServer {
+    /// The plain TCP endpoint.
     pub address: SocketAddr,
+    pub tls_address: SocketAddr,
+    pub http_address: SocketAddr,
+    pub https_address: SocketAddr,
+    /// The test CA, the server's certificate (for localhost and 127.0.0.1) and a client
+    /// certificate.
+    pub pki: PkiFiles,
     pub dir: tempfile::TempDir,
     pub consolidated_path: PathBuf,
     stop: Option<oneshot::Sender<()>>,
@@ -42,6 +66,15 @@ impl TestServer {
     /// A consolidated database with `orders` partitioned by `rep`, two seeded rows per
     /// user, users alice and bob, and a server on a free loopback port.
     pub async fn start_with(config: ServerConfig) -> TestServer {
+        TestServer::start_full(config, false).await
+    }
+
+    /// A server whose TLS and HTTPS endpoints require a client certificate of the test CA.
+    pub async fn start_requiring_client_certificates() -> TestServer {
+        TestServer::start_full(ServerConfig::default(), true).await
+    }
+
+    async fn start_full(config: ServerConfig, client_certificates: bool) -> TestServer {
         let dir = tempfile::tempdir().unwrap();
         let consolidated_path = dir.path().join("consolidated.db");
         {
@@ -73,11 +106,36 @@ impl TestServer {
             let hash = auth::hash_password(&password(user)).unwrap();
             connection.set_user(user, &hash).await.unwrap();
         }
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
+        let pki = tls::write_test_pki(
+            dir.path(),
+            &["localhost".into(), "127.0.0.1".into()],
+            KeyKind::EcdsaP256,
+        )
+        .unwrap();
+        let files = TlsFiles {
+            cert_chain: pki.server_cert.clone(),
+            private_key: pki.server_key.clone(),
+            client_ca: client_certificates.then(|| pki.ca_cert.clone()),
+        };
+        let mut endpoints = Vec::new();
+        for transport in [
+            Transport::Tcp,
+            Transport::Tls(tls::server_config(&files, &[tls::ALPN_ROWSYNC]).unwrap()),
+            Transport::Http,
+            Transport::Https(tls::server_config(&files, &tls::ALPN_HTTP).unwrap()),
+        ] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            endpoints.push(Endpoint {
+                listener,
+                transport,
+            });
+        }
+        let address_of = |index: usize| endpoints[index].listener.local_addr().unwrap();
+        let (address, tls_address, http_address, https_address) =
+            (address_of(0), address_of(1), address_of(2), address_of(3));
         let (stop, stopped) = oneshot::channel::<()>();
         let handle = tokio::spawn(async move {
-            rowsync_server::serve(listener, backend, config, async {
+            rowsync_server::serve_endpoints(endpoints, backend, config, async {
                 let _ = stopped.await;
             })
             .await
@@ -85,6 +143,10 @@ impl TestServer {
         });
         TestServer {
             address,
+            tls_address,
+            http_address,
+            https_address,
+            pki,
             dir,
             consolidated_path,
             stop: Some(stop),
@@ -94,6 +156,29 @@ impl TestServer {
 
     pub fn options(&self, user: &str) -> SyncOptions {
         SyncOptions::new(self.address.to_string(), user, password(user))
+    }
+
+    /// The URL of one transport's endpoint.
+    pub fn url(&self, via: Via) -> String {
+        match via {
+            Via::Tcp => format!("tcp://{}", self.address),
+            Via::Tls => format!("tls://{}", self.tls_address),
+            Via::Http | Via::H2c => format!("http://{}/sync", self.http_address),
+            Via::Https | Via::HttpsHttp1 => format!("https://{}/sync", self.https_address),
+        }
+    }
+
+    /// Options for `user` over one transport with one compression, trusting the test CA.
+    pub fn options_over(&self, user: &str, via: Via, compression: Compression) -> SyncOptions {
+        let mut options = SyncOptions::new(self.url(via), user, password(user));
+        options.transport.compression = compression;
+        options.transport.tls.ca_file = Some(self.pki.ca_cert.clone());
+        options.transport.http_version = match via {
+            Via::H2c => HttpVersion::Http2,
+            Via::HttpsHttp1 => HttpVersion::Http1,
+            _ => HttpVersion::Auto,
+        };
+        options
     }
 
     pub fn options_via(&self, address: SocketAddr, user: &str) -> SyncOptions {
