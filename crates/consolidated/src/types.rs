@@ -34,6 +34,9 @@ pub struct SyncOutcome {
     pub summary: SyncSummary,
     /// Rows (upserts and deletes) streamed to the download.
     pub download_rows: u64,
+    /// Time from the transaction's start until the upload was applied (the rest of the
+    /// sync's database time went to the download).
+    pub apply_time: std::time::Duration,
 }
 
 /// `rowsync init`: make an existing table synchronizable in a script version.

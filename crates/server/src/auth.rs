@@ -13,6 +13,8 @@ use rowsync_consolidated::{
 };
 use rowsync_protocol::Hello;
 
+use tokio::sync::Semaphore;
+
 use crate::pool::WorkerPool;
 use crate::token::TokenConfig;
 
@@ -54,6 +56,7 @@ pub enum AuthFailure {
 /// The authenticated user of a hello.
 pub async fn authenticate<B: Consolidated>(
     pool: &Arc<WorkerPool<B>>,
+    password_checks: &Semaphore,
     tokens: &TokenConfig,
     hello: &Hello,
 ) -> Result<String, AuthFailure> {
@@ -105,6 +108,12 @@ pub async fn authenticate<B: Consolidated>(
             hello.user
         ))),
         AuthCheck::BuiltIn(stored_hash) => {
+            // argon2id is CPU-bound by design: a burst of logins waits its turn here
+            // rather than starving the runtime's blocking threads.
+            let _check = password_checks
+                .acquire()
+                .await
+                .expect("the password check semaphore is never closed");
             let password = hello.password.clone();
             let valid = tokio::task::spawn_blocking(move || {
                 verify_password(stored_hash.as_deref(), &password)

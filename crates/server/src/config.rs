@@ -9,8 +9,21 @@ use crate::token::TokenConfig;
 pub struct ServerConfig {
     /// Syncs in progress at once; more connections get *busy* at once.
     pub connections_max: usize,
-    /// Database workers, each with one pooled connection.
+    /// Database workers, each with one pooled connection (a fixed count).
     pub workers: usize,
+    /// Instead of a fixed count, let the controller choose within (min, max).
+    pub workers_range: Option<(usize, usize)>,
+    /// How often the load is measured (and the worker count reconsidered).
+    pub worker_adjust_interval: Duration,
+    /// Database connections used only to authenticate (never a sync's worker).
+    pub auth_connections: usize,
+    /// Password hash checks (argon2id) running at once.
+    pub password_checks_max: usize,
+    /// Upload and download bytes all syncs in flight may keep in memory; beyond, they
+    /// go to temporary files.
+    pub cache_bytes_max: usize,
+    /// Upload bytes one sync keeps in memory (while the cache has room).
+    pub upload_spool_memory_bytes_max: usize,
     pub frame_bytes_max: usize,
     /// Upload bytes (encoded) one sync may send.
     pub upload_bytes_max: usize,
@@ -20,8 +33,11 @@ pub struct ServerConfig {
     pub download_spool_memory_bytes_max: usize,
     /// Encoded download bytes one sync may send at all (frames, counted before compression).
     pub download_bytes_max: u64,
-    /// Retry hint sent with *busy*.
+    /// Retry hint sent with *busy* before any sync completed, and the least one sent;
+    /// after that the hint is the syncs in progress divided by the completion rate.
     pub busy_retry_after_ms: u32,
+    /// The largest retry hint sent with *busy*.
+    pub busy_retry_after_ms_max: u32,
     /// How often tombstones every client has passed are removed.
     pub cleanup_interval: Duration,
     /// A connection that sends nothing for this long is closed (the body read timeout:
@@ -31,6 +47,9 @@ pub struct ServerConfig {
     /// arrive within this long of the connection's start (after the TLS handshake); on
     /// HTTP the request's headers must.
     pub header_read_timeout: Duration,
+    /// The whole upload must arrive within this long of the connection's start: a
+    /// client sending a byte now and then holds its slot no longer.
+    pub upload_timeout: Duration,
     /// A TLS handshake must complete within this long.
     pub tls_handshake_timeout: Duration,
     /// Bytes one connection's upload may inflate to when it is compressed; checked
@@ -48,15 +67,23 @@ impl Default for ServerConfig {
         ServerConfig {
             connections_max: 1024,
             workers: 4,
+            workers_range: None,
+            worker_adjust_interval: Duration::from_secs(2),
+            auth_connections: 2,
+            password_checks_max: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            cache_bytes_max: crate::cache::default_cache_bytes_max(),
+            upload_spool_memory_bytes_max: 16 * 1024 * 1024,
             frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
             upload_bytes_max: 512 * 1024 * 1024,
             download_message_bytes_max: 1024 * 1024,
             download_spool_memory_bytes_max: 16 * 1024 * 1024,
             download_bytes_max: 16 * 1024 * 1024 * 1024,
             busy_retry_after_ms: 1000,
+            busy_retry_after_ms_max: 60_000,
             cleanup_interval: Duration::from_secs(300),
             read_timeout: Duration::from_secs(30),
             header_read_timeout: Duration::from_secs(10),
+            upload_timeout: Duration::from_secs(600),
             tls_handshake_timeout: Duration::from_secs(10),
             decompressed_bytes_max: 512 * 1024 * 1024 + 1024 * 1024,
             write_timeout: Duration::from_secs(60),

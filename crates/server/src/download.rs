@@ -7,7 +7,12 @@ use rowsync_consolidated::SyncOutcome;
 use rowsync_protocol::{
     encode_frame, CompressionError, Download, EndDownload, Message, Outbound, Row, Value,
 };
+use std::collections::VecDeque;
+use std::sync::Arc;
+
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
+
+use crate::cache::Cache;
 
 fn row_bytes(row: &Row) -> usize {
     2 + row.iter().map(Value::encoded_len).sum::<usize>()
@@ -74,31 +79,45 @@ pub enum SpoolError {
     Io(#[from] std::io::Error),
     #[error("compressing the download failed: {0}")]
     Compression(#[from] CompressionError),
+    #[error("{0}")]
+    Decode(String),
 }
 
 /// Encoded download frames, compressed as the client asked: in memory up to
 /// `memory_bytes_max`, then in a temporary file (unnamed: it disappears with the spool,
 /// whatever happens). The limit `bytes_max` counts frames before compression.
 pub struct Spool {
-    memory: Vec<u8>,
+    /// Pieces in memory, in order; each was reserved in the cache.
+    memory: VecDeque<Vec<u8>>,
+    memory_bytes: usize,
     file: Option<tokio::fs::File>,
     bytes: u64,
     wire_bytes: u64,
     memory_bytes_max: usize,
     bytes_max: u64,
     outbound: Option<Outbound>,
+    cache: Arc<Cache>,
 }
 
 impl Spool {
-    pub fn new(memory_bytes_max: usize, bytes_max: u64, outbound: Outbound) -> Spool {
+    /// Keeps up to `memory_bytes_max` in memory while the shared `cache` has room, the
+    /// rest in a temporary file; refuses more than `bytes_max` in all.
+    pub fn new(
+        memory_bytes_max: usize,
+        bytes_max: u64,
+        outbound: Outbound,
+        cache: Arc<Cache>,
+    ) -> Spool {
         Spool {
-            memory: Vec::new(),
+            memory: VecDeque::new(),
+            memory_bytes: 0,
             file: None,
             bytes: 0,
             wire_bytes: 0,
             memory_bytes_max,
             bytes_max,
             outbound: Some(outbound),
+            cache,
         }
     }
 
@@ -148,10 +167,15 @@ impl Spool {
             return Ok(());
         }
         self.wire_bytes += frame.len() as u64;
-        if self.file.is_none() && self.memory.len() + frame.len() <= self.memory_bytes_max {
-            self.memory.extend_from_slice(frame);
+        if self.file.is_none()
+            && self.memory_bytes + frame.len() <= self.memory_bytes_max
+            && self.cache.try_reserve(frame.len())
+        {
+            self.memory_bytes += frame.len();
+            self.memory.push_back(frame.to_vec());
             return Ok(());
         }
+        self.cache.spilled(frame.len());
         if self.file.is_none() {
             let file = tokio::task::spawn_blocking(tempfile::tempfile)
                 .await
@@ -185,10 +209,11 @@ impl Spool {
                 "the client stopped reading the download",
             )
         };
-        for piece in self.memory.chunks(SPOOL_READ_BYTES) {
-            tokio::time::timeout(write_timeout, out.write_all(piece))
+        while let Some(piece) = self.memory.pop_front() {
+            tokio::time::timeout(write_timeout, out.write_all(&piece))
                 .await
                 .map_err(|_| stalled())??;
+            self.forget(piece.len());
         }
         if let Some(mut file) = self.file.take() {
             file.flush().await?;
@@ -208,6 +233,44 @@ impl Spool {
     }
 }
 
+impl Spool {
+    /// Hands every stored piece, in order, to `take`, freeing each piece from memory (and
+    /// the cache) as soon as it was taken: the upload is decoded from its spool this way.
+    pub async fn drain(
+        mut self,
+        mut take: impl FnMut(&[u8]) -> Result<(), SpoolError>,
+    ) -> Result<(), SpoolError> {
+        while let Some(piece) = self.memory.pop_front() {
+            take(&piece)?;
+            self.forget(piece.len());
+        }
+        if let Some(mut file) = self.file.take() {
+            file.flush().await?;
+            file.seek(std::io::SeekFrom::Start(0)).await?;
+            let mut buffer = vec![0u8; SPOOL_READ_BYTES];
+            loop {
+                let read = file.read(&mut buffer).await?;
+                if read == 0 {
+                    break;
+                }
+                take(&buffer[..read])?;
+            }
+        }
+        Ok(())
+    }
+
+    fn forget(&mut self, bytes: usize) {
+        self.memory_bytes -= bytes;
+        self.cache.release(bytes);
+    }
+}
+
+impl Drop for Spool {
+    fn drop(&mut self) {
+        self.cache.release(self.memory_bytes);
+    }
+}
+
 /// Bytes read back from a spilled spool at a time.
 const SPOOL_READ_BYTES: usize = 256 * 1024;
 
@@ -218,6 +281,10 @@ mod tests {
 
     fn plain() -> Outbound {
         Outbound::new(Compression::None, false).unwrap()
+    }
+
+    fn cache() -> Arc<Cache> {
+        Cache::new(1 << 30, Arc::new(crate::metrics::Metrics::new()))
     }
 
     fn chunk(start: i64, rows: i64) -> Download {
@@ -260,7 +327,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_spool_past_its_memory_limit_spills_and_replays_in_order() {
-        let mut spool = Spool::new(50_000, 10_000_000, plain());
+        let mut spool = Spool::new(50_000, 10_000_000, plain(), cache());
         let mut expected = Vec::new();
         for n in 0..20 {
             for frame in chunk_frames(chunk(n * 100, 100), 4096) {
@@ -284,7 +351,7 @@ mod tests {
     async fn a_compressed_spool_holds_fewer_bytes_and_replays_the_same_frames() {
         for compression in [Compression::Zlib, Compression::Zstd] {
             let outbound = Outbound::new(compression, true).unwrap();
-            let mut spool = Spool::new(20_000, 10_000_000, outbound);
+            let mut spool = Spool::new(20_000, 10_000_000, outbound, cache());
             let mut expected = Vec::new();
             for n in 0..20 {
                 for frame in chunk_frames(chunk(n * 100, 100), 4096) {
@@ -314,7 +381,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_spool_refuses_to_grow_past_its_limit() {
-        let mut spool = Spool::new(1000, 5000, plain());
+        let mut spool = Spool::new(1000, 5000, plain(), cache());
         let frame = vec![0u8; 3000];
         spool.append(&frame).await.unwrap();
         assert!(matches!(

@@ -20,7 +20,8 @@ use rowsync_protocol::{encode_frame, Message};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::io::{ReaderStream, StreamReader};
 
-use crate::server::{handle_connection, Shared};
+use crate::server::Shared;
+use crate::sync::handle_connection;
 
 /// The media type of request and response bodies.
 pub const CONTENT_TYPE_ROWSYNC: &str = "application/x-rowsync";
@@ -50,7 +51,7 @@ pub(crate) async fn serve_connection<B, I>(
         let shared = Arc::clone(&shared);
         async move {
             Ok::<_, Infallible>(if over_limit {
-                busy_response(shared.config.busy_retry_after_ms)
+                busy_response(shared.busy_retry_after_ms())
             } else {
                 handle_request(request, peer, shared)
             })
@@ -149,7 +150,7 @@ fn handle_request<B: Consolidated>(
     }
     let Ok(permit) = Arc::clone(&shared.slots).try_acquire_owned() else {
         tracing::debug!(%peer, "connection limit reached; answering busy");
-        return busy_response(shared.config.busy_retry_after_ms);
+        return busy_response(shared.busy_retry_after_ms());
     };
     let body = BodyStream::new(request.into_body())
         .map_ok(|frame| frame.into_data().unwrap_or_default())

@@ -12,6 +12,7 @@
 //! every transport feeds the same stages.
 
 pub mod auth;
+pub mod cache;
 mod config;
 pub mod controller;
 mod download;
@@ -20,10 +21,13 @@ pub mod metrics;
 pub mod pool;
 pub mod server;
 pub mod session;
+mod sync;
 pub mod tls;
 mod tls_accept;
 pub mod token;
 
 pub use config::ServerConfig;
-pub use server::{serve, serve_endpoints, Endpoint, ServerError, Transport};
+pub use server::{
+    serve, serve_endpoints, serve_endpoints_with_metrics, Endpoint, ServerError, Transport,
+};
 pub use token::TokenConfig;

@@ -1,37 +1,30 @@
-//! The network and stream stages: accept under the connection limit, read the whole
-//! upload, hand it to a database worker, send the download after the worker is free.
+//! The network stage: accept on every endpoint under one connection limit (above it,
+//! *busy* with a retry-after computed from the load), and the server's background
+//! tasks: the worker-count controller, the periodic summary, tombstone cleanup. One
+//! connection's sync is in [`crate::sync`].
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rowsync_consolidated::{
-    download_channel, Consolidated, ConsolidatedConnection, DownloadAckRequest, DownloadMessage,
-    SyncError, SyncRequest,
-};
-use rowsync_protocol::{
-    encode_frame, CompressionError, DecodeError, DownloadAck, ErrorCode, FrameDecoder, Hello,
-    Inbound, InboundError, Message, Outbound, WireError,
-};
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection};
+use rowsync_protocol::{encode_frame, Message};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
-use crate::download::{chunk_frames, end_frame, Spool, SpoolError};
+use crate::cache::Cache;
+use crate::controller::{ControllerConfig, Sample, WorkerController};
+use crate::metrics::Metrics;
 use crate::pool::WorkerPool;
-use crate::session::{ReceivedUpload, ServerSession, Step};
-
-/// What the stream stage read: an upload, or a download acknowledgement.
-enum Received {
-    Upload(ReceivedUpload),
-    Acknowledge { hello: Hello, watermark: i64 },
-}
-use crate::{auth, ServerConfig};
+use crate::sync::handle_connection;
+use crate::ServerConfig;
 
 /// Bytes read from a socket at a time.
-const READ_CHUNK_BYTES: usize = 64 * 1024;
+pub(crate) const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// How long in-flight syncs may finish after shutdown is requested.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
@@ -43,7 +36,14 @@ pub enum ServerError {
 
 pub(crate) struct Shared<B: Consolidated> {
     pub(crate) config: ServerConfig,
-    pool: Arc<WorkerPool<B>>,
+    pub(crate) pool: Arc<WorkerPool<B>>,
+    /// Connections for authentication only: logins never take a sync's worker.
+    pub(crate) auth_pool: Arc<WorkerPool<B>>,
+    /// Password hash checks (argon2id, CPU-bound) running at once.
+    pub(crate) password_checks: Semaphore,
+    pub(crate) cache: Arc<Cache>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) load: Load,
     /// One permit per sync in progress, whatever its transport (`connections_max`).
     pub(crate) slots: Arc<Semaphore>,
     /// One permit per open HTTP(S) connection (`connections_max` of them): a keep-alive
@@ -104,8 +104,36 @@ pub async fn serve_endpoints<B: Consolidated>(
     config: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
+    serve_endpoints_with_metrics(
+        endpoints,
+        backend,
+        config,
+        Arc::new(Metrics::new()),
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve_endpoints`], counting into `metrics` (which an admin endpoint may expose).
+pub async fn serve_endpoints_with_metrics<B: Consolidated>(
+    endpoints: Vec<Endpoint>,
+    backend: B,
+    config: ServerConfig,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let workers = match config.workers_range {
+        Some((workers_min, _)) => workers_min,
+        None => config.workers,
+    };
+    metrics.workers.set(workers as i64);
     let shared = Arc::new(Shared {
-        pool: WorkerPool::new(backend, config.workers),
+        pool: WorkerPool::new(backend.clone(), workers),
+        auth_pool: WorkerPool::new(backend, config.auth_connections.max(1)),
+        password_checks: Semaphore::new(config.password_checks_max.max(1)),
+        cache: Cache::new(config.cache_bytes_max, Arc::clone(&metrics)),
+        metrics,
+        load: Load::default(),
         slots: Arc::new(Semaphore::new(config.connections_max)),
         http_connections: Arc::new(Semaphore::new(config.connections_max)),
         config,
@@ -114,6 +142,7 @@ pub async fn serve_endpoints<B: Consolidated>(
         Arc::clone(&shared.pool),
         shared.config.cleanup_interval,
     ));
+    let monitor = tokio::spawn(monitor_load(Arc::clone(&shared)));
     let (stop, stopped) = watch::channel(false);
     let mut accepting = tokio::task::JoinSet::new();
     for endpoint in endpoints {
@@ -131,6 +160,7 @@ pub async fn serve_endpoints<B: Consolidated>(
     let _ = stop.send(true);
     while accepting.join_next().await.is_some() {}
     cleanup.abort();
+    monitor.abort();
     let in_flight = shared.config.connections_max as u32;
     if tokio::time::timeout(SHUTDOWN_GRACE, shared.slots.acquire_many(in_flight))
         .await
@@ -237,9 +267,141 @@ async fn serve_stream<B: Consolidated, S>(
             drop(permit);
         }
         None => {
-            let retry_after_ms = shared.config.busy_retry_after_ms;
-            tracing::debug!(%peer, "connection limit reached; answering busy");
+            let retry_after_ms = shared.busy_retry_after_ms();
+            tracing::debug!(%peer, retry_after_ms, "connection limit reached; answering busy");
             reply_and_close(stream, Message::Busy { retry_after_ms }).await;
+        }
+    }
+}
+
+/// What the monitor needs to know of completed syncs.
+#[derive(Debug, Default)]
+pub(crate) struct Load {
+    syncs_completed: AtomicU64,
+    rows: AtomicU64,
+    /// Syncs completed per second, smoothed (f64 bits).
+    syncs_per_second: AtomicU64,
+}
+
+/// Weight of the newest interval in the smoothed completion rate.
+const RATE_SMOOTHING: f64 = 0.5;
+/// Interval of the periodic summary line.
+pub const SUMMARY_INTERVAL: Duration = Duration::from_secs(60);
+
+impl Load {
+    pub(crate) fn completed(&self, rows: u64) {
+        self.syncs_completed.fetch_add(1, Ordering::AcqRel);
+        self.rows.fetch_add(rows, Ordering::AcqRel);
+    }
+
+    fn syncs_per_second(&self) -> f64 {
+        f64::from_bits(self.syncs_per_second.load(Ordering::Acquire))
+    }
+}
+
+impl<B: Consolidated> Shared<B> {
+    /// When a refused client should come back: the syncs in progress ahead of it,
+    /// divided by the rate at which syncs complete, within the configured bounds (the
+    /// configured hint itself before anything completed).
+    pub(crate) fn busy_retry_after_ms(&self) -> u32 {
+        self.metrics.sync_ended(crate::metrics::Outcome::busy);
+        let rate = self.load.syncs_per_second();
+        let floor = self.config.busy_retry_after_ms;
+        if rate <= 0.0 {
+            return floor;
+        }
+        let in_progress = self.config.connections_max
+            - self
+                .slots
+                .available_permits()
+                .min(self.config.connections_max);
+        let estimate = 1000.0 * in_progress as f64 / rate;
+        (estimate as u64).clamp(
+            u64::from(floor),
+            u64::from(self.config.busy_retry_after_ms_max.max(floor)),
+        ) as u32
+    }
+}
+
+/// Every `worker_adjust_interval`: measures the load, lets the controller (when a range
+/// is set) change the worker count, updates the gauges; every `SUMMARY_INTERVAL` logs a
+/// summary line.
+async fn monitor_load<B: Consolidated>(shared: Arc<Shared<B>>) {
+    let interval = shared
+        .config
+        .worker_adjust_interval
+        .max(Duration::from_millis(100));
+    let mut controller = shared
+        .config
+        .workers_range
+        .map(|(workers_min, workers_max)| {
+            WorkerController::new(ControllerConfig {
+                workers_min: workers_min.max(1),
+                workers_max: workers_max.max(workers_min.max(1)),
+                adjust_interval: interval,
+            })
+        });
+    let counters = &shared.pool.counters;
+    let mut ticks = tokio::time::interval(interval);
+    ticks.tick().await;
+    let mut last = (0u64, 0u64, 0usize, 0usize);
+    let mut last_tick = Instant::now();
+    let mut summary = (Instant::now(), 0u64, 0u64);
+    loop {
+        ticks.tick().await;
+        let now = (
+            shared.load.syncs_completed.load(Ordering::Acquire),
+            shared.load.rows.load(Ordering::Acquire),
+            counters.waited.load(Ordering::Acquire),
+            counters.busy_micros.load(Ordering::Acquire),
+        );
+        let elapsed = last_tick.elapsed();
+        last_tick = Instant::now();
+        let sample = Sample {
+            interval: elapsed,
+            syncs_completed: now.0 - last.0,
+            rows: now.1 - last.1,
+            syncs_waited: (now.2 - last.2) as u64 + counters.waiting.load(Ordering::Acquire) as u64,
+            worker_busy: Duration::from_micros((now.3 - last.3) as u64),
+        };
+        last = now;
+        let rate = sample.syncs_completed as f64 / elapsed.as_secs_f64().max(1e-3);
+        let smoothed =
+            RATE_SMOOTHING * rate + (1.0 - RATE_SMOOTHING) * shared.load.syncs_per_second();
+        shared
+            .load
+            .syncs_per_second
+            .store(smoothed.to_bits(), Ordering::Release);
+        if let Some(controller) = controller.as_mut() {
+            if let Some(decision) = controller.observe(sample) {
+                shared.pool.resize(decision.workers);
+                shared.metrics.worker_adjustments.inc();
+                tracing::info!(
+                    workers = decision.workers,
+                    "worker count: {}",
+                    decision.reason
+                );
+            }
+        }
+        let metrics = &shared.metrics;
+        metrics.workers.set(shared.pool.workers() as i64);
+        metrics
+            .workers_busy
+            .set(counters.busy.load(Ordering::Acquire) as i64);
+        metrics
+            .syncs_waiting_for_worker
+            .set(counters.waiting.load(Ordering::Acquire) as i64);
+        if summary.0.elapsed() >= SUMMARY_INTERVAL {
+            tracing::info!(
+                syncs = now.0 - summary.1,
+                rows = now.1 - summary.2,
+                busy_answers = metrics.syncs_ended(crate::metrics::Outcome::busy),
+                workers = shared.pool.workers(),
+                cache_bytes = shared.cache.used_bytes(),
+                "summary of the last {} s",
+                summary.0.elapsed().as_secs()
+            );
+            summary = (Instant::now(), now.0, now.1);
         }
     }
 }
@@ -268,52 +430,6 @@ fn is_transient_accept_error(error: &std::io::Error) -> bool {
     matches!(error.kind(), ConnectionAborted | ConnectionReset | Interrupted | WouldBlock)
         || error.raw_os_error() == Some(24) // EMFILE: out of file descriptors, for now
         || error.raw_os_error() == Some(23) // ENFILE
-}
-
-/// Why a sync ended early, and what (if anything) the client is told.
-struct Failure {
-    reply: Option<WireError>,
-    log: String,
-}
-
-impl Failure {
-    fn tell(error: WireError) -> Failure {
-        Failure {
-            log: error.to_string(),
-            reply: Some(error),
-        }
-    }
-
-    fn silent(log: String) -> Failure {
-        Failure { reply: None, log }
-    }
-}
-
-/// Runs one sync over any byte stream (TCP, TLS, or an HTTP request and its response).
-pub(crate) async fn handle_connection<B: Consolidated, S>(
-    mut stream: S,
-    peer: SocketAddr,
-    shared: &Shared<B>,
-) where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
-{
-    let started = Instant::now();
-    match run_sync(&mut stream, shared).await {
-        Ok(summary) => {
-            tracing::debug!(%peer, elapsed_ms = started.elapsed().as_millis() as u64, "{summary}")
-        }
-        Err(failure) => {
-            // The client hears first; the log line cannot delay or prevent its answer.
-            if let Some(error) = failure.reply {
-                reply_and_close(stream, Message::Error(error)).await;
-            } else {
-                let _ = stream.shutdown().await;
-            }
-            tracing::warn!(%peer, "sync failed: {}", failure.log);
-            return;
-        }
-    }
-    let _ = stream.shutdown().await;
 }
 
 /// Bytes of unread input discarded after a refusal, and for how long, so that closing
@@ -351,382 +467,4 @@ pub(crate) async fn reply_bytes_and_close(
         }
     })
     .await;
-}
-
-async fn run_sync<B: Consolidated>(
-    stream: &mut (impl AsyncRead + AsyncWrite + Unpin + Send),
-    shared: &Shared<B>,
-) -> Result<String, Failure> {
-    let config = &shared.config;
-    let (received, mut outbound, wire_bytes_received) = read_upload(stream, config).await?;
-    let upload = match received {
-        Received::Upload(upload) => upload,
-        Received::Acknowledge { hello, watermark } => {
-            return acknowledge(stream, shared, &hello, watermark, outbound).await
-        }
-    };
-    let hello = &upload.hello;
-
-    let user = authenticated_user(shared, hello).await?;
-    let request = Arc::new(SyncRequest {
-        client_id: hello.client_id.clone(),
-        user,
-        script_version: hello.script_version.clone(),
-        last_download_watermark: hello.last_download_watermark,
-        upload_sequence: upload.upload_sequence,
-        tables: upload.tables,
-        auth_parameters: hello.auth_parameters.clone(),
-    });
-    // The download is encoded into the spool while the worker reads it.
-    let (sender, mut chunks) = download_channel();
-    let message_bytes_max = config.download_message_bytes_max;
-    let preamble = outbound.take_preamble();
-    let mut spool = Spool::new(
-        config.download_spool_memory_bytes_max,
-        config.download_bytes_max,
-        outbound,
-    );
-    let spooling = tokio::spawn(async move {
-        while let Some(message) = chunks.recv().await {
-            match message {
-                DownloadMessage::Chunk(chunk) => {
-                    for frame in chunk_frames(chunk, message_bytes_max) {
-                        spool.append(&frame).await?;
-                    }
-                }
-                DownloadMessage::Finish(answer) => {
-                    let flushed = spool.flush().await;
-                    let verdict = match &flushed {
-                        Ok(()) => Ok(()),
-                        Err(error) => Err(error.to_string()),
-                    };
-                    let _ = answer.send(verdict);
-                    flushed?;
-                }
-            }
-        }
-        Ok::<Spool, SpoolError>(spool)
-    });
-    let mut worker = shared
-        .pool
-        .acquire(&request.script_version)
-        .await
-        .map_err(database_failure)?;
-    let outcome = worker
-        .connection()
-        .synchronize(Arc::clone(&request), sender)
-        .await;
-    let spooled = spooling
-        .await
-        .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?;
-    let (outcome, mut spool) = match (outcome, spooled) {
-        (Ok(outcome), Ok(spool)) => {
-            drop(worker);
-            (outcome, spool)
-        }
-        (Err(error), spooled) => {
-            if matches!(error, SyncError::Database(_)) {
-                worker.discard();
-            } else {
-                drop(worker);
-            }
-            // A spool failure (size, disk) is the cause when the backend only saw its
-            // receiver go away.
-            let wire = match (&error, spooled) {
-                (
-                    SyncError::DownloadAbandoned | SyncError::DownloadRefused(_),
-                    Err(spool_error),
-                ) => WireError::new(ErrorCode::Internal, spool_error.to_string()),
-                _ => WireError::new(error.code(), error.to_string()),
-            };
-            return Err(Failure::tell(wire));
-        }
-        (Ok(_), Err(spool_error)) => {
-            // Committed, but the download cannot be sent: the client retries, and its
-            // upload is then acknowledged as already applied.
-            drop(worker);
-            return Err(Failure::tell(WireError::new(
-                ErrorCode::Internal,
-                spool_error.to_string(),
-            )));
-        }
-    };
-    // The worker is released: the end of the download joins the spool, then all of it
-    // is sent while the worker serves others.
-    let ended = async {
-        spool.append(&end_frame(&outcome)).await?;
-        spool.finish().await
-    }
-    .await;
-    if let Err(spool_error) = ended {
-        return Err(Failure::tell(WireError::new(
-            ErrorCode::Internal,
-            spool_error.to_string(),
-        )));
-    }
-    let summary = format!(
-        "client {:?} user {:?}: {} rows up ({} bytes received), {} rows down ({} bytes, {} sent{}), {} conflicts{}",
-        request.client_id,
-        request.user,
-        outcome.summary.rows_uploaded,
-        wire_bytes_received,
-        outcome.download_rows,
-        spool.bytes(),
-        spool.wire_bytes(),
-        if spool.spilled() {
-            ", spilled to disk"
-        } else {
-            ""
-        },
-        outcome.summary.conflicts,
-        if outcome.summary.upload_already_applied {
-            ", upload already applied"
-        } else {
-            ""
-        },
-    );
-    let sent = send_spool(stream, shared, preamble, spool).await;
-    if let Err(error) = sent {
-        return Err(Failure::silent(format!(
-            "sending the download failed after commit: {error}"
-        )));
-    }
-    Ok(summary)
-}
-
-/// A download acknowledgement (its own short exchange): authenticate, record it and run
-/// `download_ack` on a worker, and echo it to confirm.
-async fn acknowledge<B: Consolidated>(
-    stream: &mut (impl AsyncRead + AsyncWrite + Unpin + Send),
-    shared: &Shared<B>,
-    hello: &Hello,
-    watermark: i64,
-    mut outbound: Outbound,
-) -> Result<String, Failure> {
-    let user = authenticated_user(shared, hello).await?;
-    let request = DownloadAckRequest {
-        client_id: hello.client_id.clone(),
-        user,
-        script_version: hello.script_version.clone(),
-        watermark,
-        auth_parameters: hello.auth_parameters.clone(),
-    };
-    let mut worker = shared
-        .pool
-        .acquire(&request.script_version)
-        .await
-        .map_err(database_failure)?;
-    let recorded = worker.connection().acknowledge_download(&request).await;
-    let recorded = match recorded {
-        Ok(recorded) => {
-            drop(worker);
-            recorded
-        }
-        Err(error) => {
-            if matches!(error, SyncError::Database(_)) {
-                worker.discard();
-            }
-            return Err(Failure::tell(WireError::new(
-                error.code(),
-                error.to_string(),
-            )));
-        }
-    };
-    if !recorded {
-        return Err(Failure::tell(WireError::new(
-            ErrorCode::Protocol,
-            format!(
-                "watermark {watermark} is not the last one sent to client {:?}; nothing recorded",
-                request.client_id
-            ),
-        )));
-    }
-    let preamble = outbound.take_preamble();
-    let mut spool = Spool::new(
-        shared.config.download_spool_memory_bytes_max,
-        shared.config.download_bytes_max,
-        outbound,
-    );
-    let reply = async {
-        spool
-            .append(&encode_frame(&Message::DownloadAck(DownloadAck {
-                watermark,
-            })))
-            .await?;
-        spool.finish().await
-    }
-    .await;
-    reply.map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?;
-    send_spool(stream, shared, preamble, spool)
-        .await
-        .map_err(|error| {
-            Failure::silent(format!("confirming the acknowledgement failed: {error}"))
-        })?;
-    Ok(format!(
-        "client {:?} acknowledged the download up to {watermark}",
-        request.client_id
-    ))
-}
-
-/// Sends the preamble (if any) and everything spooled; each write must progress within
-/// the write timeout.
-async fn send_spool<B: Consolidated>(
-    stream: &mut (impl AsyncWrite + Unpin),
-    shared: &Shared<B>,
-    preamble: Option<[u8; rowsync_protocol::PREAMBLE_BYTES]>,
-    spool: Spool,
-) -> std::io::Result<()> {
-    let write_timeout = shared.config.write_timeout;
-    let stopped =
-        || std::io::Error::new(std::io::ErrorKind::TimedOut, "the client stopped reading");
-    if let Some(preamble) = preamble {
-        tokio::time::timeout(write_timeout, stream.write_all(&preamble))
-            .await
-            .map_err(|_| stopped())??;
-    }
-    spool.send_to(stream, write_timeout).await?;
-    tokio::time::timeout(write_timeout, stream.flush())
-        .await
-        .map_err(|_| stopped())?
-}
-
-/// The authenticated user of a hello, or the refusal to send.
-async fn authenticated_user<B: Consolidated>(
-    shared: &Shared<B>,
-    hello: &Hello,
-) -> Result<String, Failure> {
-    match auth::authenticate(&shared.pool, &shared.config.tokens, hello).await {
-        Ok(user) => Ok(user),
-        Err(auth::AuthFailure::Refused(reason)) => Err(Failure::tell(WireError::new(
-            ErrorCode::AuthenticationFailed,
-            format!("authentication failed: {reason}"),
-        ))),
-        Err(auth::AuthFailure::Sync(error)) => Err(Failure::tell(WireError::new(
-            error.code(),
-            error.to_string(),
-        ))),
-    }
-}
-
-fn database_failure(error: impl std::fmt::Display) -> Failure {
-    Failure::tell(WireError::new(
-        ErrorCode::Internal,
-        format!("consolidated database error: {error}"),
-    ))
-}
-
-/// The stream stage: reads (and decompresses) and decodes until the upload is complete.
-/// Returns the upload, the sender for the reply (the client's compression, announced
-/// by a preamble when the client sent one) and the bytes received on the wire.
-async fn read_upload(
-    stream: &mut (impl AsyncRead + Unpin),
-    config: &ServerConfig,
-) -> Result<(Received, Outbound, u64), Failure> {
-    let started = tokio::time::Instant::now();
-    let header_deadline = started + config.header_read_timeout;
-    let mut inbound = Inbound::new(config.decompressed_bytes_max);
-    let mut decoder = FrameDecoder::new(config.frame_bytes_max);
-    let mut session = ServerSession::new(config.upload_bytes_max);
-    let mut hello_seen = false;
-    let mut buffer = vec![0u8; READ_CHUNK_BYTES];
-    loop {
-        while let Some(chunk) = inbound.next_chunk().map_err(inbound_refusal)? {
-            decoder.feed(chunk);
-            loop {
-                let before = decoder.buffered_bytes();
-                let message = match decoder.next_message() {
-                    Ok(Some(message)) => message,
-                    Ok(None) => break,
-                    Err(error) => return Err(Failure::tell(decode_refusal(error))),
-                };
-                let frame_bytes = before - decoder.buffered_bytes();
-                let received = match session.handle(message, frame_bytes) {
-                    Ok(Step::Continue) => None,
-                    Ok(Step::Hello(_)) => {
-                        hello_seen = true;
-                        None
-                    }
-                    Ok(Step::Complete(upload)) => Some(Received::Upload(upload)),
-                    Ok(Step::Acknowledge { hello, watermark }) => {
-                        Some(Received::Acknowledge { hello, watermark })
-                    }
-                    Err(error) => return Err(Failure::tell(error)),
-                };
-                match received {
-                    None => {}
-                    Some(received) => {
-                        let compression = inbound
-                            .preamble()
-                            .map(|preamble| preamble.compression)
-                            .unwrap_or_default();
-                        let outbound = Outbound::new(compression, inbound.preamble().is_some())
-                            .map_err(|error| {
-                                Failure::tell(WireError::new(
-                                    ErrorCode::Internal,
-                                    error.to_string(),
-                                ))
-                            })?;
-                        return Ok((received, outbound, inbound.wire_bytes()));
-                    }
-                }
-            }
-        }
-        // Until the hello is in, the header timeout also bounds the wait.
-        let now = tokio::time::Instant::now();
-        let header_wait = header_deadline.saturating_duration_since(now);
-        let header_bound = !hello_seen && header_wait < config.read_timeout;
-        let wait = if header_bound {
-            header_wait
-        } else {
-            config.read_timeout
-        };
-        let read = match tokio::time::timeout(wait, stream.read(&mut buffer)).await {
-            Err(_) => {
-                let reason = if header_bound {
-                    format!(
-                        "the hello did not arrive within the header read timeout of {} ms",
-                        config.header_read_timeout.as_millis()
-                    )
-                } else {
-                    format!(
-                        "nothing received for {} ms",
-                        config.read_timeout.as_millis()
-                    )
-                };
-                return Err(Failure::tell(WireError::new(ErrorCode::Timeout, reason)));
-            }
-            Ok(Err(error)) => {
-                return Err(Failure::silent(format!(
-                    "reading the upload failed: {error}"
-                )))
-            }
-            Ok(Ok(read)) => read,
-        };
-        if read == 0 {
-            let reason = match decoder.finish() {
-                Err(error) => error.to_string(),
-                Ok(()) => "the client closed the connection before the end of the upload".into(),
-            };
-            return Err(Failure::silent(reason));
-        }
-        inbound.feed(&buffer[..read]).map_err(inbound_refusal)?;
-    }
-}
-
-fn inbound_refusal(error: InboundError) -> Failure {
-    let code = match error {
-        InboundError::Compression(CompressionError::DecompressedTooLarge { .. }) => {
-            ErrorCode::UploadTooLarge
-        }
-        _ => ErrorCode::Protocol,
-    };
-    Failure::tell(WireError::new(code, error.to_string()))
-}
-
-fn decode_refusal(error: DecodeError) -> WireError {
-    let code = match error {
-        DecodeError::FrameTooLarge { .. } => ErrorCode::FrameTooLarge,
-        _ => ErrorCode::Protocol,
-    };
-    WireError::new(code, error.to_string())
 }

@@ -1,14 +1,23 @@
 //! The server side of one sync's upload as a state machine: client messages in,
-//! a complete upload (or a refusal) out. No I/O.
+//! the hello, a complete upload (or a refusal) out. No I/O. It keeps each table's
+//! columns to check that chunks agree, never the rows: those stay in the server's
+//! spool until a worker takes them ([`merge`] assembles them then).
 
 use rowsync_protocol::{ErrorCode, Hello, Message, TableUpload, WireError, PROTOCOL_VERSION};
 
-/// Everything a client sent, checked and merged, ready for the database stage.
+/// The end of a checked upload.
 #[derive(Debug)]
 pub struct ReceivedUpload {
     pub hello: Hello,
-    pub tables: Vec<TableUpload>,
     pub upload_sequence: u64,
+}
+
+/// A table's shape as its first chunk gave it.
+#[derive(Debug)]
+struct TableSeen {
+    table: String,
+    columns: Vec<String>,
+    key_columns: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -29,7 +38,7 @@ enum State {
     AwaitingHello,
     Uploading {
         hello: Hello,
-        tables: Vec<TableUpload>,
+        tables: Vec<TableSeen>,
     },
     AwaitingAcknowledgement {
         hello: Hello,
@@ -113,14 +122,13 @@ impl ServerSession {
                 },
             ),
             (State::Uploading { hello, mut tables }, Message::Upload(upload)) => {
-                merge(&mut tables, upload)?;
+                check_chunk(&mut tables, &upload)?;
                 (State::Uploading { hello, tables }, Step::Continue)
             }
-            (State::Uploading { hello, tables }, Message::EndUpload(end)) => (
+            (State::Uploading { hello, .. }, Message::EndUpload(end)) => (
                 State::Done,
                 Step::Complete(ReceivedUpload {
                     hello,
-                    tables,
                     upload_sequence: end.upload_sequence,
                 }),
             ),
@@ -145,20 +153,39 @@ impl ServerSession {
     }
 }
 
+fn chunks_disagree(table: &str) -> WireError {
+    WireError::new(
+        ErrorCode::Protocol,
+        format!("upload chunks of table {table:?} disagree on their columns"),
+    )
+}
+
+/// Records a chunk's table, or checks it continues the table as first seen.
+fn check_chunk(tables: &mut Vec<TableSeen>, upload: &TableUpload) -> Result<(), WireError> {
+    match tables.iter().find(|seen| seen.table == upload.table) {
+        None => {
+            tables.push(TableSeen {
+                table: upload.table.clone(),
+                columns: upload.columns.clone(),
+                key_columns: upload.key_columns.clone(),
+            });
+            Ok(())
+        }
+        Some(seen) if seen.columns == upload.columns && seen.key_columns == upload.key_columns => {
+            Ok(())
+        }
+        Some(_) => Err(chunks_disagree(&upload.table)),
+    }
+}
+
 /// Appends an upload chunk to the table it continues, or starts a new table.
-fn merge(tables: &mut Vec<TableUpload>, upload: TableUpload) -> Result<(), WireError> {
+pub fn merge(tables: &mut Vec<TableUpload>, upload: TableUpload) -> Result<(), WireError> {
     let Some(existing) = tables.iter_mut().find(|table| table.table == upload.table) else {
         tables.push(upload);
         return Ok(());
     };
     if existing.columns != upload.columns || existing.key_columns != upload.key_columns {
-        return Err(WireError::new(
-            ErrorCode::Protocol,
-            format!(
-                "upload chunks of table {:?} disagree on their columns",
-                upload.table
-            ),
-        ));
+        return Err(chunks_disagree(&upload.table));
     }
     existing.inserts.extend(upload.inserts);
     existing.updates.extend(upload.updates);
@@ -196,9 +223,12 @@ mod tests {
     }
 
     #[test]
-    fn merges_chunks_of_one_table() {
+    fn checks_chunks_of_one_table_and_merge_assembles_them() {
         let mut session = ServerSession::new(1 << 20);
-        session.handle(hello(), 10).unwrap();
+        assert!(matches!(
+            session.handle(hello(), 10).unwrap(),
+            Step::Hello(_)
+        ));
         session.handle(chunk(1), 10).unwrap();
         session.handle(chunk(2), 10).unwrap();
         let Step::Complete(upload) = session
@@ -207,12 +237,29 @@ mod tests {
         else {
             panic!("expected the upload to complete");
         };
-        assert_eq!(upload.tables.len(), 1);
+        assert_eq!(upload.upload_sequence, 3);
+        let mut tables = Vec::new();
+        for id in [1, 2] {
+            let Message::Upload(upload) = chunk(id) else {
+                unreachable!()
+            };
+            merge(&mut tables, upload).unwrap();
+        }
+        assert_eq!(tables.len(), 1);
         assert_eq!(
-            upload.tables[0].inserts,
+            tables[0].inserts,
             vec![vec![Value::Int(1)], vec![Value::Int(2)]]
         );
-        assert_eq!(upload.upload_sequence, 3);
+        // A chunk naming other columns for the same table is refused while reading.
+        let mut session = ServerSession::new(1 << 20);
+        session.handle(hello(), 10).unwrap();
+        session.handle(chunk(1), 10).unwrap();
+        let Message::Upload(mut other) = chunk(2) else {
+            unreachable!()
+        };
+        other.columns = vec!["other".into()];
+        let error = session.handle(Message::Upload(other), 10).unwrap_err();
+        assert!(error.message.contains("disagree"), "{}", error.message);
     }
 
     #[test]

@@ -50,6 +50,7 @@ pub async fn synchronize(
     request: &SyncRequest,
     download: &DownloadSender,
 ) -> Result<SyncOutcome, SyncError> {
+    let started = std::time::Instant::now();
     let transaction = client.transaction().await?;
     // Held shared by every sync, exclusively by cleanup: see `schema::cleanup`.
     transaction
@@ -118,6 +119,7 @@ pub async fn synchronize(
     }
     // Taken before the download is read: the cursors' later snapshots see every
     // transaction below it.
+    let apply_time = started.elapsed();
     let mut watermark: i64 = transaction.query_one(WATERMARK_QUERY, &[]).await?.get(0);
     let next = parameters.with(vec![("next_last_download", Value::Int(watermark))]);
     let modified = run_event(&transaction, scripts, MODIFY_NEXT_LAST_DOWNLOAD, &next).await?;
@@ -187,6 +189,7 @@ pub async fn synchronize(
     Ok(SyncOutcome {
         download_rows,
         watermark,
+        apply_time,
         summary: SyncSummary {
             rows_uploaded: request.upload_operation_count(),
             conflicts,

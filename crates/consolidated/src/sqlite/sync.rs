@@ -27,6 +27,7 @@ pub fn synchronize(
     request: &SyncRequest,
     download: &DownloadSender,
 ) -> Result<SyncOutcome, SyncError> {
+    let started = std::time::Instant::now();
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let subscription: Option<(String, i64)> = transaction
         .query_row(
@@ -68,6 +69,7 @@ pub fn synchronize(
     if !upload_already_applied {
         run_event(&transaction, scripts, END_UPLOAD, &parameters)?;
     }
+    let apply_time = started.elapsed();
     let mut watermark: i64 =
         transaction.query_row("SELECT version FROM rs_clock WHERE id = 1", [], |row| {
             row.get(0)
@@ -116,6 +118,7 @@ pub fn synchronize(
     Ok(SyncOutcome {
         download_rows,
         watermark,
+        apply_time,
         summary: SyncSummary {
             rows_uploaded: request.upload_operation_count(),
             conflicts,
