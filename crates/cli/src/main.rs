@@ -3,6 +3,7 @@
 use std::io::Read;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -55,12 +56,29 @@ enum Command {
         /// Require TLS and HTTPS clients to present a certificate signed by this CA (PEM).
         #[arg(long)]
         client_ca: Option<PathBuf>,
-        /// Database workers (each holds one pooled connection while it works).
-        #[arg(long, default_value_t = 4)]
+        /// Database workers (each holds one pooled connection while it works): a fixed
+        /// count. Give --workers-min and --workers-max instead to let the server choose.
+        #[arg(long, default_value_t = 4, conflicts_with_all = ["workers_min", "workers_max"])]
         workers: usize,
+        /// The fewest database workers the server may run (with --workers-max).
+        #[arg(long, requires = "workers_max")]
+        workers_min: Option<usize>,
+        /// The most database workers the server may run (with --workers-min).
+        #[arg(long, requires = "workers_min")]
+        workers_max: Option<usize>,
         /// Syncs in progress at once; more clients are told busy with a retry hint.
         #[arg(long, default_value_t = 1024)]
         max_connections: usize,
+        /// Upload and download bytes all syncs in flight keep in memory; beyond, they go
+        /// to temporary files. Default: a quarter of physical memory.
+        #[arg(long)]
+        cache_bytes_max: Option<usize>,
+        /// The whole upload must arrive within this many seconds of connecting.
+        #[arg(long, default_value_t = ServerConfig::default().upload_timeout.as_secs())]
+        upload_timeout_seconds: u64,
+        /// Serve Prometheus metrics (GET /metrics) on this address, e.g. 127.0.0.1:9464.
+        #[arg(long)]
+        admin_listen: Option<SocketAddr>,
         /// Largest frame accepted, in bytes.
         #[arg(long, default_value_t = rowsync_protocol::FRAME_BYTES_MAX_DEFAULT)]
         frame_bytes_max: usize,
@@ -332,7 +350,12 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             key,
             client_ca,
             workers,
+            workers_min,
+            workers_max,
             max_connections,
+            cache_bytes_max,
+            upload_timeout_seconds,
+            admin_listen,
             frame_bytes_max,
             upload_bytes_max,
             read_timeout_seconds,
@@ -371,6 +394,13 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             if workers == 0 || max_connections == 0 {
                 bail!("--workers and --max-connections must be at least 1");
             }
+            let workers_range = match (workers_min, workers_max) {
+                (Some(min), Some(max)) if min >= 1 && min <= max => Some((min, max)),
+                (Some(_), Some(_)) => {
+                    bail!("--workers-min must be at least 1 and at most --workers-max")
+                }
+                _ => None,
+            };
             let tls_files = match (cert, key) {
                 (Some(cert_chain), Some(private_key)) => Some(TlsFiles {
                     cert_chain,
@@ -428,9 +458,13 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
                 db.as_str()
             };
             eprintln!("rowsync serving {shown} on {}", shown_endpoints.join(" "));
+            let defaults = ServerConfig::default();
             let config = ServerConfig {
                 connections_max: max_connections,
                 workers,
+                workers_range,
+                cache_bytes_max: cache_bytes_max.unwrap_or(defaults.cache_bytes_max),
+                upload_timeout: Duration::from_secs(upload_timeout_seconds),
                 frame_bytes_max,
                 upload_bytes_max,
                 read_timeout: Duration::from_secs(read_timeout_seconds),
@@ -441,10 +475,34 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
                 tokens,
                 ..ServerConfig::default()
             };
+            let metrics = Arc::new(rowsync_server::metrics::Metrics::new());
+            if let Some(address) = admin_listen {
+                let listener = tokio::net::TcpListener::bind(address)
+                    .await
+                    .with_context(|| format!("binding the admin endpoint {address}"))?;
+                eprintln!(
+                    "rowsync metrics on http://{}/metrics",
+                    listener.local_addr()?
+                );
+                let metrics = Arc::clone(&metrics);
+                tokio::spawn(async move {
+                    let shutdown = async {
+                        let _ = tokio::signal::ctrl_c().await;
+                    };
+                    if let Err(error) =
+                        rowsync_server::admin::serve_admin(listener, metrics, shutdown).await
+                    {
+                        tracing::error!(%error, "the admin endpoint stopped");
+                    }
+                });
+            }
             let shutdown = async {
                 let _ = tokio::signal::ctrl_c().await;
             };
-            rowsync_server::serve_endpoints(endpoints, backend, config, shutdown).await?;
+            rowsync_server::serve_endpoints_with_metrics(
+                endpoints, backend, config, metrics, shutdown,
+            )
+            .await?;
             Ok(())
         }
         Command::Cert { dir, names, rsa } => {

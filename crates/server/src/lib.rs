@@ -11,6 +11,7 @@
 //! The byte stream of a sync travels over TCP, TLS ([`tls`]), or HTTP(S) ([`http`]);
 //! every transport feeds the same stages.
 
+pub mod admin;
 pub mod auth;
 pub mod cache;
 mod config;

@@ -54,6 +54,8 @@ pub struct TestServer {
     pub pki: PkiFiles,
     pub dir: tempfile::TempDir,
     pub consolidated_path: PathBuf,
+    /// What the server counts.
+    pub metrics: Arc<rowsync_server::metrics::Metrics>,
     stop: Option<oneshot::Sender<()>>,
     handle: Option<tokio::task::JoinHandle<()>>,
 }
@@ -134,10 +136,18 @@ impl TestServer {
         let (address, tls_address, http_address, https_address) =
             (address_of(0), address_of(1), address_of(2), address_of(3));
         let (stop, stopped) = oneshot::channel::<()>();
+        let metrics = Arc::new(rowsync_server::metrics::Metrics::new());
+        let serving_metrics = Arc::clone(&metrics);
         let handle = tokio::spawn(async move {
-            rowsync_server::serve_endpoints(endpoints, backend, config, async {
-                let _ = stopped.await;
-            })
+            rowsync_server::serve_endpoints_with_metrics(
+                endpoints,
+                backend,
+                config,
+                serving_metrics,
+                async {
+                    let _ = stopped.await;
+                },
+            )
             .await
             .unwrap();
         });
@@ -149,6 +159,7 @@ impl TestServer {
             pki,
             dir,
             consolidated_path,
+            metrics,
             stop: Some(stop),
             handle: Some(handle),
         }
@@ -377,4 +388,19 @@ async fn relay(
     }
     let _ = client_write.shutdown().await;
     let _ = upstream.await;
+}
+
+/// The encoded hello of a raw test client logging in as `user`.
+pub fn hello_frame(user: &str) -> Vec<u8> {
+    rowsync_protocol::encode_frame(&rowsync_protocol::Message::Hello(rowsync_protocol::Hello {
+        protocol_version: rowsync_protocol::PROTOCOL_VERSION,
+        client_id: format!("raw-{user}"),
+        user: user.into(),
+        password: password(user),
+        script_version: "v1".into(),
+        last_download_watermark: 0,
+        token: String::new(),
+        auth_parameters: Vec::new(),
+        download_ack: false,
+    }))
 }

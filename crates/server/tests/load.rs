@@ -1,0 +1,253 @@
+//! The server under load: many clients above the connection limit, a cache limit far
+//! below the data in flight, silent and slow connections, the metrics endpoint.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rowsync_client::{ClientError, SyncReport};
+use rowsync_protocol::{encode_frame, ErrorCode, FrameDecoder, Message, Value};
+use rowsync_server::metrics::{Outcome, PHASES};
+use rowsync_server::ServerConfig;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_clients_above_the_connection_limit_all_finish_after_retries() {
+    let server = Arc::new(
+        TestServer::start_with(ServerConfig {
+            connections_max: 3,
+            workers: 2,
+            busy_retry_after_ms: 20,
+            busy_retry_after_ms_max: 300,
+            ..ServerConfig::default()
+        })
+        .await,
+    );
+    const CLIENTS: usize = 40;
+    let mut tasks = tokio::task::JoinSet::new();
+    for index in 0..CLIENTS {
+        let server = Arc::clone(&server);
+        tasks.spawn(async move {
+            let user = USERS[index % 2];
+            let mut client = server.client(&format!("c{index}"));
+            client
+                .connection()
+                .execute(
+                    "INSERT INTO orders VALUES (?1, ?2, 'load', ?3)",
+                    rusqlite::params![format!("load-{index}"), user, index as i64],
+                )
+                .unwrap();
+            client.sync(&server.options(user)).await
+        });
+    }
+    let mut reports: Vec<SyncReport> = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        reports.push(joined.unwrap().expect("every client finishes"));
+    }
+    assert_eq!(reports.len(), CLIENTS);
+    let retries: u32 = reports.iter().map(|report| report.busy_retries).sum();
+    assert!(retries > 0, "40 clients over 3 slots: some were told busy");
+    assert_eq!(
+        server.metrics.syncs_ended(Outcome::busy),
+        u64::from(retries)
+    );
+    assert!(reports.iter().all(|report| report.rows_uploaded == 1));
+    let loaded = server
+        .consolidated_orders(None)
+        .iter()
+        .filter(|row| row[2] == Value::Text("load".into()))
+        .count();
+    assert_eq!(loaded, CLIENTS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_far_below_the_data_in_flight_spills_and_every_sync_is_correct() {
+    let cache_bytes_max = 32 * 1024;
+    let server = Arc::new(
+        TestServer::start_with(ServerConfig {
+            cache_bytes_max,
+            workers: 1,
+            ..ServerConfig::default()
+        })
+        .await,
+    );
+    const CLIENTS: usize = 8;
+    const ROWS: usize = 300;
+    let mut tasks = tokio::task::JoinSet::new();
+    for index in 0..CLIENTS {
+        let server = Arc::clone(&server);
+        tasks.spawn(async move {
+            let mut client = server.client(&format!("big{index}"));
+            let connection = client.connection();
+            for row in 0..ROWS {
+                connection
+                    .execute(
+                        "INSERT INTO orders VALUES (?1, 'alice', ?2, ?3)",
+                        rusqlite::params![
+                            format!("big-{index}-{row}"),
+                            "an item name long enough to make rows of some size".repeat(2),
+                            row as i64
+                        ],
+                    )
+                    .unwrap();
+            }
+            let report = client.sync(&server.options("alice")).await.unwrap();
+            (report, client_orders(&client).len())
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        let (report, held) = joined.unwrap();
+        assert_eq!(report.rows_uploaded, ROWS as u64);
+        // Each client holds its own rows plus whatever alice had when it synced.
+        assert!(held >= ROWS + 2, "{held}");
+    }
+    assert_eq!(
+        server.consolidated_orders(Some("alice")).len(),
+        2 + CLIENTS * ROWS
+    );
+    // A late client downloads everything, through the spill.
+    let mut late = server.client("late");
+    let report = late.sync(&server.options("alice")).await.unwrap();
+    assert_eq!(report.rows_downloaded as usize, 2 + CLIENTS * ROWS);
+    let text = server.metrics.encode();
+    let spilled: f64 = metric(&text, "rowsync_spilled_bytes_total");
+    assert!(spilled > 0.0, "{text}");
+    assert_eq!(metric(&text, "rowsync_cache_bytes"), 0.0, "all released");
+    assert_eq!(
+        metric(&text, "rowsync_cache_bytes_max"),
+        cache_bytes_max as f64
+    );
+}
+
+/// The value of an unlabelled metric in Prometheus text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("{name} in\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Reads the server's answer until it closes: the messages it sent.
+async fn answer(mut stream: TcpStream) -> Vec<Message> {
+    let mut bytes = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut bytes)).await;
+    let mut decoder = FrameDecoder::new(1 << 20);
+    decoder.feed(&bytes);
+    let mut messages = Vec::new();
+    while let Ok(Some(message)) = decoder.next_message() {
+        messages.push(message);
+    }
+    messages
+}
+
+fn timed_out(messages: &[Message], part: &str) {
+    match messages {
+        [Message::Error(error)] => {
+            assert_eq!(error.error_code(), Some(ErrorCode::Timeout), "{error}");
+            assert!(error.message.contains(part), "{}", error.message);
+        }
+        other => panic!("expected a timeout error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_and_slow_connections_are_closed_and_free_their_slot() {
+    let server = TestServer::start_with(ServerConfig {
+        connections_max: 1,
+        header_read_timeout: Duration::from_millis(300),
+        upload_timeout: Duration::from_millis(900),
+        ..ServerConfig::default()
+    })
+    .await;
+    // Silent: closed after the header timeout.
+    let silent = TcpStream::connect(server.address).await.unwrap();
+    timed_out(&answer(silent).await, "the hello did not arrive");
+
+    // Slow: a whole hello, then one byte of the upload every 100 ms.
+    let mut slow = TcpStream::connect(server.address).await.unwrap();
+    let hello = support::hello_frame("alice");
+    slow.write_all(&hello).await.unwrap();
+    let upload = encode_frame(&Message::EndUpload(rowsync_protocol::EndUpload {
+        upload_sequence: 1,
+    }));
+    let dribble = tokio::spawn(async move {
+        for byte in upload.iter().take(upload.len() - 1) {
+            if slow.write_all(&[*byte]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        slow
+    });
+    let slow = dribble.await.unwrap();
+    timed_out(
+        &answer(slow).await,
+        "the upload did not arrive within the upload timeout",
+    );
+
+    // The only slot is free again.
+    let mut client = server.client("after");
+    let mut options = server.options("alice");
+    options.busy_retry = rowsync_client::BusyRetry::Never;
+    assert_eq!(client.sync(&options).await.unwrap().rows_downloaded, 2);
+    assert!(!matches!(
+        client.sync(&options).await,
+        Err(ClientError::Busy { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_endpoint_serves_metrics_with_every_phase() {
+    let server = TestServer::start().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = listener.local_addr().unwrap();
+    let metrics = Arc::clone(&server.metrics);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(rowsync_server::admin::serve_admin(
+        listener,
+        metrics,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let mut client = server.client("measured");
+    client.sync(&server.options("bob")).await.unwrap();
+    let get = |path: &'static str| async move {
+        let mut stream = TcpStream::connect(admin).await.unwrap();
+        stream
+            .write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+    };
+    let response = get("/metrics").await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        response.contains("rowsync_syncs_total{outcome=\"ok\"} 1"),
+        "{response}"
+    );
+    assert!(
+        response.contains("rowsync_rows_downloaded_total 2"),
+        "{response}"
+    );
+    for phase in PHASES {
+        assert!(
+            response.contains(&format!(
+                "rowsync_sync_phase_seconds_count{{phase=\"{phase}\"}} 1"
+            )),
+            "{phase} in {response}"
+        );
+    }
+    assert!(get("/other").await.starts_with("HTTP/1.1 404"));
+    let _ = stop.send(());
+    serving.await.unwrap().unwrap();
+}
