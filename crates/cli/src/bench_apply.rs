@@ -27,13 +27,13 @@ use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, NoTls};
 
-const USER: &str = "bench";
+pub(crate) const USER: &str = "bench";
 /// The script version whose upload_insert is a row script.
 const ROW_SCRIPT_VERSION: &str = "bench_row_scripts";
-const PASSWORD: &str = "bench-password";
+pub(crate) const PASSWORD: &str = "bench-password";
 /// Upload messages are cut at about this size, as the client library does.
 const MESSAGE_BYTES: usize = 1024 * 1024;
-const TABLE_DDL: &str =
+pub(crate) const TABLE_DDL: &str =
     "(id BIGINT PRIMARY KEY, owner TEXT NOT NULL, name TEXT NOT NULL, quantity INTEGER NOT NULL, \
      amount NUMERIC(30,6) NOT NULL, updated TIMESTAMPTZ NOT NULL)";
 const COLUMNS: [&str; 6] = ["id", "owner", "name", "quantity", "amount", "updated"];
@@ -60,7 +60,7 @@ impl Measurement {
     }
 }
 
-fn row(id: i64, generation: i64) -> Row {
+pub(crate) fn row(id: i64, generation: i64) -> Row {
     vec![
         Value::Int(id),
         Value::Text(USER.into()),
@@ -75,7 +75,7 @@ fn row(id: i64, generation: i64) -> Row {
     ]
 }
 
-async fn connect(url: &str) -> Result<Client> {
+pub(crate) async fn connect(url: &str) -> Result<Client> {
     let (client, connection) = tokio_postgres::connect(url, NoTls)
         .await
         .context("connecting to PostgreSQL")?;
@@ -285,10 +285,10 @@ async fn check_count(client: &Client, table: &str, expected: usize) -> Result<()
     Ok(())
 }
 
-type Operation = (Option<Row>, Option<RowUpdate>, Option<Row>);
+pub(crate) type Operation = (Option<Row>, Option<RowUpdate>, Option<Row>);
 
 /// Upload frames of about `MESSAGE_BYTES` each.
-fn chunks(operations: impl Iterator<Item = Operation>) -> Vec<Vec<u8>> {
+pub(crate) fn chunks(operations: impl Iterator<Item = Operation>) -> Vec<Vec<u8>> {
     let empty = || TableUpload {
         table: "bench_rows".into(),
         columns: COLUMNS.iter().map(|c| c.to_string()).collect(),
@@ -328,7 +328,7 @@ fn chunks(operations: impl Iterator<Item = Operation>) -> Vec<Vec<u8>> {
     frames
 }
 
-fn hello(client_id: &str, last_download_watermark: i64) -> Hello {
+pub(crate) fn hello(client_id: &str, last_download_watermark: i64) -> Hello {
     Hello {
         protocol_version: PROTOCOL_VERSION,
         client_id: client_id.into(),

@@ -1,6 +1,7 @@
 //! The pieces of the `rowsync` command that tests drive directly.
 
 pub mod bench_apply;
+pub mod bench_load;
 pub mod bench_transport;
 pub mod demo;
 pub mod local_server;

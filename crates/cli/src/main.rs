@@ -183,6 +183,31 @@ enum Command {
         #[arg(long, default_value_t = 1_000_000)]
         rows: usize,
     },
+    /// Many clients at once against PostgreSQL: fixed worker counts against the
+    /// controller's range (best of --runs, with the relative standard deviation), and
+    /// clients above the connection limit against the limit raised. Drops and recreates
+    /// bench_rows in the database named.
+    BenchLoad {
+        /// A postgres:// URL of a scratch database.
+        #[arg(long)]
+        db: String,
+        #[arg(long, default_value_t = 400)]
+        clients: usize,
+        #[arg(long, default_value_t = 1000)]
+        rows_per_client: usize,
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Fixed worker counts to compare, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+        fixed_workers: Vec<usize>,
+        #[arg(long, default_value_t = 1)]
+        workers_min: usize,
+        #[arg(long, default_value_t = 32)]
+        workers_max: usize,
+        /// The connection limit for the above-the-limit comparison.
+        #[arg(long, default_value_t = 50)]
+        connections_low: usize,
+    },
     /// Run a complete demonstration (embedded SQLite by default, or --db postgres://...).
     Demo {
         /// The consolidated database: a postgres:// URL of a scratch database (the demo
@@ -327,6 +352,7 @@ async fn run(command: Command) -> Result<()> {
         } => Some(db.clone()),
         Command::Demo { .. }
         | Command::BenchApply { .. }
+        | Command::BenchLoad { .. }
         | Command::Cert { .. }
         | Command::BenchTransport { .. } => None,
     };
@@ -615,6 +641,30 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
                 bail!("bench-apply measures PostgreSQL: give --db postgres://...");
             }
             rowsync_cli::bench_apply::run(&db, rows, &mut std::io::stdout()).await?;
+            Ok(())
+        }
+        Command::BenchLoad {
+            db,
+            clients,
+            rows_per_client,
+            runs,
+            fixed_workers,
+            workers_min,
+            workers_max,
+            connections_low,
+        } => {
+            if !is_postgres(&db) {
+                bail!("bench-load measures PostgreSQL: give --db postgres://...");
+            }
+            let options = rowsync_cli::bench_load::LoadOptions {
+                clients,
+                rows_per_client,
+                runs,
+                fixed_workers,
+                workers_range: (workers_min, workers_max),
+                connections_low,
+            };
+            rowsync_cli::bench_load::run(&db, &options, &mut std::io::stdout()).await?;
             Ok(())
         }
         Command::Demo {
