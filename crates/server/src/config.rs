@@ -68,7 +68,7 @@ impl Default for ServerConfig {
             connections_max: 1024,
             workers: 4,
             workers_range: None,
-            worker_adjust_interval: Duration::from_secs(2),
+            worker_adjust_interval: Duration::from_secs(1),
             auth_connections: 2,
             password_checks_max: std::thread::available_parallelism().map_or(2, |n| n.get()),
             cache_bytes_max: crate::cache::default_cache_bytes_max(),

@@ -1,12 +1,14 @@
 //! The rowsync server, staged as in MobiLink:
 //!
 //! 1. network stage ([`server`]): accept under a connection limit; above it, answer
-//!    *busy* with a retry-after hint and close.
-//! 2. stream stage ([`server`] + [`session`]): read and decode the whole upload into
-//!    memory, bounded by `upload_bytes_max`; no database work yet.
-//! 3. database stage ([`pool`]): authenticate, then take one of `workers` pooled
-//!    connections, run the sync's transaction, release it.
-//! 4. the download is encoded and sent after the worker is released.
+//!    *busy* with a retry-after computed from the load, and close.
+//! 2. stream stage (`sync` + [`session`]): the hello, then authentication ([`auth`], on
+//!    connections of its own), then the rest of the upload, checked message by message
+//!    and kept encoded in a spool bounded by the shared [`cache`]; no worker yet.
+//! 3. database stage ([`pool`], sized by the [`controller`]): take a worker, decode the
+//!    upload, run the sync's transaction, release it.
+//! 4. the download, spooled while the worker read it, is sent after the worker is
+//!    released. Every phase is timed into [`metrics`], served by [`admin`].
 //!
 //! The byte stream of a sync travels over TCP, TLS ([`tls`]), or HTTP(S) ([`http`]);
 //! every transport feeds the same stages.

@@ -52,9 +52,10 @@ impl fmt::Display for Phase {
 #[allow(non_camel_case_types)]
 pub enum Outcome {
     ok,
-    /// Refused with an error (bad input, authentication, script error, ...).
+    /// Refused with an error (bad input, authentication, script error, a timeout
+    /// while receiving, ...).
     refused,
-    /// The connection failed or timed out.
+    /// The connection broke, or the client stopped reading, without an answer.
     failed,
     /// Answered busy at the connection limit.
     busy,

@@ -346,7 +346,7 @@ async fn monitor_load<B: Consolidated>(shared: Arc<Shared<B>>) {
     ticks.tick().await;
     let mut last = (0u64, 0u64, 0usize, 0usize);
     let mut last_tick = Instant::now();
-    let mut summary = (Instant::now(), 0u64, 0u64);
+    let mut summary = (Instant::now(), 0u64, 0u64, 0u64);
     loop {
         ticks.tick().await;
         let now = (
@@ -392,16 +392,17 @@ async fn monitor_load<B: Consolidated>(shared: Arc<Shared<B>>) {
             .syncs_waiting_for_worker
             .set(counters.waiting.load(Ordering::Acquire) as i64);
         if summary.0.elapsed() >= SUMMARY_INTERVAL {
+            let busy_answers = metrics.syncs_ended(crate::metrics::Outcome::busy);
             tracing::info!(
                 syncs = now.0 - summary.1,
                 rows = now.1 - summary.2,
-                busy_answers = metrics.syncs_ended(crate::metrics::Outcome::busy),
+                busy_answers = busy_answers - summary.3,
                 workers = shared.pool.workers(),
                 cache_bytes = shared.cache.used_bytes(),
                 "summary of the last {} s",
                 summary.0.elapsed().as_secs()
             );
-            summary = (Instant::now(), now.0, now.1);
+            summary = (Instant::now(), now.0, now.1, busy_answers);
         }
     }
 }
