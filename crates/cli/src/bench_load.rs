@@ -107,7 +107,7 @@ async fn run_once(
             gate.wait().await;
             let mut retries = 0u64;
             loop {
-                let event = exchange(Exchange {
+                let exchanged = exchange(Exchange {
                     address: &address,
                     transport: &TransportOptions::default(),
                     hello: hello.clone(),
@@ -117,7 +117,21 @@ async fn run_once(
                     timeout: Duration::from_secs(600),
                     acknowledge: None,
                 })
-                .await?;
+                .await;
+                // A refused client that is still sending when the server gives up
+                // draining it sees a reset instead of the busy answer (the server is
+                // at its limit either way): retry like busy. Safe: an upload is
+                // applied at most once whatever happens.
+                let event = match exchanged {
+                    Err(rowsync_client::ClientError::Io(error))
+                        if error.kind() == std::io::ErrorKind::ConnectionReset =>
+                    {
+                        SessionEvent::Busy {
+                            retry_after_ms: 100,
+                        }
+                    }
+                    other => other?,
+                };
                 match event {
                     SessionEvent::Complete(_) => return Ok::<u64, anyhow::Error>(retries),
                     SessionEvent::Busy { retry_after_ms } => {

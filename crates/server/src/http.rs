@@ -158,8 +158,7 @@ fn handle_request<B: Consolidated>(
     let reader = StreamReader::new(Box::pin(body));
     let (ours, theirs) = tokio::io::duplex(RESPONSE_PIPE_BYTES);
     tokio::spawn(async move {
-        handle_connection(tokio::io::join(reader, ours), peer, &shared).await;
-        drop(permit);
+        handle_connection(tokio::io::join(reader, ours), peer, &shared, permit).await;
     });
     let body = StreamBody::new(ReaderStream::new(theirs).map_ok(Frame::data)).boxed();
     let mut response = Response::new(body);

@@ -263,8 +263,7 @@ async fn serve_stream<B: Consolidated, S>(
 {
     match permit {
         Some(permit) => {
-            handle_connection(stream, peer, &shared).await;
-            drop(permit);
+            handle_connection(stream, peer, &shared, permit).await;
         }
         None => {
             let retry_after_ms = shared.busy_retry_after_ms();

@@ -16,6 +16,7 @@ use rowsync_protocol::{
     Hello, Inbound, InboundError, Message, Outbound, TableUpload, WireError, PREAMBLE_BYTES,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use crate::auth;
@@ -48,6 +49,7 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
     mut stream: S,
     peer: SocketAddr,
     shared: &Shared<B>,
+    slot: OwnedSemaphorePermit,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
@@ -55,6 +57,10 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
     shared.metrics.connections.inc();
     let result = run_sync(&mut stream, shared, &mut timings).await;
     shared.metrics.connections.dec();
+    // The slot is free before the client hears the end of its sync: a client that
+    // reconnects at once, after the answer or the close, finds it free (the reply and
+    // the drain of a refused connection are bounded by their own timeouts).
+    drop(slot);
     match result {
         Ok(summary) => {
             shared.metrics.sync_ended(Outcome::ok);
