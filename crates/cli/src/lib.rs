@@ -1,5 +1,6 @@
 //! The pieces of the `rowsync` command that tests drive directly.
 
+pub mod bench;
 pub mod bench_apply;
 pub mod bench_load;
 pub mod bench_transport;

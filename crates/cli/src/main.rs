@@ -183,6 +183,57 @@ enum Command {
         #[arg(long, default_value_t = 1_000_000)]
         rows: usize,
     },
+    /// The white paper's timing framework: Tests 1-5 (workers, retry delay above the
+    /// connection limit, clients, rows per sync, protocols) with the database's own limit
+    /// and one-statement-per-row scripts measured in the same run. Drops and recreates
+    /// purchase, purchase_raw and bench_server_time in the database named. See
+    /// docs/benchmarks.md.
+    Bench {
+        /// A postgres:// URL of a scratch database.
+        #[arg(long)]
+        db: String,
+        /// quick (CI, under a minute), standard (1,000 clients x 1,000 rows) or paper
+        /// (the paper's sizes: 10 million rows per sync type).
+        #[arg(long, default_value = "quick")]
+        size: String,
+        /// Which tests to run, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5")]
+        tests: Vec<u8>,
+        /// verify (decode and checksum, no local store) or sqlite (real clients, each
+        /// with its own SQLite file).
+        #[arg(long, default_value = "verify")]
+        client_mode: String,
+        /// Directory for results.json, report.txt, test*.txt and test*.svg.
+        #[arg(long, default_value = "bench-results")]
+        results: PathBuf,
+        /// Clients per point (where the test does not vary it).
+        #[arg(long)]
+        clients: Option<usize>,
+        /// Rows per sync (where the test does not vary it).
+        #[arg(long)]
+        rows: Option<usize>,
+        /// Sets of simultaneous syncs per sync type (where the test does not vary it).
+        #[arg(long)]
+        sets: Option<usize>,
+        /// Database workers: a count (8) or the controller's range (2-16).
+        #[arg(long)]
+        workers: Option<String>,
+        /// The server's connection limit (Test 2: the low limit).
+        #[arg(long)]
+        connection_limit: Option<usize>,
+        /// Busy clients retry after this fixed delay instead of the server's hint.
+        #[arg(long)]
+        retry_delay_ms: Option<u64>,
+        /// tcp, tls-ecc, tls-rsa, http, https-ecc or https-rsa.
+        #[arg(long)]
+        transport: Option<String>,
+        /// none, zlib or zstd.
+        #[arg(long)]
+        compression: Option<String>,
+        /// Runs per point of Test 1 (best and relative standard deviation).
+        #[arg(long)]
+        repeat: Option<usize>,
+    },
     /// Many clients at once against PostgreSQL: fixed worker counts against the
     /// controller's range (best of --runs, with the relative standard deviation), and
     /// clients above the connection limit against the limit raised. Drops and recreates
@@ -321,6 +372,15 @@ fn main() -> Result<()> {
     runtime.block_on(run(cli.command))
 }
 
+fn parse_compression(text: &str) -> Result<rowsync_protocol::Compression> {
+    Ok(match text {
+        "none" => rowsync_protocol::Compression::None,
+        "zlib" => rowsync_protocol::Compression::Zlib,
+        "zstd" => rowsync_protocol::Compression::Zstd,
+        other => bail!("unknown compression {other:?}: none, zlib or zstd"),
+    })
+}
+
 fn is_postgres(db: &str) -> bool {
     db.starts_with("postgres://") || db.starts_with("postgresql://")
 }
@@ -353,6 +413,7 @@ async fn run(command: Command) -> Result<()> {
         Command::Demo { .. }
         | Command::BenchApply { .. }
         | Command::BenchLoad { .. }
+        | Command::Bench { .. }
         | Command::Cert { .. }
         | Command::BenchTransport { .. } => None,
     };
@@ -641,6 +702,62 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
                 bail!("bench-apply measures PostgreSQL: give --db postgres://...");
             }
             rowsync_cli::bench_apply::run(&db, rows, &mut std::io::stdout()).await?;
+            Ok(())
+        }
+        Command::Bench {
+            db,
+            size,
+            tests,
+            client_mode,
+            results,
+            clients,
+            rows,
+            sets,
+            workers,
+            connection_limit,
+            retry_delay_ms,
+            transport,
+            compression,
+            repeat,
+        } => {
+            use rowsync_cli::bench::{
+                self, clients::ClientMode, clients::Retry, server::Protocol, server::Workers,
+            };
+            if !is_postgres(&db) {
+                bail!("bench measures PostgreSQL (and its own bulk path beside rowsync): give --db postgres://...");
+            }
+            let workers = workers
+                .map(|text| -> Result<Workers> {
+                    Ok(match text.split_once('-') {
+                        Some((min, max)) => Workers::Auto(min.trim().parse()?, max.trim().parse()?),
+                        None => Workers::Fixed(text.trim().parse()?),
+                    })
+                })
+                .transpose()
+                .context("--workers takes a count (8) or a range (2-16)")?;
+            let options = bench::BenchOptions {
+                db,
+                server_program: std::env::current_exe()
+                    .context("locating the rowsync executable")?,
+                size: bench::Size::parse(&size)?,
+                tests,
+                client_mode: match client_mode.as_str() {
+                    "verify" => ClientMode::Verify,
+                    "sqlite" => ClientMode::Sqlite,
+                    other => bail!("unknown client mode {other:?}: verify or sqlite"),
+                },
+                results_dir: results,
+                clients,
+                rows,
+                sets,
+                workers,
+                connections_max: connection_limit,
+                retry: retry_delay_ms.map(|ms| Retry::Fixed(std::time::Duration::from_millis(ms))),
+                protocol: transport.as_deref().map(Protocol::parse).transpose()?,
+                compression: compression.as_deref().map(parse_compression).transpose()?,
+                repeat,
+            };
+            bench::run(options, &mut std::io::stdout()).await?;
             Ok(())
         }
         Command::BenchLoad {

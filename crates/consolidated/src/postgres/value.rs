@@ -77,6 +77,13 @@ impl ToSql for Bind<'_> {
                 out.put_slice(n.to_string().as_bytes())
             }
             (Value::Blob(b), &Type::BYTEA) => out.put_slice(b),
+            // A SQLite client stores timestamps as text (`YYYY-MM-DD HH:MM:SS.ffffff`,
+            // UTC) and uploads them so.
+            (Value::Text(t), &Type::TIMESTAMP | &Type::TIMESTAMPTZ) => out.put_i64(
+                parse_timestamp_micros(t)?
+                    .checked_sub(POSTGRES_EPOCH_OFFSET_MICROS)
+                    .ok_or("timestamp out of range")?,
+            ),
             (Value::Timestamp(micros), &Type::TIMESTAMP | &Type::TIMESTAMPTZ) => out.put_i64(
                 micros
                     .checked_sub(POSTGRES_EPOCH_OFFSET_MICROS)
@@ -271,6 +278,39 @@ mod tests {
         assert_eq!(
             &out[..],
             &[0, 3, 0, 1, 0, 0, 0, 4, 0, 1, 0x09, 0x29, 0x1a, 0x85]
+        );
+    }
+}
+
+/// Microseconds since 1970 of a timestamp written as text by a SQLite client (UTC):
+/// `YYYY-MM-DD HH:MM:SS[.ffffff]`, a `T` instead of the space also accepted.
+fn parse_timestamp_micros(text: &str) -> Result<i64, Box<dyn std::error::Error + Sync + Send>> {
+    let trimmed = text.trim_end_matches('Z');
+    ["%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f"]
+        .iter()
+        .find_map(|format| chrono::NaiveDateTime::parse_from_str(trimmed, format).ok())
+        .map(|time| time.and_utc().timestamp_micros())
+        .ok_or_else(|| format!("{text:?} is not a timestamp (YYYY-MM-DD HH:MM:SS.ffffff)").into())
+}
+
+#[cfg(test)]
+mod timestamp_text_tests {
+    use super::parse_timestamp_micros;
+
+    #[test]
+    fn sqlite_timestamp_text_parses_to_the_same_microseconds() {
+        assert_eq!(
+            parse_timestamp_micros("2023-11-14 22:13:20.123456").unwrap(),
+            1_700_000_000_123_456
+        );
+        assert_eq!(
+            parse_timestamp_micros("2023-11-14T22:13:20").unwrap(),
+            1_700_000_000_000_000
+        );
+        let error = parse_timestamp_micros("yesterday").unwrap_err().to_string();
+        assert!(
+            error.contains("\"yesterday\" is not a timestamp"),
+            "{error}"
         );
     }
 }

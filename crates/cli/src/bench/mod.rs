@@ -1,0 +1,1061 @@
+//! `rowsync bench`: the white paper's timing framework (Tests 1-5) with the database's
+//! own limit and the row-script model measured in the same run.
+//!
+//! Each test point starts from a fresh state (tables emptied, subscriptions removed,
+//! a new server process), lets every client do one empty sync (warm-up), then times
+//! sets of syncs in the paper's order: download, update, delete, insert. Clients pass a
+//! gate before each set (all start together) and the set ends when the last one has
+//! finished. The server records its start and end time of every sync into
+//! `bench_server_time` from the `begin_synchronization` and `end_synchronization`
+//! scripts; the clients keep theirs in memory. Total server time = the sum over sets of
+//! (last server end - first server start).
+
+pub mod clients;
+pub mod limit;
+pub mod paper;
+pub mod report;
+pub mod results;
+pub mod server;
+pub mod workload;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{bail, Context, Result};
+use rowsync_consolidated::postgres::PostgresConsolidated;
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection, ScriptEntry, TableInit};
+use rowsync_protocol::Compression;
+use rowsync_server::tls::KeyKind;
+use tokio_postgres::Client as PgClient;
+
+use crate::bench_apply::connect;
+use clients::{ClientMode, Outcome, Retry, SimClient, Work};
+use results::{BenchRun, Phase, Point, TestResult, SYNC_TYPES};
+use server::{Certificates, Protocol, ServerProcess, ServerSetup, Workers};
+use workload::{UploadKind, RAW_TABLE, TABLE, TABLE_COLUMNS_DDL};
+
+/// The script version of the default (set) scripts.
+pub const SET_VERSION: &str = "bench";
+/// The script version whose upload scripts run one statement per row (MobiLink's model).
+pub const ROW_VERSION: &str = "bench_rows";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Size {
+    Quick,
+    Standard,
+    Paper,
+}
+
+impl Size {
+    pub fn parse(text: &str) -> Result<Size> {
+        Ok(match text {
+            "quick" => Size::Quick,
+            "standard" => Size::Standard,
+            "paper" => Size::Paper,
+            other => bail!("unknown size {other:?}: quick, standard or paper"),
+        })
+    }
+    pub fn label(self) -> &'static str {
+        match self {
+            Size::Quick => "quick",
+            Size::Standard => "standard",
+            Size::Paper => "paper",
+        }
+    }
+}
+
+/// Everything `rowsync bench` was asked; `None` keeps the size's default.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// A postgres:// URL of a scratch database (the bench drops and recreates its tables).
+    pub db: String,
+    /// The `rowsync` executable started as the server.
+    pub server_program: PathBuf,
+    pub size: Size,
+    /// Which of the paper's tests, 1 to 5.
+    pub tests: Vec<u8>,
+    pub client_mode: ClientMode,
+    pub results_dir: PathBuf,
+    pub clients: Option<usize>,
+    pub rows: Option<usize>,
+    pub sets: Option<usize>,
+    pub workers: Option<Workers>,
+    pub connections_max: Option<usize>,
+    pub retry: Option<Retry>,
+    pub protocol: Option<Protocol>,
+    pub compression: Option<Compression>,
+    pub repeat: Option<usize>,
+}
+
+/// One point's parameters.
+#[derive(Debug, Clone)]
+struct PointSpec {
+    label: String,
+    x: Option<f64>,
+    clients: usize,
+    rows: usize,
+    sets: usize,
+    workers: Workers,
+    connections_max: usize,
+    retry: Retry,
+    protocol: Protocol,
+    compression: Compression,
+}
+
+impl PointSpec {
+    fn transport_label(&self) -> String {
+        match self.compression {
+            Compression::None => self.protocol.label().to_string(),
+            Compression::Zlib => format!("{} + zlib", self.protocol.label()),
+            Compression::Zstd => format!("{} + zstd", self.protocol.label()),
+        }
+    }
+}
+
+/// The fixed parameters of a size (paper: 1,000 clients x 1,000 rows, 10 sets).
+struct Base {
+    clients: usize,
+    rows: usize,
+    sets: usize,
+    workers: Workers,
+    connections_max: usize,
+    repeat: usize,
+}
+
+fn base(options: &BenchOptions) -> Base {
+    let (clients, rows, sets, workers, repeat) = match options.size {
+        Size::Quick => (12, 40, 2, 2, 2),
+        Size::Standard => (1000, 1000, 1, 4, 3),
+        Size::Paper => (1000, 1000, 10, 8, 5),
+    };
+    Base {
+        clients: options.clients.unwrap_or(clients),
+        rows: options.rows.unwrap_or(rows),
+        sets: options.sets.unwrap_or(sets),
+        workers: options.workers.unwrap_or(Workers::Fixed(workers)),
+        connections_max: options.connections_max.unwrap_or(1024),
+        repeat: options.repeat.unwrap_or(repeat),
+    }
+}
+
+/// Clients, rows, sets and connections of a limit measurement.
+type LimitShape = (usize, usize, usize, usize);
+
+/// Shared by every point of a run.
+struct RunContext {
+    options: BenchOptions,
+    admin: PgClient,
+    certificates: Certificates,
+    work_dir: tempfile::TempDir,
+    tokens: Arc<Vec<String>>,
+    limits: Vec<(LimitShape, [f64; 4])>,
+}
+
+/// Runs the tests asked for and writes the results directory; returns what it measured.
+pub async fn run(options: BenchOptions, out: &mut dyn std::io::Write) -> Result<BenchRun> {
+    if options.tests.is_empty() || options.tests.iter().any(|t| !(1..=5).contains(t)) {
+        bail!("--tests takes the paper's test numbers, 1 to 5");
+    }
+    for (name, value) in [
+        ("clients", options.clients),
+        ("rows", options.rows),
+        ("sets", options.sets),
+        ("repeat", options.repeat),
+        ("connection-limit", options.connections_max),
+    ] {
+        if value == Some(0) {
+            bail!("--{name} must be at least 1");
+        }
+    }
+    let admin = connect(&options.db).await?;
+    prepare_database(&options.db, &admin).await?;
+    let work_dir = tempfile::tempdir()?;
+    let certificates = Certificates::new(work_dir.path())?;
+    let mut context = RunContext {
+        admin,
+        certificates,
+        work_dir,
+        tokens: Arc::new(Vec::new()),
+        limits: Vec::new(),
+        options: options.clone(),
+    };
+    let mut run = BenchRun {
+        size: options.size.label().into(),
+        client_mode: options.client_mode.label().into(),
+        wire_bytes_per_row: wire_bytes_per_row(),
+        started: chrono::Utc::now().to_rfc3339(),
+        machine: machine(),
+        tests: Vec::new(),
+    };
+    let mut best_workers = None;
+    for &test in &options.tests {
+        writeln!(out, "== Test {test}")?;
+        let result = match test {
+            1 => {
+                let result = test1(&mut context, out).await?;
+                best_workers = best_fixed_workers(&result);
+                result
+            }
+            2 => test2(&mut context, best_workers, out).await?,
+            3 => test3(&mut context, best_workers, out).await?,
+            4 => test4(&mut context, best_workers, out).await?,
+            _ => test5(&mut context, best_workers, out).await?,
+        };
+        writeln!(out, "{}", report::render_test(&result))?;
+        run.tests.push(result);
+    }
+    let written = report::write_results(&run, &options.results_dir)?;
+    writeln!(out, "results: {}", options.results_dir.display())?;
+    for path in written {
+        writeln!(out, "  {}", path.display())?;
+    }
+    Ok(run)
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cpus} logical CPUs, {model}; server, PostgreSQL and clients on this one machine")
+}
+
+/// Bytes of one uploaded insert row on the wire (uncompressed): a 1,000-row upload
+/// frame divided by its rows.
+fn wire_bytes_per_row() -> f64 {
+    let one = workload::upload_frames(UploadKind::Insert, 0, 0..1);
+    let many = workload::upload_frames(UploadKind::Insert, 0, 0..1001);
+    let bytes = |frames: &[Vec<u8>]| frames.iter().map(Vec::len).sum::<usize>() as f64;
+    (bytes(&many) - bytes(&one)) / 1000.0
+}
+
+/// Tables, change tracking, the timing table and both script versions.
+async fn prepare_database(url: &str, admin: &PgClient) -> Result<()> {
+    admin
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {TABLE} CASCADE; DROP TABLE IF EXISTS {RAW_TABLE};
+             DROP TABLE IF EXISTS rs_tombstone_{TABLE}; DROP TABLE IF EXISTS bench_server_time;
+             CREATE TABLE {TABLE} {TABLE_COLUMNS_DDL}; CREATE TABLE {RAW_TABLE} {TABLE_COLUMNS_DDL};
+             CREATE TABLE bench_server_time (client_id TEXT NOT NULL, upload_sequence BIGINT NOT NULL,
+                 server_start TIMESTAMPTZ NOT NULL, server_end TIMESTAMPTZ,
+                 PRIMARY KEY (client_id, upload_sequence));"
+        ))
+        .await
+        .context("creating the bench tables")?;
+    let backend = PostgresConsolidated::new(url);
+    let mut connection = backend.connect().await?;
+    connection.install_system_tables().await?;
+    admin
+        .execute(
+            "DELETE FROM rs_script WHERE script_version = ANY($1)",
+            &[&vec![SET_VERSION, ROW_VERSION]],
+        )
+        .await?;
+    admin
+        .execute(
+            "DELETE FROM rs_script_version WHERE name = ANY($1)",
+            &[&vec![SET_VERSION, ROW_VERSION]],
+        )
+        .await?;
+    connection
+        .init_table(&TableInit {
+            table: TABLE.into(),
+            partition_column: "emp_id".into(),
+            script_version: SET_VERSION.into(),
+        })
+        .await?;
+    connection
+        .add_script_version(ROW_VERSION, "bench: one statement per uploaded row")
+        .await?;
+    for entry in connection.scripts(Some(SET_VERSION)).await? {
+        connection
+            .set_script(&ScriptEntry {
+                script_version: ROW_VERSION.into(),
+                ..entry
+            })
+            .await?;
+    }
+    let timing = [
+        (
+            "begin_synchronization",
+            "INSERT INTO bench_server_time (client_id, upload_sequence, server_start) \
+             VALUES (CAST(:client_id AS text), CAST(:upload_sequence AS bigint), clock_timestamp()) \
+             ON CONFLICT (client_id, upload_sequence) DO UPDATE SET server_start = EXCLUDED.server_start, server_end = NULL",
+        ),
+        (
+            "end_synchronization",
+            "UPDATE bench_server_time SET server_end = clock_timestamp() \
+             WHERE client_id = CAST(:client_id AS text) AND upload_sequence = CAST(:upload_sequence AS bigint)",
+        ),
+    ];
+    let row_scripts = [
+        (
+            "upload_insert",
+            "INSERT INTO purchase (emp_id, purch_id, cust_id, cost, order_date, notes) \
+             VALUES (:new.emp_id, :new.purch_id, :new.cust_id, :new.cost, :new.order_date, :new.notes)",
+        ),
+        (
+            "upload_update",
+            "UPDATE purchase SET cust_id = :new.cust_id, cost = :new.cost, order_date = :new.order_date, notes = :new.notes \
+             WHERE emp_id = :old.emp_id AND purch_id = :old.purch_id AND cust_id = :old.cust_id \
+             AND cost = :old.cost AND order_date = :old.order_date AND notes IS NOT DISTINCT FROM CAST(:old.notes AS varchar)",
+        ),
+        (
+            "upload_delete",
+            "DELETE FROM purchase WHERE emp_id = :old.emp_id AND purch_id = :old.purch_id",
+        ),
+    ];
+    for version in [SET_VERSION, ROW_VERSION] {
+        for (event, script) in timing {
+            connection
+                .set_script(&ScriptEntry {
+                    script_version: version.into(),
+                    table: String::new(),
+                    event: event.into(),
+                    script: script.into(),
+                })
+                .await?;
+        }
+    }
+    for (event, script) in row_scripts {
+        connection
+            .set_script(&ScriptEntry {
+                script_version: ROW_VERSION.into(),
+                table: TABLE.into(),
+                event: event.into(),
+                script: script.into(),
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+fn token(user: &str) -> Result<String> {
+    #[derive(serde::Serialize)]
+    struct Claims<'a> {
+        sub: &'a str,
+        exp: u64,
+    }
+    let exp = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)?
+        .as_secs()
+        + 7 * 24 * 3600;
+    Ok(jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &Claims { sub: user, exp },
+        &jsonwebtoken::EncodingKey::from_secret(server::TOKEN_SECRET),
+    )?)
+}
+
+impl RunContext {
+    fn tokens_for(&mut self, clients: usize) -> Result<Arc<Vec<String>>> {
+        if self.tokens.len() < clients {
+            let mut tokens = (*self.tokens).clone();
+            for client in tokens.len()..clients {
+                tokens.push(token(&workload::user_name(client))?);
+            }
+            self.tokens = Arc::new(tokens);
+        }
+        Ok(Arc::clone(&self.tokens))
+    }
+
+    async fn limit(&mut self, spec: &PointSpec) -> Result<[f64; 4]> {
+        let key = (
+            spec.clients,
+            spec.rows,
+            spec.sets,
+            spec.workers.connections(),
+        );
+        if let Some((_, seconds)) = self.limits.iter().find(|(k, _)| *k == key) {
+            return Ok(*seconds);
+        }
+        let seconds = limit::measure(
+            &self.options.db,
+            spec.clients,
+            spec.rows,
+            spec.sets,
+            spec.workers.connections(),
+        )
+        .await?;
+        self.limits.push((key, seconds));
+        Ok(seconds)
+    }
+}
+
+/// The timestamps of one set from the timing table, which is then emptied.
+async fn server_set_seconds(admin: &PgClient, syncs: usize) -> Result<f64> {
+    let row = admin
+        .query_one(
+            "SELECT count(*), count(server_end), \
+             COALESCE(EXTRACT(EPOCH FROM max(server_end) - min(server_start))::float8, 0) FROM bench_server_time",
+            &[],
+        )
+        .await?;
+    let (count, ended, seconds): (i64, i64, f64) = (row.get(0), row.get(1), row.get(2));
+    if count != syncs as i64 || ended != syncs as i64 {
+        bail!(
+            "the server recorded {count} sync starts and {ended} ends for a set of {syncs} syncs"
+        );
+    }
+    admin.batch_execute("TRUNCATE bench_server_time").await?;
+    Ok(seconds)
+}
+
+fn percentile(sorted: &[f64], fraction: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((sorted.len() as f64 * fraction).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn seconds_between(a: SystemTime, b: SystemTime) -> f64 {
+    b.duration_since(a).unwrap_or_default().as_secs_f64()
+}
+
+/// All clients pass the gate, sync once each with `work`, and are given back.
+async fn timed_set(
+    clients: Vec<SimClient>,
+    connection: &clients::Connection,
+    work: impl Fn(usize) -> Work,
+) -> Result<(Vec<SimClient>, Vec<Outcome>)> {
+    let gate = Arc::new(tokio::sync::Barrier::new(clients.len()));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (index, mut client) in clients.into_iter().enumerate() {
+        let (gate, connection, work) = (Arc::clone(&gate), connection.clone(), work(index));
+        tasks.spawn(async move {
+            gate.wait().await;
+            let outcome = client.sync(&connection, work).await;
+            (index, client, outcome)
+        });
+    }
+    let mut returned: Vec<Option<(SimClient, Outcome)>> = Vec::new();
+    returned.resize_with(tasks.len(), || None);
+    let mut first_error = None;
+    let mut slots = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        let (index, client, outcome) = done.context("a client task panicked")?;
+        match outcome {
+            Ok(outcome) => returned[index] = Some((client, outcome)),
+            Err(error) => {
+                first_error.get_or_insert(error);
+                slots.push(index);
+            }
+        }
+    }
+    if let Some(error) = first_error {
+        return Err(error.context(format!("{} of the set's syncs failed", slots.len())));
+    }
+    Ok(returned
+        .into_iter()
+        .map(|slot| slot.expect("every client returned"))
+        .unzip())
+}
+
+/// One phase (one sync type over every set) against a running server.
+async fn phase(
+    context: &RunContext,
+    server: &ServerProcess,
+    mut clients: Vec<SimClient>,
+    connection: &clients::Connection,
+    spec: &PointSpec,
+    sync_type: &str,
+) -> Result<(Vec<SimClient>, Phase)> {
+    let cpu_before = server.cpu_seconds()?;
+    let mut result = Phase {
+        sync_type: sync_type.into(),
+        ..Phase::default()
+    };
+    let mut client_times = Vec::new();
+    for set in 0..spec.sets {
+        let rows = spec.rows;
+        let work = move |_: usize| match sync_type {
+            "download" => Work::Download { set, rows },
+            "update" => Work::Upload {
+                kind: UploadKind::Update,
+                set,
+                rows,
+            },
+            "delete" => Work::Upload {
+                kind: UploadKind::Delete,
+                set,
+                rows,
+            },
+            "insert" => Work::Upload {
+                kind: UploadKind::Insert,
+                set,
+                rows,
+            },
+            _ => Work::Empty,
+        };
+        if sync_type == "download" {
+            let all = (0..spec.clients).flat_map(|c| {
+                workload::set_indexes(set, rows).map(move |i| workload::row(c, i, 0))
+            });
+            limit::copy_in(&context.admin, TABLE, all).await?;
+            context
+                .admin
+                .batch_execute(&format!("ANALYZE {TABLE}"))
+                .await?;
+        }
+        for (index, client) in clients.iter_mut().enumerate() {
+            client.prepare(work(index))?;
+        }
+        let (back, outcomes) = timed_set(clients, connection, work).await?;
+        clients = back;
+        result.total_server_seconds += server_set_seconds(&context.admin, spec.clients).await?;
+        let first = outcomes
+            .iter()
+            .map(|o| o.client_start)
+            .min()
+            .expect("clients");
+        let last = outcomes
+            .iter()
+            .map(|o| o.client_end)
+            .max()
+            .expect("clients");
+        result.total_client_seconds += seconds_between(first, last);
+        for outcome in &outcomes {
+            client_times.push(seconds_between(outcome.client_start, outcome.client_end));
+            result.syncs += 1;
+            result.rows += outcome.rows;
+            result.wire_bytes += outcome.wire_bytes;
+            result.busy_retries += outcome.busy_retries;
+        }
+    }
+    client_times.sort_by(f64::total_cmp);
+    result.client_seconds_median = percentile(&client_times, 0.5);
+    result.client_seconds_p99 = percentile(&client_times, 0.99);
+    result.server_cpu_seconds = server.cpu_seconds()? - cpu_before;
+    Ok((clients, result))
+}
+
+/// What one run of a point measured: the set-script phases, the row-script phases (if
+/// asked), the empty-sync warm-up, and the server's peak memory.
+struct PointRun {
+    phases: Vec<Phase>,
+    row_phases: Option<Vec<Phase>>,
+    warm_up: Phase,
+    peak_rss_bytes: u64,
+}
+
+async fn run_point(
+    context: &mut RunContext,
+    spec: &PointSpec,
+    row_scripts: bool,
+) -> Result<PointRun> {
+    context
+        .admin
+        .batch_execute(&format!(
+            "TRUNCATE {TABLE}, rs_tombstone_{TABLE}, bench_server_time; DELETE FROM rs_subscription"
+        ))
+        .await?;
+    let tokens = context.tokens_for(spec.clients)?;
+    let point_dir = tempfile::tempdir_in(context.work_dir.path())?;
+    let server = ServerProcess::start(
+        &context.options.server_program,
+        &ServerSetup {
+            db: context.options.db.clone(),
+            workers: spec.workers,
+            connections_max: spec.connections_max,
+            protocol: spec.protocol,
+        },
+        point_dir.path(),
+        &context.certificates,
+    )?;
+    let mut connection = clients::Connection::new(
+        &server.url,
+        server.ca_file.as_deref(),
+        spec.compression,
+        spec.retry,
+        tokens,
+    );
+    connection.script_version = SET_VERSION.into();
+    let mut clients = (0..spec.clients)
+        .map(|index| SimClient::new(context.options.client_mode, index, point_dir.path()))
+        .collect::<Result<Vec<_>>>()?;
+    let (back, warm_up) = phase(
+        context,
+        &server,
+        clients,
+        &connection,
+        &PointSpec {
+            sets: 1,
+            ..spec.clone()
+        },
+        "empty",
+    )
+    .await?;
+    clients = back;
+    let mut phases = Vec::new();
+    for sync_type in SYNC_TYPES {
+        let (back, measured) =
+            phase(context, &server, clients, &connection, spec, sync_type).await?;
+        clients = back;
+        phases.push(measured);
+    }
+    check_consolidated(&context.admin, spec).await?;
+    check_clients(&clients, spec)?;
+    let row_phases = if row_scripts {
+        connection.script_version = ROW_VERSION.into();
+        let mut row_phases = Vec::new();
+        for sync_type in &SYNC_TYPES[1..] {
+            let (back, measured) =
+                phase(context, &server, clients, &connection, spec, sync_type).await?;
+            clients = back;
+            row_phases.push(measured);
+        }
+        check_consolidated(&context.admin, spec).await?;
+        Some(row_phases)
+    } else {
+        None
+    };
+    let peak_rss_bytes = server.peak_rss_bytes()?;
+    server.stop()?;
+    Ok(PointRun {
+        phases,
+        row_phases,
+        warm_up,
+        peak_rss_bytes,
+    })
+}
+
+/// The consolidated database ends as it began after the download phase: every row of
+/// every set, none updated (the inserts put back what the deletes removed).
+async fn check_consolidated(admin: &PgClient, spec: &PointSpec) -> Result<()> {
+    let row = admin
+        .query_one(
+            &format!(
+                "SELECT count(*), count(*) FILTER (WHERE cost = $1::text::numeric) FROM {TABLE}"
+            ),
+            &[&workload::cost(0).to_string()],
+        )
+        .await?;
+    let (count, original): (i64, i64) = (row.get(0), row.get(1));
+    let expected = (spec.clients * spec.rows * spec.sets) as i64;
+    if count != expected || original != expected {
+        bail!("after the timed syncs {TABLE} holds {count} rows ({original} as first inserted), expected {expected}");
+    }
+    Ok(())
+}
+
+/// sqlite clients hold exactly their rows as the consolidated database does.
+fn check_clients(clients: &[SimClient], spec: &PointSpec) -> Result<()> {
+    for (index, client) in clients.iter().enumerate() {
+        if let Some((count, checksum)) = client.local_rows()? {
+            let indexes = 0..spec.rows * spec.sets;
+            let expected = clients::expected_local_checksum(index, indexes.clone())?;
+            if count != indexes.len() as u64 || checksum != expected {
+                bail!(
+                    "client {index} holds {count} rows not matching its partition (expected {})",
+                    indexes.len()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs a point `repeat` times (with the references once), into a result `Point`.
+async fn measure_point(
+    context: &mut RunContext,
+    spec: &PointSpec,
+    repeat: usize,
+    with_limit: bool,
+    out: &mut dyn std::io::Write,
+) -> Result<(Point, Option<Vec<Phase>>, Phase)> {
+    let mut point = Point {
+        label: spec.label.clone(),
+        x: spec.x,
+        clients: spec.clients,
+        rows_per_sync: spec.rows,
+        sets: spec.sets,
+        workers: spec.workers.label(),
+        connections_max: spec.connections_max,
+        retry: spec.retry.label(),
+        transport: spec.transport_label(),
+        ..Point::default()
+    };
+    let mut warm_up = Phase::default();
+    for run in 0..repeat {
+        let measured = run_point(context, spec, false).await?;
+        let seconds: Vec<String> = measured
+            .phases
+            .iter()
+            .map(|p| format!("{} {:.3} s", p.sync_type, p.total_server_seconds))
+            .collect();
+        writeln!(
+            out,
+            "  {} run {}: {}",
+            spec.label,
+            run + 1,
+            seconds.join(", ")
+        )?;
+        point.runs.push(measured.phases);
+        point.server_peak_rss_bytes = point.server_peak_rss_bytes.max(measured.peak_rss_bytes);
+        warm_up = measured.warm_up;
+    }
+    if with_limit {
+        point.limit_seconds = Some(context.limit(spec).await?);
+    }
+    Ok((point, None, warm_up))
+}
+
+/// The row-script reference at a test's base point.
+async fn row_script_reference(
+    context: &mut RunContext,
+    spec: &PointSpec,
+    out: &mut dyn std::io::Write,
+) -> Result<Point> {
+    let measured = run_point(context, spec, true).await?;
+    let row_phases = measured.row_phases.expect("asked for");
+    let seconds: Vec<String> = row_phases
+        .iter()
+        .map(|p| format!("{} {:.3} s", p.sync_type, p.total_server_seconds))
+        .collect();
+    writeln!(
+        out,
+        "  row scripts at {}: {}",
+        spec.label,
+        seconds.join(", ")
+    )?;
+    Ok(Point {
+        label: format!("row scripts, {}", spec.label),
+        x: spec.x,
+        clients: spec.clients,
+        rows_per_sync: spec.rows,
+        sets: spec.sets,
+        workers: spec.workers.label(),
+        connections_max: spec.connections_max,
+        retry: spec.retry.label(),
+        transport: spec.transport_label(),
+        runs: vec![row_phases],
+        limit_seconds: None,
+        server_peak_rss_bytes: measured.peak_rss_bytes,
+    })
+}
+
+fn base_spec(context: &RunContext, best_workers: Option<usize>) -> PointSpec {
+    let b = base(&context.options);
+    let workers = match (context.options.workers, best_workers) {
+        (Some(workers), _) => workers,
+        (None, Some(best)) => Workers::Fixed(best),
+        (None, None) => b.workers,
+    };
+    PointSpec {
+        label: String::new(),
+        x: None,
+        clients: b.clients,
+        rows: b.rows,
+        sets: b.sets,
+        workers,
+        connections_max: b.connections_max.max(b.clients),
+        retry: context.options.retry.unwrap_or(Retry::Hint),
+        protocol: context.options.protocol.unwrap_or(Protocol::Tcp),
+        compression: context.options.compression.unwrap_or(Compression::None),
+    }
+}
+
+/// The fixed worker count with the smallest sum over the four types (the paper's
+/// choice of 75 for the later tests).
+fn best_fixed_workers(result: &TestResult) -> Option<usize> {
+    result
+        .points
+        .iter()
+        .filter_map(|p| {
+            let n = p.workers.parse::<usize>().ok()?;
+            let sum: f64 = p
+                .best_seconds()
+                .iter()
+                .map(|s| s.unwrap_or(f64::INFINITY))
+                .sum();
+            Some((n, sum))
+        })
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(n, _)| n)
+}
+
+async fn test1(context: &mut RunContext, out: &mut dyn std::io::Write) -> Result<TestResult> {
+    let b = base(&context.options);
+    let (fixed, auto): (Vec<usize>, Vec<(usize, usize)>) = match context.options.size {
+        Size::Quick => (vec![1, 2, 4], vec![(1, 4)]),
+        Size::Standard => (vec![1, 2, 4, 8, 16], vec![(1, 16), (2, 16), (4, 16)]),
+        Size::Paper => (
+            vec![5, 10, 20, 50, 75, 100, 200],
+            vec![(5, 100), (25, 100), (50, 100)],
+        ),
+    };
+    let mut settings: Vec<Workers> = fixed.into_iter().map(Workers::Fixed).collect();
+    settings.extend(auto.into_iter().map(|(a, z)| Workers::Auto(a, z)));
+    if let Some(workers) = context.options.workers {
+        settings = vec![workers];
+    }
+    let base_spec = base_spec(context, None);
+    let mut result = TestResult {
+        test: 1,
+        title: "Database workers".into(),
+        parameter: "DB workers".into(),
+        ..TestResult::default()
+    };
+    for workers in settings {
+        let spec = PointSpec {
+            label: workers.label(),
+            x: match workers {
+                Workers::Fixed(n) => Some(n as f64),
+                Workers::Auto(..) => None,
+            },
+            workers,
+            ..base_spec.clone()
+        };
+        let (point, _, _) = measure_point(context, &spec, b.repeat, true, out).await?;
+        result.points.push(point);
+    }
+    let reference = PointSpec {
+        label: base_spec.workers.label(),
+        ..base_spec
+    };
+    result.row_scripts = Some(row_script_reference(context, &reference, out).await?);
+    result.notes.push(format!(
+        "{} clients x {} rows x {} sets per sync type; best of {} runs per setting; limit with as many connections as workers (the range's maximum for auto)",
+        reference.clients, reference.rows, reference.sets, b.repeat
+    ));
+    Ok(result)
+}
+
+async fn test2(
+    context: &mut RunContext,
+    best: Option<usize>,
+    out: &mut dyn std::io::Write,
+) -> Result<TestResult> {
+    let base_spec = base_spec(context, best);
+    let (clients, low, delays): (usize, usize, Vec<Option<f64>>) = match context.options.size {
+        Size::Quick => (16, 4, vec![None, Some(0.0), Some(0.05)]),
+        Size::Standard => (
+            1000,
+            100,
+            vec![None, Some(0.0), Some(0.5), Some(2.0), Some(5.0)],
+        ),
+        Size::Paper => (
+            10_000,
+            1024,
+            vec![
+                None,
+                Some(0.0),
+                Some(0.5),
+                Some(1.0),
+                Some(2.0),
+                Some(5.0),
+                Some(10.0),
+                Some(20.0),
+                Some(50.0),
+            ],
+        ),
+    };
+    let clients = context.options.clients.unwrap_or(clients);
+    let low = context.options.connections_max.unwrap_or(low);
+    let delays = match context.options.retry {
+        Some(Retry::Fixed(delay)) => vec![Some(delay.as_secs_f64())],
+        Some(Retry::Hint) => vec![None],
+        None => delays,
+    };
+    let mut result = TestResult {
+        test: 2,
+        title: "Retry delay above the connection limit".into(),
+        parameter: "Limit / retry delay".into(),
+        ..TestResult::default()
+    };
+    for limit in [low, clients] {
+        for delay in &delays {
+            let retry = match delay {
+                None => Retry::Hint,
+                Some(seconds) => Retry::Fixed(Duration::from_secs_f64(*seconds)),
+            };
+            let spec = PointSpec {
+                label: format!("limit {limit}, {}", retry.label()),
+                x: None,
+                clients,
+                sets: 1,
+                connections_max: limit,
+                retry,
+                ..base_spec.clone()
+            };
+            let (point, _, _) = measure_point(context, &spec, 1, true, out).await?;
+            result.points.push(point);
+        }
+    }
+    let sum = |p: &Point| {
+        p.best_seconds()
+            .iter()
+            .map(|s| s.unwrap_or(0.0))
+            .sum::<f64>()
+    };
+    let best_of = |limit: usize| {
+        result
+            .points
+            .iter()
+            .filter(|p| p.connections_max == limit)
+            .map(sum)
+            .min_by(f64::total_cmp)
+            .unwrap_or(f64::NAN)
+    };
+    let (above, raised) = (best_of(low), best_of(clients));
+    result.notes.push(format!(
+        "{clients} clients, {} rows each; limit {low} (clients above it are told busy) vs limit raised to {clients}; best sums {above:.3} s vs {raised:.3} s: ratio {:.2} (paper: 344.6 s / 203.7 s = 1.69)",
+        base_spec.rows,
+        above / raised
+    ));
+    Ok(result)
+}
+
+async fn test3(
+    context: &mut RunContext,
+    best: Option<usize>,
+    out: &mut dyn std::io::Write,
+) -> Result<TestResult> {
+    let base_spec = base_spec(context, best);
+    let counts: Vec<usize> = match context.options.size {
+        Size::Quick => vec![4, 8, 16],
+        Size::Standard => vec![100, 200, 500, 1000],
+        Size::Paper => vec![200, 500, 1000, 2000, 5000, 10_000],
+    };
+    let total_syncs = *counts.last().expect("counts");
+    let mut result = TestResult {
+        test: 3,
+        title: "Number of clients at a constant total".into(),
+        parameter: "Clients".into(),
+        ..TestResult::default()
+    };
+    for clients in counts {
+        let spec = PointSpec {
+            label: clients.to_string(),
+            x: Some(clients as f64),
+            clients,
+            sets: (total_syncs / clients).max(1),
+            connections_max: base(&context.options).connections_max,
+            ..base_spec.clone()
+        };
+        let (point, _, _) = measure_point(context, &spec, 1, true, out).await?;
+        result.points.push(point);
+    }
+    result.notes.push(format!(
+        "{total_syncs} syncs of {} rows per sync type at every point; connection limit {}",
+        base_spec.rows,
+        base(&context.options).connections_max
+    ));
+    Ok(result)
+}
+
+async fn test4(
+    context: &mut RunContext,
+    best: Option<usize>,
+    out: &mut dyn std::io::Write,
+) -> Result<TestResult> {
+    let base_spec = base_spec(context, best);
+    let (sizes, per_client): (Vec<usize>, usize) = match context.options.size {
+        Size::Quick => (vec![20, 40, 80], 80),
+        Size::Standard => (vec![100, 250, 500, 1000], 1000),
+        Size::Paper => (vec![100, 200, 500, 1000, 2000, 5000, 10_000], 10_000),
+    };
+    let mut result = TestResult {
+        test: 4,
+        title: "Rows per sync at a constant total".into(),
+        parameter: "Rows".into(),
+        ..TestResult::default()
+    };
+    let mut warm_up = Phase::default();
+    for rows in sizes {
+        let spec = PointSpec {
+            label: rows.to_string(),
+            x: Some(rows as f64),
+            rows,
+            sets: (per_client / rows).max(1),
+            ..base_spec.clone()
+        };
+        let (point, _, empty) = measure_point(context, &spec, 1, true, out).await?;
+        warm_up = empty;
+        result.points.push(point);
+    }
+    result.notes.push(format!(
+        "{per_client} rows per client per sync type at every point, {} clients",
+        base_spec.clients
+    ));
+    result.notes.push(format!(
+        "empty syncs: {} in {:.3} s of server time = {:.0} syncs/s",
+        warm_up.syncs,
+        warm_up.total_server_seconds,
+        warm_up.syncs_per_second()
+    ));
+    Ok(result)
+}
+
+async fn test5(
+    context: &mut RunContext,
+    best: Option<usize>,
+    out: &mut dyn std::io::Write,
+) -> Result<TestResult> {
+    let base_spec = base_spec(context, best);
+    let protocols = [
+        Protocol::Tcp,
+        Protocol::Tls(KeyKind::EcdsaP256),
+        Protocol::Tls(KeyKind::Rsa2048),
+        Protocol::Http,
+        Protocol::Https(KeyKind::EcdsaP256),
+        Protocol::Https(KeyKind::Rsa2048),
+    ];
+    let compressions = [Compression::None, Compression::Zlib, Compression::Zstd];
+    let mut combinations: Vec<(Protocol, Compression)> = Vec::new();
+    for compression in compressions {
+        for protocol in protocols {
+            let quick_skip = context.options.size == Size::Quick
+                && compression != Compression::None
+                && !matches!(
+                    protocol,
+                    Protocol::Tcp | Protocol::Https(KeyKind::EcdsaP256)
+                );
+            if !quick_skip {
+                combinations.push((protocol, compression));
+            }
+        }
+    }
+    if context.options.protocol.is_some() || context.options.compression.is_some() {
+        combinations.retain(|(p, c)| {
+            context.options.protocol.is_none_or(|want| want == *p)
+                && context.options.compression.is_none_or(|want| want == *c)
+        });
+    }
+    let mut result = TestResult {
+        test: 5,
+        title: "Network protocols".into(),
+        parameter: "Protocol".into(),
+        ..TestResult::default()
+    };
+    for (protocol, compression) in combinations {
+        let spec = PointSpec {
+            protocol,
+            compression,
+            ..base_spec.clone()
+        };
+        let spec = PointSpec {
+            label: spec.transport_label(),
+            ..spec
+        };
+        let (point, _, _) = measure_point(context, &spec, 1, true, out).await?;
+        result.points.push(point);
+    }
+    if context.options.size == Size::Quick {
+        result
+            .notes
+            .push("quick size: zlib and zstd only over TCPIP and HTTPS:ECC".into());
+    }
+    result.notes.push("no FIPS-approved RSA: rustls with ring has no FIPS mode; HTTP is HTTP/1.1 or HTTP/2 as negotiated".into());
+    Ok(result)
+}

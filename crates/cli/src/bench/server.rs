@@ -1,0 +1,275 @@
+//! The server under test, as its own `rowsync serve` process (as in the paper, where it
+//! ran on its own computer): so that its CPU time and peak resident memory are its own.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use rowsync_server::tls::{self, KeyKind, PkiFiles};
+
+/// How long a starting server may take to listen.
+const SERVER_START_TIMEOUT: Duration = Duration::from_secs(30);
+/// The shared secret of the clients' HS256 tokens (written to a file for the server).
+pub const TOKEN_SECRET: &[u8] = b"rowsync bench token secret, thirty-two bytes or more";
+
+/// Database workers: a fixed count or the controller's range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workers {
+    Fixed(usize),
+    Auto(usize, usize),
+}
+
+impl Workers {
+    pub fn label(self) -> String {
+        match self {
+            Workers::Fixed(n) => n.to_string(),
+            Workers::Auto(min, max) => format!("auto {min}-{max}"),
+        }
+    }
+    /// Connections the limit reference uses: the same as the workers (the most the
+    /// controller may run).
+    pub fn connections(self) -> usize {
+        match self {
+            Workers::Fixed(n) => n,
+            Workers::Auto(_, max) => max,
+        }
+    }
+}
+
+/// The transport between clients and server (paper, Test 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Tcp,
+    Tls(KeyKind),
+    Http,
+    Https(KeyKind),
+}
+
+impl Protocol {
+    pub fn label(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCPIP",
+            Protocol::Tls(KeyKind::EcdsaP256) => "TLS:ECC",
+            Protocol::Tls(KeyKind::Rsa2048) => "TLS:RSA",
+            Protocol::Http => "HTTP",
+            Protocol::Https(KeyKind::EcdsaP256) => "HTTPS:ECC",
+            Protocol::Https(KeyKind::Rsa2048) => "HTTPS:RSA",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Protocol> {
+        Ok(match text.to_ascii_lowercase().as_str() {
+            "tcp" => Protocol::Tcp,
+            "tls" | "tls-ecc" | "tls-ecdsa" => Protocol::Tls(KeyKind::EcdsaP256),
+            "tls-rsa" => Protocol::Tls(KeyKind::Rsa2048),
+            "http" => Protocol::Http,
+            "https" | "https-ecc" | "https-ecdsa" => Protocol::Https(KeyKind::EcdsaP256),
+            "https-rsa" => Protocol::Https(KeyKind::Rsa2048),
+            other => bail!(
+                "unknown transport {other:?}: tcp, tls-ecc, tls-rsa, http, https-ecc or https-rsa"
+            ),
+        })
+    }
+
+    fn key_kind(self) -> Option<KeyKind> {
+        match self {
+            Protocol::Tls(kind) | Protocol::Https(kind) => Some(kind),
+            Protocol::Tcp | Protocol::Http => None,
+        }
+    }
+}
+
+/// How one server is started.
+#[derive(Debug, Clone)]
+pub struct ServerSetup {
+    pub db: String,
+    pub workers: Workers,
+    pub connections_max: usize,
+    pub protocol: Protocol,
+}
+
+pub struct ServerProcess {
+    child: Child,
+    /// The URL clients use (`tcp://…`, `https://…`).
+    pub url: String,
+    /// The CA file clients must trust, for TLS and HTTPS.
+    pub ca_file: Option<PathBuf>,
+    pid: u32,
+}
+
+fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free loopback port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Test certificates of both kinds, made once per run.
+pub struct Certificates {
+    ecc: PkiFiles,
+    rsa: PkiFiles,
+}
+
+impl Certificates {
+    pub fn new(dir: &Path) -> Result<Certificates> {
+        let names = ["localhost".to_string(), "127.0.0.1".to_string()];
+        let ecc_dir = dir.join("ecc");
+        let rsa_dir = dir.join("rsa");
+        std::fs::create_dir_all(&ecc_dir)?;
+        std::fs::create_dir_all(&rsa_dir)?;
+        Ok(Certificates {
+            ecc: tls::write_test_pki(&ecc_dir, &names, KeyKind::EcdsaP256)?,
+            rsa: tls::write_test_pki(&rsa_dir, &names, KeyKind::Rsa2048)?,
+        })
+    }
+
+    fn files(&self, kind: KeyKind) -> &PkiFiles {
+        match kind {
+            KeyKind::EcdsaP256 => &self.ecc,
+            KeyKind::Rsa2048 => &self.rsa,
+        }
+    }
+}
+
+impl ServerProcess {
+    /// Starts `program serve` and waits until it accepts connections.
+    pub fn start(
+        program: &Path,
+        setup: &ServerSetup,
+        work_dir: &Path,
+        certificates: &Certificates,
+    ) -> Result<ServerProcess> {
+        let secret_file = work_dir.join("token-secret");
+        std::fs::write(&secret_file, TOKEN_SECRET)?;
+        let plain: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let mut command = Command::new(program);
+        command
+            .arg("serve")
+            .arg("--db")
+            .arg(&setup.db)
+            .arg("--listen")
+            .arg(plain.to_string())
+            .arg("--max-connections")
+            .arg(setup.connections_max.to_string())
+            .arg("--jwt-hs256-secret-file")
+            .arg(&secret_file)
+            // No tombstone cleanup in the middle of a timed set.
+            .arg("--cleanup-interval-seconds")
+            .arg("86400")
+            .env("ROWSYNC_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(work_dir.join("server.log"))?);
+        match setup.workers {
+            Workers::Fixed(n) => command.arg("--workers").arg(n.to_string()),
+            Workers::Auto(min, max) => command
+                .arg("--workers-min")
+                .arg(min.to_string())
+                .arg("--workers-max")
+                .arg(max.to_string()),
+        };
+        let mut ca_file = None;
+        let url = match setup.protocol {
+            Protocol::Tcp => format!("tcp://{plain}"),
+            protocol => {
+                let address = format!("127.0.0.1:{}", free_port()?);
+                let (flag, scheme) = match protocol {
+                    Protocol::Tls(_) => ("--tls-listen", "tls"),
+                    Protocol::Http => ("--http-listen", "http"),
+                    _ => ("--https-listen", "https"),
+                };
+                command.arg(flag).arg(&address);
+                if let Some(kind) = protocol.key_kind() {
+                    let files = certificates.files(kind);
+                    command
+                        .arg("--cert")
+                        .arg(&files.server_cert)
+                        .arg("--key")
+                        .arg(&files.server_key);
+                    ca_file = Some(files.ca_cert.clone());
+                }
+                format!("{scheme}://{address}")
+            }
+        };
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        let pid = child.id();
+        let started = Instant::now();
+        loop {
+            if std::net::TcpStream::connect(plain).is_ok() {
+                break;
+            }
+            if let Some(status) = child.try_wait()? {
+                let log = std::fs::read_to_string(work_dir.join("server.log")).unwrap_or_default();
+                bail!("the server exited at start ({status}): {log}");
+            }
+            if started.elapsed() > SERVER_START_TIMEOUT {
+                let _ = child.kill();
+                bail!("the server did not listen on {plain} within {SERVER_START_TIMEOUT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(ServerProcess {
+            child,
+            url,
+            ca_file,
+            pid,
+        })
+    }
+
+    /// User + system CPU seconds the server has used so far.
+    pub fn cpu_seconds(&self) -> Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
+            .context("reading the server's /proc stat")?;
+        // Fields after the command name (which is in parentheses and may hold spaces).
+        let after = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest)
+            .context("unexpected /proc stat format")?;
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after ')'.
+        let ticks: f64 = fields
+            .get(11..13)
+            .context("short /proc stat")?
+            .iter()
+            .map(|f| f.parse::<f64>().unwrap_or(0.0))
+            .sum();
+        Ok(ticks / CLOCK_TICKS_PER_SECOND)
+    }
+
+    /// The server's peak resident memory so far, in bytes.
+    pub fn peak_rss_bytes(&self) -> Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+            .context("reading the server's /proc status")?;
+        let kib = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .context("no VmHWM in /proc status")?;
+        Ok(kib * 1024)
+    }
+
+    pub fn stop(mut self) -> Result<()> {
+        self.child.kill().ok();
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+/// Linux reports CPU time in clock ticks of `sysconf(_SC_CLK_TCK)`, 100 on every
+/// mainstream architecture.
+const CLOCK_TICKS_PER_SECOND: f64 = 100.0;
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

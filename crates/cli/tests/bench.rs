@@ -1,0 +1,156 @@
+//! `rowsync bench` at quick size: all five tests run, every sync completes and moves
+//! exactly its rows (the bench checks each sync, the timing table and the consolidated
+//! database itself), and the results directory holds what the report promises. Speed is
+//! not judged here.
+
+use std::path::PathBuf;
+
+use rowsync_cli::bench::clients::ClientMode;
+use rowsync_cli::bench::results::SYNC_TYPES;
+use rowsync_cli::bench::server::Workers;
+use rowsync_cli::bench::{self, BenchOptions, Size};
+
+fn options(url: String, results_dir: PathBuf, tests: Vec<u8>) -> BenchOptions {
+    BenchOptions {
+        db: url,
+        server_program: PathBuf::from(env!("CARGO_BIN_EXE_rowsync")),
+        size: Size::Quick,
+        tests,
+        client_mode: ClientMode::Verify,
+        results_dir,
+        clients: None,
+        rows: None,
+        sets: None,
+        workers: None,
+        connections_max: None,
+        retry: None,
+        protocol: None,
+        compression: None,
+        repeat: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_five_tests_run_consistently_at_quick_size() {
+    let url = rowsync_testkit::fresh_database("bench").await;
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results");
+    let mut out = Vec::new();
+    let run = bench::run(options(url, results.clone(), vec![1, 2, 3, 4, 5]), &mut out)
+        .await
+        .unwrap();
+    let printed = String::from_utf8(out).unwrap();
+    assert_eq!(
+        run.tests.iter().map(|t| t.test).collect::<Vec<_>>(),
+        [1, 2, 3, 4, 5]
+    );
+    for test in &run.tests {
+        assert!(!test.points.is_empty(), "test {}", test.test);
+        for point in &test.points {
+            let limit = point.limit_seconds.expect("every point has its limit");
+            assert!(limit.iter().all(|s| *s > 0.0), "{limit:?}");
+            assert!(point.server_peak_rss_bytes > 0);
+            for phases in &point.runs {
+                let types: Vec<&str> = phases.iter().map(|p| p.sync_type.as_str()).collect();
+                assert_eq!(types, SYNC_TYPES);
+                for phase in phases {
+                    let syncs = (point.clients * point.sets) as u64;
+                    assert_eq!(phase.syncs, syncs, "{} {}", point.label, phase.sync_type);
+                    assert_eq!(phase.rows, syncs * point.rows_per_sync as u64);
+                    assert!(phase.total_server_seconds > 0.0);
+                    assert!(phase.total_server_seconds <= phase.total_client_seconds);
+                    assert!(phase.wire_bytes > 0);
+                    if point.transport == "TCPIP" {
+                        // Uncompressed, even a delete's key takes more than 10 bytes.
+                        assert!(
+                            phase.wire_bytes > phase.rows * 10,
+                            "{} bytes for {} rows",
+                            phase.wire_bytes,
+                            phase.rows
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // Test 1 ran two repetitions per setting and the row-script reference.
+    let test1 = &run.tests[0];
+    assert!(test1.points.iter().all(|p| p.runs.len() == 2));
+    let rows = test1.row_scripts.as_ref().expect("row scripts measured");
+    assert_eq!(rows.runs[0].len(), 3, "update, delete, insert");
+    // Test 2: above the connection limit clients were told busy and retried.
+    let test2 = &run.tests[1];
+    let low = test2.points[0].connections_max;
+    assert!(low < test2.points[0].clients);
+    assert!(test2
+        .points
+        .iter()
+        .filter(|p| p.connections_max == low)
+        .any(|p| p.runs[0].iter().any(|phase| phase.busy_retries > 0)));
+    // Test 5 covered every transport.
+    let labels: Vec<&str> = run.tests[4]
+        .points
+        .iter()
+        .map(|p| p.label.as_str())
+        .collect();
+    for expected in [
+        "TCPIP",
+        "TLS:ECC",
+        "TLS:RSA",
+        "HTTP",
+        "HTTPS:ECC",
+        "HTTPS:RSA",
+        "TCPIP + zlib",
+        "TCPIP + zstd",
+    ] {
+        assert!(labels.contains(&expected), "{expected} in {labels:?}");
+    }
+    for file in [
+        "results.json",
+        "report.txt",
+        "test1.svg",
+        "test2.svg",
+        "test3.svg",
+        "test4.svg",
+        "test5.svg",
+    ] {
+        let path = results.join(file);
+        assert!(
+            std::fs::metadata(&path)
+                .map(|m| m.len() > 0)
+                .unwrap_or(false),
+            "{}",
+            path.display()
+        );
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(results.join("results.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["tests"].as_array().unwrap().len(), 5);
+    assert!(
+        printed.contains("Efficiency = limit / rowsync"),
+        "{printed}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_clients_hold_exactly_their_partition_after_every_sync_type() {
+    let url = rowsync_testkit::fresh_database("bench_sqlite").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = options(url, dir.path().join("results"), vec![1]);
+    options.client_mode = ClientMode::Sqlite;
+    options.workers = Some(Workers::Fixed(2));
+    options.repeat = Some(1);
+    options.clients = Some(6);
+    let mut out = Vec::new();
+    // The bench checks each client's SQLite file against its partition after the
+    // download, update, delete and insert phases, and fails the run otherwise.
+    let run = bench::run(options, &mut out).await.unwrap();
+    assert_eq!(run.client_mode, "sqlite");
+    let point = &run.tests[0].points[0];
+    assert_eq!(point.clients, 6);
+    assert_eq!(
+        point.runs[0][0].rows,
+        (6 * point.rows_per_sync * point.sets) as u64
+    );
+}
