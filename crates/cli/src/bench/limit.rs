@@ -69,75 +69,115 @@ fn timestamp(value: &Value) -> std::time::SystemTime {
     }
 }
 
-/// One client's share of a set, straight against PostgreSQL.
-async fn job(db: &Client, sync_type: &str, client: usize, set: usize, rows: usize) -> Result<u64> {
-    let indexes = workload::set_indexes(set, rows);
-    let first = workload::purch_id(indexes.start);
-    let last = workload::purch_id(indexes.end);
-    let emp = workload::emp_id(client);
-    let changed = match sync_type {
-        "download" => {
-            let stream = db
-                .copy_out(&format!(
-                    "COPY (SELECT emp_id, purch_id, cust_id, cost, order_date, notes FROM {RAW_TABLE} \
-                     WHERE emp_id = {emp} AND purch_id >= {first} AND purch_id < {last}) TO STDOUT (FORMAT binary)"
-                ))
-                .await?;
-            pin_mut!(stream);
-            let mut bytes = Vec::new();
-            while let Some(chunk) = stream.next().await {
-                bytes.extend_from_slice(&chunk?);
+/// One client's share of a set, its parameters built before the clock starts (as the
+/// bench's clients prepare their uploads outside the timed section).
+enum Job {
+    Download {
+        emp: i64,
+        first: i64,
+        last: i64,
+    },
+    Update {
+        ints: [Vec<i32>; 3],
+        old_costs: Vec<String>,
+        times: Vec<std::time::SystemTime>,
+        notes: Vec<String>,
+        new_costs: Vec<String>,
+    },
+    Delete {
+        emps: Vec<i32>,
+        purchs: Vec<i32>,
+    },
+    Insert(Vec<Row>),
+}
+
+impl Job {
+    fn new(sync_type: &str, client: usize, set: usize, rows: usize) -> Result<Job> {
+        let indexes = workload::set_indexes(set, rows);
+        Ok(match sync_type {
+            "download" => Job::Download {
+                emp: workload::emp_id(client),
+                first: workload::purch_id(indexes.start),
+                last: workload::purch_id(indexes.end),
+            },
+            "update" => {
+                let old: Vec<Row> = indexes
+                    .clone()
+                    .map(|i| workload::row(client, i, 0))
+                    .collect();
+                let new: Vec<Row> = indexes.map(|i| workload::row(client, i, 1)).collect();
+                let column = |c: usize| -> Vec<i32> { old.iter().map(|r| int(&r[c])).collect() };
+                Job::Update {
+                    ints: [column(0), column(1), column(2)],
+                    old_costs: old.iter().map(|r| text(&r[3])).collect(),
+                    times: old.iter().map(|r| timestamp(&r[4])).collect(),
+                    notes: old.iter().map(|r| text(&r[5])).collect(),
+                    new_costs: new.iter().map(|r| text(&r[3])).collect(),
+                }
             }
-            binary_copy_tuples(&bytes)?
-        }
-        "update" => {
-            let old: Vec<Row> = indexes
-                .clone()
-                .map(|i| workload::row(client, i, 0))
-                .collect();
-            let new: Vec<Row> = indexes.map(|i| workload::row(client, i, 1)).collect();
-            let column =
-                |rows: &[Row], c: usize| -> Vec<i32> { rows.iter().map(|r| int(&r[c])).collect() };
-            let texts = |rows: &[Row], c: usize| -> Vec<String> {
-                rows.iter().map(|r| text(&r[c])).collect()
-            };
-            let times: Vec<std::time::SystemTime> = old.iter().map(|r| timestamp(&r[4])).collect();
-            db.execute(
-                &format!(
-                    "UPDATE {RAW_TABLE} AS t SET cust_id = u.cust_id, cost = u.new_cost, order_date = u.order_date, notes = u.notes \
-                     FROM unnest($1::int4[], $2::int4[], $3::int4[], $4::text[]::numeric[], $5::timestamp[], $6::text[], $7::text[]::numeric[]) \
-                       AS u(emp_id, purch_id, cust_id, old_cost, order_date, notes, new_cost) \
-                     WHERE t.emp_id = u.emp_id AND t.purch_id = u.purch_id AND t.cust_id = u.cust_id \
-                       AND t.cost = u.old_cost AND t.order_date = u.order_date AND t.notes IS NOT DISTINCT FROM u.notes"
-                ),
-                &[
-                    &column(&old, 0),
-                    &column(&old, 1),
-                    &column(&old, 2),
-                    &texts(&old, 3),
-                    &times,
-                    &texts(&old, 5),
-                    &texts(&new, 3),
-                ],
-            )
-            .await?
-        }
-        "delete" => {
-            let emps: Vec<i32> = indexes.clone().map(|_| emp as i32).collect();
-            let purchs: Vec<i32> = indexes.map(|i| workload::purch_id(i) as i32).collect();
-            db.execute(
-                &format!(
-                    "DELETE FROM {RAW_TABLE} AS t USING unnest($1::int4[], $2::int4[]) AS k(emp_id, purch_id) \
-                     WHERE t.emp_id = k.emp_id AND t.purch_id = k.purch_id"
-                ),
-                &[&emps, &purchs],
-            )
-            .await?
-        }
-        "insert" => copy_in(db, RAW_TABLE, indexes.map(|i| workload::row(client, i, 0))).await?,
-        other => bail!("no limit for sync type {other}"),
-    };
-    Ok(changed)
+            "delete" => Job::Delete {
+                emps: indexes
+                    .clone()
+                    .map(|_| workload::emp_id(client) as i32)
+                    .collect(),
+                purchs: indexes.map(|i| workload::purch_id(i) as i32).collect(),
+            },
+            "insert" => Job::Insert(indexes.map(|i| workload::row(client, i, 0)).collect()),
+            other => bail!("no limit for sync type {other}"),
+        })
+    }
+
+    /// Runs the job straight against PostgreSQL; the rows it moved.
+    async fn run(self, db: &Client) -> Result<u64> {
+        Ok(match self {
+            Job::Download { emp, first, last } => {
+                let stream = db
+                    .copy_out(&format!(
+                        "COPY (SELECT emp_id, purch_id, cust_id, cost, order_date, notes FROM {RAW_TABLE} \
+                         WHERE emp_id = {emp} AND purch_id >= {first} AND purch_id < {last}) TO STDOUT (FORMAT binary)"
+                    ))
+                    .await?;
+                pin_mut!(stream);
+                let mut bytes = Vec::new();
+                while let Some(chunk) = stream.next().await {
+                    bytes.extend_from_slice(&chunk?);
+                }
+                binary_copy_tuples(&bytes)?
+            }
+            Job::Update {
+                ints,
+                old_costs,
+                times,
+                notes,
+                new_costs,
+            } => {
+                db.execute(
+                    &format!(
+                        "UPDATE {RAW_TABLE} AS t SET cust_id = u.cust_id, cost = u.new_cost, order_date = u.order_date, notes = u.notes \
+                         FROM unnest($1::int4[], $2::int4[], $3::int4[], $4::text[]::numeric[], $5::timestamp[], $6::text[], $7::text[]::numeric[]) \
+                           AS u(emp_id, purch_id, cust_id, old_cost, order_date, notes, new_cost) \
+                         WHERE t.emp_id = u.emp_id AND t.purch_id = u.purch_id AND t.cust_id = u.cust_id \
+                           AND t.cost = u.old_cost AND t.order_date = u.order_date AND t.notes IS NOT DISTINCT FROM u.notes"
+                    ),
+                    &[
+                        &ints[0], &ints[1], &ints[2], &old_costs, &times, &notes, &new_costs,
+                    ],
+                )
+                .await?
+            }
+            Job::Delete { emps, purchs } => {
+                db.execute(
+                    &format!(
+                        "DELETE FROM {RAW_TABLE} AS t USING unnest($1::int4[], $2::int4[]) AS k(emp_id, purch_id) \
+                         WHERE t.emp_id = k.emp_id AND t.purch_id = k.purch_id"
+                    ),
+                    &[&emps, &purchs],
+                )
+                .await?
+            }
+            Job::Insert(rows) => copy_in(db, RAW_TABLE, rows.into_iter()).await?,
+        })
+    }
 }
 
 /// Seconds per sync type (download, update, delete, insert): for each set, the wall
@@ -169,7 +209,10 @@ pub async fn measure(
                 copy_in(&admin, RAW_TABLE, all).await?;
                 admin.batch_execute(&format!("ANALYZE {RAW_TABLE}")).await?;
             }
-            let queue = Arc::new(Mutex::new(0..clients));
+            let jobs = (0..clients)
+                .map(|client| Job::new(sync_type, client, set, rows))
+                .collect::<Result<Vec<_>>>()?;
+            let queue = Arc::new(Mutex::new(jobs.into_iter()));
             let started = Instant::now();
             let mut tasks = tokio::task::JoinSet::new();
             for db in &pool {
@@ -178,8 +221,8 @@ pub async fn measure(
                     let mut changed = 0u64;
                     loop {
                         let next = queue.lock().await.next();
-                        let Some(client) = next else { break };
-                        changed += job(&db, sync_type, client, set, rows).await?;
+                        let Some(job) = next else { break };
+                        changed += job.run(&db).await?;
                     }
                     Ok::<u64, anyhow::Error>(changed)
                 });
