@@ -123,3 +123,11 @@ async fn hostile_parameters_reach_the_statement_log_only_as_bound_values() {
         "the statement log must show the hostile values as bound parameters ({bound} records)"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_its_column_cannot_take_is_refused_by_column_and_nothing_applies() {
+    conformance::a_value_its_column_cannot_take_is_refused_by_column_and_nothing_applies::<
+        PostgresFactory,
+    >()
+    .await;
+}

@@ -13,6 +13,7 @@
 //! download; the next sync asks for everything at or above it. Rows of a transaction
 //! that commits late carry an id at or above every watermark taken while it ran.
 
+mod array_stage;
 mod events;
 mod rows;
 mod schema;

@@ -9,6 +9,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, GenericClient, Transaction};
 
+use super::array_stage::{refusal, takes_cte, ArrayStage, ColumnRefusal, UPLOAD_CTE};
 use super::events::run_event;
 use super::rows::run_row_script;
 use super::schema::table_shape;
@@ -267,14 +268,19 @@ impl Batches {
 }
 
 async fn shape_of(transaction: &Transaction<'_>, table: &str) -> Result<TableShape, SyncError> {
-    table_shape(transaction, table)
-        .await?
-        .map(|(shape, _)| shape)
-        .ok_or_else(|| {
-            SyncError::Schema(format!(
-                "table {table:?} does not exist in the consolidated database"
-            ))
-        })
+    Ok(shape_and_types(transaction, table).await?.0)
+}
+
+/// A table's shape and its columns' SQL types, in column order.
+async fn shape_and_types(
+    transaction: &Transaction<'_>,
+    table: &str,
+) -> Result<(TableShape, Vec<String>), SyncError> {
+    table_shape(transaction, table).await?.ok_or_else(|| {
+        SyncError::Schema(format!(
+            "table {table:?} does not exist in the consolidated database"
+        ))
+    })
 }
 
 /// Failures that a second attempt of the whole sync may not meet: a concurrent insert
@@ -435,13 +441,22 @@ pub(super) async fn query_rows(
     sql: &str,
     values: &[Value],
 ) -> Result<(Vec<String>, Vec<Row>), tokio_postgres::Error> {
-    let statement = transaction.prepare(sql).await?;
     let binds = binds_of(values);
     let parameters: Vec<&(dyn ToSql + Sync)> = binds
         .iter()
         .map(|bind| bind as &(dyn ToSql + Sync))
         .collect();
-    let rows = transaction.query(&statement, &parameters).await?;
+    query_bound(transaction, sql, &parameters).await
+}
+
+/// Runs `sql` with its parameters bound; its column names and rows.
+async fn query_bound(
+    transaction: &impl GenericClient,
+    sql: &str,
+    parameters: &[&(dyn ToSql + Sync)],
+) -> Result<(Vec<String>, Vec<Row>), tokio_postgres::Error> {
+    let statement = transaction.prepare(sql).await?;
+    let rows = transaction.query(&statement, parameters).await?;
     let columns = statement
         .columns()
         .iter()
@@ -493,11 +508,168 @@ struct TableContext<'a> {
     apply: bool,
 }
 
+/// Where an upload set script reads its staged rows: arrays bound in its own statement
+/// (one data-modifying statement), or a temporary table (any other script).
+enum UploadStage<'v> {
+    Arrays(ArrayStage<'v>),
+    Table(Stage),
+}
+
+impl<'v> UploadStage<'v> {
+    /// Stages `rows` (values in the order of `columns`): in arrays if the statements
+    /// that read them can take a CTE, else in a temporary table.
+    #[allow(clippy::too_many_arguments)]
+    async fn create(
+        transaction: &Transaction<'_>,
+        arrays: bool,
+        kind: &str,
+        shape: &TableShape,
+        types: &[String],
+        columns: &[String],
+        with_old_image: bool,
+        rows: Vec<Vec<&'v Value>>,
+    ) -> Result<UploadStage<'v>, SyncError> {
+        if arrays {
+            let type_of = |column: &str| -> Result<String, SyncError> {
+                shape
+                    .columns
+                    .iter()
+                    .position(|c| c.name == column)
+                    .and_then(|index| types.get(index).cloned())
+                    .ok_or_else(|| {
+                        SyncError::Schema(format!(
+                            "table {:?} has no column {column:?}",
+                            shape.name
+                        ))
+                    })
+            };
+            let mut staged = columns.to_vec();
+            let mut staged_types = columns
+                .iter()
+                .map(|column| type_of(column))
+                .collect::<Result<Vec<_>, _>>()?;
+            if with_old_image {
+                staged.extend(
+                    columns
+                        .iter()
+                        .map(|column| format!("{OLD_IMAGE_PREFIX}{column}")),
+                );
+                staged_types.extend(staged_types.clone());
+            }
+            return Ok(UploadStage::Arrays(ArrayStage::new(
+                staged,
+                staged_types,
+                shape.key_columns.clone(),
+                rows,
+            )));
+        }
+        let stage = Stage::create(transaction, kind, shape, columns, with_old_image, false).await?;
+        let count = rows.len();
+        stage
+            .load(transaction, &shape.name, rows.into_iter(), count)
+            .await?;
+        Ok(UploadStage::Table(stage))
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            UploadStage::Arrays(_) => UPLOAD_CTE,
+            UploadStage::Table(stage) => &stage.name,
+        }
+    }
+
+    fn columns(&self) -> &[String] {
+        match self {
+            UploadStage::Arrays(stage) => &stage.columns,
+            UploadStage::Table(stage) => &stage.columns,
+        }
+    }
+
+    fn key_list(&self, alias: &str) -> String {
+        match self {
+            UploadStage::Arrays(stage) => stage.key_list(alias),
+            UploadStage::Table(stage) => stage.key_list(alias),
+        }
+    }
+
+    fn key_match(&self, left: &str, right: &str) -> String {
+        match self {
+            UploadStage::Arrays(stage) => stage.key_match(left, right),
+            UploadStage::Table(stage) => stage.key_match(left, right),
+        }
+    }
+
+    /// Runs `sql` (which reads the stage by [`Self::name`]) with its own `values` as
+    /// `$1…`; a staged value its column refuses is named with the table and column.
+    async fn query(
+        &self,
+        transaction: &Transaction<'_>,
+        table: &str,
+        sql: &str,
+        values: &[Value],
+    ) -> Result<Result<(Vec<String>, Vec<Row>), tokio_postgres::Error>, SyncError> {
+        let binds = binds_of(values);
+        let mut parameters: Vec<&(dyn ToSql + Sync)> = binds
+            .iter()
+            .map(|bind| bind as &(dyn ToSql + Sync))
+            .collect();
+        let sql = match self {
+            UploadStage::Arrays(stage) => {
+                parameters.extend(stage.parameters());
+                stage.statement(sql, values.len())
+            }
+            UploadStage::Table(_) => sql.to_string(),
+        };
+        match query_bound(transaction, &sql, &parameters).await {
+            Err(error) => match refusal(&error) {
+                Some(refused) => Err(refused_value(table, refused)),
+                None => Ok(Err(error)),
+            },
+            done => Ok(done),
+        }
+    }
+
+    /// As [`Self::query`], for a statement whose rows are not read: the rows changed.
+    async fn execute(
+        &self,
+        transaction: &Transaction<'_>,
+        table: &str,
+        sql: &str,
+        values: &[Value],
+    ) -> Result<Result<u64, tokio_postgres::Error>, SyncError> {
+        let binds = binds_of(values);
+        let mut parameters: Vec<&(dyn ToSql + Sync)> = binds
+            .iter()
+            .map(|bind| bind as &(dyn ToSql + Sync))
+            .collect();
+        let sql = match self {
+            UploadStage::Arrays(stage) => {
+                parameters.extend(stage.parameters());
+                stage.statement(sql, values.len())
+            }
+            UploadStage::Table(_) => sql.to_string(),
+        };
+        match transaction.execute(&sql, &parameters).await {
+            Err(error) => match refusal(&error) {
+                Some(refused) => Err(refused_value(table, refused)),
+                None => Ok(Err(error)),
+            },
+            done => Ok(done),
+        }
+    }
+}
+
+fn refused_value(table: &str, refused: &ColumnRefusal) -> SyncError {
+    SyncError::Schema(format!(
+        "upload of table {table:?} holds a value its column cannot take: {refused}"
+    ))
+}
+
 async fn apply_script(
     transaction: &Transaction<'_>,
     context: &TableContext<'_>,
     event: &str,
-    stage: &Stage,
+    stage: &UploadStage<'_>,
     staged_rows: usize,
 ) -> Result<Vec<Row>, SyncError> {
     let TableContext {
@@ -508,7 +680,7 @@ async fn apply_script(
         apply,
     } = *context;
     let table = shape.name.as_str();
-    let script = scripts.expand(table, event, &[(UPLOAD_PLACEHOLDER, &stage.name)])?;
+    let script = scripts.expand(table, event, &[(UPLOAD_PLACEHOLDER, stage.name())])?;
     let target = q(table);
     let is_delete = event == UPLOAD_DELETE;
     // Deletes of keys already gone are not conflicts: only keys still present are.
@@ -526,25 +698,21 @@ async fn apply_script(
             "WITH rs_applied AS ({script}) SELECT {keys} FROM {stage} AS s \
              WHERE NOT EXISTS (SELECT 1 FROM rs_applied AS a WHERE {m}){unmatched}",
             keys = stage.key_list("s"),
-            stage = stage.name,
+            stage = stage.name(),
             m = stage.key_match("a", "s"),
         );
         let (sql, values) = bind_script(&wrapped, parameters, table, event)?;
-        let (_, keys) = query_rows(transaction, &sql, &values)
-            .await
+        let (_, keys) = stage
+            .query(transaction, table, &sql, &values)
+            .await?
             .map_err(|error| script_failure(event, table, error))?;
         return Ok(keys);
     }
     let changed = if apply {
         let (sql, values) = bind_script(&script, parameters, table, event)?;
-        let binds = binds_of(&values);
-        let params: Vec<&(dyn ToSql + Sync)> = binds
-            .iter()
-            .map(|bind| bind as &(dyn ToSql + Sync))
-            .collect();
-        transaction
-            .execute(&sql, &params)
-            .await
+        stage
+            .execute(transaction, table, &sql, &values)
+            .await?
             .map_err(|error| script_failure(event, table, error))? as usize
     } else {
         0
@@ -556,7 +724,7 @@ async fn apply_script(
         still_present
     } else {
         let mut matches: Vec<String> = stage
-            .columns
+            .columns()
             .iter()
             .filter(|column| !column.starts_with(OLD_IMAGE_PREFIX))
             .map(|column| format!("t.{c} IS NOT DISTINCT FROM s.{c}", c = q(column)))
@@ -572,14 +740,14 @@ async fn apply_script(
     let sql = format!(
         "SELECT {} FROM {} AS s WHERE {condition}",
         stage.key_list("s"),
-        stage.name
+        stage.name()
     );
     let values = if !is_delete && partition_column.is_some() {
         vec![Value::Text(parameters.user.to_string())]
     } else {
         Vec::new()
     };
-    Ok(query_rows(transaction, &sql, &values).await?.1)
+    Ok(stage.query(transaction, table, &sql, &values).await??.1)
 }
 
 async fn apply_table(
@@ -591,7 +759,7 @@ async fn apply_table(
 ) -> Result<Resolution, SyncError> {
     let table = upload.table.as_str();
     scripts.check_synchronizes(table)?;
-    let shape = shape_of(transaction, table).await?;
+    let (shape, types) = shape_and_types(transaction, table).await?;
     let key_positions = validate_upload_shape(upload, &shape)?;
     let partition_column: Option<String> = transaction
         .query_opt(
@@ -675,19 +843,20 @@ async fn apply_table(
             continue;
         }
         let is_row_script = apply && !is_set_script(script);
-        let stage = Stage::create(
+        let staged_count = staged.len();
+        // A row script's unchanged rows are compared by rowsync's own SELECT, which
+        // reads arrays too.
+        let stage = UploadStage::create(
             transaction,
+            is_row_script || takes_cte(script),
             kind,
             &shape,
+            &types,
             staged_columns,
             with_old_image,
-            false,
+            staged,
         )
         .await?;
-        let staged_count = staged.len();
-        stage
-            .load(transaction, table, staged.into_iter(), staged_count)
-            .await?;
         let compare_only = TableContext {
             apply: apply && !is_row_script,
             ..context
