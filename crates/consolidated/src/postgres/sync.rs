@@ -599,8 +599,29 @@ impl<'v> UploadStage<'v> {
         }
     }
 
-    /// Runs `sql` (which reads the stage by [`Self::name`]) with its own `values` as
-    /// `$1…`; a staged value its column refuses is named with the table and column.
+    /// `sql` (which reads the stage by [`Self::name`], its own `values` as `$1…`) as
+    /// sent, with every parameter it takes.
+    fn bound<'s>(
+        &'s self,
+        sql: &str,
+        binds: &'s [Bind<'s>],
+    ) -> (String, Vec<&'s (dyn ToSql + Sync)>) {
+        let mut parameters: Vec<&(dyn ToSql + Sync)> = binds
+            .iter()
+            .map(|bind| bind as &(dyn ToSql + Sync))
+            .collect();
+        let sql = match self {
+            UploadStage::Arrays(stage) => {
+                parameters.extend(stage.parameters());
+                stage.statement(sql, binds.len())
+            }
+            UploadStage::Table(_) => sql.to_string(),
+        };
+        (sql, parameters)
+    }
+
+    /// Runs `sql` and returns its rows; a staged value its column refuses is named with
+    /// the table and column (the outer error), any other failure is the script's.
     async fn query(
         &self,
         transaction: &Transaction<'_>,
@@ -609,24 +630,8 @@ impl<'v> UploadStage<'v> {
         values: &[Value],
     ) -> Result<Result<(Vec<String>, Vec<Row>), tokio_postgres::Error>, SyncError> {
         let binds = binds_of(values);
-        let mut parameters: Vec<&(dyn ToSql + Sync)> = binds
-            .iter()
-            .map(|bind| bind as &(dyn ToSql + Sync))
-            .collect();
-        let sql = match self {
-            UploadStage::Arrays(stage) => {
-                parameters.extend(stage.parameters());
-                stage.statement(sql, values.len())
-            }
-            UploadStage::Table(_) => sql.to_string(),
-        };
-        match query_bound(transaction, &sql, &parameters).await {
-            Err(error) => match refusal(&error) {
-                Some(refused) => Err(refused_value(table, refused)),
-                None => Ok(Err(error)),
-            },
-            done => Ok(done),
-        }
+        let (sql, parameters) = self.bound(sql, &binds);
+        refused_by_column(table, query_bound(transaction, &sql, &parameters).await)
     }
 
     /// As [`Self::query`], for a statement whose rows are not read: the rows changed.
@@ -638,24 +643,22 @@ impl<'v> UploadStage<'v> {
         values: &[Value],
     ) -> Result<Result<u64, tokio_postgres::Error>, SyncError> {
         let binds = binds_of(values);
-        let mut parameters: Vec<&(dyn ToSql + Sync)> = binds
-            .iter()
-            .map(|bind| bind as &(dyn ToSql + Sync))
-            .collect();
-        let sql = match self {
-            UploadStage::Arrays(stage) => {
-                parameters.extend(stage.parameters());
-                stage.statement(sql, values.len())
-            }
-            UploadStage::Table(_) => sql.to_string(),
-        };
-        match transaction.execute(&sql, &parameters).await {
-            Err(error) => match refusal(&error) {
-                Some(refused) => Err(refused_value(table, refused)),
-                None => Ok(Err(error)),
-            },
-            done => Ok(done),
-        }
+        let (sql, parameters) = self.bound(sql, &binds);
+        refused_by_column(table, transaction.execute(&sql, &parameters).await)
+    }
+}
+
+/// A staged value its column refused, as the sync's error; anything else as it came.
+fn refused_by_column<T>(
+    table: &str,
+    done: Result<T, tokio_postgres::Error>,
+) -> Result<Result<T, tokio_postgres::Error>, SyncError> {
+    match done {
+        Err(error) => match refusal(&error) {
+            Some(refused) => Err(refused_value(table, refused)),
+            None => Ok(Err(error)),
+        },
+        done => Ok(done),
     }
 }
 
