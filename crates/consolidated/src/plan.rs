@@ -354,6 +354,9 @@ pub struct Resolution {
 impl Resolution {
     /// Remembers every key the upload touched, to keep them out of the echo.
     pub fn record_upload(&mut self, upload: &TableUpload, key_positions: &[usize]) {
+        self.uploaded_upsert_keys
+            .reserve(upload.inserts.len() + upload.updates.len());
+        self.uploaded_delete_keys.reserve(upload.deletes.len());
         for row in upload
             .inserts
             .iter()
@@ -589,10 +592,17 @@ pub fn conflicting_rows(
 /// An exact, hashable identity of a row's key.
 pub fn key_bytes(row: &[Value], key_positions: &[usize]) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(16 * key_positions.len());
-    for &position in key_positions {
-        encode_values(std::slice::from_ref(&row[position]), &mut bytes);
-    }
+    write_key_bytes(row, key_positions, &mut bytes);
     bytes
+}
+
+/// [`key_bytes`] into a buffer the caller reuses (cleared first): no allocation per row
+/// where a key is only looked up.
+fn write_key_bytes(row: &[Value], key_positions: &[usize], bytes: &mut Vec<u8>) {
+    bytes.clear();
+    for &position in key_positions {
+        encode_values(std::slice::from_ref(&row[position]), bytes);
+    }
 }
 
 pub fn key_positions_in(
@@ -729,12 +739,16 @@ impl<'a> DownloadFilter<'a> {
             ));
         }
         let all: Vec<usize> = (0..self.shape.key_columns.len()).collect();
+        let mut bytes = Vec::new();
         let keys: Vec<Row> = keys
             .into_iter()
             .filter(|key| {
-                let bytes = key_bytes(key, &all);
-                !self.resolution.uploaded_delete_keys.contains(&bytes)
-                    && !self.conflict_delete_keys.contains(&bytes)
+                write_key_bytes(key, &all, &mut bytes);
+                !self
+                    .resolution
+                    .uploaded_delete_keys
+                    .contains(bytes.as_slice())
+                    && !self.conflict_delete_keys.contains(bytes.as_slice())
             })
             .collect();
         self.rows_sent += keys.len() as u64;
@@ -778,12 +792,16 @@ impl<'a> DownloadFilter<'a> {
             self.rows_sent += rows.len() as u64;
             return Ok(self.chunk(columns.clone(), rows, Vec::new()));
         }
+        let mut key = Vec::new();
         let rows: Vec<Row> = rows
             .into_iter()
             .filter(|row| {
-                let key = key_bytes(row, key_positions);
-                !self.resolution.uploaded_upsert_keys.contains(&key)
-                    && !self.conflict_upsert_keys.contains(&key)
+                write_key_bytes(row, key_positions, &mut key);
+                !self
+                    .resolution
+                    .uploaded_upsert_keys
+                    .contains(key.as_slice())
+                    && !self.conflict_upsert_keys.contains(key.as_slice())
             })
             .collect();
         self.rows_sent += rows.len() as u64;

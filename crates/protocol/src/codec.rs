@@ -75,7 +75,30 @@ pub fn encode_values(values: &[Value], out: &mut Vec<u8>) {
 
 /// Decodes one message body (a whole frame payload). Trailing bytes are an error.
 pub fn decode_message(body: &[u8]) -> Result<Message, DecodeError> {
-    let mut reader = Reader { body, offset: 0 };
+    decode(body, Rows::Keep)
+}
+
+/// Checks one message body exactly as [`decode_message`] does (every row and value,
+/// UTF-8 and decimal scales included) but keeps no rows: an upload's or a download's
+/// row lists come back empty, and nothing is allocated per row or value. For a receiver
+/// that needs only a message's shape now and decodes it in full later.
+pub fn check_message(body: &[u8]) -> Result<Message, DecodeError> {
+    decode(body, Rows::CheckOnly)
+}
+
+/// Whether decoding keeps the rows it reads or only checks them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    Keep,
+    CheckOnly,
+}
+
+fn decode(body: &[u8], rows: Rows) -> Result<Message, DecodeError> {
+    let mut reader = Reader {
+        body,
+        offset: 0,
+        rows,
+    };
     let type_byte = *body.first().ok_or(DecodeError::EmptyFrame)?;
     reader.offset = 1;
     let message = match type_byte {
@@ -96,11 +119,13 @@ pub fn decode_message(body: &[u8]) -> Result<Message, DecodeError> {
             let key_columns = reader.names("key column")?;
             let inserts = reader.rows("insert", columns.len())?;
             let update_count = reader.count("update", 2 * ROW_BYTES_MIN)?;
-            let mut updates = Vec::with_capacity(update_count);
+            let mut updates = Vec::with_capacity(if rows == Rows::Keep { update_count } else { 0 });
             for _ in 0..update_count {
                 let old = reader.row(columns.len())?;
                 let new = reader.row(columns.len())?;
-                updates.push(RowUpdate { old, new });
+                if rows == Rows::Keep {
+                    updates.push(RowUpdate { old, new });
+                }
             }
             let deletes = reader.rows("delete", key_columns.len())?;
             Message::Upload(TableUpload {
@@ -236,6 +261,32 @@ fn put_value(out: &mut Vec<u8>, value: &Value) {
 struct Reader<'a> {
     body: &'a [u8],
     offset: usize,
+    rows: Rows,
+}
+
+/// A value as it lies in the body, borrowed: checked without being copied.
+enum ValueRef<'a> {
+    Null,
+    Int(i64),
+    Double(f64),
+    Decimal(Decimal),
+    Text(&'a str),
+    Blob(&'a [u8]),
+    Timestamp(i64),
+}
+
+impl ValueRef<'_> {
+    fn to_value(&self) -> Value {
+        match *self {
+            ValueRef::Null => Value::Null,
+            ValueRef::Int(number) => Value::Int(number),
+            ValueRef::Double(number) => Value::Double(number),
+            ValueRef::Decimal(decimal) => Value::Decimal(decimal),
+            ValueRef::Text(text) => Value::Text(text.to_owned()),
+            ValueRef::Blob(bytes) => Value::Blob(bytes.to_vec()),
+            ValueRef::Timestamp(micros) => Value::Timestamp(micros),
+        }
+    }
 }
 
 impl<'a> Reader<'a> {
@@ -322,11 +373,13 @@ impl<'a> Reader<'a> {
     }
 
     fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
+        self.str(what).map(str::to_owned)
+    }
+
+    fn str(&mut self, what: &'static str) -> Result<&'a str, DecodeError> {
         let offset = self.offset;
         let bytes = self.bytes(what)?;
-        std::str::from_utf8(bytes)
-            .map(str::to_owned)
-            .map_err(|_| DecodeError::InvalidUtf8 { what, offset })
+        std::str::from_utf8(bytes).map_err(|_| DecodeError::InvalidUtf8 { what, offset })
     }
 
     fn names(&mut self, what: &'static str) -> Result<Vec<String>, DecodeError> {
@@ -338,13 +391,17 @@ impl<'a> Reader<'a> {
 
     fn rows(&mut self, what: &'static str, width: usize) -> Result<Vec<Row>, DecodeError> {
         let count = self.count(what, ROW_BYTES_MIN)?;
-        let mut rows = Vec::with_capacity(count);
+        let mut rows = Vec::with_capacity(if self.rows == Rows::Keep { count } else { 0 });
         for _ in 0..count {
-            rows.push(self.row(width)?);
+            let row = self.row(width)?;
+            if self.rows == Rows::Keep {
+                rows.push(row);
+            }
         }
         Ok(rows)
     }
 
+    /// One row: its values, or (checking only) an empty row once every value is checked.
     fn row(&mut self, width: usize) -> Result<Row, DecodeError> {
         let offset = self.offset;
         let found = usize::from(self.u16("row value count")?);
@@ -356,16 +413,22 @@ impl<'a> Reader<'a> {
             });
         }
         self.check_fits("value", found, VALUE_BYTES_MIN, offset)?;
-        (0..found).map(|_| self.value()).collect()
+        if self.rows == Rows::CheckOnly {
+            for _ in 0..found {
+                self.value()?;
+            }
+            return Ok(Row::new());
+        }
+        (0..found).map(|_| Ok(self.value()?.to_value())).collect()
     }
 
-    fn value(&mut self) -> Result<Value, DecodeError> {
+    fn value(&mut self) -> Result<ValueRef<'a>, DecodeError> {
         let offset = self.offset;
         let tag = self.take(1, "value tag")?[0];
         Ok(match tag {
-            tag::NULL => Value::Null,
-            tag::INT => Value::Int(self.i64("integer value")?),
-            tag::DOUBLE => Value::Double(f64::from_bits(self.u64("double value")?)),
+            tag::NULL => ValueRef::Null,
+            tag::INT => ValueRef::Int(self.i64("integer value")?),
+            tag::DOUBLE => ValueRef::Double(f64::from_bits(self.u64("double value")?)),
             tag::DECIMAL => {
                 let mantissa = i128::from_be_bytes(self.array("decimal mantissa")?);
                 let scale_offset = self.offset;
@@ -375,11 +438,11 @@ impl<'a> Reader<'a> {
                     offset: scale_offset,
                     max: DECIMAL_SCALE_MAX,
                 })?;
-                Value::Decimal(decimal)
+                ValueRef::Decimal(decimal)
             }
-            tag::TEXT => Value::Text(self.string("text value")?),
-            tag::BLOB => Value::Blob(self.bytes("blob value")?.to_vec()),
-            tag::TIMESTAMP => Value::Timestamp(self.i64("timestamp value")?),
+            tag::TEXT => ValueRef::Text(self.str("text value")?),
+            tag::BLOB => ValueRef::Blob(self.bytes("blob value")?),
+            tag::TIMESTAMP => ValueRef::Timestamp(self.i64("timestamp value")?),
             tag => return Err(DecodeError::UnknownValueTag { tag, offset }),
         })
     }

@@ -1,6 +1,6 @@
 //! Framing: each message body is preceded by its length as a big-endian u32.
 
-use crate::{decode_message, encode_message, DecodeError, Message};
+use crate::{check_message, decode_message, encode_message, DecodeError, Message};
 
 /// Bytes of the length prefix.
 pub const FRAME_HEADER_BYTES: usize = 4;
@@ -57,6 +57,16 @@ impl FrameDecoder {
 
     /// The next complete message, `None` if more bytes are needed.
     pub fn next_message(&mut self) -> Result<Option<Message>, DecodeError> {
+        self.next_body()?.map(decode_message).transpose()
+    }
+
+    /// The next complete message checked as [`check_message`] does: every row checked,
+    /// none kept.
+    pub fn next_message_checked(&mut self) -> Result<Option<Message>, DecodeError> {
+        self.next_body()?.map(check_message).transpose()
+    }
+
+    fn next_body(&mut self) -> Result<Option<&[u8]>, DecodeError> {
         let Some(length) = self.next_frame_length()? else {
             return Ok(None);
         };
@@ -65,9 +75,8 @@ impl FrameDecoder {
             return Ok(None);
         }
         let body_start = self.start + FRAME_HEADER_BYTES;
-        let body = &self.buffer[body_start..body_start + length];
         self.start = body_start + length;
-        decode_message(body).map(Some)
+        Ok(Some(&self.buffer[body_start..body_start + length]))
     }
 
     /// Call when the stream has ended: an error if it ended inside a frame.

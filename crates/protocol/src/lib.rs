@@ -14,7 +14,7 @@ mod message;
 mod sqlite;
 mod value;
 
-pub use codec::{decode_message, encode_message, encode_values};
+pub use codec::{check_message, decode_message, encode_message, encode_values};
 pub use compression::{
     compress_all, Compression, CompressionError, Compressor, Decompressor, Inbound, InboundError,
     Outbound, Preamble, PreambleError, DECOMPRESS_CHUNK_BYTES, PREAMBLE_BYTES, PREAMBLE_MAGIC,

@@ -60,8 +60,33 @@ proptest! {
     }
 
     #[test]
+    fn checking_a_message_keeps_its_shape_and_no_rows(message in upload_strategy()) {
+        let body = encode_message(&message);
+        let Message::Upload(mut expected) = message else { unreachable!() };
+        expected.inserts.clear();
+        expected.updates.clear();
+        expected.deletes.clear();
+        prop_assert_eq!(check_message(&body).unwrap(), Message::Upload(expected));
+    }
+
+    #[test]
+    fn checking_refuses_exactly_what_decoding_refuses(
+        message in upload_strategy(),
+        position in any::<prop::sample::Index>(),
+        byte in any::<u8>(),
+    ) {
+        let mut body = encode_message(&message);
+        let at = position.index(body.len());
+        body[at] = byte;
+        prop_assert_eq!(check_message(&body).err(), decode_message(&body).err());
+        for cut in 0..body.len() {
+            prop_assert_eq!(check_message(&body[..cut]).err(), decode_message(&body[..cut]).err());
+        }
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-        let _ = decode_message(&bytes);
+        prop_assert_eq!(check_message(&bytes).err(), decode_message(&bytes).err());
         let mut decoder = FrameDecoder::new(1024);
         decoder.feed(&bytes);
         while let Ok(Some(_)) = decoder.next_message() {}

@@ -114,7 +114,8 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
             }
             loop {
                 let before = self.decoder.buffered_bytes();
-                let message = match self.decoder.next_message() {
+                // Checked in full but not kept: the worker decodes the rows from the spool.
+                let message = match self.decoder.next_message_checked() {
                     Ok(Some(message)) => message,
                     Ok(None) => break,
                     Err(error) => return Err(Failure::tell(decode_refusal(error))),

@@ -145,50 +145,79 @@ impl<'a> FromSql<'a> for Read {
 /// PostgreSQL's binary `numeric`: digit count, weight (power of 10000 of the first
 /// digit), sign, display scale, then base-10000 digits.
 pub fn encode_numeric(decimal: &Decimal, out: &mut BytesMut) {
-    let scale = usize::from(decimal.scale);
-    let text = decimal.mantissa.unsigned_abs().to_string();
-    let padded = format!("{text:0>width$}", width = scale + 1);
-    let (whole, fraction) = padded.split_at(padded.len() - scale);
-    // Whole part grouped by four from the right, fraction by four from the left.
-    let whole_padded = format!("{whole:0>width$}", width = whole.len().div_ceil(4) * 4);
-    let fraction_padded = format!(
-        "{fraction:0<width$}",
-        width = fraction.len().div_ceil(4) * 4
-    );
-    let group = |digits: &str| -> Vec<i16> {
-        digits
-            .as_bytes()
-            .chunks(4)
-            .map(|chunk| std::str::from_utf8(chunk).unwrap().parse().unwrap())
-            .collect()
-    };
-    let whole_groups = group(&whole_padded);
-    let mut digits: Vec<i16> = whole_groups
-        .iter()
-        .copied()
-        .chain(group(&fraction_padded))
-        .collect();
-    let mut weight = whole_groups.len() as i16 - 1;
-    let leading_zeros = digits.iter().take_while(|&&d| d == 0).count();
-    digits.drain(..leading_zeros);
-    weight -= leading_zeros as i16;
-    while digits.last() == Some(&0) {
-        digits.pop();
-    }
-    if digits.is_empty() {
-        weight = 0;
-    }
-    out.put_i16(digits.len() as i16);
+    let mut digits = [0i16; NUMERIC_GROUPS_MAX];
+    let (count, weight) = numeric_groups(decimal, &mut digits);
+    out.put_i16(count as i16);
     out.put_i16(weight);
-    out.put_u16(if decimal.mantissa < 0 && !digits.is_empty() {
+    out.put_u16(if decimal.mantissa < 0 && count > 0 {
         NUMERIC_NEGATIVE
     } else {
         NUMERIC_POSITIVE
     });
     out.put_u16(decimal.scale.into());
-    for digit in digits {
+    for &digit in &digits[..count] {
         out.put_i16(digit);
     }
+}
+
+/// Base-10000 groups of a decimal's 39 whole digits at most (10 groups) and 38 fraction
+/// digits at most (10 groups).
+const NUMERIC_GROUPS_MAX: usize = 20;
+const NUMERIC_BASE: u128 = 10_000;
+
+/// Fills `digits` with the decimal's base-10000 groups, leading and trailing zero groups
+/// left out, and gives their count and the weight (power of 10000) of the first one.
+/// Integer arithmetic only: no text, no allocation.
+fn numeric_groups(decimal: &Decimal, digits: &mut [i16; NUMERIC_GROUPS_MAX]) -> (usize, i16) {
+    let scale = u32::from(decimal.scale);
+    let magnitude = decimal.mantissa.unsigned_abs();
+    let divisor = 10u128.pow(scale);
+    let (mut whole, mut fraction) = (magnitude / divisor, magnitude % divisor);
+    // Fraction groups, last first: the last holds the scale's remainder digits, padded
+    // with zeros on its right to four.
+    let mut fraction_groups = [0i16; NUMERIC_GROUPS_MAX / 2];
+    let fraction_count = scale.div_ceil(4) as usize;
+    let partial = scale % 4;
+    for index in (0..fraction_count).rev() {
+        let group = if index == fraction_count - 1 && partial != 0 {
+            let taken = fraction % 10u128.pow(partial);
+            fraction /= 10u128.pow(partial);
+            taken * 10u128.pow(4 - partial)
+        } else {
+            let taken = fraction % NUMERIC_BASE;
+            fraction /= NUMERIC_BASE;
+            taken
+        };
+        fraction_groups[index] = group as i16;
+    }
+    let mut whole_groups = [0i16; NUMERIC_GROUPS_MAX / 2];
+    let mut whole_count = 0;
+    while whole > 0 {
+        whole_groups[whole_count] = (whole % NUMERIC_BASE) as i16;
+        whole /= NUMERIC_BASE;
+        whole_count += 1;
+    }
+    let mut count = 0;
+    for &group in whole_groups[..whole_count]
+        .iter()
+        .rev()
+        .chain(&fraction_groups[..fraction_count])
+    {
+        digits[count] = group;
+        count += 1;
+    }
+    let mut weight = whole_count as i16 - 1;
+    let leading = digits[..count].iter().take_while(|&&d| d == 0).count();
+    digits.copy_within(leading..count, 0);
+    count -= leading;
+    weight -= leading as i16;
+    while count > 0 && digits[count - 1] == 0 {
+        count -= 1;
+    }
+    if count == 0 {
+        weight = 0;
+    }
+    (count, weight)
 }
 
 pub fn decode_numeric(raw: &[u8]) -> Result<Decimal, BoxError> {
@@ -198,7 +227,7 @@ pub fn decode_numeric(raw: &[u8]) -> Result<Decimal, BoxError> {
             .ok_or_else(|| "truncated numeric".into())
     };
     let count = field(0)? as i16;
-    let weight = field(1)? as i16;
+    let weight = i32::from(field(1)? as i16);
     let sign = field(2)?;
     let scale = field(3)?;
     if sign == NUMERIC_NAN || sign > NUMERIC_NEGATIVE {
@@ -210,40 +239,37 @@ pub fn decode_numeric(raw: &[u8]) -> Result<Decimal, BoxError> {
         )
         .into());
     }
-    let digits = (0..count as usize)
-        .map(|i| field(4 + i))
-        .collect::<Result<Vec<u16>, _>>()?;
-    // Digit i is worth 10000^(weight - i); render whole and fraction digits as text.
-    let mut whole = String::new();
-    let mut fraction = String::new();
-    for power in (0..=weight.max(-1)).rev() {
-        let index = weight - power;
-        let digit = if (0..count).contains(&index) {
-            digits[index as usize]
+    // Digit i is worth 10000^(weight - i), so 10^(4 (weight - i) + scale) in the
+    // mantissa; digits past the scale are cut off (PostgreSQL sends none).
+    let too_large = || -> BoxError { "numeric has more than 38 significant digits".into() };
+    let mut mantissa: i128 = 0;
+    for index in 0..count as usize {
+        let digit = field(4 + index)?;
+        if digit == 0 {
+            continue;
+        }
+        let exponent = 4 * (weight - index as i32) + i32::from(scale);
+        let term = if exponent >= 0 {
+            let power = u32::try_from(exponent)
+                .ok()
+                .and_then(|exponent| 10i128.checked_pow(exponent))
+                .ok_or_else(too_large)?;
+            i128::from(digit).checked_mul(power).ok_or_else(too_large)?
+        } else if exponent > -4 {
+            i128::from(digit) / 10i128.pow(exponent.unsigned_abs())
         } else {
             0
         };
-        whole.push_str(&format!("{digit:04}"));
+        mantissa = mantissa.checked_add(term).ok_or_else(too_large)?;
     }
-    let fraction_groups = (usize::from(scale)).div_ceil(4);
-    for position in 1..=fraction_groups as i16 {
-        let index = weight + position;
-        let digit = if (0..count).contains(&index) {
-            digits[index as usize]
+    Ok(Decimal {
+        mantissa: if sign == NUMERIC_NEGATIVE {
+            -mantissa
         } else {
-            0
-        };
-        fraction.push_str(&format!("{digit:04}"));
-    }
-    fraction.truncate(usize::from(scale));
-    let whole = whole.trim_start_matches('0');
-    let sign = if sign == NUMERIC_NEGATIVE { "-" } else { "" };
-    let text = format!(
-        "{sign}{}.{fraction}",
-        if whole.is_empty() { "0" } else { whole }
-    );
-    let text = text.trim_end_matches('.');
-    Ok(text.parse::<Decimal>()?)
+            mantissa
+        },
+        scale: scale as u8,
+    })
 }
 
 #[cfg(test)]
@@ -267,6 +293,150 @@ mod tests {
             let mut out = BytesMut::new();
             encode_numeric(&decimal, &mut out);
             assert_eq!(decode_numeric(&out).unwrap(), decimal, "{text}");
+        }
+    }
+
+    /// The first, text-based conversion: the reference the integer one must match.
+    fn reference_encode(decimal: &Decimal, out: &mut BytesMut) {
+        let scale = usize::from(decimal.scale);
+        let text = decimal.mantissa.unsigned_abs().to_string();
+        let padded = format!("{text:0>width$}", width = scale + 1);
+        let (whole, fraction) = padded.split_at(padded.len() - scale);
+        // Whole part grouped by four from the right, fraction by four from the left.
+        let whole_padded = format!("{whole:0>width$}", width = whole.len().div_ceil(4) * 4);
+        let fraction_padded = format!(
+            "{fraction:0<width$}",
+            width = fraction.len().div_ceil(4) * 4
+        );
+        let group = |digits: &str| -> Vec<i16> {
+            digits
+                .as_bytes()
+                .chunks(4)
+                .map(|chunk| std::str::from_utf8(chunk).unwrap().parse().unwrap())
+                .collect()
+        };
+        let whole_groups = group(&whole_padded);
+        let mut digits: Vec<i16> = whole_groups
+            .iter()
+            .copied()
+            .chain(group(&fraction_padded))
+            .collect();
+        let mut weight = whole_groups.len() as i16 - 1;
+        let leading_zeros = digits.iter().take_while(|&&d| d == 0).count();
+        digits.drain(..leading_zeros);
+        weight -= leading_zeros as i16;
+        while digits.last() == Some(&0) {
+            digits.pop();
+        }
+        if digits.is_empty() {
+            weight = 0;
+        }
+        out.put_i16(digits.len() as i16);
+        out.put_i16(weight);
+        out.put_u16(if decimal.mantissa < 0 && !digits.is_empty() {
+            NUMERIC_NEGATIVE
+        } else {
+            NUMERIC_POSITIVE
+        });
+        out.put_u16(decimal.scale.into());
+        for digit in digits {
+            out.put_i16(digit);
+        }
+    }
+
+    fn reference_decode(raw: &[u8]) -> Result<Decimal, BoxError> {
+        let field = |index: usize| -> Result<u16, BoxError> {
+            raw.get(index * 2..index * 2 + 2)
+                .map(|bytes| u16::from_be_bytes([bytes[0], bytes[1]]))
+                .ok_or_else(|| "truncated numeric".into())
+        };
+        let count = field(0)? as i16;
+        let weight = field(1)? as i16;
+        let sign = field(2)?;
+        let scale = field(3)?;
+        if sign == NUMERIC_NAN || sign > NUMERIC_NEGATIVE {
+            return Err("NaN and infinite numerics cannot be synchronized".into());
+        }
+        if scale > u16::from(DECIMAL_SCALE_MAX) || count < 0 {
+            return Err(format!(
+                "numeric with scale {scale} exceeds the maximum of {DECIMAL_SCALE_MAX}"
+            )
+            .into());
+        }
+        let digits = (0..count as usize)
+            .map(|i| field(4 + i))
+            .collect::<Result<Vec<u16>, _>>()?;
+        // Digit i is worth 10000^(weight - i); render whole and fraction digits as text.
+        let mut whole = String::new();
+        let mut fraction = String::new();
+        for power in (0..=weight.max(-1)).rev() {
+            let index = weight - power;
+            let digit = if (0..count).contains(&index) {
+                digits[index as usize]
+            } else {
+                0
+            };
+            whole.push_str(&format!("{digit:04}"));
+        }
+        let fraction_groups = (usize::from(scale)).div_ceil(4);
+        for position in 1..=fraction_groups as i16 {
+            let index = weight + position;
+            let digit = if (0..count).contains(&index) {
+                digits[index as usize]
+            } else {
+                0
+            };
+            fraction.push_str(&format!("{digit:04}"));
+        }
+        fraction.truncate(usize::from(scale));
+        let whole = whole.trim_start_matches('0');
+        let sign = if sign == NUMERIC_NEGATIVE { "-" } else { "" };
+        let text = format!(
+            "{sign}{}.{fraction}",
+            if whole.is_empty() { "0" } else { whole }
+        );
+        let text = text.trim_end_matches('.');
+        Ok(text.parse::<Decimal>()?)
+    }
+
+    fn encoded(decimal: &Decimal) -> BytesMut {
+        let mut out = BytesMut::new();
+        encode_numeric(decimal, &mut out);
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn numeric_encoding_matches_the_text_reference(mantissa in proptest::num::i128::ANY, digits in 0u32..=38, scale in 0u8..=38) {
+            // Mantissas of every length, not only 38-digit ones.
+            let mantissa = mantissa % 10i128.pow(digits).max(1);
+            let decimal = Decimal { mantissa, scale };
+            let mut reference = BytesMut::new();
+            reference_encode(&decimal, &mut reference);
+            proptest::prop_assert_eq!(&encoded(&decimal)[..], &reference[..]);
+            proptest::prop_assert_eq!(decode_numeric(&reference).unwrap(), decimal);
+        }
+
+        #[test]
+        fn numeric_decoding_matches_the_text_reference(
+            digits in proptest::collection::vec(0u16..10_000, 0..12),
+            weight in -12i16..12,
+            negative in proptest::bool::ANY,
+            scale in 0u16..=38,
+        ) {
+            let mut raw = BytesMut::new();
+            raw.put_i16(digits.len() as i16);
+            raw.put_i16(weight);
+            raw.put_u16(if negative { NUMERIC_NEGATIVE } else { NUMERIC_POSITIVE });
+            raw.put_u16(scale);
+            for digit in &digits {
+                raw.put_u16(*digit);
+            }
+            match (decode_numeric(&raw), reference_decode(&raw)) {
+                (Ok(ours), Ok(reference)) => proptest::prop_assert_eq!(ours, reference),
+                (Err(_), Err(_)) => {}
+                (ours, reference) => proptest::prop_assert!(false, "{ours:?} vs {reference:?}"),
+            }
         }
     }
 
