@@ -7,6 +7,7 @@ use std::sync::Arc;
 use rowsync_protocol::Value;
 use tokio_postgres::{Client, GenericClient};
 
+use super::statements::Statements;
 use super::sync::{bind_script, query_rows, script_failure};
 use crate::plan::{error_parameters, single_integer, Parameters, ScriptCache, ScriptRows, Scripts};
 use crate::scripts::*;
@@ -17,12 +18,18 @@ use crate::{SyncError, SyncRequest};
 /// the first time this connection serves the version.
 pub async fn scripts_for(
     client: &Client,
+    statements: &Statements,
     cache: &mut ScriptCache,
     version: &str,
 ) -> Result<Arc<Scripts>, SyncError> {
     let revision: i64 = client
         .query_opt(
-            "SELECT revision FROM rs_script_version WHERE name = $1",
+            &statements
+                .prepare(
+                    client,
+                    "SELECT revision FROM rs_script_version WHERE name = $1",
+                )
+                .await?,
             &[&version],
         )
         .await?
@@ -31,6 +38,8 @@ pub async fn scripts_for(
     let scripts = match cache.get(version, revision) {
         Some(scripts) => scripts,
         None => {
+            // Statements prepared for the previous revision's scripts are done with.
+            statements.clear();
             let rows = client
                 .query(
                     "SELECT table_name, event, script FROM rs_script WHERE script_version = $1",
@@ -50,7 +59,7 @@ pub async fn scripts_for(
     };
     if !cache.is_connected(version) {
         let parameters = Parameters::for_connection(version);
-        run_event(client, &scripts, BEGIN_CONNECTION, &parameters).await?;
+        run_event(client, statements, &scripts, BEGIN_CONNECTION, &parameters).await?;
         cache.mark_connected(version);
     }
     Ok(scripts)
@@ -59,6 +68,7 @@ pub async fn scripts_for(
 /// Runs a connection event's script if the version has one; returns what it selected.
 pub async fn run_event(
     client: &impl GenericClient,
+    statements: &Statements,
     scripts: &Scripts,
     event: &str,
     parameters: &Parameters<'_>,
@@ -67,7 +77,7 @@ pub async fn run_event(
         return Ok(None);
     };
     let (sql, values) = bind_script(script, parameters, "", event)?;
-    query_rows(client, &sql, &values)
+    query_rows(client, statements, &sql, &values)
         .await
         .map(Some)
         .map_err(|error| script_failure(event, "", error))
@@ -77,10 +87,11 @@ pub async fn run_event(
 /// when the version has no such script.
 pub async fn authenticate(
     client: &mut Client,
+    statements: &Statements,
     cache: &mut ScriptCache,
     request: &AuthRequest,
 ) -> Result<AuthCheck, SyncError> {
-    let scripts = scripts_for(client, cache, &request.script_version).await?;
+    let scripts = scripts_for(client, statements, cache, &request.script_version).await?;
     if scripts.connection_event(AUTHENTICATE_USER).is_none() {
         let hash = client
             .query_opt(
@@ -95,7 +106,14 @@ pub async fn authenticate(
         .parameters()
         .with(vec![("password", Value::Text(request.password.clone()))]);
     let transaction = client.transaction().await?;
-    let rows = run_event(&transaction, &scripts, AUTHENTICATE_USER, &parameters).await?;
+    let rows = run_event(
+        &transaction,
+        statements,
+        &scripts,
+        AUTHENTICATE_USER,
+        &parameters,
+    )
+    .await?;
     let status = single_integer(rows, AUTHENTICATE_USER)?.ok_or_else(|| {
         SyncError::script(
             AUTHENTICATE_USER,
@@ -112,10 +130,11 @@ pub async fn authenticate(
 /// nothing) when the watermark is not the one last sent to this client.
 pub async fn acknowledge_download(
     client: &mut Client,
+    statements: &Statements,
     cache: &mut ScriptCache,
     request: &DownloadAckRequest,
 ) -> Result<bool, SyncError> {
-    let scripts = scripts_for(client, cache, &request.script_version).await?;
+    let scripts = scripts_for(client, statements, cache, &request.script_version).await?;
     let transaction = client.transaction().await?;
     transaction
         .execute(
@@ -136,7 +155,14 @@ pub async fn acknowledge_download(
     let parameters = request
         .parameters()
         .with(vec![("watermark", Value::Int(request.watermark))]);
-    run_event(&transaction, &scripts, DOWNLOAD_ACK, &parameters).await?;
+    run_event(
+        &transaction,
+        statements,
+        &scripts,
+        DOWNLOAD_ACK,
+        &parameters,
+    )
+    .await?;
     transaction.commit().await?;
     Ok(true)
 }
@@ -145,6 +171,7 @@ pub async fn acknowledge_download(
 /// was rolled back), so what it records stays.
 pub async fn report_error(
     client: &mut Client,
+    statements: &Statements,
     scripts: &Scripts,
     request: &SyncRequest,
     error: &SyncError,
@@ -154,7 +181,7 @@ pub async fn report_error(
     }
     let parameters = Parameters::for_request(request)?.with(error_parameters(error));
     let transaction = client.transaction().await?;
-    run_event(&transaction, scripts, REPORT_ERROR, &parameters).await?;
+    run_event(&transaction, statements, scripts, REPORT_ERROR, &parameters).await?;
     transaction.commit().await?;
     Ok(())
 }

@@ -1,9 +1,12 @@
 //! The PostgreSQL backend.
 //!
-//! Uploads are loaded with binary `COPY` into temporary staging tables and applied with
-//! one statement per operation; conflicts come back from the same statements
-//! (`RETURNING` inside a data-modifying CTE). Change tracking uses statement-level
-//! triggers with transition tables, so a bulk apply costs one trigger run per statement.
+//! Uploads are bound as one array parameter per column and read through `unnest` in a
+//! CTE (or, for scripts that cannot follow a CTE, loaded with binary `COPY` into a
+//! temporary staging table) and applied with one statement per operation; conflicts
+//! come back from the same statements (`RETURNING` inside a data-modifying CTE). Change
+//! tracking uses statement-level triggers with transition tables, so a bulk apply costs
+//! one trigger run per statement. Every statement a sync runs is prepared once per
+//! connection (`statements`).
 //!
 //! The download watermark is snapshot-based, because a counter or clock would miss rows
 //! whose transaction commits after a later one: rows are stamped with the id of the
@@ -17,9 +20,11 @@ mod array_stage;
 mod events;
 mod rows;
 mod schema;
+mod statements;
 mod sync;
 
 pub use rows::ROW_SCRIPT_PIPELINE_DEPTH;
+pub use statements::PREPARED_STATEMENTS_MAX;
 pub mod value;
 
 use std::sync::Arc;
@@ -32,6 +37,7 @@ use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
     DownloadSender, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
 };
+use statements::Statements;
 
 /// Local buffers per connection for temporary staging tables, in MiB.
 pub const STAGING_TEMP_BUFFERS_MB: u32 = 256;
@@ -77,6 +83,7 @@ impl Consolidated for PostgresConsolidated {
         Ok(PostgresConnection {
             client,
             cache: ScriptCache::default(),
+            statements: Statements::default(),
         })
     }
 }
@@ -84,12 +91,19 @@ impl Consolidated for PostgresConsolidated {
 pub struct PostgresConnection {
     client: Client,
     cache: ScriptCache,
+    /// This connection's prepared statements (see `statements`).
+    statements: Statements,
 }
 
 impl PostgresConnection {
     /// The driver's client, for tools and tests that run their own SQL.
     pub fn client(&mut self) -> &mut Client {
         &mut self.client
+    }
+
+    /// Statements this connection keeps prepared.
+    pub fn prepared_statements(&self) -> usize {
+        self.statements.len()
     }
 }
 
@@ -122,16 +136,33 @@ impl ConsolidatedConnection for PostgresConnection {
         request: Arc<SyncRequest>,
         download: DownloadSender,
     ) -> Result<SyncOutcome, SyncError> {
-        let scripts =
-            events::scripts_for(&self.client, &mut self.cache, &request.script_version).await?;
+        let scripts = events::scripts_for(
+            &self.client,
+            &self.statements,
+            &mut self.cache,
+            &request.script_version,
+        )
+        .await?;
         let mut attempt = 1;
         let error = loop {
-            match sync::synchronize(&mut self.client, &scripts, &request, &download).await {
+            let attempted = sync::synchronize(
+                &mut self.client,
+                &self.statements,
+                &scripts,
+                &request,
+                &download,
+            )
+            .await;
+            match attempted {
                 Err(error)
-                    if sync::is_retryable(&error)
+                    if (sync::is_retryable(&error) || sync::is_stale(&error))
                         && attempt < SYNC_ATTEMPTS_MAX
                         && download.chunks_sent() == 0 =>
                 {
+                    if sync::is_stale(&error) {
+                        // A table changed under a prepared statement: prepare afresh.
+                        self.statements.clear();
+                    }
                     tracing::debug!(%error, attempt, "retrying the sync transaction");
                     attempt += 1;
                 }
@@ -139,8 +170,18 @@ impl ConsolidatedConnection for PostgresConnection {
                 Ok(outcome) => return Ok(outcome),
             }
         };
-        if let Err(report_failure) =
-            events::report_error(&mut self.client, &scripts, &request, &error).await
+        // A failed sync may come from a table changed under a prepared statement in a
+        // way PostgreSQL does not report as such (a parameter's type): the next sync on
+        // this connection prepares afresh.
+        self.statements.clear();
+        if let Err(report_failure) = events::report_error(
+            &mut self.client,
+            &self.statements,
+            &scripts,
+            &request,
+            &error,
+        )
+        .await
         {
             tracing::error!(%report_failure, sync_error = %error, "report_error failed");
         }
@@ -148,14 +189,15 @@ impl ConsolidatedConnection for PostgresConnection {
     }
 
     async fn authenticate(&mut self, request: &AuthRequest) -> Result<AuthCheck, SyncError> {
-        events::authenticate(&mut self.client, &mut self.cache, request).await
+        events::authenticate(&mut self.client, &self.statements, &mut self.cache, request).await
     }
 
     async fn acknowledge_download(
         &mut self,
         request: &DownloadAckRequest,
     ) -> Result<bool, SyncError> {
-        events::acknowledge_download(&mut self.client, &mut self.cache, request).await
+        events::acknowledge_download(&mut self.client, &self.statements, &mut self.cache, request)
+            .await
     }
 
     async fn scripts(&mut self, script_version: Option<&str>) -> Result<Vec<ScriptEntry>, DbError> {

@@ -8,6 +8,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Transaction;
 
+use super::statements::Statements;
 use super::sync::{bind_script, binds_of, query_rows, script_failure};
 use crate::error::describe_postgres;
 use crate::plan::{
@@ -34,6 +35,7 @@ pub struct RowsApplied {
 #[allow(clippy::too_many_arguments)]
 pub async fn run_row_script(
     transaction: &Transaction<'_>,
+    statements: &Statements,
     scripts: &Scripts,
     table: &str,
     event: &str,
@@ -44,8 +46,8 @@ pub async fn run_row_script(
     parameters: &Parameters<'_>,
 ) -> Result<RowsApplied, SyncError> {
     let (positional, names) = positional_parameters(sql);
-    let statement = transaction
-        .prepare(&positional)
+    let statement = statements
+        .prepare(transaction, &positional)
         .await
         .map_err(|error| script_failure(event, table, error))?;
     let mut applied = RowsApplied {
@@ -80,7 +82,7 @@ pub async fn run_row_script(
                     .await?;
                 let failed = start + offset;
                 let error = error.with_row_key(describe_key(&rows[failed].key(key_positions)));
-                if !skip_row(transaction, scripts, parameters, &error).await? {
+                if !skip_row(transaction, statements, scripts, parameters, &error).await? {
                     return Err(error);
                 }
                 // The rows before the failing one were fine: run them again.
@@ -200,6 +202,7 @@ fn row_failure(event: &str, table: &str, error: tokio_postgres::Error) -> SyncEr
 /// or when it returns anything but `ERROR_ACTION_SKIP_ROW`, the upload rolls back.
 pub async fn skip_row(
     transaction: &Transaction<'_>,
+    statements: &Statements,
     scripts: &Scripts,
     parameters: &Parameters<'_>,
     error: &SyncError,
@@ -212,7 +215,7 @@ pub async fn skip_row(
     }
     let parameters = parameters.with(error_parameters(error));
     let (sql, values) = bind_script(script, &parameters, "", HANDLE_ERROR)?;
-    let rows = query_rows(transaction, &sql, &values)
+    let rows = query_rows(transaction, statements, &sql, &values)
         .await
         .map_err(|failure| script_failure(HANDLE_ERROR, "", failure))?;
     let action = single_integer(Some(rows), HANDLE_ERROR)?.unwrap_or(ERROR_ACTION_ROLLBACK);

@@ -3,6 +3,7 @@
 
 use tokio_postgres::{Client, GenericClient};
 
+use super::statements::Statements;
 use crate::names::{column_list, key_match};
 use crate::plan::{Column, TableShape};
 use crate::scripts::*;
@@ -92,22 +93,31 @@ pub async fn set_user(client: &Client, name: &str, password_hash: &str) -> Resul
 /// A table's columns (with their SQL types) and primary key, `None` if it does not exist.
 pub async fn table_shape(
     client: &impl GenericClient,
+    statements: Option<&Statements>,
     table: &str,
 ) -> Result<Option<(TableShape, Vec<String>)>, DbError> {
-    let rows = client
-        .query(
-            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod),
+    let rows = match statements {
+        Some(statements) => {
+            let statement = statements.prepare(client, TABLE_SHAPE_QUERY).await?;
+            client.query(&statement, &[&q(table)]).await?
+        }
+        None => client.query(TABLE_SHAPE_QUERY, &[&q(table)]).await?,
+    };
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(shape_from_rows(table, rows)))
+}
+
+/// A table's columns in order, their SQL types, and their position in the primary key.
+const TABLE_SHAPE_QUERY: &str = "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod),
                     COALESCE(array_position(i.indkey::int2[], a.attnum) + 1, 0)
              FROM pg_attribute a
              LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
              WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped AND a.attname <> 'rs_xid'
-             ORDER BY a.attnum",
-            &[&q(table)],
-        )
-        .await?;
-    if rows.is_empty() {
-        return Ok(None);
-    }
+             ORDER BY a.attnum";
+
+fn shape_from_rows(table: &str, rows: Vec<tokio_postgres::Row>) -> (TableShape, Vec<String>) {
     let mut keys: Vec<(i32, String)> = Vec::new();
     let mut columns = Vec::new();
     let mut types = Vec::new();
@@ -121,14 +131,14 @@ pub async fn table_shape(
         columns.push(Column { name });
     }
     keys.sort();
-    Ok(Some((
+    (
         TableShape {
             name: table.to_string(),
             columns,
             key_columns: keys.into_iter().map(|(_, name)| name).collect(),
         },
         types,
-    )))
+    )
 }
 
 /// The column `init` adds: the id of the transaction that last wrote the row.
@@ -158,7 +168,7 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<(), DbE
     }
     let transaction = client.transaction().await?;
     install_system_tables(&transaction).await?;
-    let (shape, types) = table_shape(&transaction, &init.table)
+    let (shape, types) = table_shape(&transaction, None, &init.table)
         .await?
         .ok_or_else(|| DbError::Invalid(format!("table {:?} does not exist", init.table)))?;
     if shape.key_columns.is_empty() {

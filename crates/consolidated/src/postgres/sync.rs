@@ -13,6 +13,7 @@ use super::array_stage::{refusal, takes_cte, ArrayStage, ColumnRefusal, UPLOAD_C
 use super::events::run_event;
 use super::rows::run_row_script;
 use super::schema::table_shape;
+use super::statements::{is_stale_statement, Statements};
 use super::value::{Bind, Read};
 use crate::error::describe_postgres;
 use crate::names::{column_list, key_match};
@@ -47,6 +48,7 @@ const WATERMARK_QUERY: &str =
 /// changed meanwhile is used from the next sync on, never half-way through this one).
 pub async fn synchronize(
     client: &mut Client,
+    statements: &Statements,
     scripts: &Scripts,
     request: &SyncRequest,
     download: &DownloadSender,
@@ -59,7 +61,12 @@ pub async fn synchronize(
         .await?;
     let locked: bool = transaction
         .query_one(
-            "SELECT pg_try_advisory_xact_lock(7262, hashtext($1))",
+            &statements
+                .prepare(
+                    &transaction,
+                    "SELECT pg_try_advisory_xact_lock(7262, hashtext($1))",
+                )
+                .await?,
             &[&request.client_id],
         )
         .await?
@@ -71,8 +78,13 @@ pub async fn synchronize(
     }
     let subscription = transaction
         .query_opt(
-            "SELECT user_name, upload_sequence, download_watermark, last_sync_xid FROM rs_subscription \
-             WHERE client_id = $1",
+            &statements
+                .prepare(
+                    &transaction,
+                    "SELECT user_name, upload_sequence, download_watermark, last_sync_xid \
+                     FROM rs_subscription WHERE client_id = $1",
+                )
+                .await?,
             &[&request.client_id],
         )
         .await?;
@@ -90,9 +102,16 @@ pub async fn synchronize(
     let upload_already_applied = upload_sequence <= applied_sequence;
     let mut resolutions: HashMap<&str, Resolution> = HashMap::new();
     let mut conflicts = 0;
-    run_event(&transaction, scripts, BEGIN_SYNCHRONIZATION, &parameters).await?;
+    run_event(
+        &transaction,
+        statements,
+        scripts,
+        BEGIN_SYNCHRONIZATION,
+        &parameters,
+    )
+    .await?;
     if !upload_already_applied {
-        run_event(&transaction, scripts, BEGIN_UPLOAD, &parameters).await?;
+        run_event(&transaction, statements, scripts, BEGIN_UPLOAD, &parameters).await?;
     }
     // An upload applied before is not applied again, but its conflicts are found again
     // (by comparing it with the table), so a client whose previous reply was lost still
@@ -101,6 +120,7 @@ pub async fn synchronize(
         for upload in &request.tables {
             let resolution = apply_table(
                 &transaction,
+                statements,
                 scripts,
                 upload,
                 &parameters,
@@ -116,25 +136,46 @@ pub async fn synchronize(
         }
     }
     if !upload_already_applied {
-        run_event(&transaction, scripts, END_UPLOAD, &parameters).await?;
+        run_event(&transaction, statements, scripts, END_UPLOAD, &parameters).await?;
     }
     // Taken before the download is read: the cursors' later snapshots see every
     // transaction below it.
     let apply_time = started.elapsed();
-    let mut watermark: i64 = transaction.query_one(WATERMARK_QUERY, &[]).await?.get(0);
+    let mut watermark: i64 = transaction
+        .query_one(
+            &statements.prepare(&transaction, WATERMARK_QUERY).await?,
+            &[],
+        )
+        .await?
+        .get(0);
     let next = parameters.with(vec![("next_last_download", Value::Int(watermark))]);
-    let modified = run_event(&transaction, scripts, MODIFY_NEXT_LAST_DOWNLOAD, &next).await?;
+    let modified = run_event(
+        &transaction,
+        statements,
+        scripts,
+        MODIFY_NEXT_LAST_DOWNLOAD,
+        &next,
+    )
+    .await?;
     if let Some(modified) = single_integer(modified, MODIFY_NEXT_LAST_DOWNLOAD)? {
         watermark = modified;
     }
-    run_event(&transaction, scripts, BEGIN_DOWNLOAD, &parameters).await?;
+    run_event(
+        &transaction,
+        statements,
+        scripts,
+        BEGIN_DOWNLOAD,
+        &parameters,
+    )
+    .await?;
     let mut download_rows = 0;
     for table in scripts.download_tables() {
-        let shape = shape_of(&transaction, table).await?;
+        let shape = shape_of(&transaction, statements, table).await?;
         let mut filter = DownloadFilter::new(&shape, resolutions.get(table));
         if scripts.get(table, DOWNLOAD_DELETE_CURSOR).is_some() {
             let mut batches = Batches::open(
                 &transaction,
+                statements,
                 scripts,
                 table,
                 DOWNLOAD_DELETE_CURSOR,
@@ -149,8 +190,15 @@ pub async fn synchronize(
         }
         download.send(filter.conflict_deletes()).await?;
         if scripts.get(table, DOWNLOAD_CURSOR).is_some() {
-            let mut batches =
-                Batches::open(&transaction, scripts, table, DOWNLOAD_CURSOR, &parameters).await?;
+            let mut batches = Batches::open(
+                &transaction,
+                statements,
+                scripts,
+                table,
+                DOWNLOAD_CURSOR,
+                &parameters,
+            )
+            .await?;
             while let Some(rows) = batches.next(&transaction).await? {
                 download
                     .send(filter.upserts(&batches.columns, rows)?)
@@ -160,9 +208,10 @@ pub async fn synchronize(
         download.send(filter.conflict_upserts()).await?;
         download_rows += filter.rows_sent;
     }
-    run_event(&transaction, scripts, END_DOWNLOAD, &parameters).await?;
-    transaction
-        .execute(
+    run_event(&transaction, statements, scripts, END_DOWNLOAD, &parameters).await?;
+    let upsert = statements
+        .prepare(
+            &transaction,
             "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark,
                  download_acknowledged, last_sync_xid, last_sync_at)
              VALUES ($1, $2, $3, $4, $5, $6, (pg_current_xact_id()::text)::bigint, now())
@@ -173,6 +222,11 @@ pub async fn synchronize(
                  download_acknowledged = greatest(rs_subscription.download_acknowledged, excluded.download_acknowledged),
                  last_sync_xid = excluded.last_sync_xid,
                  last_sync_at = excluded.last_sync_at",
+        )
+        .await?;
+    transaction
+        .execute(
+            &upsert,
             &[
                 &request.client_id,
                 &request.user,
@@ -183,7 +237,14 @@ pub async fn synchronize(
             ],
         )
         .await?;
-    run_event(&transaction, scripts, END_SYNCHRONIZATION, &parameters).await?;
+    run_event(
+        &transaction,
+        statements,
+        scripts,
+        END_SYNCHRONIZATION,
+        &parameters,
+    )
+    .await?;
     // The server must hold the whole download before the upload is committed.
     download.finish().await?;
     transaction.commit().await?;
@@ -212,6 +273,7 @@ struct Batches {
 impl Batches {
     async fn open(
         transaction: &Transaction<'_>,
+        statements: &Statements,
         scripts: &Scripts,
         table: &str,
         event: &'static str,
@@ -219,8 +281,8 @@ impl Batches {
     ) -> Result<Batches, SyncError> {
         let sql = scripts.expand(table, event, &[])?;
         let (sql, values) = bind_script(&sql, parameters, table, event)?;
-        let statement = transaction
-            .prepare(&sql)
+        let statement = statements
+            .prepare(transaction, &sql)
             .await
             .map_err(|error| script_failure(event, table, error))?;
         let binds = binds_of(&values);
@@ -267,20 +329,27 @@ impl Batches {
     }
 }
 
-async fn shape_of(transaction: &Transaction<'_>, table: &str) -> Result<TableShape, SyncError> {
-    Ok(shape_and_types(transaction, table).await?.0)
+async fn shape_of(
+    transaction: &Transaction<'_>,
+    statements: &Statements,
+    table: &str,
+) -> Result<TableShape, SyncError> {
+    Ok(shape_and_types(transaction, statements, table).await?.0)
 }
 
 /// A table's shape and its columns' SQL types, in column order.
 async fn shape_and_types(
     transaction: &Transaction<'_>,
+    statements: &Statements,
     table: &str,
 ) -> Result<(TableShape, Vec<String>), SyncError> {
-    table_shape(transaction, table).await?.ok_or_else(|| {
-        SyncError::Schema(format!(
-            "table {table:?} does not exist in the consolidated database"
-        ))
-    })
+    table_shape(transaction, Some(statements), table)
+        .await?
+        .ok_or_else(|| {
+            SyncError::Schema(format!(
+                "table {table:?} does not exist in the consolidated database"
+            ))
+        })
 }
 
 /// Failures that a second attempt of the whole sync may not meet: a concurrent insert
@@ -290,6 +359,18 @@ const RETRYABLE: [SqlState; 3] = [
     SqlState::T_R_SERIALIZATION_FAILURE,
     SqlState::T_R_DEADLOCK_DETECTED,
 ];
+
+/// Whether a sync failed because a prepared statement no longer fits its tables.
+pub fn is_stale(error: &SyncError) -> bool {
+    match error {
+        SyncError::Database(DbError::Postgres(error)) => is_stale_statement(error),
+        SyncError::Script { code, message, .. } => {
+            code == SqlState::FEATURE_NOT_SUPPORTED.code()
+                && message.contains("cached plan must not change result type")
+        }
+        _ => false,
+    }
+}
 
 pub fn is_retryable(error: &SyncError) -> bool {
     matches!(error, SyncError::Database(DbError::Postgres(error)) if error.code().is_some_and(|code| RETRYABLE.contains(code)))
@@ -438,6 +519,7 @@ pub(super) fn bind_script(
 
 pub(super) async fn query_rows(
     transaction: &impl GenericClient,
+    statements: &Statements,
     sql: &str,
     values: &[Value],
 ) -> Result<(Vec<String>, Vec<Row>), tokio_postgres::Error> {
@@ -446,16 +528,17 @@ pub(super) async fn query_rows(
         .iter()
         .map(|bind| bind as &(dyn ToSql + Sync))
         .collect();
-    query_bound(transaction, sql, &parameters).await
+    query_bound(transaction, statements, sql, &parameters).await
 }
 
 /// Runs `sql` with its parameters bound; its column names and rows.
 async fn query_bound(
     transaction: &impl GenericClient,
+    statements: &Statements,
     sql: &str,
     parameters: &[&(dyn ToSql + Sync)],
 ) -> Result<(Vec<String>, Vec<Row>), tokio_postgres::Error> {
-    let statement = transaction.prepare(sql).await?;
+    let statement = statements.prepare(transaction, sql).await?;
     let rows = transaction.query(&statement, parameters).await?;
     let columns = statement
         .columns()
@@ -475,6 +558,7 @@ async fn query_bound(
 
 async fn query_script(
     transaction: &Transaction<'_>,
+    statements: &Statements,
     scripts: &Scripts,
     table: &str,
     event: &str,
@@ -483,7 +567,7 @@ async fn query_script(
 ) -> Result<ScriptRows, SyncError> {
     let sql = scripts.expand(table, event, substitutions)?;
     let (sql, values) = bind_script(&sql, parameters, table, event)?;
-    query_rows(transaction, &sql, &values)
+    query_rows(transaction, statements, &sql, &values)
         .await
         .map_err(|error| script_failure(event, table, error))
 }
@@ -625,26 +709,35 @@ impl<'v> UploadStage<'v> {
     async fn query(
         &self,
         transaction: &Transaction<'_>,
+        statements: &Statements,
         table: &str,
         sql: &str,
         values: &[Value],
     ) -> Result<Result<(Vec<String>, Vec<Row>), tokio_postgres::Error>, SyncError> {
         let binds = binds_of(values);
         let (sql, parameters) = self.bound(sql, &binds);
-        refused_by_column(table, query_bound(transaction, &sql, &parameters).await)
+        refused_by_column(
+            table,
+            query_bound(transaction, statements, &sql, &parameters).await,
+        )
     }
 
     /// As [`Self::query`], for a statement whose rows are not read: the rows changed.
     async fn execute(
         &self,
         transaction: &Transaction<'_>,
+        statements: &Statements,
         table: &str,
         sql: &str,
         values: &[Value],
     ) -> Result<Result<u64, tokio_postgres::Error>, SyncError> {
         let binds = binds_of(values);
         let (sql, parameters) = self.bound(sql, &binds);
-        refused_by_column(table, transaction.execute(&sql, &parameters).await)
+        let executed = match statements.prepare(transaction, &sql).await {
+            Ok(statement) => transaction.execute(&statement, &parameters).await,
+            Err(error) => Err(error),
+        };
+        refused_by_column(table, executed)
     }
 }
 
@@ -670,6 +763,7 @@ fn refused_value(table: &str, refused: &ColumnRefusal) -> SyncError {
 
 async fn apply_script(
     transaction: &Transaction<'_>,
+    statements: &Statements,
     context: &TableContext<'_>,
     event: &str,
     stage: &UploadStage<'_>,
@@ -706,7 +800,7 @@ async fn apply_script(
         );
         let (sql, values) = bind_script(&wrapped, parameters, table, event)?;
         let (_, keys) = stage
-            .query(transaction, table, &sql, &values)
+            .query(transaction, statements, table, &sql, &values)
             .await?
             .map_err(|error| script_failure(event, table, error))?;
         return Ok(keys);
@@ -714,7 +808,7 @@ async fn apply_script(
     let changed = if apply {
         let (sql, values) = bind_script(&script, parameters, table, event)?;
         stage
-            .execute(transaction, table, &sql, &values)
+            .execute(transaction, statements, table, &sql, &values)
             .await?
             .map_err(|error| script_failure(event, table, error))? as usize
     } else {
@@ -750,11 +844,15 @@ async fn apply_script(
     } else {
         Vec::new()
     };
-    Ok(stage.query(transaction, table, &sql, &values).await??.1)
+    Ok(stage
+        .query(transaction, statements, table, &sql, &values)
+        .await??
+        .1)
 }
 
 async fn apply_table(
     transaction: &Transaction<'_>,
+    statements: &Statements,
     scripts: &Scripts,
     upload: &TableUpload,
     parameters: &Parameters<'_>,
@@ -762,11 +860,16 @@ async fn apply_table(
 ) -> Result<Resolution, SyncError> {
     let table = upload.table.as_str();
     scripts.check_synchronizes(table)?;
-    let (shape, types) = shape_and_types(transaction, table).await?;
+    let (shape, types) = shape_and_types(transaction, statements, table).await?;
     let key_positions = validate_upload_shape(upload, &shape)?;
     let partition_column: Option<String> = transaction
         .query_opt(
-            "SELECT partition_column FROM rs_table WHERE table_name = $1",
+            &statements
+                .prepare(
+                    transaction,
+                    "SELECT partition_column FROM rs_table WHERE table_name = $1",
+                )
+                .await?,
             &[&table],
         )
         .await?
@@ -800,6 +903,7 @@ async fn apply_table(
             rows = uploaded_rows(upload, event, &image_keys);
             let applied = run_row_script(
                 transaction,
+                statements,
                 scripts,
                 table,
                 event,
@@ -864,8 +968,17 @@ async fn apply_table(
             apply: apply && !is_row_script,
             ..context
         };
-        conflict_keys
-            .extend(apply_script(transaction, &compare_only, event, &stage, staged_count).await?);
+        conflict_keys.extend(
+            apply_script(
+                transaction,
+                statements,
+                &compare_only,
+                event,
+                &stage,
+                staged_count,
+            )
+            .await?,
+        );
     }
     let mut resolution = Resolution::default();
     resolution.record_upload(upload, &key_positions);
@@ -874,6 +987,7 @@ async fn apply_table(
             let conflicted = conflicting_rows(upload, &image_keys, &conflict_keys);
             resolve_conflict(
                 transaction,
+                statements,
                 scripts,
                 &shape,
                 &image_columns,
@@ -902,6 +1016,7 @@ async fn apply_table(
             .await?;
         let (columns, rows) = query_script(
             transaction,
+            statements,
             scripts,
             table,
             UPLOAD_FETCH,
@@ -935,8 +1050,10 @@ fn staged_images<'r>(row: &'r UploadedRow, event: &str, image_keys: &[usize]) ->
 /// Runs `resolve_conflict` for conflicting rows: a set script once over `{conflicts}`
 /// (operation, new columns, `rs_old_` columns), a row script once per row with
 /// `:new.*`, `:old.*` and `:current.*` (the row the server holds, NULL when gone).
+#[allow(clippy::too_many_arguments)]
 async fn resolve_conflict(
     transaction: &Transaction<'_>,
+    statements: &Statements,
     scripts: &Scripts,
     shape: &TableShape,
     columns: &[String],
@@ -968,7 +1085,7 @@ async fn resolve_conflict(
             &[(CONFLICTS_PLACEHOLDER, &stage.name)],
         )?;
         let (sql, values) = bind_script(&sql, parameters, table, RESOLVE_CONFLICT)?;
-        query_rows(transaction, &sql, &values)
+        query_rows(transaction, statements, &sql, &values)
             .await
             .map_err(|error| script_failure(RESOLVE_CONFLICT, table, error))?;
         return Ok(());
@@ -987,7 +1104,7 @@ async fn resolve_conflict(
     let (sql, names) = positional_parameters(script);
     for row in conflicted {
         let key = row.key(key_positions);
-        let (_, current) = query_rows(transaction, &current_sql, &key).await?;
+        let (_, current) = query_rows(transaction, statements, &current_sql, &key).await?;
         let mut images = row.images(columns);
         images.current = current.first().map(Vec::as_slice);
         let parameters = parameters.with(vec![("operation", Value::Text(row.operation.into()))]);
@@ -995,7 +1112,7 @@ async fn resolve_conflict(
             .iter()
             .map(|name| parameters.value_for_row(name, Some(&images), table, RESOLVE_CONFLICT))
             .collect::<Result<Vec<_>, _>>()?;
-        query_rows(transaction, &sql, &values)
+        query_rows(transaction, statements, &sql, &values)
             .await
             .map_err(|error| {
                 script_failure(RESOLVE_CONFLICT, table, error).with_row_key(describe_key(&key))

@@ -72,6 +72,7 @@ macro_rules! conformance_suite {
             authenticate_user_script_decides_logins,
             hostile_values_in_every_parameter_are_data_not_sql,
             a_row_script_hitting_an_existing_key_fails_by_row_and_can_be_skipped,
+            a_table_changed_between_syncs_on_one_connection_is_read_as_it_now_is,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {

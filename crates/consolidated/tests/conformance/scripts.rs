@@ -693,3 +693,48 @@ pub async fn a_row_script_hitting_an_existing_key_fails_by_row_and_can_be_skippe
     assert_eq!(outcome.summary.conflicts, 1);
     assert_eq!(order_upserts(&outcome), vec![existing]);
 }
+
+/// A connection keeps its statements prepared between syncs; a table an event script
+/// reads with `SELECT *` gains a column between two syncs on that connection, and the
+/// second sync still runs (PostgreSQL refuses the old prepared statement: "cached plan
+/// must not change result type").
+pub async fn a_table_changed_between_syncs_on_one_connection_is_read_as_it_now_is<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[]).await;
+    f.sql
+        .execute("CREATE TABLE side (n INTEGER); INSERT INTO side (n) VALUES (1)")
+        .await;
+    f.set_script("v1", "", "begin_synchronization", "SELECT * FROM side")
+        .await;
+    let mut connection = f.backend.connect().await.expect("connect");
+    let pen = order(1, "alice", "pen", 1, None);
+    let first = synchronize_collect(
+        &mut connection,
+        Arc::new(request(
+            "c1",
+            "alice",
+            0,
+            1,
+            vec![orders_upload(vec![pen.clone()], vec![], vec![])],
+        )),
+    )
+    .await
+    .expect("first sync");
+    f.sql
+        .execute("ALTER TABLE side ADD COLUMN extra INTEGER")
+        .await;
+    let ink = order(2, "alice", "ink", 2, None);
+    let second = synchronize_collect(
+        &mut connection,
+        Arc::new(request(
+            "c1",
+            "alice",
+            first.watermark,
+            2,
+            vec![orders_upload(vec![ink.clone()], vec![], vec![])],
+        )),
+    )
+    .await
+    .expect("the second sync on the same connection reads side as it now is");
+    assert_summary(&second, 1, 0, false);
+    assert_eq!(f.orders().await, vec![pen, ink]);
+}
