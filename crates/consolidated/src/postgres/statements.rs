@@ -3,8 +3,9 @@
 //! A sync runs the same dozen or so statements as the previous sync on its connection
 //! (the fixed ones and the version's scripts, whose parameters are positional, so the
 //! text repeats). Preparing each once per connection saves a round trip (Parse and
-//! Describe) and PostgreSQL's parse analysis per statement per sync; after a few runs
-//! PostgreSQL also keeps a generic plan when it is no worse than a custom one.
+//! Describe) and PostgreSQL's parse analysis per statement per sync. Plans are still
+//! made per execution for the values bound (`plan_cache_mode = force_custom_plan` on
+//! every connection): a generic plan cannot see an upload's size.
 //!
 //! A cached statement whose tables changed is re-planned by PostgreSQL itself; one
 //! whose result columns changed (`SELECT *` after `ALTER TABLE`) fails with

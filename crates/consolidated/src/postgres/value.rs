@@ -220,16 +220,19 @@ fn numeric_groups(decimal: &Decimal, digits: &mut [i16; NUMERIC_GROUPS_MAX]) -> 
     (count, weight)
 }
 
-pub fn decode_numeric(raw: &[u8]) -> Result<Decimal, BoxError> {
-    let field = |index: usize| -> Result<u16, BoxError> {
-        raw.get(index * 2..index * 2 + 2)
-            .map(|bytes| u16::from_be_bytes([bytes[0], bytes[1]]))
-            .ok_or_else(|| "truncated numeric".into())
-    };
-    let count = field(0)? as i16;
-    let weight = i32::from(field(1)? as i16);
-    let sign = field(2)?;
-    let scale = field(3)?;
+/// The `index`th 16-bit field of a binary numeric (0-3 the header, then the digits).
+fn numeric_field(raw: &[u8], index: usize) -> Result<u16, BoxError> {
+    raw.get(index * 2..index * 2 + 2)
+        .map(|bytes| u16::from_be_bytes([bytes[0], bytes[1]]))
+        .ok_or_else(|| "truncated numeric".into())
+}
+
+/// A binary numeric's digit count, weight, sign and scale, checked.
+fn numeric_header(raw: &[u8]) -> Result<(i16, i16, u16, u16), BoxError> {
+    let count = numeric_field(raw, 0)? as i16;
+    let weight = numeric_field(raw, 1)? as i16;
+    let sign = numeric_field(raw, 2)?;
+    let scale = numeric_field(raw, 3)?;
     if sign == NUMERIC_NAN || sign > NUMERIC_NEGATIVE {
         return Err("NaN and infinite numerics cannot be synchronized".into());
     }
@@ -239,12 +242,18 @@ pub fn decode_numeric(raw: &[u8]) -> Result<Decimal, BoxError> {
         )
         .into());
     }
+    Ok((count, weight, sign, scale))
+}
+
+pub fn decode_numeric(raw: &[u8]) -> Result<Decimal, BoxError> {
+    let (count, weight, sign, scale) = numeric_header(raw)?;
+    let weight = i32::from(weight);
     // Digit i is worth 10000^(weight - i), so 10^(4 (weight - i) + scale) in the
     // mantissa; digits past the scale are cut off (PostgreSQL sends none).
     let too_large = || -> BoxError { "numeric has more than 38 significant digits".into() };
     let mut mantissa: i128 = 0;
     for index in 0..count as usize {
-        let digit = field(4 + index)?;
+        let digit = numeric_field(raw, 4 + index)?;
         if digit == 0 {
             continue;
         }
@@ -345,26 +354,9 @@ mod tests {
     }
 
     fn reference_decode(raw: &[u8]) -> Result<Decimal, BoxError> {
-        let field = |index: usize| -> Result<u16, BoxError> {
-            raw.get(index * 2..index * 2 + 2)
-                .map(|bytes| u16::from_be_bytes([bytes[0], bytes[1]]))
-                .ok_or_else(|| "truncated numeric".into())
-        };
-        let count = field(0)? as i16;
-        let weight = field(1)? as i16;
-        let sign = field(2)?;
-        let scale = field(3)?;
-        if sign == NUMERIC_NAN || sign > NUMERIC_NEGATIVE {
-            return Err("NaN and infinite numerics cannot be synchronized".into());
-        }
-        if scale > u16::from(DECIMAL_SCALE_MAX) || count < 0 {
-            return Err(format!(
-                "numeric with scale {scale} exceeds the maximum of {DECIMAL_SCALE_MAX}"
-            )
-            .into());
-        }
+        let (count, weight, sign, scale) = numeric_header(raw)?;
         let digits = (0..count as usize)
-            .map(|i| field(4 + i))
+            .map(|i| numeric_field(raw, 4 + i))
             .collect::<Result<Vec<u16>, _>>()?;
         // Digit i is worth 10000^(weight - i); render whole and fraction digits as text.
         let mut whole = String::new();
