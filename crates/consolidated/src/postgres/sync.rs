@@ -787,16 +787,19 @@ async fn apply_script(
     );
     if apply && returns_rows(&script) {
         let unmatched = if is_delete {
-            format!(" AND {still_present}")
+            format!(" WHERE {still_present}")
         } else {
             String::new()
         };
+        // EXCEPT rather than NOT EXISTS: the planner cannot estimate what a data-modifying
+        // CTE returns (often 1 row) and then anti-joins by nested loop, quadratic in the
+        // rows applied; a set operation hashes or sorts whatever its estimate.
         let wrapped = format!(
-            "WITH rs_applied AS ({script}) SELECT {keys} FROM {stage} AS s \
-             WHERE NOT EXISTS (SELECT 1 FROM rs_applied AS a WHERE {m}){unmatched}",
+            "WITH rs_applied AS ({script}) SELECT {keys} FROM \
+             (SELECT {keys} FROM {stage} AS s EXCEPT SELECT {applied} FROM rs_applied AS a) AS s{unmatched}",
             keys = stage.key_list("s"),
             stage = stage.name(),
-            m = stage.key_match("a", "s"),
+            applied = stage.key_list("a"),
         );
         let (sql, values) = bind_script(&wrapped, parameters, table, event)?;
         let (_, keys) = stage
