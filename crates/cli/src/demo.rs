@@ -11,8 +11,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::local_server::LocalServer;
 use anyhow::{bail, Context, Result};
+use rowsync_bench::local_server::LocalServer;
 use rowsync_client::{Client, SyncOptions, SyncReport};
 use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::sqlite::SqliteConsolidated;

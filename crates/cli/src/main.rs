@@ -621,7 +621,7 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             if rows == 0 || repeat == 0 {
                 bail!("--rows and --repeat must be at least 1");
             }
-            rowsync_cli::bench_transport::run(rows, repeat, &mut std::io::stdout()).await?;
+            rowsync_bench::transport::run(rows, repeat, &mut std::io::stdout()).await?;
             Ok(())
         }
         Command::Init {
@@ -701,7 +701,7 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             if !is_postgres(&db) {
                 bail!("bench-apply measures PostgreSQL: give --db postgres://...");
             }
-            rowsync_cli::bench_apply::run(&db, rows, &mut std::io::stdout()).await?;
+            rowsync_bench::apply::run(&db, rows, &mut std::io::stdout()).await?;
             Ok(())
         }
         Command::Bench {
@@ -720,8 +720,9 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             compression,
             repeat,
         } => {
-            use rowsync_cli::bench::{
-                self, clients::ClientMode, clients::Retry, server::Protocol, server::Workers,
+            use rowsync_bench::timing::{
+                self as bench, clients::ClientMode, clients::Retry, server::Protocol,
+                server::Workers,
             };
             if !is_postgres(&db) {
                 bail!("bench measures PostgreSQL (and its own bulk path beside rowsync): give --db postgres://...");
@@ -773,7 +774,7 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             if !is_postgres(&db) {
                 bail!("bench-load measures PostgreSQL: give --db postgres://...");
             }
-            let options = rowsync_cli::bench_load::LoadOptions {
+            let options = rowsync_bench::load::LoadOptions {
                 clients,
                 rows_per_client,
                 runs,
@@ -781,7 +782,7 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
                 workers_range: (workers_min, workers_max),
                 connections_low,
             };
-            rowsync_cli::bench_load::run(&db, &options, &mut std::io::stdout()).await?;
+            rowsync_bench::load::run(&db, &options, &mut std::io::stdout()).await?;
             Ok(())
         }
         Command::Demo {
