@@ -1,3 +1,5 @@
-//! The pieces of the `rowsync` command that tests drive directly.
+//! The pieces of the `rowsync` command that tests drive directly, and the `--db`
+//! parsing every command shares.
 
+pub mod database;
 pub mod demo;
