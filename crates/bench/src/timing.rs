@@ -29,7 +29,7 @@ use rowsync_protocol::Compression;
 use rowsync_server::tls::KeyKind;
 use tokio_postgres::Client as PgClient;
 
-use crate::bench_apply::connect;
+use crate::apply::connect;
 use clients::{ClientMode, Outcome, Retry, SimClient, Work};
 use results::{BenchRun, Phase, Point, TestResult, SYNC_TYPES};
 use server::{Certificates, Protocol, ServerProcess, ServerSetup, Workers};
