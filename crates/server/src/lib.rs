@@ -15,15 +15,19 @@
 
 pub mod admin;
 pub mod auth;
+mod background;
 pub mod cache;
 mod config;
 pub mod controller;
-mod download;
+mod download_frames;
 pub mod http;
 pub mod metrics;
 pub mod pool;
+mod reply;
 pub mod server;
 pub mod session;
+mod shared;
+mod spool;
 mod sync;
 pub mod tls;
 mod tls_accept;

@@ -20,10 +20,12 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use crate::auth;
-use crate::download::{chunk_frames, end_frame, Spool, SpoolError};
+use crate::download_frames::{chunk_frames, end_frame};
 use crate::metrics::{Outcome, Phase, PhaseTimings};
-use crate::server::{reply_and_close, Shared, READ_CHUNK_BYTES};
+use crate::reply::reply_and_close;
 use crate::session::{merge, ServerSession, Step};
+use crate::shared::{Shared, READ_CHUNK_BYTES};
+use crate::spool::{Spool, SpoolError};
 
 /// Why a sync ended early, and what (if anything) the client is told.
 pub(crate) struct Failure {
