@@ -1,6 +1,6 @@
 //! The network stage: accept on every endpoint under one connection limit (above it,
 //! *busy* with a retry-after computed from the load), hand each connection to its
-//! transport, and start and stop the server's background tasks ([`crate::background`]).
+//! transport, and start and stop the server's background tasks (`background`).
 //! One sync over a connection is in `sync`; the state all connections share in
 //! `shared`.
 
