@@ -310,4 +310,8 @@ impl Dialect for PgTransaction<'_> {
     async fn commit(self) -> Result<(), SyncError> {
         Ok(self.transaction.commit().await?)
     }
+
+    async fn rollback(self) -> Result<(), SyncError> {
+        Ok(self.transaction.rollback().await?)
+    }
 }

@@ -346,4 +346,11 @@ impl Dialect for SqliteTransaction<'_> {
         self.connection.execute_batch("COMMIT")?;
         Ok(())
     }
+
+    async fn rollback(self) -> Result<(), SyncError> {
+        if !self.connection.is_autocommit() {
+            self.connection.execute_batch("ROLLBACK")?;
+        }
+        Ok(())
+    }
 }
