@@ -321,6 +321,16 @@ impl Decompressor {
     /// The next piece of decompressed output, or `None` when everything fed so far has
     /// been decompressed.
     pub fn next_chunk(&mut self) -> Result<Option<&[u8]>, CompressionError> {
+        self.next_chunk_at_most(DECOMPRESS_CHUNK_BYTES)
+    }
+
+    /// As [`Decompressor::next_chunk`], producing at most `bytes_max` bytes (and never
+    /// more than [`DECOMPRESS_CHUNK_BYTES`]): a reader that knows how much it needs
+    /// inflates no more.
+    pub fn next_chunk_at_most(
+        &mut self,
+        bytes_max: usize,
+    ) -> Result<Option<&[u8]>, CompressionError> {
         let pending = &self.input[self.input_start..];
         // A decoder whose last output filled the chunk may hold more output without
         // needing input: ask it again.
@@ -338,7 +348,7 @@ impl Decompressor {
             .decompressed_bytes_max
             .saturating_sub(self.decompressed_bytes)
             .saturating_add(1)
-            .min(DECOMPRESS_CHUNK_BYTES as u64) as usize;
+            .min(bytes_max.clamp(1, DECOMPRESS_CHUNK_BYTES) as u64) as usize;
         if self.output.len() < room {
             self.output.resize(room, 0);
         }
@@ -544,9 +554,14 @@ impl Inbound {
 
     /// The next piece of the frame stream, or `None` when more bytes are needed.
     pub fn next_chunk(&mut self) -> Result<Option<&[u8]>, InboundError> {
+        self.next_chunk_at_most(DECOMPRESS_CHUNK_BYTES)
+    }
+
+    /// As [`Inbound::next_chunk`], producing at most `bytes_max` bytes.
+    pub fn next_chunk_at_most(&mut self, bytes_max: usize) -> Result<Option<&[u8]>, InboundError> {
         match &mut self.state {
             InboundState::Start(_) => Ok(None),
-            InboundState::Body(decompressor) => Ok(decompressor.next_chunk()?),
+            InboundState::Body(decompressor) => Ok(decompressor.next_chunk_at_most(bytes_max)?),
         }
     }
 }
@@ -625,6 +640,24 @@ mod tests {
             for piece in [1, 7, 4096, stream.len()] {
                 let out = decompress_all(compression, &stream, u64::MAX, piece).unwrap();
                 assert!(out == input, "{compression}, pieces of {piece}");
+            }
+        }
+    }
+
+    #[test]
+    fn output_limited_per_call_round_trips_and_respects_the_limit() {
+        let input = sample();
+        for compression in Compression::ALL {
+            let stream = compress_all(compression, &input).unwrap();
+            for bytes_max in [1, 4, 1000] {
+                let mut decompressor = Decompressor::new(compression, u64::MAX).unwrap();
+                decompressor.feed(&stream);
+                let mut out = Vec::new();
+                while let Some(chunk) = decompressor.next_chunk_at_most(bytes_max).unwrap() {
+                    assert!(chunk.len() <= bytes_max, "{compression}: {}", chunk.len());
+                    out.extend_from_slice(chunk);
+                }
+                assert!(out == input, "{compression}, at most {bytes_max} per call");
             }
         }
     }

@@ -55,6 +55,17 @@ impl FrameDecoder {
         self.buffer.len() - self.start
     }
 
+    /// Bytes still missing before the next frame is whole: the rest of its header, or
+    /// of its body once the header is in (0 when a whole frame is buffered). A reader
+    /// that inflates no more than this never buffers more than one frame.
+    pub fn bytes_needed(&self) -> usize {
+        let buffered = self.buffered_bytes();
+        match self.peek_length() {
+            None => FRAME_HEADER_BYTES - buffered,
+            Some(length) => (FRAME_HEADER_BYTES + length).saturating_sub(buffered),
+        }
+    }
+
     /// The next complete message, `None` if more bytes are needed.
     pub fn next_message(&mut self) -> Result<Option<Message>, DecodeError> {
         self.next_body()?.map(decode_message).transpose()
@@ -116,5 +127,26 @@ impl FrameDecoder {
             return Err(DecodeError::EmptyFrame);
         }
         Ok(Some(length))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EndUpload;
+
+    #[test]
+    fn bytes_needed_is_the_rest_of_the_header_then_of_the_body() {
+        let frame = encode_frame(&Message::EndUpload(EndUpload { upload_sequence: 7 }));
+        let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
+        assert_eq!(decoder.bytes_needed(), FRAME_HEADER_BYTES);
+        decoder.feed(&frame[..1]);
+        assert_eq!(decoder.bytes_needed(), FRAME_HEADER_BYTES - 1);
+        decoder.feed(&frame[1..FRAME_HEADER_BYTES]);
+        assert_eq!(decoder.bytes_needed(), frame.len() - FRAME_HEADER_BYTES);
+        decoder.feed(&frame[FRAME_HEADER_BYTES..]);
+        assert_eq!(decoder.bytes_needed(), 0);
+        assert!(decoder.next_message().unwrap().is_some());
+        assert_eq!(decoder.bytes_needed(), FRAME_HEADER_BYTES);
     }
 }

@@ -87,6 +87,11 @@ pub struct Metrics {
     pub cache_bytes: Gauge,
     pub cache_bytes_max: Gauge,
     pub spilled_bytes: Counter,
+    /// Upload bytes produced by the stream stage's decompression (the bytes it read,
+    /// for an uncompressed stream): what inflating cost, counted as it happens.
+    pub upload_decompressed_bytes: Counter,
+    /// Upload bytes appended to upload spools (memory or temporary file).
+    pub upload_spooled_bytes: Counter,
 }
 
 fn phase_histogram() -> Histogram {
@@ -126,6 +131,8 @@ impl Metrics {
             cache_bytes: Gauge::default(),
             cache_bytes_max: Gauge::default(),
             spilled_bytes: Counter::default(),
+            upload_decompressed_bytes: Counter::default(),
+            upload_spooled_bytes: Counter::default(),
             registry,
         };
         let mut metrics = metrics;
@@ -179,6 +186,16 @@ impl Metrics {
             "spilled_bytes",
             "Bytes written to temporary files because the cache was full",
             metrics.spilled_bytes.clone(),
+        );
+        registry.register(
+            "upload_decompressed_bytes",
+            "Upload bytes decompressed by the stream stage (as read, when not compressed)",
+            metrics.upload_decompressed_bytes.clone(),
+        );
+        registry.register(
+            "upload_spooled_bytes",
+            "Upload bytes appended to upload spools",
+            metrics.upload_spooled_bytes.clone(),
         );
         metrics
     }

@@ -259,3 +259,63 @@ async fn a_bad_second_table_rolls_back_the_valid_first_one() {
     assert_eq!(server.consolidated_orders(Some("alice")).len(), 3);
     server.stop().await;
 }
+
+/// A decompression bomb: the preamble, then `inflated_bytes` (the given prefix, then
+/// zeros) compressed, as one buffer. With zstd, 1 GiB of zeros compresses to about 34 KB.
+fn bomb(compression: Compression, prefix: &[u8], inflated_bytes: usize) -> Vec<u8> {
+    let mut bytes = Preamble { compression }.encode().to_vec();
+    let mut compressor = Compressor::new(compression).unwrap();
+    bytes.extend(compressor.compress(prefix).unwrap());
+    let zeros = vec![0u8; 1024 * 1024];
+    let mut left = inflated_bytes - prefix.len();
+    while left > 0 {
+        let piece = left.min(zeros.len());
+        bytes.extend(compressor.compress(&zeros[..piece]).unwrap());
+        left -= piece;
+    }
+    bytes.extend(compressor.finish().unwrap());
+    bytes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decompression_bomb_without_hello_inflates_no_more_than_its_first_frame() {
+    // The attack of issue 15, finding 1: a small compressed stream with no hello. The
+    // limits are lowered from their defaults (512 MiB) so the test stays cheap; before
+    // the fix the server inflated up to them, whatever they are.
+    let frame_bytes_max = 64 * 1024;
+    let server = TestServer::start_with(ServerConfig {
+        frame_bytes_max,
+        upload_bytes_max: 32 * 1024 * 1024,
+        decompressed_bytes_max: 33 * 1024 * 1024,
+        ..ServerConfig::default()
+    })
+    .await;
+    let before = server.snapshot();
+    let gibibyte = 1024 * 1024 * 1024;
+    // Zeros: the first frame header says length 0, refused after its four bytes.
+    let zstd_bomb = bomb(Compression::Zstd, &[], gibibyte);
+    assert!(zstd_bomb.len() < 40 * 1024, "{} bytes", zstd_bomb.len());
+    // A header announcing the largest frame allowed, then zeros: at most that frame.
+    let largest_frame = (frame_bytes_max as u32).to_be_bytes();
+    let zlib_bomb = bomb(Compression::Zlib, &largest_frame, 48 * 1024 * 1024);
+    for (bytes, inflated_max) in [
+        (zstd_bomb, FRAME_HEADER_BYTES),
+        (zlib_bomb, FRAME_HEADER_BYTES + frame_bytes_max),
+    ] {
+        let decompressed_before = server.metrics.upload_decompressed_bytes.get();
+        let replies = exchange_raw(&server, &bytes).await;
+        assert!(
+            matches!(replies.as_slice(), [Message::Error(_)]),
+            "{replies:?}"
+        );
+        let inflated = server.metrics.upload_decompressed_bytes.get() - decompressed_before;
+        assert!(
+            inflated <= inflated_max as u64,
+            "{inflated} bytes inflated, at most {inflated_max} expected"
+        );
+        assert_eq!(server.metrics.upload_spooled_bytes.get(), 0);
+    }
+    assert_eq!(server.snapshot(), before);
+    server.stop().await;
+}
+

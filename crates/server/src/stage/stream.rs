@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::auth;
 use crate::config::ServerConfig;
 use crate::failure::Failure;
-use crate::metrics::{Phase, PhaseTimings};
+use crate::metrics::{Metrics, Phase, PhaseTimings};
 use crate::session::{ServerSession, Step};
 use crate::shared::{Shared, READ_CHUNK_BYTES};
 use crate::spool::Spool;
@@ -34,7 +34,7 @@ pub(crate) struct CheckedUpload {
     /// The authenticated user.
     pub(crate) user: String,
     pub(crate) upload_sequence: u64,
-    /// The decompressed byte stream, hello included.
+    /// The decompressed byte stream after the hello.
     pub(crate) spool: Spool,
     /// The reply's sender, compressing as the client asked.
     pub(crate) outbound: Outbound,
@@ -80,6 +80,7 @@ pub(crate) async fn receive<B: Consolidated>(
         started,
         hello_seen: false,
         spool: Some(upload_spool),
+        metrics,
     };
     let Step::Hello(hello) = reader.next_step(config).await? else {
         unreachable!("the session's first step is the hello");
@@ -133,24 +134,38 @@ struct UploadReader<'s, S> {
     buffer: Vec<u8>,
     started: Instant,
     hello_seen: bool,
-    /// The decompressed byte stream, hello included.
+    /// The decompressed byte stream after the hello.
     spool: Option<Spool>,
+    metrics: &'s Metrics,
 }
 
 impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
     /// Reads until the session takes its next step (hello, complete, acknowledgement).
+    /// Inflates no more than the next frame needs (its header, then the length the
+    /// header announced), so a decompression bomb costs at most one frame; and spools
+    /// nothing before the hello is in (the worker reads only the upload's messages).
     async fn next_step(&mut self, config: &ServerConfig) -> Result<Step, Failure> {
         loop {
-            while let Some(chunk) = self.inbound.next_chunk().map_err(inbound_refusal)? {
-                if let Some(spool) = self.spool.as_mut() {
+            if let Some(step) = self.checked_step()? {
+                return Ok(step);
+            }
+            let needed = self.decoder.bytes_needed();
+            if let Some(chunk) = self
+                .inbound
+                .next_chunk_at_most(needed)
+                .map_err(inbound_refusal)?
+            {
+                self.metrics
+                    .upload_decompressed_bytes
+                    .inc_by(chunk.len() as u64);
+                if let Some(spool) = self.spool.as_mut().filter(|_| self.hello_seen) {
+                    self.metrics.upload_spooled_bytes.inc_by(chunk.len() as u64);
                     spool.append(chunk).await.map_err(|error| {
                         Failure::tell(WireError::new(ErrorCode::Internal, error.to_string()))
                     })?;
                 }
                 self.decoder.feed(chunk);
-            }
-            if let Some(step) = self.checked_step()? {
-                return Ok(step);
+                continue;
             }
             let read = self.read(config).await?;
             if read == 0 {
