@@ -319,3 +319,74 @@ async fn a_decompression_bomb_without_hello_inflates_no_more_than_its_first_fram
     server.stop().await;
 }
 
+/// An upload of one frame holding `rows` inserts of a 1 KiB item each.
+fn one_large_frame(rows: usize) -> Message {
+    let item = "x".repeat(1024);
+    Message::Upload(TableUpload {
+        table: "orders".into(),
+        columns: vec!["id".into(), "rep".into(), "item".into(), "quantity".into()],
+        key_columns: vec!["id".into()],
+        inserts: (0..rows)
+            .map(|n| {
+                vec![
+                    Value::Text(format!("large-{n}")),
+                    "alice".into(),
+                    item.as_str().into(),
+                    Value::Int(1),
+                ]
+            })
+            .collect(),
+        ..TableUpload::default()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_upload_is_code_5_whichever_limit_it_meets_first() {
+    // Issue 15, finding 6: with the default ratio of the limits (decompressed_bytes_max
+    // 1 MiB above upload_bytes_max), one frame far above upload_bytes_max (below
+    // frame_bytes_max) ran into the spool's limit first and was answered code 12.
+    let upload_bytes_max = 64 * 1024;
+    let server = TestServer::start_with(ServerConfig {
+        upload_bytes_max,
+        decompressed_bytes_max: upload_bytes_max as u64 + 1024 * 1024,
+        ..ServerConfig::default()
+    })
+    .await;
+    let before = server.snapshot();
+    let frames = |rows: usize| {
+        let mut frames = encode_frame(&hello("alice"));
+        frames.extend(encode_frame(&one_large_frame(rows)));
+        frames.extend(encode_frame(&Message::EndUpload(EndUpload {
+            upload_sequence: 1,
+        })));
+        frames
+    };
+    let compressed = |compression: Compression, frames: &[u8]| {
+        let mut bytes = Preamble { compression }.encode().to_vec();
+        bytes.extend(compress_all(compression, frames).unwrap());
+        bytes
+    };
+    // 300 KiB: the upload limit refuses, compressed or not.
+    let upload_limit = format!("limit of {upload_bytes_max} bytes");
+    for bytes in [
+        frames(300),
+        compressed(Compression::Zlib, &frames(300)),
+        compressed(Compression::Zstd, &frames(300)),
+    ] {
+        expect_error(
+            &exchange_raw(&server, &bytes).await,
+            ErrorCode::UploadTooLarge,
+            &upload_limit,
+        );
+    }
+    // 1.5 MiB in one frame: the stream inflates past decompressed_bytes_max first.
+    for compression in [Compression::None, Compression::Zlib, Compression::Zstd] {
+        expect_error(
+            &exchange_raw(&server, &compressed(compression, &frames(1500))).await,
+            ErrorCode::UploadTooLarge,
+            "decompressed",
+        );
+    }
+    assert_eq!(server.snapshot(), before);
+    server.stop().await;
+}

@@ -19,7 +19,7 @@ use crate::failure::Failure;
 use crate::metrics::{Metrics, Phase, PhaseTimings};
 use crate::session::{ServerSession, Step};
 use crate::shared::{Shared, READ_CHUNK_BYTES};
-use crate::spool::Spool;
+use crate::spool::{Spool, SpoolError};
 
 /// What the stream stage hands on: an authenticated client's checked upload, or its
 /// acknowledgement of the last download (boxed: each holds a compressor's state).
@@ -52,9 +52,6 @@ pub(crate) struct Acknowledgement {
     pub(crate) outbound: Outbound,
 }
 
-/// Room for the hello and end-of-upload frames beside `upload_bytes_max` in the spool.
-const FRAME_OVERHEAD_BYTES: u64 = 64 * 1024;
-
 /// Reads the hello, authenticates its user, then reads and checks the rest of the
 /// upload into a spool; the phases `connect`, `authenticate` and `upload_received`.
 pub(crate) async fn receive<B: Consolidated>(
@@ -67,7 +64,7 @@ pub(crate) async fn receive<B: Consolidated>(
     let started = Instant::now();
     let upload_spool = Spool::new(
         config.upload_spool_memory_bytes_max,
-        config.upload_bytes_max as u64 + FRAME_OVERHEAD_BYTES,
+        upload_spool_bytes_max(config),
         Outbound::new(Compression::None, false).expect("plain output needs no codec"),
         Arc::clone(&shared.cache),
     );
@@ -160,9 +157,10 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
                     .inc_by(chunk.len() as u64);
                 if let Some(spool) = self.spool.as_mut().filter(|_| self.hello_seen) {
                     self.metrics.upload_spooled_bytes.inc_by(chunk.len() as u64);
-                    spool.append(chunk).await.map_err(|error| {
-                        Failure::tell(WireError::new(ErrorCode::Internal, error.to_string()))
-                    })?;
+                    spool
+                        .append(chunk)
+                        .await
+                        .map_err(|error| spool_refusal(error, config))?;
                 }
                 self.decoder.feed(chunk);
                 continue;
@@ -289,6 +287,32 @@ async fn authenticated_user<B: Consolidated>(
             error.to_string(),
         ))),
     }
+}
+
+/// The upload spool's limit: what the session accepts (`upload_bytes_max`, checked as
+/// each frame completes) plus the one frame being assembled, so the session or the
+/// decompression limit refuses an oversized upload (code 5) before the spool would.
+fn upload_spool_bytes_max(config: &ServerConfig) -> u64 {
+    config.upload_bytes_max as u64 + config.frame_bytes_max as u64
+}
+
+/// A spool that cannot take more of the upload: too large is code 5 like the session's
+/// refusal (should the spool ever refuse first); a failing disk is the server's problem.
+fn spool_refusal(error: SpoolError, config: &ServerConfig) -> Failure {
+    let wire = match error {
+        SpoolError::TooLarge { .. } => WireError::new(
+            ErrorCode::UploadTooLarge,
+            format!(
+                "the upload exceeds the server's limit of {} bytes",
+                config.upload_bytes_max
+            ),
+        ),
+        error => WireError::new(
+            ErrorCode::Internal,
+            format!("spooling the upload failed: {error}"),
+        ),
+    };
+    Failure::tell(wire)
 }
 
 fn inbound_refusal(error: InboundError) -> Failure {
