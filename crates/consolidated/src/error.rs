@@ -44,6 +44,18 @@ pub enum SyncError {
         code: String,
         message: String,
     },
+    #[error(
+        "upload sequence {sequence} of client id {client_id:?} is out of order: expected {expected} \
+         (or at most {applied}, an upload already applied); sequences start at 1 and grow by 1"
+    )]
+    UploadSequence {
+        client_id: String,
+        sequence: u64,
+        /// The last sequence applied for the client (0 before its first upload).
+        applied: u64,
+        /// The one sequence a new upload may carry: `applied + 1`.
+        expected: u64,
+    },
     #[error("authentication failed: {0}")]
     AuthenticationRefused(String),
     #[error("the download's receiver went away before the sync ended")]
@@ -140,6 +152,7 @@ impl SyncError {
             SyncError::UnknownScriptVersion(_) => ErrorCode::UnknownScriptVersion,
             SyncError::ClientIdTaken { .. } => ErrorCode::ClientIdTaken,
             SyncError::Schema(_) => ErrorCode::Schema,
+            SyncError::UploadSequence { .. } => ErrorCode::Protocol,
             SyncError::AlreadySynchronizing { .. } => ErrorCode::AlreadySynchronizing,
             SyncError::Script { .. } => ErrorCode::Script,
             SyncError::AuthenticationRefused(_) => ErrorCode::AuthenticationFailed,

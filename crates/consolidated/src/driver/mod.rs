@@ -165,7 +165,10 @@ async fn run_events<D: Dialect>(
 }
 
 /// The upload sequence this client already had applied: a client id belongs to the
-/// first user that synced with it. Also refuses an upload naming one table twice.
+/// first user that synced with it. Refuses an upload naming one table twice, and a
+/// sequence that is 0 or more than one above the last applied (a client's first upload
+/// is 1): accepted, such a sequence would be answered as applied without applying
+/// anything, or would make every later upload of the client id look applied.
 fn applied_sequence(
     request: &SyncRequest,
     subscription: Option<&Subscription>,
@@ -179,13 +182,26 @@ fn applied_sequence(
             )));
         }
     }
-    match subscription {
-        Some(found) if found.user_name != request.user => Err(SyncError::ClientIdTaken {
+    let applied = match subscription {
+        Some(found) if found.user_name != request.user => {
+            return Err(SyncError::ClientIdTaken {
+                client_id: request.client_id.clone(),
+            })
+        }
+        Some(found) => found.upload_sequence,
+        None => 0,
+    };
+    let applied_unsigned = u64::try_from(applied).unwrap_or(0);
+    let expected = applied_unsigned.saturating_add(1);
+    if request.upload_sequence == 0 || request.upload_sequence > expected {
+        return Err(SyncError::UploadSequence {
             client_id: request.client_id.clone(),
-        }),
-        Some(found) => Ok(found.upload_sequence),
-        None => Ok(0),
+            sequence: request.upload_sequence,
+            applied: applied_unsigned,
+            expected,
+        });
     }
+    Ok(applied)
 }
 
 /// A client that comes back with exactly the watermark of its previous sync applied

@@ -54,6 +54,7 @@ macro_rules! conformance_suite {
             conflicting_inserts_updates_of_deleted_rows_are_resolved_server_wins,
             another_users_rows_cannot_be_touched_or_seen,
             an_upload_sequence_is_applied_at_most_once,
+            upload_sequences_start_at_one_and_never_skip,
             refused_syncs_apply_nothing,
             an_error_in_the_second_table_rolls_back_the_first,
             a_failing_upload_insert_script_is_a_script_error,
@@ -1108,6 +1109,66 @@ pub async fn an_upload_sequence_is_applied_at_most_once<F: Factory>() {
         .await;
     assert_summary(&next, 1, 0, false);
     assert_eq!(f.orders().await, vec![five_again]);
+}
+
+/// Issue 15, finding 8: sequence 0 was answered "already applied" with deletes of the
+/// rows just sent, and one upload with sequence 2^63-1 made every later upload of the
+/// client id "already applied". A sequence is 1 for a client's first upload and at
+/// most one above the last applied: anything else is refused, nothing applied.
+pub async fn upload_sequences_start_at_one_and_never_skip<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[]).await;
+    let insert = |id: i64| orders_upload(vec![order(id, "alice", "pen", 1, None)], vec![], vec![]);
+    let refused = |error: SyncError, expected: &str| {
+        assert_eq!(error.code(), ErrorCode::Protocol, "{error}");
+        let message = error.to_string();
+        assert!(message.contains(expected), "{message:?} lacks {expected:?}");
+        assert!(message.contains("alice-1"), "{message:?} names the client");
+    };
+    for (sequence, expected) in [
+        (0, "upload sequence 0"),
+        (2, "expected 1"),
+        (i64::MAX as u64, "expected 1"),
+        (u64::MAX, "expected 1"),
+    ] {
+        let error = f
+            .sync(request("alice-1", "alice", 0, sequence, vec![insert(1)]))
+            .await
+            .unwrap_err();
+        refused(error, expected);
+        assert_eq!(f.orders().await, Vec::<Row>::new(), "sequence {sequence}");
+    }
+    let first = f
+        .sync_ok(request("alice-1", "alice", 0, 1, vec![insert(1)]))
+        .await;
+    assert_summary(&first, 1, 0, false);
+    let error = f
+        .sync(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            3,
+            vec![insert(2)],
+        ))
+        .await
+        .unwrap_err();
+    refused(error, "expected 2");
+    let second = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![insert(2)],
+        ))
+        .await;
+    assert_summary(&second, 1, 0, false);
+    assert_eq!(
+        f.orders().await,
+        vec![
+            order(1, "alice", "pen", 1, None),
+            order(2, "alice", "pen", 1, None)
+        ]
+    );
 }
 
 pub async fn refused_syncs_apply_nothing<F: Factory>() {
