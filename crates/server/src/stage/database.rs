@@ -19,7 +19,7 @@ use crate::download_frames::chunk_frames;
 use crate::failure::Failure;
 use crate::metrics::{Phase, PhaseTimings};
 use crate::pool::Worker;
-use crate::session::merge;
+use crate::session::MergedTables;
 use crate::shared::Shared;
 use crate::spool::{Spool, SpoolError};
 use crate::stage::stream::{Acknowledgement, CheckedUpload};
@@ -199,7 +199,7 @@ async fn assemble_upload(
     frame_bytes_max: usize,
 ) -> Result<Vec<TableUpload>, SpoolError> {
     let mut decoder = FrameDecoder::new(frame_bytes_max);
-    let mut tables: Vec<TableUpload> = Vec::new();
+    let mut tables = MergedTables::default();
     spool
         .drain(|piece| {
             decoder.feed(piece);
@@ -208,14 +208,15 @@ async fn assemble_upload(
                 .map_err(|error| SpoolError::Decode(error.to_string()))?
             {
                 if let Message::Upload(upload) = message {
-                    merge(&mut tables, upload)
+                    tables
+                        .merge(upload)
                         .map_err(|error| SpoolError::Decode(error.message.clone()))?;
                 }
             }
             Ok(())
         })
         .await?;
-    Ok(tables)
+    Ok(tables.into_tables())
 }
 
 /// Records a download acknowledgement on a worker, which runs the `download_ack` script;
