@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use rowsync_protocol::TableUpload;
+use rowsync_protocol::{TableUpload, Value};
 
 use crate::SyncError;
 
@@ -101,4 +101,30 @@ pub fn validate_upload_shape(
                 })
         })
         .collect()
+}
+
+/// Refuses a NULL in a key column of an inserted row, an updated row's new image or a
+/// deleted key: no backend can hold it as the row's identity (SQLite would give an
+/// INTEGER PRIMARY KEY a rowid of its choosing, PostgreSQL refuses it mid-script).
+pub fn refuse_null_keys(upload: &TableUpload, key_positions: &[usize]) -> Result<(), SyncError> {
+    let rows = upload
+        .inserts
+        .iter()
+        .chain(upload.updates.iter().map(|update| &update.new));
+    let null_in_row = rows
+        .flat_map(|row| key_positions.iter().map(move |&position| (row, position)))
+        .find(|(row, position)| matches!(row.get(*position), Some(Value::Null)))
+        .map(|(_, position)| position);
+    let null_in_delete = upload.deletes.iter().find_map(|key| {
+        key.iter()
+            .position(|value| matches!(value, Value::Null))
+            .and_then(|index| key_positions.get(index).copied())
+    });
+    match null_in_row.or(null_in_delete) {
+        None => Ok(()),
+        Some(position) => Err(SyncError::Schema(format!(
+            "upload of table {:?} holds a NULL in key column {:?}",
+            upload.table, upload.columns[position]
+        ))),
+    }
 }

@@ -10,7 +10,7 @@ use crate::conflicts::Resolution;
 use crate::dialect::{Dialect, RowStatement, StagedRows, TableApply};
 use crate::parameters::Parameters;
 use crate::scripts::*;
-use crate::shape::validate_upload_shape;
+use crate::shape::{refuse_null_keys, validate_upload_shape};
 use crate::upload_rows::{conflicting_rows, describe_key, uploaded_rows, ImageLayout, UploadedRow};
 use crate::version_scripts::Scripts;
 use crate::{SyncError, SyncRequest};
@@ -73,6 +73,7 @@ async fn apply_table<D: Dialect>(
     sync.scripts.check_synchronizes(table)?;
     let shape = transaction.table_shape(table).await?;
     let key_positions = validate_upload_shape(upload, &shape)?;
+    refuse_null_keys(upload, &key_positions)?;
     let partition_column = transaction.partition_column(table).await?;
     let context = TableApply {
         scripts: sync.scripts,

@@ -2,6 +2,7 @@
 //! table's column affinities, and the queries that find what of it did not land.
 
 use rowsync_protocol::{Row, Value};
+use rusqlite::types::{FromSql, ValueRef};
 use rusqlite::Connection;
 
 use crate::names::{column_list, key_match};
@@ -20,6 +21,8 @@ pub(super) struct Landed<'a> {
 /// A temporary table holding one kind of a table's staged upload.
 pub(super) struct Stage {
     pub(super) name: String,
+    /// The consolidated table staged for.
+    table: String,
     columns: Vec<String>,
     key_columns: Vec<String>,
 }
@@ -52,11 +55,17 @@ impl Stage {
         ))?;
         Ok(Stage {
             name,
+            table: shape.name.clone(),
             columns: staged_columns,
             key_columns: shape.key_columns.clone(),
         })
     }
 
+    /// Stages the rows, refusing (naming table and column) a value the column does not
+    /// hold exactly as sent: SQLite's column affinity would otherwise change it silently
+    /// (NaN to NULL, -0.0 to 0, a long decimal to a double, text '12' to the integer
+    /// 12). The stage has the table's affinities, so what it holds is what the table
+    /// would; each row's stored values come back through `RETURNING`.
     pub(super) fn load(
         &self,
         connection: &Connection,
@@ -64,13 +73,41 @@ impl Stage {
     ) -> Result<(), SyncError> {
         let placeholders = vec!["?"; self.columns.len()].join(", ");
         let mut statement = connection.prepare(&format!(
-            "INSERT INTO {} VALUES ({placeholders})",
+            "INSERT INTO {} VALUES ({placeholders}) RETURNING *",
             self.name
         ))?;
         for row in rows {
-            statement.execute(rusqlite::params_from_iter(row))?;
+            if let Some(index) = row
+                .iter()
+                .position(|value| matches!(value, Value::Timestamp(_)))
+            {
+                return Err(
+                    self.refused(index, "SQLite has no timestamp type; send the time as text")
+                );
+            }
+            let mut stored = statement.query(rusqlite::params_from_iter(row.iter()))?;
+            let Some(stored) = stored.next()? else {
+                continue;
+            };
+            for (index, sent) in row.iter().enumerate() {
+                if self.columns[index].starts_with(OLD_IMAGE_PREFIX) {
+                    continue;
+                }
+                if !holds_exactly(sent, stored.get_ref(index)?) {
+                    let held = Value::column_result(stored.get_ref(index)?)
+                        .map_or_else(|_| "a value".to_string(), |held| format!("{held:?}"));
+                    return Err(self.refused(index, &format!("{sent:?} would be stored as {held}")));
+                }
+            }
         }
         Ok(())
+    }
+
+    fn refused(&self, index: usize, why: &str) -> SyncError {
+        SyncError::Schema(format!(
+            "upload of table {:?} holds a value its column cannot take: column {:?}: {why}",
+            self.table, self.columns[index]
+        ))
     }
 
     fn select_keys(
@@ -140,5 +177,26 @@ impl Stage {
             ),
             &[],
         )
+    }
+}
+
+/// Whether SQLite holds `sent` exactly as `stored`: the same value in the same storage
+/// class (doubles bit for bit), or an integer as its digits in a text column or as the
+/// same number in a real column (PostgreSQL takes both too).
+fn holds_exactly(sent: &Value, stored: ValueRef<'_>) -> bool {
+    /// Integers a double holds exactly.
+    const EXACT_IN_DOUBLE: i64 = 1 << 53;
+    match (sent, stored) {
+        (Value::Null, ValueRef::Null) => true,
+        (Value::Int(number), ValueRef::Integer(held)) => *number == held,
+        (Value::Int(number), ValueRef::Text(held)) => number.to_string().as_bytes() == held,
+        (Value::Int(number), ValueRef::Real(held)) => {
+            number.abs() <= EXACT_IN_DOUBLE && *number as f64 == held
+        }
+        (Value::Double(number), ValueRef::Real(held)) => number.to_bits() == held.to_bits(),
+        (Value::Decimal(decimal), ValueRef::Text(held)) => decimal.to_string().as_bytes() == held,
+        (Value::Text(text), ValueRef::Text(held)) => text.as_bytes() == held,
+        (Value::Blob(bytes), ValueRef::Blob(held)) => bytes.as_slice() == held,
+        _ => false,
     }
 }

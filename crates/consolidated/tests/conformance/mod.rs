@@ -61,6 +61,7 @@ macro_rules! conformance_suite {
             a_failing_script_after_applied_operations_rolls_them_back,
             composite_primary_keys_sync_both_ways,
             decimals_round_trip_without_losing_digits,
+            a_value_is_stored_exactly_or_refused_naming_table_and_column,
             cleanup_drops_only_tombstones_every_client_passed,
             a_resent_upload_still_delivers_its_conflict_resolution,
             connection_events_run_in_order_each_in_its_transaction,
@@ -1510,6 +1511,98 @@ pub async fn composite_primary_keys_sync_both_ways<F: Factory>() {
             line(3, 1, "alice", 9),
         ]
     );
+}
+
+const KINDS_DDL: &str = "CREATE TABLE kinds (id INTEGER PRIMARY KEY, rep TEXT NOT NULL, \
+     n INTEGER, r DOUBLE PRECISION, d NUMERIC, t TEXT, ts TIMESTAMP)";
+const KINDS_COLUMNS: [&str; 7] = ["id", "rep", "n", "r", "d", "t", "ts"];
+
+/// Whether `back`, as a backend gave it back, is exactly the `sent` value: the same
+/// number (doubles bit for bit), or the same digits as text where the column is text.
+fn same_value(sent: &Value, back: &Value) -> bool {
+    match (sent, back) {
+        (Value::Double(a), Value::Double(b)) => a.to_bits() == b.to_bits(),
+        (Value::Decimal(a), Value::Text(b)) => a.to_string() == *b,
+        (Value::Int(a), Value::Text(b)) => a.to_string() == *b,
+        (a, b) => a == b,
+    }
+}
+
+/// Issue 15, finding 7: on SQLite NaN became NULL, -0.0 became 0.0, a 30-digit decimal
+/// a double, `1.000000` the integer 1, a timestamp text, text '12' in an INTEGER column
+/// 12, and a NULL INTEGER primary key a rowid, silently. Each value must either come
+/// back exactly as sent, or be refused (code 7) naming the table and the column, with
+/// nothing applied.
+pub async fn a_value_is_stored_exactly_or_refused_naming_table_and_column<F: Factory>() {
+    let mut f = Fixture::<F>::new().await;
+    f.sql.execute(KINDS_DDL).await;
+    f.init("kinds", "rep").await.expect("init kinds");
+    let columns = KINDS_COLUMNS;
+    let cases: Vec<(&str, Value)> = vec![
+        ("r", Value::Double(f64::NAN)),
+        ("r", Value::Double(-0.0)),
+        ("d", decimal("123456789012345678901234567890")),
+        ("d", decimal("1.000000")),
+        ("ts", Value::Timestamp(1_700_000_000_123_456)),
+        ("n", text("12")),
+        ("id", Value::Null),
+    ];
+    let mut sequence = 0;
+    for (index, (column, value)) in cases.into_iter().enumerate() {
+        let id = index as i64 + 1;
+        let mut row = vec![
+            Value::Int(id),
+            text("alice"),
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Null,
+        ];
+        let position = columns.iter().position(|c| *c == column).unwrap();
+        row[position] = value.clone();
+        let client = format!("alice-{id}");
+        let insert = upload("kinds", &columns, &["id"], vec![row], vec![], vec![]);
+        sequence += 1;
+        let described = format!("{value:?} into column {column}");
+        match f.sync(request(&client, "alice", 0, 1, vec![insert])).await {
+            Err(error) => {
+                assert_eq!(error.code(), ErrorCode::Schema, "{described}: {error}");
+                let message = error.to_string();
+                for name in ["kinds", column] {
+                    assert!(
+                        message.contains(name),
+                        "{described}: {message:?} lacks {name}"
+                    );
+                }
+                let rows = f.sql.query_rows("SELECT id FROM kinds").await;
+                assert!(rows.is_empty(), "{described}: refused but applied {rows:?}");
+            }
+            Ok(applied) => {
+                assert_summary(&applied, 1, 0, false);
+                let reader = f
+                    .sync_ok(request(
+                        &format!("reader-{sequence}"),
+                        "alice",
+                        0,
+                        1,
+                        vec![],
+                    ))
+                    .await;
+                let rows = upserts_of(&reader, "kinds", &columns, &["id"]);
+                let back = rows
+                    .iter()
+                    .find(|row| row[0] == Value::Int(id))
+                    .unwrap_or_else(|| panic!("{described}: applied but not downloaded"));
+                assert!(
+                    same_value(&value, &back[position]),
+                    "{described}: came back as {:?}",
+                    back[position]
+                );
+                f.sql.execute("DELETE FROM kinds").await;
+            }
+        }
+    }
 }
 
 pub async fn decimals_round_trip_without_losing_digits<F: Factory>() {
