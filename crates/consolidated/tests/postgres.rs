@@ -131,3 +131,9 @@ async fn a_value_its_column_cannot_take_is_refused_by_column_and_nothing_applies
     >()
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_administrator_shutdown_inside_a_cursor_is_a_database_error() {
+    conformance::an_administrator_shutdown_inside_a_cursor_is_a_database_error::<PostgresFactory>()
+        .await;
+}

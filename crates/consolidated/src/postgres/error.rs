@@ -52,7 +52,7 @@ pub fn is_retryable(error: &SyncError) -> bool {
 /// A script's failure, with its SQLSTATE; a failure another attempt may not meet stays
 /// a database error, so the sync is retried.
 pub fn script_failure(event: &str, table: &str, error: tokio_postgres::Error) -> SyncError {
-    if error.code().is_some_and(|code| RETRYABLE.contains(code)) {
+    if error.code().is_some_and(|code| RETRYABLE.contains(code)) || not_the_scripts(&error) {
         return SyncError::from(error);
     }
     SyncError::Script {
@@ -64,6 +64,28 @@ pub fn script_failure(event: &str, table: &str, error: tokio_postgres::Error) ->
             .map_or_else(String::new, |code| code.code().to_string()),
         message: describe_postgres(&error),
     }
+}
+
+/// SQLSTATE classes of failures that are the database's or the connection's, whatever
+/// the script ran: connection exception, insufficient resources, operator intervention
+/// (an administrator's shutdown or termination), system error, internal error.
+const DATABASE_FAILURE_CLASSES: [&str; 5] = ["08", "53", "57", "58", "XX"];
+
+/// Whether a failure during a script is not the script's: the connection closed or
+/// its I/O failed, or the database failed in one of [`DATABASE_FAILURE_CLASSES`] (a
+/// statement cancelled by its own `statement_timeout`, 57014, stays the script's, as
+/// does a value the script selected that rowsync cannot read).
+fn not_the_scripts(error: &tokio_postgres::Error) -> bool {
+    let Some(code) = error.code() else {
+        let io = std::error::Error::source(error)
+            .is_some_and(|source| source.downcast_ref::<std::io::Error>().is_some());
+        return error.is_closed() || io;
+    };
+    let code = code.code();
+    code != SqlState::QUERY_CANCELED.code()
+        && DATABASE_FAILURE_CLASSES
+            .iter()
+            .any(|class| code.starts_with(class))
 }
 
 /// The database's own message (with detail and SQLSTATE) where there is one: the

@@ -1769,6 +1769,31 @@ pub async fn a_resent_upload_still_delivers_its_conflict_resolution<F: Factory>(
     assert_eq!(f.orders().await, vec![bobs, server_row]);
 }
 
+/// PostgreSQL only (a script cannot end its SQLite connection): issue 15, finding 9. A
+/// download cursor whose backend is terminated by an administrator (SQLSTATE 57P01)
+/// failed as a script error (code 9, "fix the script"); the script is not at fault:
+/// it is the database's failure (code 12), and the next sync works.
+#[allow(dead_code)]
+pub async fn an_administrator_shutdown_inside_a_cursor_is_a_database_error<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[order(1, "alice", "pen", 1, None)]).await;
+    let cursor = f.current_script("orders", "download_cursor").await;
+    f.replace_script(
+        "orders",
+        "download_cursor",
+        "SELECT id, rep, item, quantity, amount FROM orders WHERE pg_terminate_backend(pg_backend_pid())",
+    )
+    .await;
+    let error = f
+        .sync(request("alice-1", "alice", 0, 1, vec![]))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::Internal, "{error:?}");
+    assert!(matches!(error, SyncError::Database(_)), "{error:?}");
+    f.replace_script("orders", "download_cursor", &cursor).await;
+    let next = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    assert_eq!(order_upserts(&next).len(), 1);
+}
+
 /// PostgreSQL only (a SQLite column takes any value): an uploaded value its column's
 /// type cannot take is refused by table and column, and nothing of the sync applies,
 /// whether the set script reads its upload from arrays (an INSERT, UPDATE or DELETE)
