@@ -111,3 +111,18 @@ pub struct ScriptEntry {
     pub event: String,
     pub script: String,
 }
+
+/// What a backend answers for an acknowledgement that matched no subscription: the
+/// client id registered to another user is refused as for a sync (code 10); otherwise
+/// the watermark was not the last one sent (`false`, nothing recorded).
+pub fn refused_acknowledgement(
+    request: &DownloadAckRequest,
+    owner: Option<String>,
+) -> Result<bool, crate::SyncError> {
+    match owner {
+        Some(owner) if owner != request.user => Err(crate::SyncError::ClientIdTaken {
+            client_id: request.client_id.clone(),
+        }),
+        _ => Ok(false),
+    }
+}

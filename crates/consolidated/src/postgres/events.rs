@@ -12,6 +12,7 @@ use super::query::{bind_script, query_rows};
 use super::statements::Statements;
 use crate::parameters::Parameters;
 use crate::scripts::*;
+use crate::types::refused_acknowledgement;
 use crate::types::{AuthCheck, AuthRequest, DownloadAckRequest};
 use crate::version_scripts::{single_integer, ScriptCache, ScriptRows, Scripts};
 use crate::SyncError;
@@ -152,7 +153,14 @@ pub async fn acknowledge_download(
         )
         .await?;
     if updated == 0 {
-        return Ok(false);
+        let owner: Option<String> = transaction
+            .query_opt(
+                "SELECT user_name FROM rs_subscription WHERE client_id = $1",
+                &[&request.client_id],
+            )
+            .await?
+            .map(|row| row.get(0));
+        return refused_acknowledgement(request, owner);
     }
     let parameters = request
         .parameters()

@@ -10,6 +10,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use super::query::run_bound;
 use crate::parameters::Parameters;
 use crate::scripts::*;
+use crate::types::refused_acknowledgement;
 use crate::types::{AuthCheck, AuthRequest, DownloadAckRequest};
 use crate::version_scripts::{single_integer, ScriptCache, ScriptRows, Scripts};
 use crate::SyncError;
@@ -108,7 +109,14 @@ pub fn acknowledge_download(
         rusqlite::params![request.client_id, request.user, request.watermark],
     )?;
     if updated == 0 {
-        return Ok(false);
+        let owner: Option<String> = transaction
+            .query_row(
+                "SELECT user_name FROM rs_subscription WHERE client_id = ?1",
+                [&request.client_id],
+                |row| row.get(0),
+            )
+            .optional()?;
+        return refused_acknowledgement(request, owner);
     }
     let parameters = request
         .parameters()

@@ -506,6 +506,16 @@ pub async fn download_ack_records_the_watermark_and_runs_its_script<F: Factory>(
         "a watermark never sent is not acknowledged"
     );
     assert_eq!(f.event_log().await, Vec::<String>::new());
+    // Issue 15, finding 11: another user's client id was code 1 ("not the last
+    // watermark"); it is code 10, as for a sync, and nothing is recorded.
+    let mut foreign = ack(outcome.watermark);
+    foreign.user = "bob".into();
+    let error = connection
+        .acknowledge_download(&foreign)
+        .await
+        .expect_err("another user's client id");
+    assert_eq!(error.code(), ErrorCode::ClientIdTaken, "{error:?}");
+    assert_eq!(f.event_log().await, Vec::<String>::new());
     assert!(connection
         .acknowledge_download(&ack(outcome.watermark))
         .await
