@@ -9,6 +9,9 @@ use crate::token::TokenConfig;
 pub struct ServerConfig {
     /// Syncs in progress at once; more connections get *busy* at once.
     pub connections_max: usize,
+    /// Connections holding a slot without having sent their hello: one more closes the
+    /// oldest of them (code 11), so silent connections hold at most this many slots.
+    pub hello_pending_connections_max: usize,
     /// Database workers, each with one pooled connection (a fixed count).
     pub workers: usize,
     /// Instead of a fixed count, let the controller choose within (min, max).
@@ -66,6 +69,7 @@ impl Default for ServerConfig {
     fn default() -> ServerConfig {
         ServerConfig {
             connections_max: 1024,
+            hello_pending_connections_max: 256,
             workers: 4,
             workers_range: None,
             worker_adjust_interval: Duration::from_secs(1),

@@ -25,6 +25,7 @@ mod download_frames;
 mod failure;
 pub mod http;
 pub mod metrics;
+mod pending;
 pub mod pool;
 mod reply;
 pub mod server;

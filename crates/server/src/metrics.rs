@@ -92,6 +92,10 @@ pub struct Metrics {
     pub upload_decompressed_bytes: Counter,
     /// Upload bytes appended to upload spools (memory or temporary file).
     pub upload_spooled_bytes: Counter,
+    /// Connections holding a slot that have not sent their hello yet.
+    pub connections_awaiting_hello: Gauge,
+    /// Connections closed without a hello to make room for newer ones.
+    pub hello_pending_evictions: Counter,
 }
 
 fn phase_histogram() -> Histogram {
@@ -133,6 +137,8 @@ impl Metrics {
             spilled_bytes: Counter::default(),
             upload_decompressed_bytes: Counter::default(),
             upload_spooled_bytes: Counter::default(),
+            connections_awaiting_hello: Gauge::default(),
+            hello_pending_evictions: Counter::default(),
             registry,
         };
         let mut metrics = metrics;
@@ -196,6 +202,16 @@ impl Metrics {
             "upload_spooled_bytes",
             "Upload bytes appended to upload spools",
             metrics.upload_spooled_bytes.clone(),
+        );
+        registry.register(
+            "connections_awaiting_hello",
+            "Connections holding a slot that have not sent their hello yet",
+            metrics.connections_awaiting_hello.clone(),
+        );
+        registry.register(
+            "hello_pending_evictions",
+            "Connections closed without a hello to make room for newer ones",
+            metrics.hello_pending_evictions.clone(),
         );
         metrics
     }

@@ -11,6 +11,7 @@ use tokio::sync::Semaphore;
 use crate::cache::Cache;
 use crate::config::ServerConfig;
 use crate::metrics::{Metrics, Outcome};
+use crate::pending::PendingHellos;
 use crate::pool::WorkerPool;
 
 /// Bytes read from a socket at a time.
@@ -31,6 +32,9 @@ pub(crate) struct Shared<B: Consolidated> {
     /// One permit per open HTTP(S) connection (`connections_max` of them): a keep-alive
     /// or HTTP/2 connection may sit between requests without holding a sync's slot.
     pub(crate) http_connections: Arc<Semaphore>,
+    /// Connections with a slot still waiting for their hello
+    /// (`hello_pending_connections_max`).
+    pub(crate) pending_hellos: PendingHellos,
 }
 
 impl<B: Consolidated> Shared<B> {
@@ -46,6 +50,10 @@ impl<B: Consolidated> Shared<B> {
             auth_pool: WorkerPool::new(backend, config.auth_connections.max(1)),
             password_checks: Semaphore::new(config.password_checks_max.max(1)),
             cache: Cache::new(config.cache_bytes_max, Arc::clone(&metrics)),
+            pending_hellos: PendingHellos::new(
+                config.hello_pending_connections_max,
+                Arc::clone(&metrics),
+            ),
             metrics,
             load: Load::default(),
             slots: Arc::new(Semaphore::new(config.connections_max)),
@@ -64,11 +72,14 @@ impl<B: Consolidated> Shared<B> {
         if rate <= 0.0 {
             return floor;
         }
-        let in_progress = self.config.connections_max
+        // Connections still waiting for their hello are not syncs ahead of the client:
+        // counted, silent connections would push the hint to its maximum.
+        let in_progress = (self.config.connections_max
             - self
                 .slots
                 .available_permits()
-                .min(self.config.connections_max);
+                .min(self.config.connections_max))
+        .saturating_sub(self.pending_hellos.waiting());
         let estimate = 1000.0 * in_progress as f64 / rate;
         (estimate as u64).clamp(
             u64::from(floor),

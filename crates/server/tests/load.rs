@@ -251,3 +251,45 @@ async fn the_admin_endpoint_serves_metrics_with_every_phase() {
     let _ = stop.send(());
     serving.await.unwrap().unwrap();
 }
+
+/// Issue 15, finding 5: silent connections (cheap to open, each held until the header
+/// timeout) took every slot, and clients that said hello at once were answered busy.
+/// Now at most `hello_pending_connections_max` connections wait for their hello; each
+/// newer one closes the oldest (code 11), so the other slots stay for syncs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_hold_at_most_their_own_limit_of_slots() {
+    let (connections_max, pending_max, silent_count) = (8, 4, 20);
+    let server = TestServer::start_with(ServerConfig {
+        connections_max,
+        hello_pending_connections_max: pending_max,
+        // No timeout closes them during the test: only eviction can.
+        header_read_timeout: Duration::from_secs(3600),
+        ..ServerConfig::default()
+    })
+    .await;
+    let metrics = &server.metrics;
+    let registered =
+        || metrics.connections_awaiting_hello.get() as u64 + metrics.hello_pending_evictions.get();
+    let mut silent = Vec::new();
+    for opened in 1..=silent_count {
+        silent.push(TcpStream::connect(server.address).await.unwrap());
+        // Each registers before the next connects, so the oldest are the first ones.
+        while registered() < opened {
+            tokio::task::yield_now().await;
+        }
+    }
+    assert_eq!(metrics.connections_awaiting_hello.get(), pending_max as i64);
+    let evicted = (silent_count - pending_max as u64) as usize;
+    assert_eq!(metrics.hello_pending_evictions.get(), evicted as u64);
+    for stream in silent.drain(..evicted) {
+        timed_out(&answer(stream).await, "newer connections needed the room");
+    }
+
+    let mut client = server.client("legitimate");
+    let mut options = server.options("alice");
+    options.busy_retry = rowsync_client::BusyRetry::Never;
+    let report = client.sync(&options).await.expect("a slot for a sync");
+    assert_eq!(report.rows_downloaded, 2);
+    assert_eq!(metrics.syncs_ended(Outcome::busy), 0);
+    drop(silent);
+}

@@ -51,6 +51,10 @@ pub struct ServeArgs {
     /// Syncs in progress at once; more clients are told busy with a retry hint.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
+    /// Connections holding a slot that have not sent their hello yet: one more closes
+    /// the oldest of them, so silent connections hold at most this many slots.
+    #[arg(long, default_value_t = ServerConfig::default().hello_pending_connections_max)]
+    hello_pending_connections_max: usize,
     /// Upload and download bytes all syncs in flight keep in memory; beyond, they go
     /// to temporary files. Default: a quarter of physical memory.
     #[arg(long)]
@@ -104,8 +108,11 @@ impl OnBackend for ServeArgs {
     type Output = ();
     async fn run<B: Consolidated>(self, backend: B) -> Result<()> {
         let tokens = self.token_config()?;
-        if self.workers == 0 || self.max_connections == 0 {
-            bail!("--workers and --max-connections must be at least 1");
+        if self.workers == 0 || self.max_connections == 0 || self.hello_pending_connections_max == 0
+        {
+            bail!(
+                "--workers, --max-connections and --hello-pending-connections-max must be at least 1"
+            );
         }
         let workers_range = self.workers_range()?;
         let tls_files = self.tls_files()?;
@@ -240,6 +247,7 @@ impl ServeArgs {
         let defaults = ServerConfig::default();
         ServerConfig {
             connections_max: self.max_connections,
+            hello_pending_connections_max: self.hello_pending_connections_max,
             workers: self.workers,
             workers_range,
             cache_bytes_max: self.cache_bytes_max.unwrap_or(defaults.cache_bytes_max),

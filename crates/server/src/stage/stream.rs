@@ -17,6 +17,7 @@ use crate::auth;
 use crate::config::ServerConfig;
 use crate::failure::Failure;
 use crate::metrics::{Metrics, Phase, PhaseTimings};
+use crate::pending::PendingHello;
 use crate::session::{ServerSession, Step};
 use crate::shared::{Shared, READ_CHUNK_BYTES};
 use crate::spool::{Spool, SpoolError};
@@ -78,6 +79,7 @@ pub(crate) async fn receive<B: Consolidated>(
         hello_seen: false,
         spool: Some(upload_spool),
         metrics,
+        pending: Some(shared.pending_hellos.register()),
     };
     let Step::Hello(hello) = reader.next_step(config).await? else {
         unreachable!("the session's first step is the hello");
@@ -134,6 +136,8 @@ struct UploadReader<'s, S> {
     /// The decompressed byte stream after the hello.
     spool: Option<Spool>,
     metrics: &'s Metrics,
+    /// This connection's place among those waiting for their hello, until it arrives.
+    pending: Option<PendingHello<'s>>,
 }
 
 impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
@@ -196,6 +200,7 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
                 Ok(Step::Continue) => {}
                 Ok(step @ Step::Hello(_)) => {
                     self.hello_seen = true;
+                    self.pending = None;
                     return Ok(Some(step));
                 }
                 Ok(step) => return Ok(Some(step)),
@@ -220,7 +225,24 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
         let wait = deadline
             .saturating_duration_since(now)
             .min(config.read_timeout);
-        match tokio::time::timeout(wait, self.stream.read(&mut self.buffer)).await {
+        let reading = tokio::time::timeout(wait, self.stream.read(&mut self.buffer));
+        let read = match &self.pending {
+            Some(pending) => tokio::select! {
+                read = reading => read,
+                () = pending.evicted() => {
+                    return Err(Failure::tell(WireError::new(
+                        ErrorCode::Timeout,
+                        format!(
+                            "the hello did not arrive before newer connections needed the room \
+                             (at most {} connections wait for their hello)",
+                            config.hello_pending_connections_max
+                        ),
+                    )));
+                }
+            },
+            None => reading.await,
+        };
+        match read {
             Err(_) => {
                 let reason = if Instant::now() >= deadline {
                     let limit = if self.hello_seen {
