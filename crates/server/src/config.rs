@@ -22,6 +22,14 @@ pub struct ServerConfig {
     pub auth_connections: usize,
     /// Password hash checks (argon2id) running at once.
     pub password_checks_max: usize,
+    /// Refused logins from one address within `login_failure_window` after which its
+    /// logins are refused unchecked until the window ends.
+    pub login_failures_per_address_max: u32,
+    /// Refused logins for one user name (from any address) within
+    /// `login_failure_window` after which its logins are refused unchecked.
+    pub login_failures_per_user_max: u32,
+    /// The window the login failure limits count in.
+    pub login_failure_window: Duration,
     /// Upload and download bytes all syncs in flight may keep in memory; beyond, they
     /// go to temporary files.
     pub cache_bytes_max: usize,
@@ -75,6 +83,9 @@ impl Default for ServerConfig {
             worker_adjust_interval: Duration::from_secs(1),
             auth_connections: 2,
             password_checks_max: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            login_failures_per_address_max: 30,
+            login_failures_per_user_max: 10,
+            login_failure_window: Duration::from_secs(60),
             cache_bytes_max: crate::cache::default_cache_bytes_max(),
             upload_spool_memory_bytes_max: 16 * 1024 * 1024,
             frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,

@@ -34,6 +34,7 @@ mod shared;
 mod spool;
 mod stage;
 mod sync;
+mod throttle;
 pub mod tls;
 mod tls_accept;
 pub mod token;

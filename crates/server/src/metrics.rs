@@ -96,6 +96,8 @@ pub struct Metrics {
     pub connections_awaiting_hello: Gauge,
     /// Connections closed without a hello to make room for newer ones.
     pub hello_pending_evictions: Counter,
+    /// Logins refused unchecked: too many failures for the address or the user.
+    pub logins_throttled: Counter,
 }
 
 fn phase_histogram() -> Histogram {
@@ -139,6 +141,7 @@ impl Metrics {
             upload_spooled_bytes: Counter::default(),
             connections_awaiting_hello: Gauge::default(),
             hello_pending_evictions: Counter::default(),
+            logins_throttled: Counter::default(),
             registry,
         };
         let mut metrics = metrics;
@@ -212,6 +215,11 @@ impl Metrics {
             "hello_pending_evictions",
             "Connections closed without a hello to make room for newer ones",
             metrics.hello_pending_evictions.clone(),
+        );
+        registry.register(
+            "logins_throttled",
+            "Logins refused unchecked: too many failures for the address or the user",
+            metrics.logins_throttled.clone(),
         );
         metrics
     }

@@ -13,6 +13,7 @@ use crate::config::ServerConfig;
 use crate::metrics::{Metrics, Outcome};
 use crate::pending::PendingHellos;
 use crate::pool::WorkerPool;
+use crate::throttle::LoginThrottle;
 
 /// Bytes read from a socket at a time.
 pub(crate) const READ_CHUNK_BYTES: usize = 64 * 1024;
@@ -35,6 +36,8 @@ pub(crate) struct Shared<B: Consolidated> {
     /// Connections with a slot still waiting for their hello
     /// (`hello_pending_connections_max`).
     pub(crate) pending_hellos: PendingHellos,
+    /// Refused logins counted by address and by user.
+    pub(crate) login_throttle: LoginThrottle,
 }
 
 impl<B: Consolidated> Shared<B> {
@@ -50,6 +53,11 @@ impl<B: Consolidated> Shared<B> {
             auth_pool: WorkerPool::new(backend, config.auth_connections.max(1)),
             password_checks: Semaphore::new(config.password_checks_max.max(1)),
             cache: Cache::new(config.cache_bytes_max, Arc::clone(&metrics)),
+            login_throttle: LoginThrottle::new(
+                config.login_failures_per_address_max,
+                config.login_failures_per_user_max,
+                config.login_failure_window,
+            ),
             pending_hellos: PendingHellos::new(
                 config.hello_pending_connections_max,
                 Arc::clone(&metrics),

@@ -28,7 +28,7 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
 {
     let mut timings = PhaseTimings::default();
     shared.metrics.connections.inc();
-    let result = run_sync(&mut stream, shared, &mut timings).await;
+    let result = run_sync(&mut stream, peer, shared, &mut timings).await;
     shared.metrics.connections.dec();
     // The slot is free before the client hears the end of its sync: a client that
     // reconnects at once, after the answer or the close, finds it free (the reply and
@@ -53,7 +53,8 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
             } else {
                 let _ = stream.shutdown().await;
             }
-            tracing::warn!(%peer, phases = %timings, "sync failed: {}", failure.log);
+            let identity = failure.identity.as_deref().unwrap_or("user=unknown");
+            tracing::warn!(%peer, phases = %timings, "sync failed ({identity}): {}", failure.log);
         }
     }
 }
@@ -63,17 +64,32 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
 /// worker is released). An acknowledgement of the last download takes the same path.
 async fn run_sync<B: Consolidated>(
     connection: &mut (impl AsyncRead + AsyncWrite + Unpin + Send),
+    peer: SocketAddr,
     shared: &Shared<B>,
     timings: &mut PhaseTimings,
 ) -> Result<String, Failure> {
-    match stream::receive(connection, shared, timings).await? {
+    match stream::receive(connection, peer, shared, timings).await? {
         Received::Upload(upload) => {
-            let synchronized = database::synchronize(shared, *upload, timings).await?;
-            download::send_download(connection, shared, synchronized, timings).await
+            let identity = crate::failure::identity(&upload.hello);
+            let with_identity = |mut failure: Failure| {
+                failure.identity.get_or_insert_with(|| identity.clone());
+                failure
+            };
+            let synchronized = database::synchronize(shared, *upload, timings)
+                .await
+                .map_err(with_identity)?;
+            download::send_download(connection, shared, synchronized, timings)
+                .await
+                .map_err(with_identity)
         }
         Received::Acknowledgement(acknowledgement) => {
-            database::record_acknowledgement(shared, &acknowledgement).await?;
-            download::confirm_acknowledgement(connection, shared, *acknowledgement).await
+            let hello = acknowledgement.hello.clone();
+            database::record_acknowledgement(shared, &acknowledgement)
+                .await
+                .map_err(|failure| failure.of(&hello))?;
+            download::confirm_acknowledgement(connection, shared, *acknowledgement)
+                .await
+                .map_err(|failure| failure.of(&hello))
         }
     }
 }

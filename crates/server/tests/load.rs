@@ -293,3 +293,41 @@ async fn silent_connections_hold_at_most_their_own_limit_of_slots() {
     assert_eq!(metrics.syncs_ended(Outcome::busy), 0);
     drop(silent);
 }
+
+/// Issue 15, finding 10: 475 failed logins in 15 s from one address were answered at
+/// full speed, each costing an argon2 check. After `login_failures_per_address_max`
+/// failures in the window, logins from the address are refused unchecked (code 3),
+/// even with the right password, until the window ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_logins_from_one_address_are_throttled() {
+    let failures_max = 3;
+    let server = TestServer::start_with(ServerConfig {
+        login_failures_per_address_max: failures_max,
+        login_failures_per_user_max: 1000,
+        login_failure_window: Duration::from_secs(3600),
+        ..ServerConfig::default()
+    })
+    .await;
+    let mut client = server.client("guesser");
+    let refusal = |error: ClientError| match error {
+        ClientError::Server(refusal) => {
+            assert_eq!(refusal.error_code(), Some(ErrorCode::AuthenticationFailed));
+            refusal.message
+        }
+        other => panic!("expected a refusal, got {other}"),
+    };
+    let mut wrong = server.options("alice");
+    wrong.password = "guess".into();
+    for _ in 0..failures_max {
+        let message = refusal(client.sync(&wrong).await.unwrap_err());
+        assert!(message.contains("wrong password"), "{message}");
+    }
+    assert_eq!(server.metrics.logins_throttled.get(), 0);
+    // The right password now: refused unchecked, for the address.
+    let message = refusal(client.sync(&server.options("alice")).await.unwrap_err());
+    assert!(
+        message.contains("too many failed logins for this address"),
+        "{message}"
+    );
+    assert_eq!(server.metrics.logins_throttled.get(), 1);
+}

@@ -55,6 +55,17 @@ pub struct ServeArgs {
     /// the oldest of them, so silent connections hold at most this many slots.
     #[arg(long, default_value_t = ServerConfig::default().hello_pending_connections_max)]
     hello_pending_connections_max: usize,
+    /// Refused logins from one address, within --login-failure-window-seconds, after
+    /// which its logins are refused unchecked until the window ends.
+    #[arg(long, default_value_t = ServerConfig::default().login_failures_per_address_max)]
+    login_failures_per_address_max: u32,
+    /// Refused logins for one user name (any address), within
+    /// --login-failure-window-seconds, after which its logins are refused unchecked.
+    #[arg(long, default_value_t = ServerConfig::default().login_failures_per_user_max)]
+    login_failures_per_user_max: u32,
+    /// The window the login failure limits count in.
+    #[arg(long, default_value_t = ServerConfig::default().login_failure_window.as_secs())]
+    login_failure_window_seconds: u64,
     /// Upload and download bytes all syncs in flight keep in memory; beyond, they go
     /// to temporary files. Default: a quarter of physical memory.
     #[arg(long)]
@@ -248,6 +259,9 @@ impl ServeArgs {
         ServerConfig {
             connections_max: self.max_connections,
             hello_pending_connections_max: self.hello_pending_connections_max,
+            login_failures_per_address_max: self.login_failures_per_address_max,
+            login_failures_per_user_max: self.login_failures_per_user_max,
+            login_failure_window: Duration::from_secs(self.login_failure_window_seconds),
             workers: self.workers,
             workers_range,
             cache_bytes_max: self.cache_bytes_max.unwrap_or(defaults.cache_bytes_max),

@@ -3,6 +3,7 @@
 //! timeout), decompressed, checked message by message through the session and kept
 //! encoded in a spool (memory while the cache has room, else a temporary file).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use rowsync_consolidated::Consolidated;
@@ -57,6 +58,7 @@ pub(crate) struct Acknowledgement {
 /// upload into a spool; the phases `connect`, `authenticate` and `upload_received`.
 pub(crate) async fn receive<B: Consolidated>(
     stream: &mut (impl AsyncRead + Unpin),
+    peer: SocketAddr,
     shared: &Shared<B>,
     timings: &mut PhaseTimings,
 ) -> Result<Received, Failure> {
@@ -89,11 +91,17 @@ pub(crate) async fn receive<B: Consolidated>(
     // Authentication, before the rest of the upload is read: a refused client costs no
     // more than its hello.
     let authenticating = Instant::now();
-    let user = authenticated_user(shared, &hello).await?;
+    let user = throttled_login(shared, peer, &hello)
+        .await
+        .map_err(|failure| failure.of(&hello))?;
     timings.record(metrics, Phase::authenticate, authenticating.elapsed());
 
     let receiving = Instant::now();
-    let (upload_sequence, acknowledged) = match reader.next_step(config).await? {
+    let step = reader
+        .next_step(config)
+        .await
+        .map_err(|failure| failure.of(&hello))?;
+    let (upload_sequence, acknowledged) = match step {
         Step::Complete(upload) => (upload.upload_sequence, None),
         Step::Acknowledge { watermark, .. } => (0, Some(watermark)),
         Step::Hello(_) | Step::Continue => unreachable!("one hello, then the upload"),
@@ -284,6 +292,41 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
         Outbound::new(compression, self.inbound.preamble().is_some())
             .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))
     }
+}
+
+/// The authenticated user of a hello, unless its address or user name has too many
+/// refused logins in the current window (refused unchecked: no database, no argon2);
+/// a refusal counts against both.
+async fn throttled_login<B: Consolidated>(
+    shared: &Shared<B>,
+    peer: SocketAddr,
+    hello: &Hello,
+) -> Result<String, Failure> {
+    let throttle = &shared.login_throttle;
+    let address = peer.ip();
+    if let Err(throttled) = throttle.check(address, &hello.user, std::time::Instant::now()) {
+        shared.metrics.logins_throttled.inc();
+        return Err(Failure::tell(WireError::new(
+            ErrorCode::AuthenticationFailed,
+            format!(
+                "authentication failed: too many failed logins for this {}; try again in {} s",
+                throttled.by,
+                throttled.retry_after.as_secs().max(1)
+            ),
+        )));
+    }
+    let authenticated = authenticated_user(shared, hello).await;
+    match &authenticated {
+        Ok(_) => throttle.succeeded(&hello.user),
+        Err(failure)
+            if failure.reply.as_ref().and_then(WireError::error_code)
+                == Some(ErrorCode::AuthenticationFailed) =>
+        {
+            throttle.failed(address, &hello.user, std::time::Instant::now());
+        }
+        Err(_) => {}
+    }
+    authenticated
 }
 
 /// The authenticated user of a hello, or the refusal to send.
