@@ -137,3 +137,8 @@ async fn an_administrator_shutdown_inside_a_cursor_is_a_database_error() {
     conformance::an_administrator_shutdown_inside_a_cursor_is_a_database_error::<PostgresFactory>()
         .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_applied_before_is_rechecked_by_key() {
+    conformance::an_upload_applied_before_is_rechecked_by_key::<PostgresFactory>().await;
+}

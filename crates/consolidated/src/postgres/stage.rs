@@ -396,12 +396,18 @@ async fn unlanded_keys(
     let condition = if is_delete {
         still_present(stage, table)
     } else {
-        let mut matches: Vec<String> = stage
-            .columns()
-            .iter()
-            .filter(|column| !column.starts_with(OLD_IMAGE_PREFIX))
-            .map(|column| format!("t.{c} IS NOT DISTINCT FROM s.{c}", c = q(column)))
-            .collect();
+        // The key by equality (a staged key is never NULL: the driver refuses NULL keys),
+        // so the primary key index finds the one row to compare with; the other columns
+        // then by IS NOT DISTINCT FROM, which no index serves.
+        let keys = &context.shape.key_columns;
+        let mut matches = vec![stage.key_match("t", "s")];
+        matches.extend(
+            stage
+                .columns()
+                .iter()
+                .filter(|column| !column.starts_with(OLD_IMAGE_PREFIX) && !keys.contains(column))
+                .map(|column| format!("t.{c} IS NOT DISTINCT FROM s.{c}", c = q(column))),
+        );
         if let Some(partition) = context.partition_column {
             matches.push(format!("t.{}::text = $1", q(partition)));
         }
