@@ -9,6 +9,7 @@ mod download;
 mod error;
 mod names;
 pub mod plan;
+pub mod mysql;
 pub mod postgres;
 pub mod scripts;
 pub mod sqlite;

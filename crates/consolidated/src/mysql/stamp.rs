@@ -1,0 +1,113 @@
+//! The download watermark on MySQL and MariaDB: stamps given in commit order.
+//!
+//! PostgreSQL's snapshot names the oldest transaction still running (its `xmin`), so rows
+//! there carry the id of the transaction that wrote them. InnoDB has transaction ids too,
+//! but SQL cannot reach them dependably: `information_schema.INNODB_TRX` is a cache that is
+//! refilled only when nobody read it for 100 ms (so under steady load it goes stale), no
+//! function returns the current transaction's id, and the read view's low limit is not
+//! exposed. A counter bumped by writers is no watermark either: a writer that took 5 and
+//! commits after one that took 6 would be missed by a sync that saw 6.
+//!
+//! So rows are stamped *after* they commit, in commit order. Writers leave their rows
+//! unstamped (triggers set `rs_stamp` to NULL on every insert and update; tombstones are
+//! born unstamped). Before each sync's transaction a short *stamper* transaction (READ
+//! COMMITTED, so no gap locks) locks the clock row, takes the clock's next value `V`, and
+//! gives `V` to every unstamped row that is committed: `SELECT ... FOR UPDATE SKIP LOCKED`
+//! skips exactly the rows whose writer has not committed (they hold their row locks until
+//! then). It records `V` and commits. The sync's watermark is `V + 1`.
+//!
+//! Why no row is missed: stampers are serialized by the clock row, so every stamp `<= V`
+//! was given by a stamper that committed before this one did, and this sync's transaction
+//! starts (and its REPEATABLE READ view is created, at its first read) after that: every
+//! row stamped `<= V` is visible to its cursors, stamped as it is. Rows not stamped when the
+//! stamper ran (their writer still running, or writing later) are stamped by a later
+//! stamper, with a value `> V`, so the client's next sync (`rs_stamp >= V + 1`) reads them.
+//! A row the cursors see unstamped is not sent now and is sent once stamped. Duplicates
+//! are possible (a row stamped, then changed again), misses are not.
+//!
+//! A sync's own writes are stamped after it commits, above its watermark; they carry the
+//! sync's `V` in `rs_origin` (the triggers read `@rs_sync`), and the default cursors skip
+//! rows of the client's previous sync when it comes back with exactly that watermark
+//! (`:last_sync_xid`), as PostgreSQL's skip its transaction id.
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, IsolationLevel, TxOpts};
+
+use super::error::db;
+use super::schema::{tombstone_table, STAMP_COLUMN};
+use crate::names::column_list;
+use crate::{quote_identifier as q, DbError};
+
+/// The clock's next value, with the clock row locked until the transaction ends.
+pub async fn next_stamp(connection: &mut impl Queryable) -> Result<i64, DbError> {
+    let clock: Option<i64> = connection
+        .query_first("SELECT value FROM rs_counter WHERE name = 'clock' FOR UPDATE")
+        .await
+        .map_err(db)?;
+    let clock = clock.ok_or_else(|| DbError::Invalid("rs_counter has no clock row".into()))?;
+    Ok(clock + 1)
+}
+
+pub async fn set_clock(connection: &mut impl Queryable, stamp: i64) -> Result<(), DbError> {
+    connection
+        .exec_drop("UPDATE rs_counter SET value = ? WHERE name = 'clock'", (stamp,))
+        .await
+        .map_err(db)
+}
+
+/// The statements that stamp one table's committed, unstamped rows and tombstones.
+pub fn stamp_statements(table: &str, key_columns: &[String]) -> [String; 2] {
+    let keys = column_list(key_columns, "");
+    let stamp = q(STAMP_COLUMN);
+    let tombstones = q(&tombstone_table(table));
+    [
+        format!(
+            "UPDATE {t} SET {stamp} = ? WHERE ({keys}) IN (SELECT {keys} FROM \
+             (SELECT {keys} FROM {t} WHERE {stamp} IS NULL FOR UPDATE SKIP LOCKED) AS rs_pending)",
+            t = q(table)
+        ),
+        format!(
+            "UPDATE {tombstones} SET stamp = ? WHERE rs_id IN (SELECT rs_id FROM \
+             (SELECT rs_id FROM {tombstones} WHERE stamp IS NULL FOR UPDATE SKIP LOCKED) AS rs_pending)"
+        ),
+    ]
+}
+
+/// Runs a stamper transaction (see the module's documentation) and announces the
+/// watermark this connection's sync will hand out; returns the stamp `V`. `tables` are
+/// the stamping statements of every synchronized table.
+pub async fn stamp_committed_rows(
+    connection: &mut Conn,
+    tables: &[[String; 2]],
+) -> Result<i64, DbError> {
+    let mut options = TxOpts::default();
+    options.with_isolation_level(IsolationLevel::ReadCommitted);
+    let mut transaction = connection.start_transaction(options).await.map_err(db)?;
+    let stamp = next_stamp(&mut transaction).await?;
+    transaction
+        .query_drop("SET @rs_stamping = 1")
+        .await
+        .map_err(db)?;
+    let mut stamped = Ok(());
+    for statement in tables.iter().flatten() {
+        stamped = transaction.exec_drop(statement, (stamp,)).await;
+        if stamped.is_err() {
+            break;
+        }
+    }
+    transaction
+        .query_drop("SET @rs_stamping = NULL")
+        .await
+        .map_err(db)?;
+    stamped.map_err(db)?;
+    set_clock(&mut transaction, stamp).await?;
+    transaction
+        .exec_drop(
+            "REPLACE INTO rs_sync_in_flight (connection_id, watermark) VALUES (CONNECTION_ID(), ?)",
+            (stamp + 1,),
+        )
+        .await
+        .map_err(db)?;
+    transaction.commit().await.map_err(db)?;
+    Ok(stamp)
+}
