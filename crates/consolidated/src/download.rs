@@ -45,17 +45,6 @@ impl DownloadSender {
             .map_err(|_| SyncError::DownloadAbandoned)
     }
 
-    /// For backends whose work runs on a blocking thread.
-    pub fn blocking_send(&self, chunk: Download) -> Result<(), SyncError> {
-        if chunk.upserts.is_empty() && chunk.deletes.is_empty() {
-            return Ok(());
-        }
-        self.chunks_sent.fetch_add(1, Ordering::Relaxed);
-        self.sender
-            .blocking_send(DownloadMessage::Chunk(chunk))
-            .map_err(|_| SyncError::DownloadAbandoned)
-    }
-
     /// Waits until the receiver has taken every chunk; call right before committing.
     pub async fn finish(&self) -> Result<(), SyncError> {
         let (answer, verdict) = oneshot::channel();
@@ -64,15 +53,6 @@ impl DownloadSender {
             .await
             .map_err(|_| SyncError::DownloadAbandoned)?;
         Self::verdict(verdict.await)
-    }
-
-    /// [`DownloadSender::finish`] for backends whose work runs on a blocking thread.
-    pub fn blocking_finish(&self) -> Result<(), SyncError> {
-        let (answer, verdict) = oneshot::channel();
-        self.sender
-            .blocking_send(DownloadMessage::Finish(answer))
-            .map_err(|_| SyncError::DownloadAbandoned)?;
-        Self::verdict(verdict.blocking_recv())
     }
 
     fn verdict(

@@ -2,12 +2,18 @@ use rowsync_protocol::ErrorCode;
 use thiserror::Error;
 
 /// A failure of the consolidated database itself or of an administrative request.
+/// The database driver's error is carried, not enumerated: a new backend adds no variant.
 #[derive(Debug, Error)]
 pub enum DbError {
-    #[error("sqlite: {0}")]
-    Sqlite(#[from] rusqlite::Error),
-    #[error("postgres: {}", describe_postgres(.0))]
-    Postgres(#[from] tokio_postgres::Error),
+    #[error("{backend}: {message}")]
+    Driver {
+        /// The backend's name: `sqlite`, `postgres`, `mysql`.
+        backend: &'static str,
+        /// The database's own words (with SQLSTATE and detail where it gives them).
+        message: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
     #[error("{0}")]
     Invalid(String),
     #[error("database task failed: {0}")]
@@ -48,9 +54,36 @@ pub enum SyncError {
     Database(#[from] DbError),
 }
 
-impl From<rusqlite::Error> for SyncError {
-    fn from(error: rusqlite::Error) -> SyncError {
-        SyncError::Database(DbError::Sqlite(error))
+impl DbError {
+    /// A driver's error, described in the database's own words.
+    pub fn driver(
+        backend: &'static str,
+        message: String,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> DbError {
+        DbError::Driver {
+            backend,
+            message,
+            source: Box::new(source),
+        }
+    }
+
+    /// The driver's error of type `E`, when this is one.
+    pub fn driver_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            DbError::Driver { source, .. } => source.downcast_ref::<E>(),
+            _ => None,
+        }
+    }
+}
+
+impl SyncError {
+    /// The driver's error of type `E` behind a database failure, when this is one.
+    pub fn driver_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            SyncError::Database(error) => error.driver_error(),
+            _ => None,
+        }
     }
 }
 
@@ -112,35 +145,6 @@ impl SyncError {
             SyncError::AuthenticationRefused(_) => ErrorCode::AuthenticationFailed,
             SyncError::DownloadAbandoned | SyncError::Database(_) => ErrorCode::Internal,
             SyncError::DownloadRefused(_) => ErrorCode::Internal,
-        }
-    }
-}
-
-impl From<tokio_postgres::Error> for SyncError {
-    fn from(error: tokio_postgres::Error) -> SyncError {
-        SyncError::Database(DbError::Postgres(error))
-    }
-}
-
-/// The database's own message (with detail and SQLSTATE) where there is one: the
-/// driver's `Display` says only "db error".
-pub fn describe_postgres(error: &tokio_postgres::Error) -> String {
-    match error.as_db_error() {
-        Some(db) => {
-            let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
-            if let Some(detail) = db.detail() {
-                text.push_str(&format!("; {detail}"));
-            }
-            text
-        }
-        None => {
-            let mut text = error.to_string();
-            let mut source = std::error::Error::source(error);
-            while let Some(cause) = source {
-                text.push_str(&format!(": {cause}"));
-                source = cause.source();
-            }
-            text
         }
     }
 }

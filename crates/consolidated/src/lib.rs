@@ -5,15 +5,22 @@
 //! implements both and must pass the conformance suite in `tests/conformance`.
 //! The SQLite backend is the embedded default.
 
+mod conflicts;
+mod dialect;
 mod download;
+mod driver;
+mod echo;
 mod error;
 mod names;
-pub mod plan;
 pub mod mysql;
+mod parameters;
 pub mod postgres;
 pub mod scripts;
+mod shape;
 pub mod sqlite;
 mod types;
+mod upload_rows;
+mod version_scripts;
 
 use std::future::Future;
 use std::sync::Arc;

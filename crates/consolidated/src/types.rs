@@ -1,6 +1,6 @@
 use rowsync_protocol::{SyncSummary, TableUpload};
 
-use crate::plan::Parameters;
+use crate::parameters::Parameters;
 
 /// One sync's database work, assembled by the server once the whole upload is in hand.
 #[derive(Debug, Clone)]

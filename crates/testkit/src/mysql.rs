@@ -136,6 +136,9 @@ impl MysqlServer {
                 "--innodb-doublewrite=0",
                 "--innodb-buffer-pool-size=128M",
                 "--max-connections=300",
+                // Text compares byte for byte, as on the other backends.
+                "--character-set-server=utf8mb4",
+                "--collation-server=utf8mb4_bin",
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -7,8 +7,8 @@ use crate::{DbError, SyncError};
 const DUPLICATE_KEY: u16 = 1062;
 const LOCK_WAIT_TIMEOUT: u16 = 1205;
 const DEADLOCK: u16 = 1213;
-/// `SELECT ... NOWAIT` met a lock (MariaDB's number, then MySQL's).
-pub const LOCK_NOT_GRANTED: [u16; 2] = [1205, 3572];
+/// A lock not granted at once (`innodb_lock_wait_timeout = 0`; MySQL's NOWAIT error).
+pub const LOCK_NOT_GRANTED: [u16; 2] = [LOCK_WAIT_TIMEOUT, 3572];
 
 /// The database's words: message, error number and SQLSTATE.
 pub fn describe(error: &mysql_async::Error) -> String {
@@ -23,7 +23,31 @@ pub fn describe(error: &mysql_async::Error) -> String {
 
 /// A driver error as rowsync's database error.
 pub fn db(error: mysql_async::Error) -> DbError {
-    DbError::Invalid(format!("mysql: {}", describe(&error)))
+    DbError::driver("mysql", describe(&error), error)
+}
+
+/// Whether a sync failed with an error a second attempt may not meet.
+pub fn may_retry(error: &SyncError) -> bool {
+    error
+        .driver_error::<mysql_async::Error>()
+        .is_some_and(is_retryable)
+}
+
+/// A staged value its column refused (strict mode's data errors: SQLSTATE class 22, or
+/// 1366 "incorrect value", which MariaDB reports as HY000).
+pub fn refused_value(table: &str, error: mysql_async::Error) -> SyncError {
+    let refused = match &error {
+        mysql_async::Error::Server(server) => server.state.starts_with("22") || server.code == 1366,
+        _ => false,
+    };
+    if refused {
+        SyncError::Schema(format!(
+            "upload of table {table:?} holds a value its column cannot take: {}",
+            describe(&error)
+        ))
+    } else {
+        SyncError::Database(db(error))
+    }
 }
 
 pub fn server_code(error: &mysql_async::Error) -> Option<u16> {

@@ -1,6 +1,6 @@
 //! Script versions and connection events on MySQL: loading (and caching) a version's
-//! scripts, `begin_connection`, `authenticate_user`, `download_ack` and `report_error`,
-//! each of which runs outside the sync's own transaction.
+//! scripts, `begin_connection`, `authenticate_user` and `download_ack`, each of which
+//! runs outside a sync's transaction.
 
 use std::sync::Arc;
 
@@ -10,10 +10,11 @@ use rowsync_protocol::Value;
 
 use super::error::db;
 use super::query::run_script;
-use crate::plan::{error_parameters, single_integer, Parameters, ScriptCache, ScriptRows, Scripts};
+use crate::parameters::Parameters;
+use crate::version_scripts::{single_integer, ScriptCache, ScriptRows, Scripts};
 use crate::scripts::*;
 use crate::types::{AuthCheck, AuthRequest, DownloadAckRequest};
-use crate::{SyncError, SyncRequest};
+use crate::SyncError;
 
 /// The scripts of `version`, from the cache unless they changed; runs `begin_connection`
 /// the first time this connection serves the version.
@@ -129,23 +130,4 @@ pub async fn acknowledge_download(
     run_event(&mut transaction, &scripts, DOWNLOAD_ACK, &parameters).await?;
     transaction.commit().await.map_err(db)?;
     Ok(true)
-}
-
-pub async fn report_error(
-    connection: &mut Conn,
-    scripts: &Scripts,
-    request: &SyncRequest,
-    error: &SyncError,
-) -> Result<(), SyncError> {
-    if scripts.connection_event(REPORT_ERROR).is_none() {
-        return Ok(());
-    }
-    let parameters = Parameters::for_request(request)?.with(error_parameters(error));
-    let mut transaction = connection
-        .start_transaction(TxOpts::default())
-        .await
-        .map_err(db)?;
-    run_event(&mut transaction, scripts, REPORT_ERROR, &parameters).await?;
-    transaction.commit().await.map_err(db)?;
-    Ok(())
 }

@@ -11,16 +11,19 @@ mod error;
 mod events;
 mod query;
 mod schema;
+mod stage;
 mod stamp;
+mod transaction;
 pub mod value;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder};
 use rowsync_protocol::Row;
 
-use crate::plan::ScriptCache;
+use crate::version_scripts::ScriptCache;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
     DownloadSender, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
@@ -61,6 +64,8 @@ impl Consolidated for MysqlConsolidated {
         Ok(MysqlConnection {
             connection,
             cache: ScriptCache::default(),
+            stamping: HashMap::new(),
+            sync_marked: false,
         })
     }
 }
@@ -68,12 +73,50 @@ impl Consolidated for MysqlConsolidated {
 pub struct MysqlConnection {
     connection: Conn,
     cache: ScriptCache,
+    /// Each synchronized table's stamping statements (see `stamp`), by table.
+    stamping: HashMap<String, [String; 2]>,
+    /// Whether `@rs_sync` may still be set from a sync that did not commit: it must not
+    /// mark what other work on this connection writes.
+    sync_marked: bool,
 }
 
 impl MysqlConnection {
     /// The driver's connection, for tools and tests that run their own SQL.
     pub fn connection(&mut self) -> &mut Conn {
         &mut self.connection
+    }
+
+    async fn clear_sync_mark(&mut self) -> Result<(), DbError> {
+        if self.sync_marked {
+            self.connection
+                .query_drop("SET @rs_sync = NULL")
+                .await
+                .map_err(db)?;
+            self.sync_marked = false;
+        }
+        Ok(())
+    }
+
+    /// The stamping statements of every synchronized table, built once per table.
+    async fn stamp_statements(&mut self) -> Result<Vec<[String; 2]>, DbError> {
+        let tables: Vec<String> = self
+            .connection
+            .query("SELECT table_name FROM rs_table ORDER BY table_name")
+            .await
+            .map_err(db)?;
+        let mut statements = Vec::with_capacity(tables.len());
+        for table in tables {
+            if !self.stamping.contains_key(&table) {
+                let Some((shape, _)) = schema::table_shape(&mut self.connection, &table).await?
+                else {
+                    continue;
+                };
+                let built = stamp::stamp_statements(&table, &shape.key_columns);
+                self.stamping.insert(table.clone(), built);
+            }
+            statements.push(self.stamping[&table].clone());
+        }
+        Ok(statements)
     }
 }
 
@@ -99,13 +142,15 @@ impl ConsolidatedConnection for MysqlConnection {
         request: Arc<SyncRequest>,
         download: DownloadSender,
     ) -> Result<SyncOutcome, SyncError> {
-        let _ = (request, download);
-        Err(SyncError::Schema(
-            "the MySQL backend syncs through the shared sync driver".into(),
-        ))
+        self.clear_sync_mark().await?;
+        let scripts =
+            events::scripts_for(&mut self.connection, &mut self.cache, &request.script_version)
+                .await?;
+        crate::driver::synchronize(self, &scripts, &request, &download).await
     }
 
     async fn authenticate(&mut self, request: &AuthRequest) -> Result<AuthCheck, SyncError> {
+        self.clear_sync_mark().await?;
         events::authenticate(&mut self.connection, &mut self.cache, request).await
     }
 
@@ -113,6 +158,7 @@ impl ConsolidatedConnection for MysqlConnection {
         &mut self,
         request: &DownloadAckRequest,
     ) -> Result<bool, SyncError> {
+        self.clear_sync_mark().await?;
         events::acknowledge_download(&mut self.connection, &mut self.cache, request).await
     }
 

@@ -7,7 +7,8 @@ use rowsync_protocol::{Row, Value};
 
 use super::error::script_failure;
 use super::value::{bind_all, column_names, read_row};
-use crate::plan::{positional_parameters_with, Parameters, RowImages, ScriptRows};
+use crate::parameters::{positional_parameters_with, Parameters, RowImages};
+use crate::version_scripts::ScriptRows;
 use crate::SyncError;
 
 /// Marks parameter positions while rewriting; never part of valid SQL text.

@@ -11,7 +11,7 @@ use mysql_async::{Conn, TxOpts};
 use super::error::db;
 use super::stamp;
 use crate::names::{column_list, key_match};
-use crate::plan::{Column, TableShape};
+use crate::shape::{Column, TableShape};
 use crate::scripts::*;
 use crate::{quote_identifier as q, DbError, ScriptEntry, TableInit};
 
@@ -51,6 +51,8 @@ fn system_tables() -> Vec<String> {
         "INSERT IGNORE INTO rs_counter (name, value) VALUES ('clock', 0), ('revision', 0)".into(),
         // The watermark each sync in flight will hand out, by connection: cleanup keeps
         // the tombstones they will need (see `stamp`).
+        // One row per client id, locked by its sync in flight (one sync per client).
+        format!("CREATE TABLE IF NOT EXISTS rs_sync_lock (client_id {NAME} PRIMARY KEY) ENGINE = InnoDB"),
         "CREATE TABLE IF NOT EXISTS rs_sync_in_flight (connection_id BIGINT PRIMARY KEY, watermark BIGINT NOT NULL) ENGINE = InnoDB".into(),
     ]
 }
@@ -149,7 +151,7 @@ pub const ORIGIN_COLUMN: &str = "rs_origin";
 
 /// A table's shape and its columns' types, `None` if it does not exist.
 pub async fn table_shape(
-    connection: &mut Conn,
+    connection: &mut impl Queryable,
     table: &str,
 ) -> Result<Option<(TableShape, Vec<ColumnInfo>)>, DbError> {
     let rows: Vec<(String, String, String, i64)> = connection

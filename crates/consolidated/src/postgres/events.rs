@@ -1,18 +1,20 @@
 //! Script versions and connection events on PostgreSQL: loading (and caching) a
-//! version's scripts, `begin_connection`, `authenticate_user`, `download_ack` and
-//! `report_error`, each of which runs outside the sync's own transaction.
+//! version's scripts, `begin_connection`, `authenticate_user` and `download_ack`, each
+//! of which runs outside a sync's transaction, and running any event's script.
 
 use std::sync::Arc;
 
 use rowsync_protocol::Value;
 use tokio_postgres::{Client, GenericClient};
 
+use super::error::script_failure;
+use super::query::{bind_script, query_rows};
 use super::statements::Statements;
-use super::sync::{bind_script, query_rows, script_failure};
-use crate::plan::{error_parameters, single_integer, Parameters, ScriptCache, ScriptRows, Scripts};
+use crate::parameters::Parameters;
 use crate::scripts::*;
 use crate::types::{AuthCheck, AuthRequest, DownloadAckRequest};
-use crate::{SyncError, SyncRequest};
+use crate::version_scripts::{single_integer, ScriptCache, ScriptRows, Scripts};
+use crate::SyncError;
 
 /// The scripts of `version`, from the cache unless they changed; runs `begin_connection`
 /// the first time this connection serves the version.
@@ -165,23 +167,4 @@ pub async fn acknowledge_download(
     .await?;
     transaction.commit().await?;
     Ok(true)
-}
-
-/// `report_error` after a failed sync, in its own committed transaction (the sync's
-/// was rolled back), so what it records stays.
-pub async fn report_error(
-    client: &mut Client,
-    statements: &Statements,
-    scripts: &Scripts,
-    request: &SyncRequest,
-    error: &SyncError,
-) -> Result<(), SyncError> {
-    if scripts.connection_event(REPORT_ERROR).is_none() {
-        return Ok(());
-    }
-    let parameters = Parameters::for_request(request)?.with(error_parameters(error));
-    let transaction = client.transaction().await?;
-    run_event(&transaction, statements, scripts, REPORT_ERROR, &parameters).await?;
-    transaction.commit().await?;
-    Ok(())
 }

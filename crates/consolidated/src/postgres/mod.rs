@@ -17,36 +17,40 @@
 //! that commits late carry an id at or above every watermark taken while it ran.
 
 mod array_stage;
+mod error;
 mod events;
+mod query;
 mod rows;
 mod schema;
+mod stage;
 mod statements;
-mod sync;
+mod transaction;
 
 pub use rows::ROW_SCRIPT_PIPELINE_DEPTH;
 pub use statements::PREPARED_STATEMENTS_MAX;
 pub mod value;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use rowsync_protocol::Row;
 use tokio_postgres::{Client, NoTls};
 
-use crate::plan::ScriptCache;
+use crate::dialect::SyncBackend;
+pub use crate::driver::SYNC_ATTEMPTS_MAX;
+use crate::version_scripts::ScriptCache;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
     DownloadSender, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
 };
+pub use error::describe_postgres;
 use statements::Statements;
+use transaction::PgTransaction;
 
 /// Local buffers per connection for temporary staging tables, in MiB.
 pub const STAGING_TEMP_BUFFERS_MB: u32 = 256;
 /// Memory per sort or hash in a sync's statements, in MiB.
 pub const STAGING_WORK_MEM_MB: u32 = 64;
-
-/// Attempts of one sync's transaction when it meets a concurrent insert of the same
-/// key, a serialization failure or a deadlock; each attempt starts from scratch.
-pub const SYNC_ATTEMPTS_MAX: u32 = 3;
 
 #[derive(Debug, Clone)]
 pub struct PostgresConsolidated {
@@ -111,6 +115,34 @@ impl PostgresConnection {
     }
 }
 
+impl SyncBackend for PostgresConnection {
+    type Transaction<'t> = PgTransaction<'t>;
+
+    async fn begin(&mut self) -> Result<PgTransaction<'_>, SyncError> {
+        Ok(PgTransaction {
+            transaction: self.client.transaction().await?,
+            statements: &self.statements,
+            types: HashMap::new(),
+        })
+    }
+
+    fn may_retry(&mut self, error: &SyncError) -> bool {
+        let stale = error::is_stale(error);
+        if stale {
+            // A table changed under a prepared statement: prepare afresh.
+            self.statements.clear();
+        }
+        stale || error::is_retryable(error)
+    }
+
+    fn after_failure(&mut self) {
+        // A failed sync may come from a table changed under a prepared statement in a
+        // way PostgreSQL does not report as such (a parameter's type): the next sync on
+        // this connection prepares afresh.
+        self.statements.clear();
+    }
+}
+
 impl ConsolidatedConnection for PostgresConnection {
     async fn install_system_tables(&mut self) -> Result<(), DbError> {
         schema::install_system_tables(&self.client).await
@@ -147,49 +179,7 @@ impl ConsolidatedConnection for PostgresConnection {
             &request.script_version,
         )
         .await?;
-        let mut attempt = 1;
-        let error = loop {
-            let attempted = sync::synchronize(
-                &mut self.client,
-                &self.statements,
-                &scripts,
-                &request,
-                &download,
-            )
-            .await;
-            match attempted {
-                Err(error)
-                    if (sync::is_retryable(&error) || sync::is_stale(&error))
-                        && attempt < SYNC_ATTEMPTS_MAX
-                        && download.chunks_sent() == 0 =>
-                {
-                    if sync::is_stale(&error) {
-                        // A table changed under a prepared statement: prepare afresh.
-                        self.statements.clear();
-                    }
-                    tracing::debug!(%error, attempt, "retrying the sync transaction");
-                    attempt += 1;
-                }
-                Err(error) => break error,
-                Ok(outcome) => return Ok(outcome),
-            }
-        };
-        // A failed sync may come from a table changed under a prepared statement in a
-        // way PostgreSQL does not report as such (a parameter's type): the next sync on
-        // this connection prepares afresh.
-        self.statements.clear();
-        if let Err(report_failure) = events::report_error(
-            &mut self.client,
-            &self.statements,
-            &scripts,
-            &request,
-            &error,
-        )
-        .await
-        {
-            tracing::error!(%report_failure, sync_error = %error, "report_error failed");
-        }
-        Err(error)
+        crate::driver::synchronize(self, &scripts, &request, &download).await
     }
 
     async fn authenticate(&mut self, request: &AuthRequest) -> Result<AuthCheck, SyncError> {

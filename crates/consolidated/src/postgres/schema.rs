@@ -5,8 +5,8 @@ use tokio_postgres::{Client, GenericClient};
 
 use super::statements::Statements;
 use crate::names::{column_list, key_match};
-use crate::plan::{Column, TableShape};
 use crate::scripts::*;
+use crate::shape::{Column, TableShape};
 use crate::{quote_identifier as q, DbError, ScriptEntry, TableInit};
 
 const SYSTEM_TABLES: &str = "

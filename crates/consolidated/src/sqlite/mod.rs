@@ -5,9 +5,12 @@
 //! write transaction gives a watermark below which every change is committed. That is
 //! why a counter is a safe watermark here (and would not be on PostgreSQL).
 
+mod error;
 mod events;
+mod query;
 mod schema;
-mod sync;
+mod stage;
+mod transaction;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -16,11 +19,12 @@ use std::time::Duration;
 use rusqlite::trace::{TraceEvent, TraceEventCodes};
 use rusqlite::{Connection, OpenFlags};
 
-use crate::plan::ScriptCache;
+use crate::version_scripts::ScriptCache;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
     DownloadSender, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
 };
+use transaction::SqliteBackend;
 
 /// How long a connection waits for another writer before failing with "database is locked".
 pub const BUSY_TIMEOUT_MS: u64 = 30_000;
@@ -189,16 +193,15 @@ impl ConsolidatedConnection for SqliteConnection {
         self.run_session(move |session| {
             let Session { connection, cache } = session;
             let scripts = events::scripts_for(connection, cache, &request.script_version)?;
-            let error = match sync::synchronize(connection, &scripts, &request, &download) {
-                Ok(outcome) => return Ok(outcome),
-                Err(error) => error,
-            };
-            if let Err(report_failure) =
-                events::report_error(connection, &scripts, &request, &error)
-            {
-                tracing::error!(%report_failure, sync_error = %error, "report_error failed");
-            }
-            Err(error)
+            // The driver's steps on this connection are blocking calls; the download
+            // channel is async: run the driver here, on this blocking thread.
+            let mut backend = SqliteBackend { connection };
+            tokio::runtime::Handle::current().block_on(crate::driver::synchronize(
+                &mut backend,
+                &scripts,
+                &request,
+                &download,
+            ))
         })
         .await
     }

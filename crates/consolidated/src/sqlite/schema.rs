@@ -3,8 +3,8 @@
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::names::{column_list, key_match};
-use crate::plan::{Column, TableShape};
 use crate::scripts::*;
+use crate::shape::{Column, TableShape};
 use crate::{quote_identifier as q, DbError, ScriptEntry, TableInit};
 
 const SYSTEM_TABLES: &str = "

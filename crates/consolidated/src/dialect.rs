@@ -1,0 +1,249 @@
+//! The primitives a backend gives the sync driver ([`crate::driver`]): how each step of
+//! a sync is done in its SQL dialect, over one open transaction. The driver owns the
+//! algorithm (the events in MobiLink's order, conflict detection and resolution,
+//! `handle_error`, the download loop, the echo filter, the subscription); a backend
+//! never decides, it only runs statements.
+//!
+//! Each primitive says what it must guarantee; `docs/adding-a-backend.md` walks through
+//! them and the conformance suite (`tests/conformance`) proves them on every backend.
+//!
+//! The traits use `async fn`: a backend whose futures are `Send` (PostgreSQL, MySQL)
+//! gives a `Send` sync future, because auto traits of the concrete futures reach the
+//! driver's; a backend whose connection is not `Sync` (SQLite) runs the driver on a
+//! blocking thread.
+#![allow(async_fn_in_trait)]
+
+use rowsync_protocol::{Row, Value};
+
+use crate::echo::DownloadFilter;
+use crate::parameters::{Parameters, RowImages};
+use crate::shape::TableShape;
+use crate::upload_rows::UploadedRow;
+use crate::version_scripts::{ScriptRows, Scripts};
+use crate::{DownloadSender, SyncError};
+
+/// A connection that can run syncs: it opens their transactions and says which failed
+/// attempts may run again.
+pub trait SyncBackend {
+    type Transaction<'t>: Dialect
+    where
+        Self: 't;
+
+    /// Opens a transaction that sees every transaction committed before it (the
+    /// consolidated database's default isolation is fine: the watermark argument of
+    /// each backend says what its cursors need). Dropping it uncommitted rolls it back.
+    async fn begin(&mut self) -> Result<Self::Transaction<'_>, SyncError>;
+
+    /// Whether a sync that failed with `error` may run again from the start (a
+    /// concurrent insert of the same key, a serialization failure, a deadlock, a
+    /// prepared statement that no longer fits its table), after making that possible.
+    fn may_retry(&mut self, error: &SyncError) -> bool;
+
+    /// Called once after a sync failed for good (before `report_error` runs).
+    fn after_failure(&mut self);
+}
+
+/// What the subscription table holds of one client id.
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    /// The user the client id belongs to (the first that synced with it).
+    pub user_name: String,
+    /// The highest upload sequence applied.
+    pub upload_sequence: i64,
+    /// The watermark sent with the last download.
+    pub download_watermark: i64,
+    /// The transaction id of the client's last sync where the backend has one, else 0.
+    pub last_sync_xid: i64,
+}
+
+/// What a sync records in the subscription before it commits.
+pub struct SubscriptionUpdate<'a> {
+    pub client_id: &'a str,
+    pub user: &'a str,
+    pub script_version: &'a str,
+    /// Stored as the greater of this and what is stored.
+    pub upload_sequence: i64,
+    pub download_watermark: i64,
+    /// The watermark the client came with: stored as the greater of this and what is stored.
+    pub download_acknowledged: i64,
+}
+
+/// What every upload statement of one table runs with.
+#[derive(Clone, Copy)]
+pub struct TableApply<'a> {
+    pub scripts: &'a Scripts,
+    pub shape: &'a TableShape,
+    pub parameters: &'a Parameters<'a>,
+    /// The column whose value is the user name in the default scripts (`rs_table`).
+    pub partition_column: Option<&'a str>,
+}
+
+impl TableApply<'_> {
+    pub fn table(&self) -> &str {
+        &self.shape.name
+    }
+}
+
+/// One kind (insert, update or delete) of one table's upload, staged.
+pub struct StagedRows<'a, 'v> {
+    /// `upload_insert`, `upload_update` or `upload_delete`.
+    pub event: &'static str,
+    /// `insert`, `update` or `delete`: names a staging table where one is made.
+    pub kind: &'static str,
+    /// The staged columns: the upload's (inserts, updates) or the key (deletes). An
+    /// update's row holds its new values, then its old values under `rs_old_<column>`.
+    pub columns: &'a [String],
+    pub rows: Vec<Vec<&'v Value>>,
+    /// Run the kind's set script over the rows. False when they only need comparing
+    /// with the table: an upload applied before, or rows a row script changed nothing for.
+    pub run_script: bool,
+    /// The rows went through a row script (their script is not a set script).
+    pub after_row_script: bool,
+}
+
+/// A row script and what it runs with.
+pub struct RowStatement<'a> {
+    pub table: &'a str,
+    pub event: &'a str,
+    pub sql: &'a str,
+    /// The columns of the rows' images (`:new.<column>`, `:old.<column>`).
+    pub columns: &'a [String],
+    pub parameters: &'a Parameters<'a>,
+}
+
+/// A row statement failed: `offset` is the row, and nothing of the call stayed applied.
+pub struct RowFailure {
+    pub offset: usize,
+    pub error: SyncError,
+}
+
+/// A query script that a cursor reads.
+pub struct CursorScript<'a> {
+    pub scripts: &'a Scripts,
+    pub table: &'a str,
+    /// `download_cursor` or `download_delete_cursor`.
+    pub event: &'static str,
+    pub parameters: &'a Parameters<'a>,
+}
+
+/// Where a backend hands a cursor's batches: the driver filters echoes and conflicts out
+/// and sends what is left to the download.
+pub struct CursorSink<'a, 'f> {
+    pub(crate) filter: &'a mut DownloadFilter<'f>,
+    pub(crate) download: &'a DownloadSender,
+    pub(crate) deletes: bool,
+}
+
+impl CursorSink<'_, '_> {
+    /// Takes one batch of at most `DOWNLOAD_BATCH_ROWS` rows, named by `columns`.
+    pub async fn take(&mut self, columns: &[String], rows: Vec<Row>) -> Result<(), SyncError> {
+        let chunk = if self.deletes {
+            self.filter.deletes(columns, rows)?
+        } else {
+            self.filter.upserts(columns, rows)?
+        };
+        self.download.send(chunk).await
+    }
+}
+
+/// One sync's open transaction: the steps the driver composes.
+pub trait Dialect {
+    /// Takes the locks a sync holds until it ends: against cleanup (shared, so syncs never
+    /// wait for each other) and on the client id (exclusive). False when another sync of
+    /// the client holds it; never waits for one.
+    async fn lock_client(&mut self, client_id: &str) -> Result<bool, SyncError>;
+
+    /// The client's subscription, if it has synced before.
+    async fn subscription(&mut self, client_id: &str) -> Result<Option<Subscription>, SyncError>;
+
+    /// Inserts or updates the client's subscription (see [`SubscriptionUpdate`]); also
+    /// records this transaction's id where the backend has one.
+    async fn record_subscription(
+        &mut self,
+        update: &SubscriptionUpdate<'_>,
+    ) -> Result<(), SyncError>;
+
+    /// Runs a connection event's script if the version has one; returns what it selected.
+    async fn run_event(
+        &mut self,
+        scripts: &Scripts,
+        event: &str,
+        parameters: &Parameters<'_>,
+    ) -> Result<Option<ScriptRows>, SyncError>;
+
+    /// A table's columns and primary key; `SyncError::Schema` when there is no such table.
+    async fn table_shape(&mut self, table: &str) -> Result<TableShape, SyncError>;
+
+    /// The table's partition column from `rs_table`, if it has one.
+    async fn partition_column(&mut self, table: &str) -> Result<Option<String>, SyncError>;
+
+    /// Stages the rows, runs the kind's set script over them (`{upload}` names the
+    /// stage) when `run_script`, and returns the keys of the staged rows that did not
+    /// land as sent: for inserts and updates, rows whose new image the table does not
+    /// hold (in the user's partition when the table has one); for deletes, keys still in
+    /// the table. A value its column cannot take is `SyncError::Schema` naming table
+    /// and column.
+    async fn apply_staged(
+        &mut self,
+        table: &TableApply<'_>,
+        staged: StagedRows<'_, '_>,
+    ) -> Result<Vec<Row>, SyncError>;
+
+    /// Runs a row script once per row, in order, and returns the rows each changed. On a
+    /// script failure it returns `Ok(Err(RowFailure))` with nothing of this call applied
+    /// (the driver asks `handle_error` and runs the rows before the failing one again).
+    async fn run_row_statements(
+        &mut self,
+        statement: &RowStatement<'_>,
+        rows: &[UploadedRow],
+    ) -> Result<Result<Vec<u64>, RowFailure>, SyncError>;
+
+    /// Runs the table's `resolve_conflict` set script once over `{conflicts}`: the
+    /// operation (`rs_operation`), the new columns and the old ones (`rs_old_<column>`).
+    async fn resolve_conflicts_set(
+        &mut self,
+        table: &TableApply<'_>,
+        columns: &[String],
+        conflicted: &[UploadedRow],
+    ) -> Result<(), SyncError>;
+
+    /// The row the table holds for `key` (values at `key_positions` of `columns`).
+    async fn current_row(
+        &mut self,
+        table: &str,
+        columns: &[String],
+        key_positions: &[usize],
+        key: &[Value],
+    ) -> Result<Option<Row>, SyncError>;
+
+    /// Runs `sql` once with `:new.*`, `:old.*` and `:current.*` naming `images`.
+    async fn run_for_row(
+        &mut self,
+        statement: &RowStatement<'_>,
+        images: &RowImages<'_>,
+    ) -> Result<(), SyncError>;
+
+    /// Runs the table's `upload_fetch` over `{keys}` (the given keys, staged) and
+    /// returns what it selected: the current rows of conflicting keys.
+    async fn fetch_by_keys(
+        &mut self,
+        table: &TableApply<'_>,
+        keys: &[Row],
+    ) -> Result<ScriptRows, SyncError>;
+
+    /// The download watermark: every change below it is committed and visible to the
+    /// cursors this transaction runs from now on, and every change a transaction still
+    /// running may commit later lands at or above it.
+    async fn watermark(&mut self) -> Result<i64, SyncError>;
+
+    /// Runs a cursor script and hands its rows to `sink` in batches of at most
+    /// `DOWNLOAD_BATCH_ROWS`, never holding more than one batch.
+    async fn read_cursor(
+        &mut self,
+        cursor: &CursorScript<'_>,
+        sink: &mut CursorSink<'_, '_>,
+    ) -> Result<(), SyncError>;
+
+    /// Commits the transaction.
+    async fn commit(self) -> Result<(), SyncError>;
+}

@@ -1,0 +1,211 @@
+//! The sync algorithm, once for every backend: one sync's transaction in the order of
+//! MobiLink's events, over the primitives of [`crate::dialect`].
+//!
+//! ```text
+//! begin_synchronization
+//!   begin_upload                     (not for an upload applied before)
+//!     per table: upload_insert, upload_update, upload_delete (set or row scripts,
+//!                handle_error per failing row), conflicts found set-wise,
+//!                resolve_conflict, upload_fetch (server wins)
+//!   end_upload
+//!   modify_next_last_download        (the watermark)
+//!   begin_download
+//!     per table: download_delete_cursor, download_cursor (echoes filtered out)
+//!   end_download
+//!   the subscription recorded
+//! end_synchronization
+//! commit once the server holds the whole download
+//! ```
+
+mod download;
+mod rows;
+mod upload;
+
+use std::time::Instant;
+
+use rowsync_protocol::{SyncSummary, Value};
+
+use crate::dialect::{Dialect, Subscription, SubscriptionUpdate, SyncBackend};
+use crate::parameters::{error_parameters, Parameters};
+use crate::scripts::*;
+use crate::version_scripts::{single_integer, Scripts};
+use crate::{DownloadSender, SyncError, SyncOutcome, SyncRequest};
+
+/// Attempts of one sync's transaction when it meets a failure the backend says may
+/// pass (a concurrent insert of the same key, a serialization failure, a deadlock);
+/// each attempt starts from scratch.
+pub const SYNC_ATTEMPTS_MAX: u32 = 3;
+
+/// Runs one sync with the version's `scripts` (loaded before, so a script changed
+/// meanwhile is used from the next sync on), retrying from scratch what may pass
+/// while no part of the download has left; after a failure, `report_error` runs in a
+/// transaction of its own.
+pub async fn synchronize<B: SyncBackend>(
+    backend: &mut B,
+    scripts: &Scripts,
+    request: &SyncRequest,
+    download: &DownloadSender,
+) -> Result<SyncOutcome, SyncError> {
+    let mut attempt = 1;
+    let error = loop {
+        match attempt_sync(backend, scripts, request, download).await {
+            Ok(outcome) => return Ok(outcome),
+            Err(error)
+                if attempt < SYNC_ATTEMPTS_MAX
+                    && download.chunks_sent() == 0
+                    && backend.may_retry(&error) =>
+            {
+                tracing::debug!(%error, attempt, "retrying the sync transaction");
+                attempt += 1;
+            }
+            Err(error) => break error,
+        }
+    };
+    backend.after_failure();
+    if let Err(report_failure) = report_error(backend, scripts, request, &error).await {
+        tracing::error!(%report_failure, sync_error = %error, "report_error failed");
+    }
+    Err(error)
+}
+
+/// One attempt: the whole sync in one transaction.
+async fn attempt_sync<B: SyncBackend>(
+    backend: &mut B,
+    scripts: &Scripts,
+    request: &SyncRequest,
+    download: &DownloadSender,
+) -> Result<SyncOutcome, SyncError> {
+    let started = Instant::now();
+    let mut transaction = backend.begin().await?;
+    if !transaction.lock_client(&request.client_id).await? {
+        return Err(SyncError::AlreadySynchronizing {
+            client_id: request.client_id.clone(),
+        });
+    }
+    let subscription = transaction.subscription(&request.client_id).await?;
+    let applied_sequence = applied_sequence(request, subscription.as_ref())?;
+    let mut parameters = Parameters::for_request(request)?;
+    parameters.last_sync_xid = last_sync_xid(request, subscription.as_ref());
+    let upload_already_applied = parameters.upload_sequence <= applied_sequence;
+    let sync = upload::SyncContext {
+        scripts,
+        parameters: &parameters,
+        apply: !upload_already_applied,
+    };
+    transaction
+        .run_event(scripts, BEGIN_SYNCHRONIZATION, &parameters)
+        .await?;
+    let uploaded = upload::apply_upload(&mut transaction, &sync, request).await?;
+    let apply_time = started.elapsed();
+    let watermark = next_watermark(&mut transaction, scripts, &parameters).await?;
+    transaction
+        .run_event(scripts, BEGIN_DOWNLOAD, &parameters)
+        .await?;
+    let download_rows = download::send_download(
+        &mut transaction,
+        scripts,
+        &parameters,
+        &uploaded.resolutions,
+        download,
+    )
+    .await?;
+    transaction
+        .run_event(scripts, END_DOWNLOAD, &parameters)
+        .await?;
+    transaction
+        .record_subscription(&SubscriptionUpdate {
+            client_id: &request.client_id,
+            user: &request.user,
+            script_version: &request.script_version,
+            upload_sequence: parameters.upload_sequence,
+            download_watermark: watermark,
+            download_acknowledged: request.last_download_watermark,
+        })
+        .await?;
+    transaction
+        .run_event(scripts, END_SYNCHRONIZATION, &parameters)
+        .await?;
+    // The server must hold the whole download before the upload is committed.
+    download.finish().await?;
+    transaction.commit().await?;
+    Ok(SyncOutcome {
+        download_rows,
+        watermark,
+        apply_time,
+        summary: SyncSummary {
+            rows_uploaded: request.upload_operation_count(),
+            conflicts: uploaded.conflicts,
+            upload_already_applied,
+        },
+    })
+}
+
+/// The upload sequence this client already had applied: a client id belongs to the
+/// first user that synced with it. Also refuses an upload naming one table twice.
+fn applied_sequence(
+    request: &SyncRequest,
+    subscription: Option<&Subscription>,
+) -> Result<i64, SyncError> {
+    let mut tables = std::collections::HashSet::new();
+    for upload in &request.tables {
+        if !tables.insert(upload.table.as_str()) {
+            return Err(SyncError::Schema(format!(
+                "table {:?} appears twice in one upload",
+                upload.table
+            )));
+        }
+    }
+    match subscription {
+        Some(found) if found.user_name != request.user => Err(SyncError::ClientIdTaken {
+            client_id: request.client_id.clone(),
+        }),
+        Some(found) => Ok(found.upload_sequence),
+        None => Ok(0),
+    }
+}
+
+/// A client that comes back with exactly the watermark of its previous sync applied
+/// that sync's download, so it holds every row that sync's transaction wrote: the
+/// default cursors may skip them (`:last_sync_xid`).
+fn last_sync_xid(request: &SyncRequest, subscription: Option<&Subscription>) -> i64 {
+    match subscription {
+        Some(found) if found.download_watermark == request.last_download_watermark => {
+            found.last_sync_xid
+        }
+        _ => 0,
+    }
+}
+
+/// The watermark, taken before the download is read (the cursors' later snapshots see
+/// every transaction below it), as `modify_next_last_download` may change it.
+async fn next_watermark<D: Dialect>(
+    transaction: &mut D,
+    scripts: &Scripts,
+    parameters: &Parameters<'_>,
+) -> Result<i64, SyncError> {
+    let watermark = transaction.watermark().await?;
+    let next = parameters.with(vec![("next_last_download", Value::Int(watermark))]);
+    let modified = transaction
+        .run_event(scripts, MODIFY_NEXT_LAST_DOWNLOAD, &next)
+        .await?;
+    Ok(single_integer(modified, MODIFY_NEXT_LAST_DOWNLOAD)?.unwrap_or(watermark))
+}
+
+/// `report_error` after a failed sync, in its own committed transaction (the sync's
+/// was rolled back), so what it records stays.
+async fn report_error<B: SyncBackend>(
+    backend: &mut B,
+    scripts: &Scripts,
+    request: &SyncRequest,
+    error: &SyncError,
+) -> Result<(), SyncError> {
+    if scripts.connection_event(REPORT_ERROR).is_none() {
+        return Ok(());
+    }
+    let parameters = Parameters::for_request(request)?.with(error_parameters(error));
+    let mut transaction = backend.begin().await?;
+    transaction
+        .run_event(scripts, REPORT_ERROR, &parameters)
+        .await?;
+    transaction.commit().await
+}

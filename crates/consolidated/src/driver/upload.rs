@@ -1,0 +1,256 @@
+//! Applying an upload: each table's inserts, updates and deletes with its set or row
+//! scripts, the conflicts found set-wise, `resolve_conflict` and `upload_fetch`.
+
+use std::collections::HashMap;
+
+use rowsync_protocol::{Row, TableUpload, Value};
+
+use super::rows::run_row_script;
+use crate::conflicts::Resolution;
+use crate::dialect::{Dialect, RowStatement, StagedRows, TableApply};
+use crate::parameters::Parameters;
+use crate::scripts::*;
+use crate::shape::validate_upload_shape;
+use crate::upload_rows::{conflicting_rows, describe_key, uploaded_rows, ImageLayout, UploadedRow};
+use crate::version_scripts::Scripts;
+use crate::{SyncError, SyncRequest};
+
+/// What every table of one sync's upload is applied with.
+pub struct SyncContext<'a> {
+    pub scripts: &'a Scripts,
+    pub parameters: &'a Parameters<'a>,
+    /// False for an upload applied before: no script runs, its operations are only
+    /// compared with the tables so the client receives its conflicts' resolution again.
+    pub apply: bool,
+}
+
+/// What applying the upload means for the download.
+pub struct Uploaded<'r> {
+    pub resolutions: HashMap<&'r str, Resolution>,
+    /// Conflicts of this upload (none when it was applied before: a resend only
+    /// delivers their resolution again).
+    pub conflicts: u64,
+}
+
+/// `begin_upload`, each table's upload, `end_upload`.
+pub async fn apply_upload<'r, D: Dialect>(
+    transaction: &mut D,
+    sync: &SyncContext<'_>,
+    request: &'r SyncRequest,
+) -> Result<Uploaded<'r>, SyncError> {
+    if sync.apply {
+        transaction
+            .run_event(sync.scripts, BEGIN_UPLOAD, sync.parameters)
+            .await?;
+    }
+    let mut uploaded = Uploaded {
+        resolutions: HashMap::new(),
+        conflicts: 0,
+    };
+    for upload in &request.tables {
+        let resolution = apply_table(transaction, sync, upload).await?;
+        if sync.apply {
+            uploaded.conflicts += resolution.conflict_count;
+        }
+        uploaded.resolutions.insert(&upload.table, resolution);
+    }
+    if sync.apply {
+        transaction
+            .run_event(sync.scripts, END_UPLOAD, sync.parameters)
+            .await?;
+    }
+    Ok(uploaded)
+}
+
+/// Applies one table's upload (or, for an upload applied before, only finds which of
+/// its operations the table does not reflect), and resolves the conflicts.
+async fn apply_table<D: Dialect>(
+    transaction: &mut D,
+    sync: &SyncContext<'_>,
+    upload: &TableUpload,
+) -> Result<Resolution, SyncError> {
+    let table = upload.table.as_str();
+    sync.scripts.check_synchronizes(table)?;
+    let shape = transaction.table_shape(table).await?;
+    let key_positions = validate_upload_shape(upload, &shape)?;
+    let partition_column = transaction.partition_column(table).await?;
+    let context = TableApply {
+        scripts: sync.scripts,
+        shape: &shape,
+        parameters: sync.parameters,
+        partition_column: partition_column.as_deref(),
+    };
+    let layout = ImageLayout::of(upload, &key_positions);
+    let mut conflict_keys: Vec<Row> = Vec::new();
+    for event in [UPLOAD_INSERT, UPLOAD_UPDATE, UPLOAD_DELETE] {
+        let kind = UploadKind {
+            upload,
+            event,
+            layout: &layout,
+        };
+        conflict_keys.extend(apply_kind(transaction, &context, sync.apply, &kind).await?);
+    }
+    let mut resolution = Resolution::default();
+    resolution.record_upload(upload, &key_positions);
+    if !conflict_keys.is_empty() {
+        if sync.apply && sync.scripts.get(table, RESOLVE_CONFLICT).is_some() {
+            let conflicted = conflicting_rows(upload, &layout.key_positions, &conflict_keys);
+            resolve_conflict(transaction, &context, &layout, &conflicted).await?;
+        }
+        // Server wins: the client receives the current row of each conflicting key.
+        let (columns, rows) = transaction.fetch_by_keys(&context, &conflict_keys).await?;
+        resolution.resolve(&shape, conflict_keys, columns, rows)?;
+    }
+    Ok(resolution)
+}
+
+/// One kind of operation of a table's upload.
+struct UploadKind<'a> {
+    upload: &'a TableUpload,
+    /// `upload_insert`, `upload_update` or `upload_delete`.
+    event: &'static str,
+    layout: &'a ImageLayout,
+}
+
+impl UploadKind<'_> {
+    fn count(&self) -> usize {
+        match self.event {
+            UPLOAD_INSERT => self.upload.inserts.len(),
+            UPLOAD_UPDATE => self.upload.updates.len(),
+            _ => self.upload.deletes.len(),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self.event {
+            UPLOAD_INSERT => "insert",
+            UPLOAD_UPDATE => "update",
+            _ => "delete",
+        }
+    }
+
+    /// The columns its stage holds: the upload's, or the key for deletes.
+    fn staged_columns(&self) -> &[String] {
+        match self.event {
+            UPLOAD_DELETE => &self.upload.key_columns,
+            _ => &self.upload.columns,
+        }
+    }
+
+    /// Every operation as its stage holds it: new values (inserts), new then old
+    /// (updates), the key (deletes).
+    fn staged_rows(&self) -> Vec<Vec<&Value>> {
+        match self.event {
+            UPLOAD_INSERT => self
+                .upload
+                .inserts
+                .iter()
+                .map(|row| row.iter().collect())
+                .collect(),
+            UPLOAD_UPDATE => self
+                .upload
+                .updates
+                .iter()
+                .map(|update| update.new.iter().chain(&update.old).collect())
+                .collect(),
+            _ => self
+                .upload
+                .deletes
+                .iter()
+                .map(|row| row.iter().collect())
+                .collect(),
+        }
+    }
+}
+
+/// Applies one kind of a table's operations and returns the keys that did not land.
+async fn apply_kind<D: Dialect>(
+    transaction: &mut D,
+    context: &TableApply<'_>,
+    apply: bool,
+    kind: &UploadKind<'_>,
+) -> Result<Vec<Row>, SyncError> {
+    if kind.count() == 0 {
+        return Ok(Vec::new());
+    }
+    let script = context.scripts.require(context.table(), kind.event)?;
+    let row_script = apply && !is_set_script(script);
+    let mut conflict_keys = Vec::new();
+    let rows: Vec<UploadedRow>;
+    let staged = if row_script {
+        let keys = &kind.layout.key_positions;
+        rows = uploaded_rows(kind.upload, kind.event, keys);
+        let statement = RowStatement {
+            table: context.table(),
+            event: kind.event,
+            sql: script,
+            columns: &kind.layout.columns,
+            parameters: context.parameters,
+        };
+        let applied = run_row_script(transaction, context.scripts, &statement, keys, &rows).await?;
+        // Skipped rows did not land: the client receives the server's row for them.
+        conflict_keys.extend(applied.skipped.iter().map(|&index| rows[index].key(keys)));
+        // Rows the statement changed nothing for are compared with the table.
+        applied
+            .unchanged
+            .iter()
+            .map(|&index| rows[index].staged_image(kind.event, keys))
+            .collect()
+    } else {
+        kind.staged_rows()
+    };
+    if staged.is_empty() {
+        return Ok(conflict_keys);
+    }
+    let staged = StagedRows {
+        event: kind.event,
+        kind: kind.name(),
+        columns: kind.staged_columns(),
+        rows: staged,
+        run_script: apply && !row_script,
+        after_row_script: row_script,
+    };
+    conflict_keys.extend(transaction.apply_staged(context, staged).await?);
+    Ok(conflict_keys)
+}
+
+/// Runs `resolve_conflict` for conflicting rows: a set script once over `{conflicts}`,
+/// a row script once per row with `:new.*`, `:old.*` and `:current.*` (the row the
+/// server holds, NULL when gone).
+async fn resolve_conflict<D: Dialect>(
+    transaction: &mut D,
+    context: &TableApply<'_>,
+    layout: &ImageLayout,
+    conflicted: &[UploadedRow],
+) -> Result<(), SyncError> {
+    let table = context.table();
+    let script = context.scripts.require(table, RESOLVE_CONFLICT)?;
+    if is_set_script(script) {
+        return transaction
+            .resolve_conflicts_set(context, &layout.columns, conflicted)
+            .await;
+    }
+    for row in conflicted {
+        let key = row.key(&layout.key_positions);
+        let current = transaction
+            .current_row(table, &layout.columns, &layout.key_positions, &key)
+            .await?;
+        let mut images = row.images(&layout.columns);
+        images.current = current.as_deref();
+        let parameters = context
+            .parameters
+            .with(vec![("operation", Value::Text(row.operation.into()))]);
+        let statement = RowStatement {
+            table,
+            event: RESOLVE_CONFLICT,
+            sql: script,
+            columns: &layout.columns,
+            parameters: &parameters,
+        };
+        transaction
+            .run_for_row(&statement, &images)
+            .await
+            .map_err(|error| error.with_row_key(describe_key(&key)))?;
+    }
+    Ok(())
+}

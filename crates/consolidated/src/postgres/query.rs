@@ -1,0 +1,143 @@
+//! Running statements on PostgreSQL: named parameters bound by position, rows read as
+//! `Value`s, cursors read through a portal in batches.
+
+use rowsync_protocol::{Row, Value};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{GenericClient, Transaction};
+
+use super::error::script_failure;
+use super::statements::Statements;
+use super::value::{Bind, Read};
+use crate::dialect::{CursorScript, CursorSink};
+use crate::parameters::{positional_parameters, Parameters};
+use crate::version_scripts::{ScriptRows, Scripts};
+use crate::{SyncError, DOWNLOAD_BATCH_ROWS};
+
+pub(super) fn binds_of(values: &[Value]) -> Vec<Bind<'_>> {
+    values.iter().map(Bind).collect()
+}
+
+/// Binds a script's named parameters as positional ones.
+pub(super) fn bind_script(
+    sql: &str,
+    parameters: &Parameters,
+    table: &str,
+    event: &str,
+) -> Result<(String, Vec<Value>), SyncError> {
+    let (sql, names) = positional_parameters(sql);
+    let values = names
+        .iter()
+        .map(|name| parameters.value(name, table, event))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((sql, values))
+}
+
+pub(super) async fn query_rows(
+    transaction: &impl GenericClient,
+    statements: &Statements,
+    sql: &str,
+    values: &[Value],
+) -> Result<(Vec<String>, Vec<Row>), tokio_postgres::Error> {
+    let binds = binds_of(values);
+    let parameters: Vec<&(dyn ToSql + Sync)> = binds
+        .iter()
+        .map(|bind| bind as &(dyn ToSql + Sync))
+        .collect();
+    query_bound(transaction, statements, sql, &parameters).await
+}
+
+/// Runs `sql` with its parameters bound; its column names and rows.
+pub(super) async fn query_bound(
+    transaction: &impl GenericClient,
+    statements: &Statements,
+    sql: &str,
+    parameters: &[&(dyn ToSql + Sync)],
+) -> Result<(Vec<String>, Vec<Row>), tokio_postgres::Error> {
+    let statement = statements.prepare(transaction, sql).await?;
+    let rows = transaction.query(&statement, parameters).await?;
+    let columns = statement
+        .columns()
+        .iter()
+        .map(|column| column.name().to_string())
+        .collect();
+    let rows = rows
+        .iter()
+        .map(|row| {
+            (0..row.len())
+                .map(|index| row.try_get::<_, Read>(index).map(|read| read.0))
+                .collect()
+        })
+        .collect::<Result<Vec<Row>, _>>()?;
+    Ok((columns, rows))
+}
+
+pub(super) async fn query_script(
+    transaction: &impl GenericClient,
+    statements: &Statements,
+    scripts: &Scripts,
+    table: &str,
+    event: &str,
+    substitutions: &[(&str, &str)],
+    parameters: &Parameters<'_>,
+) -> Result<ScriptRows, SyncError> {
+    let sql = scripts.expand(table, event, substitutions)?;
+    let (sql, values) = bind_script(&sql, parameters, table, event)?;
+    query_rows(transaction, statements, &sql, &values)
+        .await
+        .map_err(|error| script_failure(event, table, error))
+}
+
+/// Reads a cursor script through a portal, `DOWNLOAD_BATCH_ROWS` rows at a time, into
+/// the sink, so a download of any size takes bounded memory.
+pub(super) async fn read_cursor(
+    transaction: &Transaction<'_>,
+    statements: &Statements,
+    cursor: &CursorScript<'_>,
+    sink: &mut CursorSink<'_, '_>,
+) -> Result<(), SyncError> {
+    let (table, event) = (cursor.table, cursor.event);
+    let failure = |error: tokio_postgres::Error| script_failure(event, table, error);
+    let sql = cursor.scripts.expand(table, event, &[])?;
+    let (sql, values) = bind_script(&sql, cursor.parameters, table, event)?;
+    let statement = statements
+        .prepare(transaction, &sql)
+        .await
+        .map_err(failure)?;
+    let binds = binds_of(&values);
+    let params: Vec<&(dyn ToSql + Sync)> = binds
+        .iter()
+        .map(|bind| bind as &(dyn ToSql + Sync))
+        .collect();
+    let portal = transaction
+        .bind(&statement, &params)
+        .await
+        .map_err(failure)?;
+    let columns: Vec<String> = statement
+        .columns()
+        .iter()
+        .map(|column| column.name().to_string())
+        .collect();
+    loop {
+        let rows = transaction
+            .query_portal(&portal, DOWNLOAD_BATCH_ROWS as i32)
+            .await
+            .map_err(failure)?;
+        let done = rows.len() < DOWNLOAD_BATCH_ROWS;
+        let batch = rows
+            .iter()
+            .map(|row| {
+                (0..row.len())
+                    .map(|index| row.try_get::<_, Read>(index).map(|read| read.0))
+                    .collect()
+            })
+            .collect::<Result<Vec<Row>, _>>()
+            .map_err(failure)?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        sink.take(&columns, batch).await?;
+        if done {
+            return Ok(());
+        }
+    }
+}

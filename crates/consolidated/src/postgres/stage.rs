@@ -1,0 +1,428 @@
+//! Staging an upload on PostgreSQL and finding what of it did not land: array
+//! parameters read through a CTE where the script is one data-modifying statement, a
+//! temporary table (binary `COPY`) otherwise.
+
+use futures_util::pin_mut;
+use rowsync_protocol::{Row, Value};
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Transaction;
+
+use super::array_stage::{refusal, takes_cte, ArrayStage, ColumnRefusal, UPLOAD_CTE};
+use super::error::{describe_postgres, script_failure};
+use super::query::{bind_script, binds_of, query_bound};
+use super::statements::Statements;
+use super::value::Bind;
+use crate::dialect::{StagedRows, TableApply};
+use crate::names::{column_list, key_match};
+use crate::scripts::*;
+use crate::shape::TableShape;
+use crate::{quote_identifier as q, SyncError};
+
+/// Staged rows above which the staging table is analyzed before the script runs, so the
+/// planner joins it by hash rather than by nested loop.
+const STAGE_ANALYZE_ROWS_MIN: usize = 1000;
+
+/// A temporary staging table, dropped at commit or rollback.
+pub(super) struct Stage {
+    pub(super) name: String,
+    columns: Vec<String>,
+    key_columns: Vec<String>,
+}
+
+impl Stage {
+    pub(super) async fn create(
+        transaction: &Transaction<'_>,
+        kind: &str,
+        shape: &TableShape,
+        columns: &[String],
+        with_old_image: bool,
+        with_operation: bool,
+    ) -> Result<Stage, SyncError> {
+        let name = q(&format!("rs_stage_{kind}_{}", shape.name));
+        let mut select: Vec<String> = Vec::new();
+        let mut staged = Vec::new();
+        if with_operation {
+            select.push(format!("''::text AS {}", q(CONFLICT_OPERATION_COLUMN)));
+            staged.push(CONFLICT_OPERATION_COLUMN.to_string());
+        }
+        select.extend(columns.iter().map(|column| q(column)));
+        staged.extend(columns.iter().cloned());
+        if with_old_image {
+            for column in columns {
+                let old = format!("{OLD_IMAGE_PREFIX}{column}");
+                select.push(format!("{} AS {}", q(column), q(&old)));
+                staged.push(old);
+            }
+        }
+        transaction
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS pg_temp.{name}; CREATE TEMP TABLE {name} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA",
+                select.join(", "),
+                q(&shape.name)
+            ))
+            .await?;
+        Ok(Stage {
+            name: format!("pg_temp.{name}"),
+            columns: staged,
+            key_columns: shape.key_columns.clone(),
+        })
+    }
+
+    /// Loads rows with binary COPY; a value a column cannot take is refused by name.
+    pub(super) async fn load<'r>(
+        &self,
+        transaction: &Transaction<'_>,
+        table: &str,
+        rows: impl Iterator<Item = Vec<&'r Value>>,
+        row_count: usize,
+    ) -> Result<(), SyncError> {
+        let columns = self
+            .columns
+            .iter()
+            .map(|c| q(c))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let types: Vec<Type> = transaction
+            .prepare(&format!("SELECT {columns} FROM {}", self.name))
+            .await?
+            .columns()
+            .iter()
+            .map(|column| column.type_().clone())
+            .collect();
+        let sink = transaction
+            .copy_in(&format!(
+                "COPY {} ({columns}) FROM STDIN (FORMAT binary)",
+                self.name
+            ))
+            .await?;
+        let writer = BinaryCopyInWriter::new(sink, &types);
+        pin_mut!(writer);
+        let refuse = |error: tokio_postgres::Error| {
+            SyncError::Schema(format!(
+                "upload of table {table:?} holds a value its column cannot take: {}",
+                describe_postgres(&error)
+            ))
+        };
+        for row in rows {
+            let binds: Vec<Bind> = row.into_iter().map(Bind).collect();
+            writer
+                .as_mut()
+                .write_raw(binds.iter())
+                .await
+                .map_err(refuse)?;
+        }
+        writer.finish().await.map_err(refuse)?;
+        if row_count >= STAGE_ANALYZE_ROWS_MIN {
+            transaction
+                .batch_execute(&format!("ANALYZE {}", self.name))
+                .await?;
+        }
+        Ok(())
+    }
+
+    fn key_list(&self, alias: &str) -> String {
+        column_list(&self.key_columns, &format!("{alias}."))
+    }
+
+    fn key_match(&self, left: &str, right: &str) -> String {
+        key_match(&self.key_columns, left, right)
+    }
+}
+
+/// Where an upload set script reads its staged rows: arrays bound in its own statement
+/// (one data-modifying statement), or a temporary table (any other script).
+enum UploadStage<'v> {
+    Arrays(ArrayStage<'v>),
+    Table(Stage),
+}
+
+impl<'v> UploadStage<'v> {
+    /// Stages the rows (values in the order of their columns): in arrays if the
+    /// statements that read them can take a CTE, else in a temporary table.
+    async fn create(
+        target: &StageTarget<'_>,
+        shape: &TableShape,
+        staged: StagedRows<'_, 'v>,
+        arrays: bool,
+    ) -> Result<UploadStage<'v>, SyncError> {
+        let with_old_image = staged.event == UPLOAD_UPDATE;
+        if !arrays {
+            let transaction = target.transaction;
+            let stage = Stage::create(
+                transaction,
+                staged.kind,
+                shape,
+                staged.columns,
+                with_old_image,
+                false,
+            )
+            .await?;
+            let count = staged.rows.len();
+            stage
+                .load(transaction, &shape.name, staged.rows.into_iter(), count)
+                .await?;
+            return Ok(UploadStage::Table(stage));
+        }
+        let type_of = |column: &str| -> Result<String, SyncError> {
+            shape
+                .columns
+                .iter()
+                .position(|c| c.name == column)
+                .and_then(|index| target.types.get(index).cloned())
+                .ok_or_else(|| {
+                    SyncError::Schema(format!("table {:?} has no column {column:?}", shape.name))
+                })
+        };
+        let mut columns = staged.columns.to_vec();
+        let mut types = columns
+            .iter()
+            .map(|column| type_of(column))
+            .collect::<Result<Vec<_>, _>>()?;
+        if with_old_image {
+            columns.extend(
+                staged
+                    .columns
+                    .iter()
+                    .map(|column| format!("{OLD_IMAGE_PREFIX}{column}")),
+            );
+            types.extend(types.clone());
+        }
+        Ok(UploadStage::Arrays(ArrayStage::new(
+            columns,
+            types,
+            shape.key_columns.clone(),
+            staged.rows,
+        )))
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            UploadStage::Arrays(_) => UPLOAD_CTE,
+            UploadStage::Table(stage) => &stage.name,
+        }
+    }
+
+    fn columns(&self) -> &[String] {
+        match self {
+            UploadStage::Arrays(stage) => &stage.columns,
+            UploadStage::Table(stage) => &stage.columns,
+        }
+    }
+
+    fn key_list(&self, alias: &str) -> String {
+        match self {
+            UploadStage::Arrays(stage) => stage.key_list(alias),
+            UploadStage::Table(stage) => stage.key_list(alias),
+        }
+    }
+
+    fn key_match(&self, left: &str, right: &str) -> String {
+        match self {
+            UploadStage::Arrays(stage) => stage.key_match(left, right),
+            UploadStage::Table(stage) => stage.key_match(left, right),
+        }
+    }
+
+    /// `sql` (which reads the stage by [`Self::name`], its own `values` as `$1…`) as
+    /// sent, with every parameter it takes.
+    fn bound<'s>(
+        &'s self,
+        sql: &str,
+        binds: &'s [Bind<'s>],
+    ) -> (String, Vec<&'s (dyn ToSql + Sync)>) {
+        let mut parameters: Vec<&(dyn ToSql + Sync)> = binds
+            .iter()
+            .map(|bind| bind as &(dyn ToSql + Sync))
+            .collect();
+        let sql = match self {
+            UploadStage::Arrays(stage) => {
+                parameters.extend(stage.parameters());
+                stage.statement(sql, binds.len())
+            }
+            UploadStage::Table(_) => sql.to_string(),
+        };
+        (sql, parameters)
+    }
+
+    /// Runs `sql` and returns its rows; a staged value its column refuses is named with
+    /// the table and column (the outer error), any other failure is the script's.
+    async fn query(
+        &self,
+        transaction: &Transaction<'_>,
+        statements: &Statements,
+        table: &str,
+        sql: &str,
+        values: &[Value],
+    ) -> Result<Result<(Vec<String>, Vec<Row>), tokio_postgres::Error>, SyncError> {
+        let binds = binds_of(values);
+        let (sql, parameters) = self.bound(sql, &binds);
+        refused_by_column(
+            table,
+            query_bound(transaction, statements, &sql, &parameters).await,
+        )
+    }
+
+    /// As [`Self::query`], for a statement whose rows are not read: the rows changed.
+    async fn execute(
+        &self,
+        transaction: &Transaction<'_>,
+        statements: &Statements,
+        table: &str,
+        sql: &str,
+        values: &[Value],
+    ) -> Result<Result<u64, tokio_postgres::Error>, SyncError> {
+        let binds = binds_of(values);
+        let (sql, parameters) = self.bound(sql, &binds);
+        let executed = match statements.prepare(transaction, &sql).await {
+            Ok(statement) => transaction.execute(&statement, &parameters).await,
+            Err(error) => Err(error),
+        };
+        refused_by_column(table, executed)
+    }
+}
+
+/// A staged value its column refused, as the sync's error; anything else as it came.
+fn refused_by_column<T>(
+    table: &str,
+    done: Result<T, tokio_postgres::Error>,
+) -> Result<Result<T, tokio_postgres::Error>, SyncError> {
+    match done {
+        Err(error) => match refusal(&error) {
+            Some(refused) => Err(refused_value(table, refused)),
+            None => Ok(Err(error)),
+        },
+        done => Ok(done),
+    }
+}
+
+fn refused_value(table: &str, refused: &ColumnRefusal) -> SyncError {
+    SyncError::Schema(format!(
+        "upload of table {table:?} holds a value its column cannot take: {refused}"
+    ))
+}
+
+/// Whether a script has a `RETURNING` clause (the keyword, not a name containing it).
+fn returns_rows(sql: &str) -> bool {
+    sql.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .any(|word| word.eq_ignore_ascii_case("returning"))
+}
+
+/// What staging one kind of a table's upload works with.
+pub(super) struct StageTarget<'a> {
+    pub transaction: &'a Transaction<'a>,
+    pub statements: &'a Statements,
+    /// The table's columns' SQL types, in the order of its shape's columns.
+    pub types: &'a [String],
+}
+
+/// Stages the rows, runs the set script over them when asked, and returns the staged
+/// keys that did not land as sent. A script that returns the keys it applied
+/// (`RETURNING`) is wrapped so the same statement reports the others; any other script
+/// is followed by one comparison query when it changed fewer rows than were staged.
+pub(super) async fn apply_staged(
+    target: &StageTarget<'_>,
+    context: &TableApply<'_>,
+    staged: StagedRows<'_, '_>,
+) -> Result<Vec<Row>, SyncError> {
+    let table = context.table();
+    let event = staged.event;
+    let script = context.scripts.require(table, event)?;
+    // A row script's unchanged rows are compared by rowsync's own SELECT, which reads
+    // arrays too.
+    let arrays = staged.after_row_script || takes_cte(script);
+    let (run_script, staged_rows) = (staged.run_script, staged.rows.len());
+    let stage = UploadStage::create(target, context.shape, staged, arrays).await?;
+    let script = context
+        .scripts
+        .expand(table, event, &[(UPLOAD_PLACEHOLDER, stage.name())])?;
+    let (transaction, statements) = (target.transaction, target.statements);
+    if run_script && returns_rows(&script) {
+        // EXCEPT rather than NOT EXISTS: the planner cannot estimate what a data-modifying
+        // CTE returns (often 1 row) and then anti-joins by nested loop, quadratic in the
+        // rows applied; a set operation hashes or sorts whatever its estimate.
+        let unmatched = match event {
+            UPLOAD_DELETE => format!(" WHERE {}", still_present(&stage, table)),
+            _ => String::new(),
+        };
+        let wrapped = format!(
+            "WITH rs_applied AS ({script}) SELECT {keys} FROM \
+             (SELECT {keys} FROM {stage} AS s EXCEPT SELECT {applied} FROM rs_applied AS a) AS s{unmatched}",
+            keys = stage.key_list("s"),
+            stage = stage.name(),
+            applied = stage.key_list("a"),
+        );
+        let (sql, values) = bind_script(&wrapped, context.parameters, table, event)?;
+        let (_, keys) = stage
+            .query(transaction, statements, table, &sql, &values)
+            .await?
+            .map_err(|error| script_failure(event, table, error))?;
+        return Ok(keys);
+    }
+    let changed = if run_script {
+        let (sql, values) = bind_script(&script, context.parameters, table, event)?;
+        stage
+            .execute(transaction, statements, table, &sql, &values)
+            .await?
+            .map_err(|error| script_failure(event, table, error))? as usize
+    } else {
+        0
+    };
+    if changed >= staged_rows && event != UPLOAD_DELETE {
+        return Ok(Vec::new());
+    }
+    unlanded_keys(target, context, event, &stage).await
+}
+
+/// Deletes of keys already gone are not conflicts: only keys still present are.
+fn still_present(stage: &UploadStage<'_>, table: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM {} AS t WHERE {})",
+        q(table),
+        stage.key_match("t", "s")
+    )
+}
+
+/// The staged keys the table does not reflect: for deletes, keys still present; else
+/// rows whose new image the table does not hold in the user's partition.
+async fn unlanded_keys(
+    target: &StageTarget<'_>,
+    context: &TableApply<'_>,
+    event: &str,
+    stage: &UploadStage<'_>,
+) -> Result<Vec<Row>, SyncError> {
+    let table = context.table();
+    let is_delete = event == UPLOAD_DELETE;
+    let condition = if is_delete {
+        still_present(stage, table)
+    } else {
+        let mut matches: Vec<String> = stage
+            .columns()
+            .iter()
+            .filter(|column| !column.starts_with(OLD_IMAGE_PREFIX))
+            .map(|column| format!("t.{c} IS NOT DISTINCT FROM s.{c}", c = q(column)))
+            .collect();
+        if let Some(partition) = context.partition_column {
+            matches.push(format!("t.{}::text = $1", q(partition)));
+        }
+        format!(
+            "NOT EXISTS (SELECT 1 FROM {} AS t WHERE {})",
+            q(table),
+            matches.join(" AND ")
+        )
+    };
+    let sql = format!(
+        "SELECT {} FROM {} AS s WHERE {condition}",
+        stage.key_list("s"),
+        stage.name()
+    );
+    let values = if !is_delete && context.partition_column.is_some() {
+        vec![Value::Text(context.parameters.user.to_string())]
+    } else {
+        Vec::new()
+    };
+    Ok(stage
+        .query(target.transaction, target.statements, table, &sql, &values)
+        .await??
+        .1)
+}

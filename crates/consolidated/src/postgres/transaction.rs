@@ -1,0 +1,313 @@
+//! One sync's transaction on PostgreSQL: the primitives the sync driver composes.
+
+use std::collections::HashMap;
+
+use rowsync_protocol::{Row, Value};
+use tokio_postgres::Transaction;
+
+use super::error::script_failure;
+use super::events::run_event;
+use super::query::{query_rows, query_script, read_cursor};
+use super::rows::run_row_statements;
+use super::schema::table_shape;
+use super::stage::{apply_staged, Stage, StageTarget};
+use super::statements::Statements;
+use crate::dialect::{
+    CursorScript, CursorSink, Dialect, RowFailure, RowStatement, StagedRows, Subscription,
+    SubscriptionUpdate, TableApply,
+};
+use crate::names::column_list;
+use crate::parameters::{positional_parameters, Parameters, RowImages};
+use crate::scripts::*;
+use crate::shape::TableShape;
+use crate::upload_rows::UploadedRow;
+use crate::version_scripts::{ScriptRows, Scripts};
+use crate::{quote_identifier as q, SyncError};
+
+/// The download watermark: the lowest transaction id still running in this statement's
+/// snapshot, or the snapshot's `xmax` (latest completed + 1) when none is. Every
+/// transaction below it has finished and is visible to the download cursors, which run
+/// after it. Only the snapshot is trusted: `pg_xact_status` reads the commit log before
+/// the process array, so a transaction whose commit is logged but not yet visible (for
+/// instance while it waits for synchronous replication) would read as committed. Our
+/// own id is at or above `xmax`, so the rows this sync wrote come down once more in the
+/// client's next sync: a harmless duplicate.
+const WATERMARK_QUERY: &str =
+    "SELECT (COALESCE((SELECT min(x) FROM pg_snapshot_xip(pg_current_snapshot()) AS x), \
+     pg_snapshot_xmax(pg_current_snapshot()))::text)::bigint";
+
+const SUBSCRIPTION_QUERY: &str =
+    "SELECT user_name, upload_sequence, download_watermark, last_sync_xid \
+     FROM rs_subscription WHERE client_id = $1";
+
+const SUBSCRIPTION_UPSERT: &str =
+    "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark,
+         download_acknowledged, last_sync_xid, last_sync_at)
+     VALUES ($1, $2, $3, $4, $5, $6, (pg_current_xact_id()::text)::bigint, now())
+     ON CONFLICT (client_id) DO UPDATE SET
+         script_version = excluded.script_version,
+         upload_sequence = greatest(rs_subscription.upload_sequence, excluded.upload_sequence),
+         download_watermark = excluded.download_watermark,
+         download_acknowledged = greatest(rs_subscription.download_acknowledged, excluded.download_acknowledged),
+         last_sync_xid = excluded.last_sync_xid,
+         last_sync_at = excluded.last_sync_at";
+
+/// A sync's transaction with the connection's prepared statements, and the SQL types of
+/// the tables it has looked at (array staging binds each column by its type).
+pub struct PgTransaction<'c> {
+    pub(super) transaction: Transaction<'c>,
+    pub(super) statements: &'c Statements,
+    pub(super) types: HashMap<String, Vec<String>>,
+}
+
+impl PgTransaction<'_> {
+    async fn query_one_value(
+        &self,
+        sql: &str,
+        parameters: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<tokio_postgres::Row, SyncError> {
+        let statement = self.statements.prepare(&self.transaction, sql).await?;
+        Ok(self.transaction.query_one(&statement, parameters).await?)
+    }
+}
+
+impl Dialect for PgTransaction<'_> {
+    async fn lock_client(&mut self, client_id: &str) -> Result<bool, SyncError> {
+        // Held shared by every sync, exclusively by cleanup: see `schema::cleanup`.
+        self.transaction
+            .batch_execute("SELECT pg_advisory_xact_lock_shared(7263, 0)")
+            .await?;
+        let locked = self
+            .query_one_value(
+                "SELECT pg_try_advisory_xact_lock(7262, hashtext($1))",
+                &[&client_id],
+            )
+            .await?;
+        Ok(locked.get(0))
+    }
+
+    async fn subscription(&mut self, client_id: &str) -> Result<Option<Subscription>, SyncError> {
+        let statement = self
+            .statements
+            .prepare(&self.transaction, SUBSCRIPTION_QUERY)
+            .await?;
+        let row = self
+            .transaction
+            .query_opt(&statement, &[&client_id])
+            .await?;
+        Ok(row.map(|row| Subscription {
+            user_name: row.get(0),
+            upload_sequence: row.get(1),
+            download_watermark: row.get(2),
+            last_sync_xid: row.get(3),
+        }))
+    }
+
+    async fn record_subscription(
+        &mut self,
+        update: &SubscriptionUpdate<'_>,
+    ) -> Result<(), SyncError> {
+        let statement = self
+            .statements
+            .prepare(&self.transaction, SUBSCRIPTION_UPSERT)
+            .await?;
+        self.transaction
+            .execute(
+                &statement,
+                &[
+                    &update.client_id,
+                    &update.user,
+                    &update.script_version,
+                    &update.upload_sequence,
+                    &update.download_watermark,
+                    &update.download_acknowledged,
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn run_event(
+        &mut self,
+        scripts: &Scripts,
+        event: &str,
+        parameters: &Parameters<'_>,
+    ) -> Result<Option<ScriptRows>, SyncError> {
+        run_event(
+            &self.transaction,
+            self.statements,
+            scripts,
+            event,
+            parameters,
+        )
+        .await
+    }
+
+    async fn table_shape(&mut self, table: &str) -> Result<TableShape, SyncError> {
+        let (shape, types) = table_shape(&self.transaction, Some(self.statements), table)
+            .await?
+            .ok_or_else(|| {
+                SyncError::Schema(format!(
+                    "table {table:?} does not exist in the consolidated database"
+                ))
+            })?;
+        self.types.insert(table.to_string(), types);
+        Ok(shape)
+    }
+
+    async fn partition_column(&mut self, table: &str) -> Result<Option<String>, SyncError> {
+        let statement = self
+            .statements
+            .prepare(
+                &self.transaction,
+                "SELECT partition_column FROM rs_table WHERE table_name = $1",
+            )
+            .await?;
+        let row = self.transaction.query_opt(&statement, &[&table]).await?;
+        Ok(row.and_then(|row| row.get(0)))
+    }
+
+    async fn apply_staged(
+        &mut self,
+        table: &TableApply<'_>,
+        staged: StagedRows<'_, '_>,
+    ) -> Result<Vec<Row>, SyncError> {
+        let types = self.types.get(table.table()).map_or(&[][..], Vec::as_slice);
+        let target = StageTarget {
+            transaction: &self.transaction,
+            statements: self.statements,
+            types,
+        };
+        apply_staged(&target, table, staged).await
+    }
+
+    async fn run_row_statements(
+        &mut self,
+        statement: &RowStatement<'_>,
+        rows: &[UploadedRow],
+    ) -> Result<Result<Vec<u64>, RowFailure>, SyncError> {
+        run_row_statements(&self.transaction, self.statements, statement, rows).await
+    }
+
+    async fn resolve_conflicts_set(
+        &mut self,
+        table: &TableApply<'_>,
+        columns: &[String],
+        conflicted: &[UploadedRow],
+    ) -> Result<(), SyncError> {
+        let transaction = &self.transaction;
+        let name = table.table();
+        let stage = Stage::create(transaction, "clash", table.shape, columns, true, true).await?;
+        let operations: Vec<Value> = conflicted
+            .iter()
+            .map(|row| Value::Text(row.operation.to_string()))
+            .collect();
+        let nulls = vec![Value::Null; columns.len()];
+        let rows = conflicted.iter().zip(&operations).map(|(row, operation)| {
+            std::iter::once(operation)
+                .chain(row.new.as_ref().unwrap_or(&nulls))
+                .chain(row.old.as_ref().unwrap_or(&nulls))
+                .collect()
+        });
+        stage
+            .load(transaction, name, rows, conflicted.len())
+            .await?;
+        query_script(
+            transaction,
+            self.statements,
+            table.scripts,
+            name,
+            RESOLVE_CONFLICT,
+            &[(CONFLICTS_PLACEHOLDER, &stage.name)],
+            table.parameters,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn current_row(
+        &mut self,
+        table: &str,
+        columns: &[String],
+        key_positions: &[usize],
+        key: &[Value],
+    ) -> Result<Option<Row>, SyncError> {
+        let sql = format!(
+            "SELECT {} FROM {} WHERE {}",
+            column_list(columns, ""),
+            q(table),
+            key_positions
+                .iter()
+                .enumerate()
+                .map(|(index, &position)| format!("{} = ${}", q(&columns[position]), index + 1))
+                .collect::<Vec<_>>()
+                .join(" AND ")
+        );
+        let (_, rows) = query_rows(&self.transaction, self.statements, &sql, key).await?;
+        Ok(rows.into_iter().next())
+    }
+
+    async fn run_for_row(
+        &mut self,
+        statement: &RowStatement<'_>,
+        images: &RowImages<'_>,
+    ) -> Result<(), SyncError> {
+        let (sql, names) = positional_parameters(statement.sql);
+        let values = names
+            .iter()
+            .map(|name| {
+                statement.parameters.value_for_row(
+                    name,
+                    Some(images),
+                    statement.table,
+                    statement.event,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        query_rows(&self.transaction, self.statements, &sql, &values)
+            .await
+            .map_err(|error| script_failure(statement.event, statement.table, error))?;
+        Ok(())
+    }
+
+    async fn fetch_by_keys(
+        &mut self,
+        table: &TableApply<'_>,
+        keys: &[Row],
+    ) -> Result<ScriptRows, SyncError> {
+        let transaction = &self.transaction;
+        let shape = table.shape;
+        let stage =
+            Stage::create(transaction, "keys", shape, &shape.key_columns, false, false).await?;
+        let rows = keys.iter().map(|row| row.iter().collect());
+        stage
+            .load(transaction, &shape.name, rows, keys.len())
+            .await?;
+        query_script(
+            transaction,
+            self.statements,
+            table.scripts,
+            &shape.name,
+            UPLOAD_FETCH,
+            &[(KEYS_PLACEHOLDER, &stage.name)],
+            table.parameters,
+        )
+        .await
+    }
+
+    async fn watermark(&mut self) -> Result<i64, SyncError> {
+        Ok(self.query_one_value(WATERMARK_QUERY, &[]).await?.get(0))
+    }
+
+    async fn read_cursor(
+        &mut self,
+        cursor: &CursorScript<'_>,
+        sink: &mut CursorSink<'_, '_>,
+    ) -> Result<(), SyncError> {
+        read_cursor(&self.transaction, self.statements, cursor, sink).await
+    }
+
+    async fn commit(self) -> Result<(), SyncError> {
+        Ok(self.transaction.commit().await?)
+    }
+}

@@ -1,0 +1,104 @@
+//! What rowsync knows of a consolidated table, and checking an upload against it.
+
+use std::collections::HashSet;
+
+use rowsync_protocol::TableUpload;
+
+use crate::SyncError;
+
+/// A column of a consolidated table.
+#[derive(Debug, Clone)]
+pub struct Column {
+    pub name: String,
+}
+
+/// What rowsync needs to know of a consolidated table.
+#[derive(Debug, Clone)]
+pub struct TableShape {
+    pub name: String,
+    pub columns: Vec<Column>,
+    /// Primary-key column names in key order.
+    pub key_columns: Vec<String>,
+}
+
+impl TableShape {
+    pub fn has_column(&self, name: &str) -> bool {
+        self.columns.iter().any(|column| column.name == name)
+    }
+}
+
+pub fn key_positions_in(
+    columns: &[String],
+    keys: &[String],
+    table: &str,
+    event: &str,
+) -> Result<Vec<usize>, SyncError> {
+    keys.iter()
+        .map(|key| {
+            columns
+                .iter()
+                .position(|column| column == key)
+                .ok_or_else(|| {
+                    SyncError::script(
+                        event,
+                        table,
+                        format!(
+                            "the script must select the key column {key:?}; it selects {columns:?}"
+                        ),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Checks the upload's columns against the table and returns the positions of the key
+/// columns within the upload's columns.
+pub fn validate_upload_shape(
+    upload: &TableUpload,
+    shape: &TableShape,
+) -> Result<Vec<usize>, SyncError> {
+    let table = &shape.name;
+    if upload.key_columns != shape.key_columns {
+        return Err(SyncError::Schema(format!(
+            "table {table:?} has primary key {:?} in the consolidated database, the upload names {:?}",
+            shape.key_columns, upload.key_columns
+        )));
+    }
+    let mut seen = HashSet::new();
+    for column in &upload.columns {
+        if !shape.has_column(column) {
+            return Err(SyncError::Schema(format!(
+                "table {table:?} has no column {column:?}"
+            )));
+        }
+        if !seen.insert(column) {
+            return Err(SyncError::Schema(format!(
+                "column {column:?} of table {table:?} appears twice in the upload"
+            )));
+        }
+    }
+    let carries_rows = !(upload.inserts.is_empty() && upload.updates.is_empty());
+    if carries_rows && upload.columns.is_empty() {
+        return Err(SyncError::Schema(format!(
+            "upload of table {table:?} carries rows but no columns"
+        )));
+    }
+    if upload.columns.is_empty() {
+        return Ok(Vec::new());
+    }
+    upload
+        .key_columns
+        .iter()
+        .map(|key| {
+            upload
+                .columns
+                .iter()
+                .position(|column| column == key)
+                .ok_or_else(|| {
+                    SyncError::Schema(format!(
+                        "upload of table {table:?} lacks key column {key:?}"
+                    ))
+                })
+        })
+        .collect()
+}

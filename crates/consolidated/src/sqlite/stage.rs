@@ -1,0 +1,144 @@
+//! Staging an upload on SQLite: a temporary table per kind with the consolidated
+//! table's column affinities, and the queries that find what of it did not land.
+
+use rowsync_protocol::{Row, Value};
+use rusqlite::Connection;
+
+use crate::names::{column_list, key_match};
+use crate::scripts::*;
+use crate::shape::TableShape;
+use crate::{quote_identifier as q, SyncError};
+
+/// Where an uploaded row counts as landed: in the table and, when the table is
+/// partitioned, in the uploading user's partition. An identical row in another
+/// partition is not the client's, so its upload is a conflict (sent back as a delete).
+pub(super) struct Landed<'a> {
+    pub(super) partition_column: Option<&'a str>,
+    pub(super) user: &'a str,
+}
+
+/// A temporary table holding one kind of a table's staged upload.
+pub(super) struct Stage {
+    pub(super) name: String,
+    columns: Vec<String>,
+    key_columns: Vec<String>,
+}
+
+impl Stage {
+    /// Creates (or empties) `temp.rs_stage_<kind>_<table>` with the upload's columns and
+    /// the consolidated table's column affinities, so comparisons match the table's.
+    pub(super) fn create(
+        connection: &Connection,
+        kind: &str,
+        shape: &TableShape,
+        columns: &[String],
+        with_old_image: bool,
+    ) -> Result<Stage, SyncError> {
+        let name = format!("temp.{}", q(&format!("rs_stage_{kind}_{}", shape.name)));
+        let mut select: Vec<String> = columns.iter().map(|column| q(column)).collect();
+        let mut staged_columns = columns.to_vec();
+        if with_old_image {
+            for column in columns {
+                let old = format!("{OLD_IMAGE_PREFIX}{column}");
+                select.push(format!("{} AS {}", q(column), q(&old)));
+                staged_columns.push(old);
+            }
+        }
+        connection.execute_batch(&format!(
+            "DROP TABLE IF EXISTS {name}; CREATE TEMP TABLE {bare} AS SELECT {select} FROM main.{table} WHERE 0;",
+            bare = q(&format!("rs_stage_{kind}_{}", shape.name)),
+            select = select.join(", "),
+            table = q(&shape.name),
+        ))?;
+        Ok(Stage {
+            name,
+            columns: staged_columns,
+            key_columns: shape.key_columns.clone(),
+        })
+    }
+
+    pub(super) fn load(
+        &self,
+        connection: &Connection,
+        rows: &mut dyn Iterator<Item = Vec<&Value>>,
+    ) -> Result<(), SyncError> {
+        let placeholders = vec!["?"; self.columns.len()].join(", ");
+        let mut statement = connection.prepare(&format!(
+            "INSERT INTO {} VALUES ({placeholders})",
+            self.name
+        ))?;
+        for row in rows {
+            statement.execute(rusqlite::params_from_iter(row))?;
+        }
+        Ok(())
+    }
+
+    fn select_keys(
+        &self,
+        connection: &Connection,
+        condition: &str,
+        parameters: &[&str],
+    ) -> Result<Vec<Row>, SyncError> {
+        let keys = column_list(&self.key_columns, "s.");
+        let mut statement = connection.prepare(&format!(
+            "SELECT {keys} FROM {} AS s WHERE {condition}",
+            self.name
+        ))?;
+        let width = self.key_columns.len();
+        let rows = statement
+            .query_map(rusqlite::params_from_iter(parameters), |row| {
+                (0..width)
+                    .map(|i| row.get::<_, Value>(i))
+                    .collect::<Result<Row, _>>()
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// Staged rows whose new image is not what the table now holds (in the user's
+    /// partition): not applied as sent.
+    pub(super) fn rows_not_matching_table(
+        &self,
+        connection: &Connection,
+        shape: &TableShape,
+        landed: &Landed,
+    ) -> Result<Vec<Row>, SyncError> {
+        let mut matches = self
+            .columns
+            .iter()
+            .filter(|column| !column.starts_with(OLD_IMAGE_PREFIX))
+            .map(|column| format!("t.{c} IS s.{c}", c = q(column)))
+            .collect::<Vec<_>>();
+        let mut parameters = Vec::new();
+        if let Some(partition_column) = landed.partition_column {
+            matches.push(format!("t.{} = ?1", q(partition_column)));
+            parameters.push(landed.user);
+        }
+        self.select_keys(
+            connection,
+            &format!(
+                "NOT EXISTS (SELECT 1 FROM main.{} AS t WHERE {})",
+                q(&shape.name),
+                matches.join(" AND ")
+            ),
+            &parameters,
+        )
+    }
+
+    /// Staged delete keys whose row is still in the table: not deleted.
+    pub(super) fn keys_still_in_table(
+        &self,
+        connection: &Connection,
+        shape: &TableShape,
+    ) -> Result<Vec<Row>, SyncError> {
+        let matches = key_match(&self.key_columns, "t", "s");
+        self.select_keys(
+            connection,
+            &format!(
+                "EXISTS (SELECT 1 FROM main.{} AS t WHERE {matches})",
+                q(&shape.name)
+            ),
+            &[],
+        )
+    }
+}
