@@ -73,8 +73,8 @@ impl Consolidated for MysqlConsolidated {
 pub struct MysqlConnection {
     connection: Conn,
     cache: ScriptCache,
-    /// Each synchronized table's stamping statements (see `stamp`), by table.
-    stamping: HashMap<String, [String; 2]>,
+    /// Each synchronized table's primary key, for the stamper (see `stamp`).
+    stamping: HashMap<String, stamp::StampedTable>,
     /// Whether `@rs_sync` may still be set from a sync that did not commit: it must not
     /// mark what other work on this connection writes.
     sync_marked: bool,
@@ -97,8 +97,8 @@ impl MysqlConnection {
         Ok(())
     }
 
-    /// The stamping statements of every synchronized table, built once per table.
-    async fn stamp_statements(&mut self) -> Result<Vec<[String; 2]>, DbError> {
+    /// Every synchronized table with its primary key, looked up once per table.
+    async fn stamped_tables(&mut self) -> Result<Vec<stamp::StampedTable>, DbError> {
         let tables: Vec<String> = self
             .connection
             .query("SELECT table_name FROM rs_table ORDER BY table_name")
@@ -111,8 +111,11 @@ impl MysqlConnection {
                 else {
                     continue;
                 };
-                let built = stamp::stamp_statements(&table, &shape.key_columns);
-                self.stamping.insert(table.clone(), built);
+                let stamped = stamp::StampedTable {
+                    table: table.clone(),
+                    key_columns: shape.key_columns,
+                };
+                self.stamping.insert(table.clone(), stamped);
             }
             statements.push(self.stamping[&table].clone());
         }

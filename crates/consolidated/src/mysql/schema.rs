@@ -469,8 +469,8 @@ pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'sta
         (
             DOWNLOAD_CURSOR,
             format!(
-                "SELECT {table_columns} FROM {table} AS t WHERE t.{partition} = :user AND t.{stamp} >= :last_download \
-                 AND (t.{origin} = 0 OR t.{origin} <> :last_sync_xid)",
+                "SELECT {table_columns} FROM {table} AS t WHERE t.{partition} = :user \
+                 AND (t.{stamp} >= :last_download OR t.{stamp} IS NULL) AND (t.{origin} = 0 OR t.{origin} <> :last_sync_xid)",
                 stamp = q(STAMP_COLUMN),
                 origin = q(ORIGIN_COLUMN),
             ),
@@ -479,7 +479,7 @@ pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'sta
             DOWNLOAD_DELETE_CURSOR,
             // Keys back in the partition are downloaded as rows; their tombstones are moot.
             format!(
-                "SELECT {key_list} FROM {tombstones} AS d WHERE d.rs_partition = :user AND d.stamp >= :last_download \
+                "SELECT {key_list} FROM {tombstones} AS d WHERE d.rs_partition = :user AND (d.stamp >= :last_download OR d.stamp IS NULL) \
                  AND (d.origin = 0 OR d.origin <> :last_sync_xid) AND NOT EXISTS (SELECT 1 FROM {table} AS t WHERE {td} AND t.{partition} = :user)",
                 key_list = column_list(keys, "d."),
                 tombstones = q(&tombstone_table(&shape.name)),

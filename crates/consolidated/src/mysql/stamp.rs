@@ -55,30 +55,70 @@ pub async fn set_clock(connection: &mut impl Queryable, stamp: i64) -> Result<()
         .map_err(db)
 }
 
-/// The statements that stamp one table's committed, unstamped rows and tombstones.
-pub fn stamp_statements(table: &str, key_columns: &[String]) -> [String; 2] {
-    let keys = column_list(key_columns, "");
-    let stamp = q(STAMP_COLUMN);
-    let tombstones = q(&tombstone_table(table));
-    [
-        format!(
-            "UPDATE {t} SET {stamp} = ? WHERE ({keys}) IN (SELECT {keys} FROM \
-             (SELECT {keys} FROM {t} WHERE {stamp} IS NULL FOR UPDATE SKIP LOCKED) AS rs_pending)",
-            t = q(table)
-        ),
-        format!(
-            "UPDATE {tombstones} SET stamp = ? WHERE rs_id IN (SELECT rs_id FROM \
-             (SELECT rs_id FROM {tombstones} WHERE stamp IS NULL FOR UPDATE SKIP LOCKED) AS rs_pending)"
-        ),
-    ]
+/// Keys per stamping update (each a bound value or a few).
+const STAMP_KEYS_PER_STATEMENT: usize = 1000;
+
+/// One synchronized table as the stamper sees it.
+#[derive(Debug, Clone)]
+pub struct StampedTable {
+    pub table: String,
+    pub key_columns: Vec<String>,
+}
+
+impl StampedTable {
+    /// Stamps the table's committed, unstamped rows, then its tombstones. The keys are
+    /// read with `SKIP LOCKED` and updated by primary key (forced: a scan would wait for
+    /// the row lock of an insert not yet committed).
+    async fn stamp(&self, transaction: &mut impl Queryable, stamp: i64) -> Result<(), DbError> {
+        let stamp_column = q(STAMP_COLUMN);
+        let table = q(&self.table);
+        let keys = column_list(&self.key_columns, "");
+        let pending: Vec<mysql_async::Row> = transaction
+            .query(format!(
+                "SELECT {keys} FROM {table} WHERE {stamp_column} IS NULL FOR UPDATE SKIP LOCKED"
+            ))
+            .await
+            .map_err(db)?;
+        let width = self.key_columns.len();
+        let one_key = if width == 1 {
+            "?".to_string()
+        } else {
+            format!("({})", vec!["?"; width].join(", "))
+        };
+        for batch in pending.chunks(STAMP_KEYS_PER_STATEMENT) {
+            let sql = format!(
+                "UPDATE {table} FORCE INDEX (PRIMARY) SET {stamp_column} = ? WHERE ({keys}) IN ({})",
+                vec![one_key.as_str(); batch.len()].join(", ")
+            );
+            let mut values = vec![mysql_async::Value::Int(stamp)];
+            values.extend(batch.iter().flat_map(|row| row.clone().unwrap()));
+            transaction.exec_drop(sql, values).await.map_err(db)?;
+        }
+        let tombstones = q(&tombstone_table(&self.table));
+        let pending: Vec<i64> = transaction
+            .query(format!(
+                "SELECT rs_id FROM {tombstones} WHERE stamp IS NULL FOR UPDATE SKIP LOCKED"
+            ))
+            .await
+            .map_err(db)?;
+        for batch in pending.chunks(STAMP_KEYS_PER_STATEMENT) {
+            let sql = format!(
+                "UPDATE {tombstones} FORCE INDEX (PRIMARY) SET stamp = ? WHERE rs_id IN ({})",
+                vec!["?"; batch.len()].join(", ")
+            );
+            let mut values = vec![stamp];
+            values.extend(batch);
+            transaction.exec_drop(sql, values).await.map_err(db)?;
+        }
+        Ok(())
+    }
 }
 
 /// Runs a stamper transaction (see the module's documentation) and announces the
-/// watermark this connection's sync will hand out; returns the stamp `V`. `tables` are
-/// the stamping statements of every synchronized table.
+/// watermark this connection's sync will hand out; returns the stamp `V`.
 pub async fn stamp_committed_rows(
     connection: &mut Conn,
-    tables: &[[String; 2]],
+    tables: &[StampedTable],
 ) -> Result<i64, DbError> {
     let mut options = TxOpts::default();
     options.with_isolation_level(IsolationLevel::ReadCommitted);
@@ -89,8 +129,8 @@ pub async fn stamp_committed_rows(
         .await
         .map_err(db)?;
     let mut stamped = Ok(());
-    for statement in tables.iter().flatten() {
-        stamped = transaction.exec_drop(statement, (stamp,)).await;
+    for table in tables {
+        stamped = table.stamp(&mut transaction, stamp).await;
         if stamped.is_err() {
             break;
         }
@@ -99,7 +139,7 @@ pub async fn stamp_committed_rows(
         .query_drop("SET @rs_stamping = NULL")
         .await
         .map_err(db)?;
-    stamped.map_err(db)?;
+    stamped?;
     set_clock(&mut transaction, stamp).await?;
     transaction
         .exec_drop(

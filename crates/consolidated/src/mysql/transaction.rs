@@ -42,8 +42,8 @@ impl SyncBackend for MysqlConnection {
     type Transaction<'t> = MysqlTransaction<'t>;
 
     async fn begin(&mut self) -> Result<MysqlTransaction<'_>, SyncError> {
-        let statements = self.stamp_statements().await?;
-        let stamp = stamp_committed_rows(&mut self.connection, &statements).await?;
+        let tables = self.stamped_tables().await?;
+        let stamp = stamp_committed_rows(&mut self.connection, &tables).await?;
         // The triggers mark what this sync writes with its stamp (`rs_origin`).
         self.connection
             .exec_drop("SET @rs_sync = ?", (stamp,))
@@ -67,7 +67,7 @@ impl SyncBackend for MysqlConnection {
     }
 
     fn after_failure(&mut self) {
-        // A table changed under a cached stamping statement: build them afresh.
+        // A table's key may have changed under the stamper's cache: look it up afresh.
         self.stamping.clear();
     }
 }
