@@ -4,5 +4,6 @@ pub mod bench;
 pub mod bench_apply;
 pub mod bench_load;
 pub mod bench_transport;
+pub mod database;
 pub mod demo;
 pub mod local_server;

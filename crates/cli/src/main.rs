@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use rowsync_cli::database::Database;
 use rowsync_cli::demo;
+use rowsync_consolidated::mysql::MysqlConsolidated;
 use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::sqlite::SqliteConsolidated;
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
@@ -32,7 +34,7 @@ struct Cli {
 enum Command {
     /// Run the sync server.
     Serve {
-        /// The consolidated database: a SQLite file path or a postgres:// URL.
+        /// The consolidated database: a SQLite file path, a postgres:// or a mysql:// URL.
         #[arg(long)]
         db: String,
         /// Address of the plain TCP endpoint (tcp:// clients).
@@ -125,7 +127,7 @@ enum Command {
     },
     /// Make an existing table synchronizable: change tracking and default scripts.
     Init {
-        /// The consolidated database: a SQLite file path or a postgres:// URL.
+        /// The consolidated database: a SQLite file path, a postgres:// or a mysql:// URL.
         #[arg(long)]
         db: String,
         #[arg(long)]
@@ -139,7 +141,7 @@ enum Command {
     /// Remove tombstones every subscribed client has passed (the server also does this
     /// every --cleanup-interval-seconds).
     Cleanup {
-        /// The consolidated database: a SQLite file path or a postgres:// URL.
+        /// The consolidated database: a SQLite file path, a postgres:// or a mysql:// URL.
         #[arg(long)]
         db: String,
     },
@@ -259,9 +261,9 @@ enum Command {
         #[arg(long, default_value_t = 50)]
         connections_low: usize,
     },
-    /// Run a complete demonstration (embedded SQLite by default, or --db postgres://...).
+    /// Run a complete demonstration (embedded SQLite by default, or --db postgres://... or mysql://...).
     Demo {
-        /// The consolidated database: a postgres:// URL of a scratch database (the demo
+        /// The consolidated database: a postgres:// or mysql:// URL of a scratch database (the demo
         /// drops and recreates its tables, orders and rs_*, there) or a SQLite file path.
         /// Default: a new SQLite file in the demo's directory.
         #[arg(long)]
@@ -282,7 +284,7 @@ enum Command {
 enum UserCommand {
     /// Add a user, or set the password of an existing one.
     Add {
-        /// The consolidated database: a SQLite file path or a postgres:// URL.
+        /// The consolidated database: a SQLite file path, a postgres:// or a mysql:// URL.
         #[arg(long)]
         db: String,
         #[arg(long)]
@@ -295,7 +297,7 @@ enum UserCommand {
 
 #[derive(clap::Args)]
 struct ScriptKey {
-    /// The consolidated database: a SQLite file path or a postgres:// URL.
+    /// The consolidated database: a SQLite file path, a postgres:// or a mysql:// URL.
     #[arg(long)]
     db: String,
     #[arg(long)]
@@ -311,7 +313,7 @@ struct ScriptKey {
 enum ScriptCommand {
     /// List the scripts of one version (or of all).
     List {
-        /// The consolidated database: a SQLite file path or a postgres:// URL.
+        /// The consolidated database: a SQLite file path, a postgres:// or a mysql:// URL.
         #[arg(long)]
         db: String,
         #[arg(long)]
@@ -340,7 +342,7 @@ enum ScriptCommand {
 enum VersionCommand {
     /// Add a script version (or update its description).
     Add {
-        /// The consolidated database: a SQLite file path or a postgres:// URL.
+        /// The consolidated database: a SQLite file path, a postgres:// or a mysql:// URL.
         #[arg(long)]
         db: String,
         name: String,
@@ -349,7 +351,7 @@ enum VersionCommand {
     },
     /// List the script versions.
     List {
-        /// The consolidated database: a SQLite file path or a postgres:// URL.
+        /// The consolidated database: a SQLite file path, a postgres:// or a mysql:// URL.
         #[arg(long)]
         db: String,
     },
@@ -379,10 +381,6 @@ fn parse_compression(text: &str) -> Result<rowsync_protocol::Compression> {
         "zstd" => rowsync_protocol::Compression::Zstd,
         other => bail!("unknown compression {other:?}: none, zlib or zstd"),
     })
-}
-
-fn is_postgres(db: &str) -> bool {
-    db.starts_with("postgres://") || db.starts_with("postgresql://")
 }
 
 async fn run(command: Command) -> Result<()> {
@@ -417,9 +415,10 @@ async fn run(command: Command) -> Result<()> {
         | Command::Cert { .. }
         | Command::BenchTransport { .. } => None,
     };
-    match db {
-        Some(db) if is_postgres(&db) => run_with(command, PostgresConsolidated::new(db)).await,
-        Some(db) => run_with(command, SqliteConsolidated::new(PathBuf::from(db))).await,
+    match db.as_deref().map(Database::parse) {
+        Some(Database::Postgres(url)) => run_with(command, PostgresConsolidated::new(url)).await,
+        Some(Database::Mysql(url)) => run_with(command, MysqlConsolidated::new(&url)?).await,
+        Some(Database::Sqlite(path)) => run_with(command, SqliteConsolidated::new(path)).await,
         None => run_with(command, SqliteConsolidated::new("unused.db")).await,
     }
 }
@@ -539,10 +538,11 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
                 });
             }
             backend.connect().await?.install_system_tables().await?;
-            let shown = if is_postgres(&db) {
-                "a PostgreSQL database"
-            } else {
-                db.as_str()
+            // A URL may hold a password: name the kind of database only.
+            let shown = match Database::parse(&db) {
+                Database::Postgres(_) => "a PostgreSQL database",
+                Database::Mysql(_) => "a MySQL database",
+                Database::Sqlite(_) => db.as_str(),
             };
             eprintln!("rowsync serving {shown} on {}", shown_endpoints.join(" "));
             let defaults = ServerConfig::default();
@@ -698,7 +698,7 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             Ok(())
         }
         Command::BenchApply { db, rows } => {
-            if !is_postgres(&db) {
+            if !matches!(Database::parse(&db), Database::Postgres(_)) {
                 bail!("bench-apply measures PostgreSQL: give --db postgres://...");
             }
             rowsync_cli::bench_apply::run(&db, rows, &mut std::io::stdout()).await?;
@@ -723,7 +723,7 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             use rowsync_cli::bench::{
                 self, clients::ClientMode, clients::Retry, server::Protocol, server::Workers,
             };
-            if !is_postgres(&db) {
+            if !matches!(Database::parse(&db), Database::Postgres(_)) {
                 bail!("bench measures PostgreSQL (and its own bulk path beside rowsync): give --db postgres://...");
             }
             let workers = workers
@@ -770,7 +770,7 @@ async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
             workers_max,
             connections_low,
         } => {
-            if !is_postgres(&db) {
+            if !matches!(Database::parse(&db), Database::Postgres(_)) {
                 bail!("bench-load measures PostgreSQL: give --db postgres://...");
             }
             let options = rowsync_cli::bench_load::LoadOptions {

@@ -12,10 +12,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use rowsync_consolidated::mysql::value::read_row;
 use rowsync_consolidated::mysql::MysqlConsolidated;
 use rowsync_consolidated::{
@@ -37,7 +37,11 @@ async fn fresh_items_database() -> String {
         .query_drop("CREATE TABLE items (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, value INTEGER NOT NULL)")
         .await
         .unwrap();
-    let mut connection = MysqlConsolidated::new(&url).unwrap().connect().await.unwrap();
+    let mut connection = MysqlConsolidated::new(&url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     connection
         .init_table(&TableInit {
             table: "items".into(),
@@ -126,7 +130,11 @@ async fn committed(reader: &mut Conn, user: &str) -> BTreeMap<i64, Row> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_committed_late_is_downloaded_by_the_next_sync() {
     let url = fresh_items_database().await;
-    let mut backend = MysqlConsolidated::new(&url).unwrap().connect().await.unwrap();
+    let mut backend = MysqlConsolidated::new(&url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut slow = connect(&url).await;
     let mut fast = connect(&url).await;
     let mut replica = Replica::new("c1", "u0");
@@ -186,7 +194,11 @@ async fn run_seed(url: &str, seed: u64, steps: usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut reader = connect(url).await;
     reader.query_drop("DELETE FROM items").await.unwrap();
-    let mut backend = MysqlConsolidated::new(url).unwrap().connect().await.unwrap();
+    let mut backend = MysqlConsolidated::new(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut writers = Vec::new();
     for _ in 0..3 {
         writers.push(Writer {
@@ -292,7 +304,11 @@ async fn committed_ids(reader: &mut Conn) -> Vec<i64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_concurrent_sync_of_one_client_is_refused_and_changes_nothing() {
     let url = fresh_items_database().await;
-    let mut backend = MysqlConsolidated::new(&url).unwrap().connect().await.unwrap();
+    let mut backend = MysqlConsolidated::new(&url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     // Another connection (as another server process would) is syncing client c1.
     let mut other = connect(&url).await;
     other

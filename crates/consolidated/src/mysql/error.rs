@@ -60,7 +60,8 @@ pub fn server_code(error: &mysql_async::Error) -> Option<u16> {
 /// Whether a failure may pass on a second attempt of the sync: a concurrent insert of
 /// the same key, a lock wait timeout, a deadlock.
 pub fn is_retryable(error: &mysql_async::Error) -> bool {
-    server_code(error).is_some_and(|code| [DUPLICATE_KEY, LOCK_WAIT_TIMEOUT, DEADLOCK].contains(&code))
+    server_code(error)
+        .is_some_and(|code| [DUPLICATE_KEY, LOCK_WAIT_TIMEOUT, DEADLOCK].contains(&code))
 }
 
 /// A script's failure; failures a second attempt may not meet stay database errors,

@@ -11,9 +11,9 @@ use rowsync_protocol::Value;
 use super::error::db;
 use super::query::run_script;
 use crate::parameters::Parameters;
-use crate::version_scripts::{single_integer, ScriptCache, ScriptRows, Scripts};
 use crate::scripts::*;
 use crate::types::{AuthCheck, AuthRequest, DownloadAckRequest};
+use crate::version_scripts::{single_integer, ScriptCache, ScriptRows, Scripts};
 use crate::SyncError;
 
 /// The scripts of `version`, from the cache unless they changed; runs `begin_connection`
@@ -24,7 +24,10 @@ pub async fn scripts_for(
     version: &str,
 ) -> Result<Arc<Scripts>, SyncError> {
     let revision: i64 = connection
-        .exec_first("SELECT revision FROM rs_script_version WHERE name = ?", (version,))
+        .exec_first(
+            "SELECT revision FROM rs_script_version WHERE name = ?",
+            (version,),
+        )
         .await
         .map_err(db)?
         .ok_or_else(|| SyncError::UnknownScriptVersion(version.to_string()))?;
@@ -115,7 +118,12 @@ pub async fn acknowledge_download(
         .exec_drop(
             "UPDATE rs_subscription SET download_acknowledged = GREATEST(download_acknowledged, ?)
              WHERE client_id = ? AND user_name = ? AND download_watermark = ?",
-            (request.watermark, &request.client_id, &request.user, request.watermark),
+            (
+                request.watermark,
+                &request.client_id,
+                &request.user,
+                request.watermark,
+            ),
         )
         .await
         .map_err(db)?;

@@ -146,9 +146,12 @@ impl ConsolidatedConnection for MysqlConnection {
         download: DownloadSender,
     ) -> Result<SyncOutcome, SyncError> {
         self.clear_sync_mark().await?;
-        let scripts =
-            events::scripts_for(&mut self.connection, &mut self.cache, &request.script_version)
-                .await?;
+        let scripts = events::scripts_for(
+            &mut self.connection,
+            &mut self.cache,
+            &request.script_version,
+        )
+        .await?;
         crate::driver::synchronize(self, &scripts, &request, &download).await
     }
 

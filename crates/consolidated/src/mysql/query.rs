@@ -35,7 +35,9 @@ pub fn question_marks(sql: &str) -> Result<(String, Vec<String>), String> {
             digits.push(d);
             chars.next();
         }
-        let position: usize = digits.parse().map_err(|_| "a parameter marker without its number")?;
+        let position: usize = digits
+            .parse()
+            .map_err(|_| "a parameter marker without its number")?;
         order.push(names[position - 1].clone());
         out.push('?');
     }

@@ -11,8 +11,8 @@ use mysql_async::{Conn, TxOpts};
 use super::error::db;
 use super::stamp;
 use crate::names::{column_list, key_match};
-use crate::shape::{Column, TableShape};
 use crate::scripts::*;
+use crate::shape::{Column, TableShape};
 use crate::{quote_identifier as q, DbError, ScriptEntry, TableInit};
 
 /// Text columns of system tables compare byte for byte, as on the other backends.
@@ -112,10 +112,17 @@ async fn install_unlocked(connection: &mut Conn) -> Result<(), DbError> {
 }
 
 pub async fn install_system_tables(connection: &mut Conn) -> Result<(), DbError> {
-    with_install_lock(connection, async |connection| install_unlocked(connection).await).await
+    with_install_lock(connection, async |connection| {
+        install_unlocked(connection).await
+    })
+    .await
 }
 
-pub async fn set_user(connection: &mut Conn, name: &str, password_hash: &str) -> Result<(), DbError> {
+pub async fn set_user(
+    connection: &mut Conn,
+    name: &str,
+    password_hash: &str,
+) -> Result<(), DbError> {
     if name.is_empty() {
         return Err(DbError::Invalid("a user name must not be empty".into()));
     }
@@ -206,7 +213,9 @@ const PARTITION_INDEX_PREFIX_CHARS: u32 = 191;
 
 pub async fn init_table(connection: &mut Conn, init: &TableInit) -> Result<(), DbError> {
     if init.table.starts_with("rs_") {
-        return Err(DbError::Invalid("tables named rs_* are rowsync's own".into()));
+        return Err(DbError::Invalid(
+            "tables named rs_* are rowsync's own".into(),
+        ));
     }
     if init.table.chars().count() > TABLE_NAME_CHARS_MAX {
         return Err(DbError::Invalid(format!(
@@ -244,20 +253,35 @@ pub async fn init_table(connection: &mut Conn, init: &TableInit) -> Result<(), D
 
 /// Stamps the rows already in the table and registers it with its default scripts, in one
 /// transaction: a sync that sees the scripts has a watermark at or below the stamp.
-async fn register(connection: &mut Conn, shape: &TableShape, init: &TableInit) -> Result<(), DbError> {
+async fn register(
+    connection: &mut Conn,
+    shape: &TableShape,
+    init: &TableInit,
+) -> Result<(), DbError> {
     let mut transaction = connection
         .start_transaction(TxOpts::default())
         .await
         .map_err(db)?;
     let stamp = stamp::next_stamp(&mut transaction).await?;
-    transaction.query_drop("SET @rs_stamping = 1").await.map_err(db)?;
+    transaction
+        .query_drop("SET @rs_stamping = 1")
+        .await
+        .map_err(db)?;
     let stamped = transaction
         .exec_drop(
-            format!("UPDATE {} SET {} = ? WHERE {} IS NULL", q(&shape.name), q(STAMP_COLUMN), q(STAMP_COLUMN)),
+            format!(
+                "UPDATE {} SET {} = ? WHERE {} IS NULL",
+                q(&shape.name),
+                q(STAMP_COLUMN),
+                q(STAMP_COLUMN)
+            ),
             (stamp,),
         )
         .await;
-    transaction.query_drop("SET @rs_stamping = NULL").await.map_err(db)?;
+    transaction
+        .query_drop("SET @rs_stamping = NULL")
+        .await
+        .map_err(db)?;
     stamped.map_err(db)?;
     stamp::set_clock(&mut transaction, stamp).await?;
     transaction
@@ -348,7 +372,10 @@ async fn tracking_ddl(
     }
     let stamp_index = format!("rs_stamp_{name}");
     if !has_index(connection, name, &stamp_index).await? {
-        statements.push(format!("CREATE INDEX {} ON {table} ({stamp})", q(&stamp_index)));
+        statements.push(format!(
+            "CREATE INDEX {} ON {table} ({stamp})",
+            q(&stamp_index)
+        ));
     }
     let partition_index = format!("rs_partition_{name}");
     if !has_index(connection, name, &partition_index).await? {
@@ -361,7 +388,10 @@ async fn tracking_ddl(
     let key_definitions = keys
         .iter()
         .map(|key| {
-            let info = infos.iter().find(|info| &info.name == key).expect("key is a column");
+            let info = infos
+                .iter()
+                .find(|info| &info.name == key)
+                .expect("key is a column");
             format!("{} {}", q(key), info.column_type)
         })
         .collect::<Vec<_>>()
@@ -396,7 +426,11 @@ async fn tracking_ddl(
             "AFTER UPDATE",
             format!("IF ({moved}) AND OLD.{p} IS NOT NULL THEN {tombstone} END IF;"),
         ),
-        ("delete", "AFTER DELETE", format!("IF OLD.{p} IS NOT NULL THEN {tombstone} END IF;")),
+        (
+            "delete",
+            "AFTER DELETE",
+            format!("IF OLD.{p} IS NOT NULL THEN {tombstone} END IF;"),
+        ),
     ] {
         statements.push(format!("DROP TRIGGER IF EXISTS {}", trigger(kind)));
         statements.push(format!(
@@ -412,7 +446,11 @@ async fn tracking_ddl(
 pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'static str, String)> {
     let table = q(&shape.name);
     let partition = q(partition_column);
-    let all: Vec<String> = shape.columns.iter().map(|column| column.name.clone()).collect();
+    let all: Vec<String> = shape
+        .columns
+        .iter()
+        .map(|column| column.name.clone())
+        .collect();
     let keys = &shape.key_columns;
     let non_keys: Vec<&String> = all.iter().filter(|name| !keys.contains(name)).collect();
     let set_new = if non_keys.is_empty() {
@@ -521,7 +559,10 @@ pub async fn cleanup(connection: &mut Conn) -> Result<u64, DbError> {
     for table in tables {
         connection
             .exec_drop(
-                format!("DELETE FROM {} WHERE stamp < ?", q(&tombstone_table(&table))),
+                format!(
+                    "DELETE FROM {} WHERE stamp < ?",
+                    q(&tombstone_table(&table))
+                ),
                 (threshold,),
             )
             .await
@@ -557,7 +598,10 @@ pub async fn scripts(
 pub async fn set_script(connection: &mut Conn, entry: &ScriptEntry) -> Result<(), DbError> {
     check_event(&entry.table, &entry.event).map_err(DbError::Invalid)?;
     let known: Option<i64> = connection
-        .exec_first("SELECT 1 FROM rs_script_version WHERE name = ?", (&entry.script_version,))
+        .exec_first(
+            "SELECT 1 FROM rs_script_version WHERE name = ?",
+            (&entry.script_version,),
+        )
         .await
         .map_err(db)?;
     if known.is_none() {
@@ -570,7 +614,12 @@ pub async fn set_script(connection: &mut Conn, entry: &ScriptEntry) -> Result<()
         .exec_drop(
             "INSERT INTO rs_script (script_version, table_name, event, script) VALUES (?, ?, ?, ?)
              ON DUPLICATE KEY UPDATE script = VALUES(script)",
-            (&entry.script_version, &entry.table, &entry.event, &entry.script),
+            (
+                &entry.script_version,
+                &entry.table,
+                &entry.event,
+                &entry.script,
+            ),
         )
         .await
         .map_err(db)
@@ -592,9 +641,15 @@ pub async fn remove_script(
     Ok(connection.affected_rows() > 0)
 }
 
-pub async fn add_script_version(connection: &mut Conn, name: &str, description: &str) -> Result<(), DbError> {
+pub async fn add_script_version(
+    connection: &mut Conn,
+    name: &str,
+    description: &str,
+) -> Result<(), DbError> {
     if name.is_empty() {
-        return Err(DbError::Invalid("a script version name must not be empty".into()));
+        return Err(DbError::Invalid(
+            "a script version name must not be empty".into(),
+        ));
     }
     let mut transaction = connection
         .start_transaction(TxOpts::default())

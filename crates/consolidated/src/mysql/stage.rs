@@ -41,7 +41,10 @@ impl Stage {
         let mut select: Vec<String> = Vec::new();
         let mut staged = Vec::new();
         if with_operation {
-            select.push(format!("CAST('' AS CHAR(16)) AS {}", q(CONFLICT_OPERATION_COLUMN)));
+            select.push(format!(
+                "CAST('' AS CHAR(16)) AS {}",
+                q(CONFLICT_OPERATION_COLUMN)
+            ));
             staged.push(CONFLICT_OPERATION_COLUMN.to_string());
         }
         select.extend(columns.iter().map(|column| format!("t.{}", q(column))));
@@ -81,7 +84,9 @@ impl Stage {
         rows: &[Vec<&Value>],
     ) -> Result<(), SyncError> {
         let width = self.columns.len().max(1);
-        let batch_rows = STAGE_INSERT_ROWS_MAX.min(STATEMENT_VALUES_MAX / width).max(1);
+        let batch_rows = STAGE_INSERT_ROWS_MAX
+            .min(STATEMENT_VALUES_MAX / width)
+            .max(1);
         let one_row = format!("({})", vec!["?"; width].join(", "));
         for batch in rows.chunks(batch_rows) {
             let sql = format!(

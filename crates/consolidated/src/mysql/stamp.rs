@@ -1,34 +1,37 @@
-//! The download watermark on MySQL and MariaDB: stamps given in commit order.
+//! The download watermark on MySQL and MariaDB: stamps given after commit, in order.
 //!
 //! PostgreSQL's snapshot names the oldest transaction still running (its `xmin`), so rows
 //! there carry the id of the transaction that wrote them. InnoDB has transaction ids too,
-//! but SQL cannot reach them dependably: `information_schema.INNODB_TRX` is a cache that is
-//! refilled only when nobody read it for 100 ms (so under steady load it goes stale), no
-//! function returns the current transaction's id, and the read view's low limit is not
-//! exposed. A counter bumped by writers is no watermark either: a writer that took 5 and
-//! commits after one that took 6 would be missed by a sync that saw 6.
+//! but SQL cannot reach them dependably: `information_schema.INNODB_TRX` is a cache that
+//! is refilled only when nobody read it for 100 ms (so under steady load it goes stale),
+//! no function returns the current transaction's id, and a read view's limits are not
+//! exposed. MariaDB's `transaction_registry` needs system-versioned tables, and MySQL
+//! has none. A counter bumped by writers is no watermark either: a writer that took 5
+//! and commits after one that took 6 would be missed by a sync that saw 6.
 //!
-//! So rows are stamped *after* they commit, in commit order. Writers leave their rows
-//! unstamped (triggers set `rs_stamp` to NULL on every insert and update; tombstones are
-//! born unstamped). Before each sync's transaction a short *stamper* transaction (READ
-//! COMMITTED, so no gap locks) locks the clock row, takes the clock's next value `V`, and
-//! gives `V` to every unstamped row that is committed: `SELECT ... FOR UPDATE SKIP LOCKED`
-//! skips exactly the rows whose writer has not committed (they hold their row locks until
-//! then). It records `V` and commits. The sync's watermark is `V + 1`.
+//! So rows are stamped *after* they commit. Writers leave their rows unstamped (triggers
+//! set `rs_stamp` to NULL on every insert and update; tombstones are born unstamped).
+//! Before each sync's transaction a short *stamper* transaction (READ COMMITTED, so no
+//! gap locks) locks the clock row, takes the clock's next value `V`, and gives `V` to
+//! the unstamped rows it can lock at once: `SELECT ... FOR UPDATE SKIP LOCKED` skips the
+//! rows some transaction still holds (an uncommitted write, or a committed row another
+//! writer is changing). It records `V` and commits. The sync's watermark is `V + 1`, and
+//! the default cursors read `rs_stamp >= :last_download OR rs_stamp IS NULL`.
 //!
-//! Why no row is missed: stampers are serialized by the clock row, so every stamp `<= V`
-//! was given by a stamper that committed before this one did, and this sync's transaction
-//! starts (and its REPEATABLE READ view is created, at its first read) after that: every
-//! row stamped `<= V` is visible to its cursors, stamped as it is. Rows not stamped when the
-//! stamper ran (their writer still running, or writing later) are stamped by a later
-//! stamper, with a value `> V`, so the client's next sync (`rs_stamp >= V + 1`) reads them.
-//! A row the cursors see unstamped is not sent now and is sent once stamped. Duplicates
-//! are possible (a row stamped, then changed again), misses are not.
+//! Why no row is missed: take a row version committed at time `c`, and the first sync of
+//! a client whose REPEATABLE READ view includes it (the view is created at the sync's
+//! first read, after its stamper committed). If the view sees the version unstamped, the
+//! cursor sends it (it is committed, so sending it is at worst a duplicate). If it sees
+//! it stamped `V'`, the stamper that gave `V'` locked the committed version, so it ran
+//! after `c`; the client's previous sync had a view from before `c`, so its stamper
+//! committed before `c`, and stampers are serialized by the clock row: its `V` is below
+//! `V'`, so `V' >= V + 1`, the watermark the client comes back with, and the cursor sends
+//! it. Tombstones likewise. Duplicates are possible, misses are not; the late-commit
+//! property test (`tests/mysql_watermark.rs`) checks it against interleaved writers.
 //!
-//! A sync's own writes are stamped after it commits, above its watermark; they carry the
-//! sync's `V` in `rs_origin` (the triggers read `@rs_sync`), and the default cursors skip
-//! rows of the client's previous sync when it comes back with exactly that watermark
-//! (`:last_sync_xid`), as PostgreSQL's skip its transaction id.
+//! A sync's own writes carry its `V` in `rs_origin` (the triggers read `@rs_sync`), and
+//! the default cursors skip rows of the client's previous sync when it comes back with
+//! exactly that watermark (`:last_sync_xid`), as PostgreSQL's skip its transaction id.
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, IsolationLevel, TxOpts};
@@ -50,7 +53,10 @@ pub async fn next_stamp(connection: &mut impl Queryable) -> Result<i64, DbError>
 
 pub async fn set_clock(connection: &mut impl Queryable, stamp: i64) -> Result<(), DbError> {
     connection
-        .exec_drop("UPDATE rs_counter SET value = ? WHERE name = 'clock'", (stamp,))
+        .exec_drop(
+            "UPDATE rs_counter SET value = ? WHERE name = 'clock'",
+            (stamp,),
+        )
         .await
         .map_err(db)
 }

@@ -108,7 +108,9 @@ impl Dialect for MysqlTransaction<'_> {
             .map_err(db)?;
         match locked {
             Ok(()) => Ok(true),
-            Err(error) if server_code(&error).is_some_and(|code| LOCK_NOT_GRANTED.contains(&code)) => {
+            Err(error)
+                if server_code(&error).is_some_and(|code| LOCK_NOT_GRANTED.contains(&code)) =>
+            {
                 Ok(false)
             }
             Err(error) => Err(SyncError::Database(db(error))),
@@ -266,7 +268,15 @@ impl Dialect for MysqlTransaction<'_> {
             RESOLVE_CONFLICT,
             &[(CONFLICTS_PLACEHOLDER, &stage.name)],
         )?;
-        run_script(transaction, &sql, table.parameters, None, name, RESOLVE_CONFLICT).await?;
+        run_script(
+            transaction,
+            &sql,
+            table.parameters,
+            None,
+            name,
+            RESOLVE_CONFLICT,
+        )
+        .await?;
         Ok(())
     }
 
@@ -307,14 +317,24 @@ impl Dialect for MysqlTransaction<'_> {
     ) -> Result<ScriptRows, SyncError> {
         let transaction = &mut self.transaction;
         let shape = table.shape;
-        let stage = Stage::create(transaction, "keys", shape, &shape.key_columns, false, false).await?;
+        let stage =
+            Stage::create(transaction, "keys", shape, &shape.key_columns, false, false).await?;
         let rows: Vec<Vec<&Value>> = keys.iter().map(|row| row.iter().collect()).collect();
         stage.load(transaction, &shape.name, &rows).await?;
-        let sql = table
-            .scripts
-            .expand(&shape.name, UPLOAD_FETCH, &[(KEYS_PLACEHOLDER, &stage.name)])?;
-        let (rows, _) =
-            run_script(transaction, &sql, table.parameters, None, &shape.name, UPLOAD_FETCH).await?;
+        let sql = table.scripts.expand(
+            &shape.name,
+            UPLOAD_FETCH,
+            &[(KEYS_PLACEHOLDER, &stage.name)],
+        )?;
+        let (rows, _) = run_script(
+            transaction,
+            &sql,
+            table.parameters,
+            None,
+            &shape.name,
+            UPLOAD_FETCH,
+        )
+        .await?;
         Ok(rows)
     }
 
@@ -336,7 +356,10 @@ impl Dialect for MysqlTransaction<'_> {
             .exec_iter(sql, super::value::bind_all(&values))
             .await
             .map_err(fail)?;
-        let columns = result.columns().map(|columns| column_names(&columns)).unwrap_or_default();
+        let columns = result
+            .columns()
+            .map(|columns| column_names(&columns))
+            .unwrap_or_default();
         let mut batch = Vec::with_capacity(DOWNLOAD_BATCH_ROWS);
         while let Some(row) = result.next().await.map_err(fail)? {
             batch.push(read_row(row).map_err(|message| SyncError::script(event, table, message))?);

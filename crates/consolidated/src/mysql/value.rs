@@ -107,8 +107,12 @@ fn read_bytes(column: &Column, bytes: Vec<u8>) -> Result<Value, String> {
                     .map_err(|error| format!("column {}: {error}", column.name_str()))?,
             )
         }
-        MYSQL_TYPE_DATE | MYSQL_TYPE_DATETIME | MYSQL_TYPE_TIMESTAMP | MYSQL_TYPE_DATETIME2
-        | MYSQL_TYPE_TIMESTAMP2 | MYSQL_TYPE_NEWDATE => parse_date(&text(bytes)?)?,
+        MYSQL_TYPE_DATE
+        | MYSQL_TYPE_DATETIME
+        | MYSQL_TYPE_TIMESTAMP
+        | MYSQL_TYPE_DATETIME2
+        | MYSQL_TYPE_TIMESTAMP2
+        | MYSQL_TYPE_NEWDATE => parse_date(&text(bytes)?)?,
         MYSQL_TYPE_BIT | MYSQL_TYPE_GEOMETRY => Value::Blob(bytes),
         _ if column.character_set() == BINARY_CHARSET => Value::Blob(bytes),
         _ => Value::Text(text(bytes)?),
