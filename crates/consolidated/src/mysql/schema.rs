@@ -63,10 +63,10 @@ fn revision_triggers() -> Vec<String> {
     let bump = "UPDATE rs_counter SET value = value + 1 WHERE name = 'revision';";
     let revision = "(SELECT value FROM rs_counter WHERE name = 'revision')";
     let mut statements = Vec::new();
-    for (event, image, names) in [
-        ("INSERT", "NEW", "NEW.script_version"),
-        ("UPDATE", "NEW", "OLD.script_version, NEW.script_version"),
-        ("DELETE", "OLD", "OLD.script_version"),
+    for (event, names) in [
+        ("INSERT", "NEW.script_version"),
+        ("UPDATE", "OLD.script_version, NEW.script_version"),
+        ("DELETE", "OLD.script_version"),
     ] {
         let trigger = format!("rs_script_{}", event.to_lowercase());
         statements.push(format!("DROP TRIGGER IF EXISTS {trigger}"));
@@ -74,7 +74,6 @@ fn revision_triggers() -> Vec<String> {
             "CREATE TRIGGER {trigger} AFTER {event} ON rs_script FOR EACH ROW BEGIN {bump}
              UPDATE rs_script_version SET revision = {revision} WHERE name IN ({names}); END"
         ));
-        let _ = image;
     }
     statements
 }
