@@ -11,12 +11,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::database::Database;
-use crate::local_server::LocalServer;
+use crate::database::{Database, OnBackend};
 use anyhow::{bail, Context, Result};
+use rowsync_bench::local_server::LocalServer;
 use rowsync_client::{Client, SyncOptions, SyncReport};
-use rowsync_consolidated::mysql::MysqlConsolidated;
-use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::sqlite::SqliteConsolidated;
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
 use rowsync_protocol::Value;
@@ -101,18 +99,19 @@ pub async fn run(mut options: DemoOptions) -> Result<DemoReport> {
         }
         None => temporary.path().to_path_buf(),
     };
-    let result = match options.db.as_deref().map(Database::parse) {
-        Some(Database::Postgres(url)) => {
-            let label = "PostgreSQL database (from --db)".to_string();
-            run_on(PostgresConsolidated::new(url), label, &dir, &mut options).await
-        }
-        Some(Database::Mysql(url)) => {
-            let label = "MySQL/MariaDB database (from --db)".to_string();
-            run_on(MysqlConsolidated::new(&url)?, label, &dir, &mut options).await
-        }
-        Some(Database::Sqlite(path)) => {
-            let label = format!("SQLite file {}", path.display());
-            run_on(SqliteConsolidated::new(path), label, &dir, &mut options).await
+    let result = match options.db.clone() {
+        Some(db) => {
+            let database = Database::parse(&db);
+            let label = match &database {
+                Database::Sqlite(_) => format!("SQLite file {db}"),
+                other => format!("{} database (from --db)", other.kind()),
+            };
+            let demo = DemoOnBackend {
+                label,
+                dir: &dir,
+                options: &mut options,
+            };
+            database.run(demo).await
         }
         None => {
             let path = dir.join("consolidated.db");
@@ -123,6 +122,20 @@ pub async fn run(mut options: DemoOptions) -> Result<DemoReport> {
     };
     drop(temporary);
     result
+}
+
+/// The demo on the backend `--db` named.
+struct DemoOnBackend<'a> {
+    label: String,
+    dir: &'a Path,
+    options: &'a mut DemoOptions,
+}
+
+impl OnBackend for DemoOnBackend<'_> {
+    type Output = DemoReport;
+    async fn run<B: Consolidated>(self, backend: B) -> Result<DemoReport> {
+        run_on(backend, self.label, self.dir, self.options).await
+    }
 }
 
 async fn run_on<B: Consolidated>(

@@ -1,9 +1,5 @@
-//! The pieces of the `rowsync` command that tests drive directly.
+//! The pieces of the `rowsync` command that tests drive directly, and the `--db`
+//! parsing every command shares.
 
-pub mod bench;
-pub mod bench_apply;
-pub mod bench_load;
-pub mod bench_transport;
 pub mod database;
 pub mod demo;
-pub mod local_server;

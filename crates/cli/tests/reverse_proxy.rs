@@ -32,8 +32,8 @@ fn find_nginx() -> PathBuf {
         .unwrap_or_else(|| {
             panic!(
                 "nginx not found (looked in PATH, /usr/sbin, /usr/local/sbin): this test needs a \
-                 real reverse proxy. Install it with `sudo apt-get install -y nginx-light` (.ci/run \
-                 does this), or set ROWSYNC_TEST_NGINX to an nginx binary."
+                 real reverse proxy. Install it with `sudo apt-get install -y nginx-light` \
+                 (scripts/test does this), or set ROWSYNC_TEST_NGINX to an nginx binary."
             )
         })
 }

@@ -246,4 +246,7 @@ pub trait Dialect {
 
     /// Commits the transaction.
     async fn commit(self) -> Result<(), SyncError>;
+
+    /// Rolls the transaction back, its locks released when this returns.
+    async fn rollback(self) -> Result<(), SyncError>;
 }

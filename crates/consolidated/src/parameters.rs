@@ -92,44 +92,7 @@ impl<'a> Parameters<'a> {
             return Ok(value.clone());
         }
         if let Some((image, column)) = name.split_once('.') {
-            let Some(row) = row else {
-                return Err(SyncError::script(
-                    event,
-                    table,
-                    format!(":{name} names a row image, which only row scripts of upload events and resolve_conflict have"),
-                ));
-            };
-            let values = match image {
-                "new" => row.new,
-                "old" => row.old,
-                "current" => row.current,
-                _ => {
-                    return Err(SyncError::script(
-                        event,
-                        table,
-                        format!("unknown row image in :{name}; use :new.<column>, :old.<column> or :current.<column>"),
-                    ))
-                }
-            };
-            let position = row
-                .columns
-                .iter()
-                .position(|known| known == column)
-                .ok_or_else(|| {
-                    SyncError::script(
-                        event,
-                        table,
-                        format!(
-                            ":{name}: the uploaded rows have no column {column:?}; they have {:?}",
-                            row.columns
-                        ),
-                    )
-                })?;
-            // An image the event does not have (old values of an insert) is NULL.
-            return Ok(values
-                .and_then(|values| values.get(position))
-                .cloned()
-                .unwrap_or(Value::Null));
+            return image_value(name, image, column, row, table, event);
         }
         if let Some(index) = name.strip_prefix("auth_") {
             if let Ok(index) = index.parse::<usize>() {
@@ -165,6 +128,55 @@ impl<'a> Parameters<'a> {
             }
         })
     }
+}
+
+/// The value of `:<image>.<column>` (`name`) in a row script's images.
+fn image_value(
+    name: &str,
+    image: &str,
+    column: &str,
+    row: Option<&RowImages>,
+    table: &str,
+    event: &str,
+) -> Result<Value, SyncError> {
+    let Some(row) = row else {
+        return Err(SyncError::script(
+                event,
+                table,
+                format!(":{name} names a row image, which only row scripts of upload events and resolve_conflict have"),
+            ));
+    };
+    let values = match image {
+            "new" => row.new,
+            "old" => row.old,
+            "current" => row.current,
+            _ => {
+                return Err(SyncError::script(
+                    event,
+                    table,
+                    format!("unknown row image in :{name}; use :new.<column>, :old.<column> or :current.<column>"),
+                ))
+            }
+        };
+    let position = row
+        .columns
+        .iter()
+        .position(|known| known == column)
+        .ok_or_else(|| {
+            SyncError::script(
+                event,
+                table,
+                format!(
+                    ":{name}: the uploaded rows have no column {column:?}; they have {:?}",
+                    row.columns
+                ),
+            )
+        })?;
+    // An image the event does not have (old values of an insert) is NULL.
+    Ok(values
+        .and_then(|values| values.get(position))
+        .cloned()
+        .unwrap_or(Value::Null))
 }
 
 /// The named parameters `handle_error` and `report_error` receive.

@@ -61,16 +61,7 @@ pub async fn authenticate<B: Consolidated>(
     hello: &Hello,
 ) -> Result<String, AuthFailure> {
     if !hello.token.is_empty() {
-        let subject = tokens
-            .verify(&hello.token)
-            .map_err(|error| AuthFailure::Refused(error.to_string()))?;
-        if !hello.user.is_empty() && hello.user != subject {
-            return Err(AuthFailure::Refused(format!(
-                "the hello names user {:?} but the token was issued to {subject:?}",
-                hello.user
-            )));
-        }
-        return Ok(subject);
+        return token_subject(tokens, hello);
     }
     let request = AuthRequest {
         client_id: hello.client_id.clone(),
@@ -108,26 +99,48 @@ pub async fn authenticate<B: Consolidated>(
             hello.user
         ))),
         AuthCheck::BuiltIn(stored_hash) => {
-            // argon2id is CPU-bound by design: a burst of logins waits its turn here
-            // rather than starving the runtime's blocking threads.
-            let _check = password_checks
-                .acquire()
-                .await
-                .expect("the password check semaphore is never closed");
-            let password = hello.password.clone();
-            let valid = tokio::task::spawn_blocking(move || {
-                verify_password(stored_hash.as_deref(), &password)
-            })
+            check_password(password_checks, stored_hash, hello).await
+        }
+    }
+}
+
+/// A token's subject, when the token is valid and the hello names no other user.
+fn token_subject(tokens: &TokenConfig, hello: &Hello) -> Result<String, AuthFailure> {
+    let subject = tokens
+        .verify(&hello.token)
+        .map_err(|error| AuthFailure::Refused(error.to_string()))?;
+    if !hello.user.is_empty() && hello.user != subject {
+        return Err(AuthFailure::Refused(format!(
+            "the hello names user {:?} but the token was issued to {subject:?}",
+            hello.user
+        )));
+    }
+    Ok(subject)
+}
+
+/// The hello's user, when its password matches `stored_hash` (a built-in user).
+async fn check_password(
+    password_checks: &Semaphore,
+    stored_hash: Option<String>,
+    hello: &Hello,
+) -> Result<String, AuthFailure> {
+    // argon2id is CPU-bound by design: a burst of logins waits its turn here rather than
+    // starving the runtime's blocking threads.
+    let _check = password_checks
+        .acquire()
+        .await
+        .expect("the password check semaphore is never closed");
+    let password = hello.password.clone();
+    let valid =
+        tokio::task::spawn_blocking(move || verify_password(stored_hash.as_deref(), &password))
             .await
             .unwrap_or(false);
-            if valid {
-                Ok(hello.user.clone())
-            } else {
-                Err(AuthFailure::Refused(
-                    "unknown user or wrong password".to_string(),
-                ))
-            }
-        }
+    if valid {
+        Ok(hello.user.clone())
+    } else {
+        Err(AuthFailure::Refused(
+            "unknown user or wrong password".to_string(),
+        ))
     }
 }
 

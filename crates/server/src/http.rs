@@ -20,7 +20,7 @@ use rowsync_protocol::{encode_frame, Message};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::io::{ReaderStream, StreamReader};
 
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::sync::handle_connection;
 
 /// The media type of request and response bodies.

@@ -1,29 +1,37 @@
 //! The rowsync server, staged as in MobiLink:
 //!
 //! 1. network stage ([`server`]): accept under a connection limit; above it, answer
-//!    *busy* with a retry-after computed from the load, and close.
-//! 2. stream stage (`sync` + [`session`]): the hello, then authentication ([`auth`], on
-//!    connections of its own), then the rest of the upload, checked message by message
-//!    and kept encoded in a spool bounded by the shared [`cache`]; no worker yet.
-//! 3. database stage ([`pool`], sized by the [`controller`]): take a worker, decode the
-//!    upload, run the sync's transaction, release it.
-//! 4. the download, spooled while the worker read it, is sent after the worker is
-//!    released. Every phase is timed into [`metrics`], served by [`admin`].
+//!    *busy* with a retry-after computed from the load (`shared`), and close.
+//! 2. stream stage (`stage::stream` + [`session`]): the hello, then authentication
+//!    ([`auth`], on connections of its own), then the rest of the upload, checked
+//!    message by message and kept encoded in a spool bounded by the shared [`cache`]; no
+//!    worker yet.
+//! 3. database stage (`stage::database`, on the [`pool`] sized by the [`controller`]):
+//!    take a worker, decode the upload, run the sync's transaction, release it.
+//! 4. download stage (`stage::download`): the download, spooled while the worker read
+//!    it, is sent after the worker is released.
 //!
-//! The byte stream of a sync travels over TCP, TLS ([`tls`]), or HTTP(S) ([`http`]);
-//! every transport feeds the same stages.
+//! `sync` runs one sync through stages 2-4; every phase is timed into [`metrics`],
+//! served by [`admin`]. The byte stream of a sync travels over TCP, TLS ([`tls`]), or
+//! HTTP(S) ([`http`]); every transport feeds the same stages.
 
 pub mod admin;
 pub mod auth;
+mod background;
 pub mod cache;
 mod config;
 pub mod controller;
-mod download;
+mod download_frames;
+mod failure;
 pub mod http;
 pub mod metrics;
 pub mod pool;
+mod reply;
 pub mod server;
 pub mod session;
+mod shared;
+mod spool;
+mod stage;
 mod sync;
 pub mod tls;
 mod tls_accept;

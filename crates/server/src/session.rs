@@ -78,29 +78,7 @@ impl ServerSession {
         let state = std::mem::replace(&mut self.state, State::Done);
         let (next, step) = match (state, message) {
             (State::AwaitingHello, Message::Hello(hello)) => {
-                if hello.protocol_version != PROTOCOL_VERSION {
-                    return Err(WireError::new(
-                        ErrorCode::UnsupportedProtocolVersion,
-                        format!(
-                            "protocol version {} is not supported; this server speaks version {PROTOCOL_VERSION}",
-                            hello.protocol_version
-                        ),
-                    ));
-                }
-                for (field, value) in [
-                    ("client id", &hello.client_id),
-                    ("user", &hello.user),
-                    ("script version", &hello.script_version),
-                ] {
-                    // With a token, the user comes from the token.
-                    let required = field != "user" || hello.token.is_empty();
-                    if required && value.is_empty() {
-                        return Err(WireError::new(
-                            ErrorCode::Protocol,
-                            format!("the hello has an empty {field}"),
-                        ));
-                    }
-                }
+                check_hello(&hello)?;
                 let step = Step::Hello(hello.clone());
                 if hello.download_ack {
                     (State::AwaitingAcknowledgement { hello }, step)
@@ -151,6 +129,35 @@ impl ServerSession {
         self.state = next;
         Ok(step)
     }
+}
+
+/// Refuses a hello of another protocol version, or with an empty client id, script
+/// version, or user (the user may be empty when a token names it).
+fn check_hello(hello: &Hello) -> Result<(), WireError> {
+    if hello.protocol_version != PROTOCOL_VERSION {
+        return Err(WireError::new(
+            ErrorCode::UnsupportedProtocolVersion,
+            format!(
+                "protocol version {} is not supported; this server speaks version {PROTOCOL_VERSION}",
+                hello.protocol_version
+            ),
+        ));
+    }
+    for (field, value) in [
+        ("client id", &hello.client_id),
+        ("user", &hello.user),
+        ("script version", &hello.script_version),
+    ] {
+        // With a token, the user comes from the token.
+        let required = field != "user" || hello.token.is_empty();
+        if required && value.is_empty() {
+            return Err(WireError::new(
+                ErrorCode::Protocol,
+                format!("the hello has an empty {field}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn chunks_disagree(table: &str) -> WireError {

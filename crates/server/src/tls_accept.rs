@@ -9,7 +9,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use crate::server::{reply_and_close, reply_bytes_and_close};
+use crate::reply::{reply_and_close, reply_bytes_and_close};
 
 /// The first byte of every TLS connection: a handshake record.
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;

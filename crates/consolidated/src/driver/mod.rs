@@ -68,7 +68,8 @@ pub async fn synchronize<B: SyncBackend>(
     Err(error)
 }
 
-/// One attempt: the whole sync in one transaction.
+/// One attempt: the whole sync in one transaction, committed once the server holds the
+/// whole download, or rolled back (and its locks released) before the failure is told.
 async fn attempt_sync<B: SyncBackend>(
     backend: &mut B,
     scripts: &Scripts,
@@ -77,6 +78,30 @@ async fn attempt_sync<B: SyncBackend>(
 ) -> Result<SyncOutcome, SyncError> {
     let started = Instant::now();
     let mut transaction = backend.begin().await?;
+    match run_events(&mut transaction, scripts, request, download, started).await {
+        Ok(outcome) => {
+            transaction.commit().await?;
+            Ok(outcome)
+        }
+        Err(error) => {
+            // Waiting for the rollback frees the client's lock before anyone hears of
+            // the failure: a retry at once is not told the client is still syncing.
+            if let Err(rollback) = transaction.rollback().await {
+                tracing::debug!(%rollback, "rolling back a failed sync");
+            }
+            Err(error)
+        }
+    }
+}
+
+/// The sync's events in MobiLink's order, in the open transaction.
+async fn run_events<D: Dialect>(
+    transaction: &mut D,
+    scripts: &Scripts,
+    request: &SyncRequest,
+    download: &DownloadSender,
+    started: Instant,
+) -> Result<SyncOutcome, SyncError> {
     if !transaction.lock_client(&request.client_id).await? {
         return Err(SyncError::AlreadySynchronizing {
             client_id: request.client_id.clone(),
@@ -95,14 +120,14 @@ async fn attempt_sync<B: SyncBackend>(
     transaction
         .run_event(scripts, BEGIN_SYNCHRONIZATION, &parameters)
         .await?;
-    let uploaded = upload::apply_upload(&mut transaction, &sync, request).await?;
+    let uploaded = upload::apply_upload(transaction, &sync, request).await?;
     let apply_time = started.elapsed();
-    let watermark = next_watermark(&mut transaction, scripts, &parameters).await?;
+    let watermark = next_watermark(transaction, scripts, &parameters).await?;
     transaction
         .run_event(scripts, BEGIN_DOWNLOAD, &parameters)
         .await?;
     let download_rows = download::send_download(
-        &mut transaction,
+        transaction,
         scripts,
         &parameters,
         &uploaded.resolutions,
@@ -127,7 +152,6 @@ async fn attempt_sync<B: SyncBackend>(
         .await?;
     // The server must hold the whole download before the upload is committed.
     download.finish().await?;
-    transaction.commit().await?;
     Ok(SyncOutcome {
         download_rows,
         watermark,

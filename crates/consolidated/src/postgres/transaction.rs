@@ -16,7 +16,7 @@ use crate::dialect::{
     CursorScript, CursorSink, Dialect, RowFailure, RowStatement, StagedRows, Subscription,
     SubscriptionUpdate, TableApply,
 };
-use crate::names::column_list;
+use crate::names::select_by_key;
 use crate::parameters::{positional_parameters, Parameters, RowImages};
 use crate::scripts::*;
 use crate::shape::TableShape;
@@ -232,17 +232,7 @@ impl Dialect for PgTransaction<'_> {
         key_positions: &[usize],
         key: &[Value],
     ) -> Result<Option<Row>, SyncError> {
-        let sql = format!(
-            "SELECT {} FROM {} WHERE {}",
-            column_list(columns, ""),
-            q(table),
-            key_positions
-                .iter()
-                .enumerate()
-                .map(|(index, &position)| format!("{} = ${}", q(&columns[position]), index + 1))
-                .collect::<Vec<_>>()
-                .join(" AND ")
-        );
+        let sql = select_by_key(&q(table), columns, key_positions, '$');
         let (_, rows) = query_rows(&self.transaction, self.statements, &sql, key).await?;
         Ok(rows.into_iter().next())
     }
@@ -309,5 +299,9 @@ impl Dialect for PgTransaction<'_> {
 
     async fn commit(self) -> Result<(), SyncError> {
         Ok(self.transaction.commit().await?)
+    }
+
+    async fn rollback(self) -> Result<(), SyncError> {
+        Ok(self.transaction.rollback().await?)
     }
 }

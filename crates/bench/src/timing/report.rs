@@ -1025,7 +1025,7 @@ fn write_file(path: &Path, contents: String) -> Result<(), ReportError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::results::Phase;
+    use crate::timing::results::Phase;
 
     fn phase(sync_type: &str, seconds: f64, busy_retries: u64) -> Phase {
         Phase {

@@ -17,7 +17,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use super::workload::{self, RAW_TABLE};
-use crate::bench_apply::connect;
+use crate::apply::connect;
 
 pub const COPY_TYPES: [Type; 6] = [
     Type::INT4,

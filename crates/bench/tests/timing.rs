@@ -5,15 +5,39 @@
 
 use std::path::PathBuf;
 
-use rowsync_cli::bench::clients::ClientMode;
-use rowsync_cli::bench::results::SYNC_TYPES;
-use rowsync_cli::bench::server::Workers;
-use rowsync_cli::bench::{self, BenchOptions, Size};
+use rowsync_bench::timing::clients::ClientMode;
+use rowsync_bench::timing::results::SYNC_TYPES;
+use rowsync_bench::timing::server::Workers;
+use rowsync_bench::timing::{self as bench, BenchOptions, Size};
+
+/// The `rowsync` binary the bench starts as its server under test: `ROWSYNC_BIN`, else
+/// the one cargo built beside this test (`target/<profile>/rowsync`). It lives in another
+/// package (rowsync-cli), so cargo does not build it for `cargo test -p rowsync-bench`
+/// alone; `cargo test --workspace` (scripts/test) does, before any test runs.
+fn rowsync_program() -> PathBuf {
+    if let Some(path) = std::env::var_os("ROWSYNC_BIN") {
+        return PathBuf::from(path);
+    }
+    let test = std::env::current_exe().expect("locating this test executable");
+    // target/<profile>/deps/timing-<hash> -> target/<profile>/rowsync
+    let program = test
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join(format!("rowsync{}", std::env::consts::EXE_SUFFIX)))
+        .expect("this test runs from target/<profile>/deps");
+    assert!(
+        program.is_file(),
+        "{} not found: build it first (`cargo build --bin rowsync`), run `cargo test \
+         --workspace`, or set ROWSYNC_BIN to a rowsync binary",
+        program.display()
+    );
+    program
+}
 
 fn options(url: String, results_dir: PathBuf, tests: Vec<u8>) -> BenchOptions {
     BenchOptions {
         db: url,
-        server_program: PathBuf::from(env!("CARGO_BIN_EXE_rowsync")),
+        server_program: rowsync_program(),
         size: Size::Quick,
         tests,
         client_mode: ClientMode::Verify,

@@ -5,7 +5,7 @@
 async fn bench_apply_runs_consistently_in_quick_mode() {
     let url = rowsync_testkit::fresh_database("bench").await;
     let mut out = Vec::new();
-    let measurements = rowsync_cli::bench_apply::run(&url, 2_000, &mut out)
+    let measurements = rowsync_bench::apply::run(&url, 2_000, &mut out)
         .await
         .unwrap();
     let operations: Vec<&str> = measurements.iter().map(|m| m.operation).collect();

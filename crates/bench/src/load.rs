@@ -16,7 +16,7 @@ use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
 use rowsync_protocol::FRAME_BYTES_MAX_DEFAULT;
 use rowsync_server::{ServerConfig, TokenConfig};
 
-use crate::bench_apply::{chunks, connect, hello, row, TABLE_DDL, USER};
+use crate::apply::{chunks, connect, hello, row, TABLE_DDL, USER};
 use crate::local_server::LocalServer;
 
 const TOKEN_SECRET: &[u8] = b"bench-load secret, thirty-two bytes or more";

@@ -1,75 +1,15 @@
-//! The download on its way to the client: chunks from the backend are encoded into
-//! frames as they arrive and kept in a spool (memory up to a limit, then an unnamed
-//! temporary file), so the worker is released before the client reads anything and no
-//! download is ever held whole in memory.
+//! The spool: a sync's bytes on their way through the server (the checked upload until
+//! a worker decodes it, the encoded download until the client has read it), in memory
+//! while the shared cache has room, else in an unnamed temporary file, so no worker waits
+//! on a client and no sync holds its bytes whole in memory.
 
-use rowsync_consolidated::SyncOutcome;
-use rowsync_protocol::{
-    encode_frame, CompressionError, Download, EndDownload, Message, Outbound, Row, Value,
-};
+use rowsync_protocol::{CompressionError, Outbound};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
 
 use crate::cache::Cache;
-
-fn row_bytes(row: &Row) -> usize {
-    2 + row.iter().map(Value::encoded_len).sum::<usize>()
-}
-
-/// Frames of one chunk, split where a message would pass `message_bytes_max`.
-pub fn chunk_frames(chunk: Download, message_bytes_max: usize) -> Vec<Vec<u8>> {
-    let Download {
-        table,
-        columns,
-        key_columns,
-        upserts,
-        deletes,
-    } = chunk;
-    let empty = || Download {
-        table: table.clone(),
-        columns: columns.clone(),
-        key_columns: key_columns.clone(),
-        ..Download::default()
-    };
-    let mut frames = Vec::new();
-    let mut current = empty();
-    let mut current_bytes = 0;
-    // Deletes first: a receiver applying messages in order must drop before it writes.
-    for (is_upsert, row) in deletes
-        .into_iter()
-        .map(|row| (false, row))
-        .chain(upserts.into_iter().map(|row| (true, row)))
-    {
-        // Cut before the row that would pass the size, so no message grows past it.
-        let size = row_bytes(&row);
-        if current_bytes + size > message_bytes_max && current_bytes > 0 {
-            frames.push(encode_frame(&Message::Download(std::mem::replace(
-                &mut current,
-                empty(),
-            ))));
-            current_bytes = 0;
-        }
-        current_bytes += size;
-        if is_upsert {
-            current.upserts.push(row);
-        } else {
-            current.deletes.push(row);
-        }
-    }
-    if !current.upserts.is_empty() || !current.deletes.is_empty() {
-        frames.push(encode_frame(&Message::Download(current)));
-    }
-    frames
-}
-
-pub fn end_frame(outcome: &SyncOutcome) -> Vec<u8> {
-    encode_frame(&Message::EndDownload(EndDownload {
-        watermark: outcome.watermark,
-        summary: outcome.summary,
-    }))
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpoolError {
@@ -277,7 +217,9 @@ const SPOOL_READ_BYTES: usize = 256 * 1024;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rowsync_protocol::{Compression, FrameDecoder, FRAME_BYTES_MAX_DEFAULT};
+    use crate::download_frames::chunk_frames;
+    use crate::download_frames::tests::chunk;
+    use rowsync_protocol::Compression;
 
     fn plain() -> Outbound {
         Outbound::new(Compression::None, false).unwrap()
@@ -285,44 +227,6 @@ mod tests {
 
     fn cache() -> Arc<Cache> {
         Cache::new(1 << 30, Arc::new(crate::metrics::Metrics::new()))
-    }
-
-    fn chunk(start: i64, rows: i64) -> Download {
-        Download {
-            table: "t".into(),
-            columns: vec!["id".into(), "text".into()],
-            key_columns: vec!["id".into()],
-            upserts: (start..start + rows)
-                .map(|i| vec![Value::Int(i), Value::Text("x".repeat(100))])
-                .collect(),
-            deletes: vec![vec![Value::Int(-start)]],
-        }
-    }
-
-    #[test]
-    fn chunks_split_by_size_keep_every_row_with_deletes_first() {
-        let frames = chunk_frames(chunk(0, 1000), 10_000);
-        assert!(
-            frames.len() > 10,
-            "expected many frames, got {}",
-            frames.len()
-        );
-        let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
-        let mut upserts = 0;
-        let mut first = true;
-        for frame in &frames {
-            assert!(frame.len() < 11_000, "frame of {} bytes", frame.len());
-            decoder.feed(frame);
-            let Some(Message::Download(download)) = decoder.next_message().unwrap() else {
-                panic!("a download")
-            };
-            if first {
-                assert_eq!(download.deletes, vec![vec![Value::Int(0)]]);
-                first = false;
-            }
-            upserts += download.upserts.len();
-        }
-        assert_eq!(upserts, 1000);
     }
 
     #[tokio::test]

@@ -2,7 +2,7 @@
 //! workload consistently (the bench checks each client against the consolidated
 //! database) and compression shrinks the bytes on the wire; speed is not judged here.
 
-use rowsync_cli::bench_transport::{run, Link};
+use rowsync_bench::transport::{run, Link};
 use rowsync_client::Compression;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_load_runs_consistently_in_quick_mode() {
     let url = rowsync_testkit::fresh_database("load").await;
-    let options = rowsync_cli::bench_load::LoadOptions {
+    let options = rowsync_bench::load::LoadOptions {
         clients: 8,
         rows_per_client: 50,
         runs: 2,
@@ -13,7 +13,7 @@ async fn bench_load_runs_consistently_in_quick_mode() {
         connections_low: 2,
     };
     let mut out = Vec::new();
-    let series = rowsync_cli::bench_load::run(&url, &options, &mut out)
+    let series = rowsync_bench::load::run(&url, &options, &mut out)
         .await
         .unwrap();
     let labels: Vec<&str> = series.iter().map(|s| s.label.as_str()).collect();

@@ -1,0 +1,15 @@
+//! rowsync's benchmarks, run by the `rowsync` binary's `bench`, `bench-apply`,
+//! `bench-load` and `bench-transport` commands, and by this crate's tests at small sizes.
+//!
+//! - [`timing`]: `rowsync bench`, the white paper's timing framework (Tests 1-5) against
+//!   the server under test as its own `rowsync serve` process.
+//! - [`apply`]: `rowsync bench-apply`, each sync type against PostgreSQL's bulk path.
+//! - [`load`]: `rowsync bench-load`, worker settings and the connection limit under load.
+//! - [`transport`]: `rowsync bench-transport`, every transport x compression.
+//! - [`local_server`]: a server in this process on a loopback port (also the demo's).
+
+pub mod apply;
+pub mod load;
+pub mod local_server;
+pub mod timing;
+pub mod transport;

@@ -1,0 +1,193 @@
+//! The benchmark commands, `bench`, `bench-apply`, `bench-load` and `bench-transport`:
+//! their arguments, handed to the `rowsync-bench` crate.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use rowsync_bench::timing::clients::{ClientMode, Retry};
+use rowsync_bench::timing::server::{Protocol, Workers};
+use rowsync_bench::timing::{self, BenchOptions, Size};
+use rowsync_bench::{apply, load, transport};
+use rowsync_cli::database::Database;
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// A postgres:// URL of a scratch database.
+    #[arg(long)]
+    db: String,
+    /// quick (CI, under a minute), standard (1,000 clients x 1,000 rows) or paper
+    /// (the paper's sizes: 10 million rows per sync type).
+    #[arg(long, default_value = "quick")]
+    size: String,
+    /// Which tests to run, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5")]
+    tests: Vec<u8>,
+    /// verify (decode and checksum, no local store) or sqlite (real clients, each
+    /// with its own SQLite file).
+    #[arg(long, default_value = "verify")]
+    client_mode: String,
+    /// Directory for results.json, report.txt, test*.txt and test*.svg.
+    #[arg(long, default_value = "bench-results")]
+    results: PathBuf,
+    /// Clients per point (where the test does not vary it).
+    #[arg(long)]
+    clients: Option<usize>,
+    /// Rows per sync (where the test does not vary it).
+    #[arg(long)]
+    rows: Option<usize>,
+    /// Sets of simultaneous syncs per sync type (where the test does not vary it).
+    #[arg(long)]
+    sets: Option<usize>,
+    /// Database workers: a count (8) or the controller's range (2-16).
+    #[arg(long)]
+    workers: Option<String>,
+    /// The server's connection limit (Test 2: the low limit).
+    #[arg(long)]
+    connection_limit: Option<usize>,
+    /// Busy clients retry after this fixed delay instead of the server's hint.
+    #[arg(long)]
+    retry_delay_ms: Option<u64>,
+    /// tcp, tls-ecc, tls-rsa, http, https-ecc or https-rsa.
+    #[arg(long)]
+    transport: Option<String>,
+    /// none, zlib or zstd.
+    #[arg(long)]
+    compression: Option<String>,
+    /// Runs per point of Test 1 (best and relative standard deviation).
+    #[arg(long)]
+    repeat: Option<usize>,
+}
+
+#[derive(clap::Args)]
+pub struct BenchApplyArgs {
+    /// A postgres:// URL of a scratch database.
+    #[arg(long)]
+    db: String,
+    #[arg(long, default_value_t = 1_000_000)]
+    rows: usize,
+}
+
+#[derive(clap::Args)]
+pub struct BenchLoadArgs {
+    /// A postgres:// URL of a scratch database.
+    #[arg(long)]
+    db: String,
+    #[arg(long, default_value_t = 400)]
+    clients: usize,
+    #[arg(long, default_value_t = 1000)]
+    rows_per_client: usize,
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Fixed worker counts to compare, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    fixed_workers: Vec<usize>,
+    #[arg(long, default_value_t = 1)]
+    workers_min: usize,
+    #[arg(long, default_value_t = 32)]
+    workers_max: usize,
+    /// The connection limit for the above-the-limit comparison.
+    #[arg(long, default_value_t = 50)]
+    connections_low: usize,
+}
+
+#[derive(clap::Args)]
+pub struct BenchTransportArgs {
+    /// Rows per sync.
+    #[arg(long, default_value_t = 1000)]
+    rows: usize,
+    /// Times each workload runs per combination (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+}
+
+fn is_postgres(db: &str) -> bool {
+    matches!(Database::parse(db), Database::Postgres(_))
+}
+
+/// `rowsync bench`: the server under test is this same binary, run as `rowsync serve`.
+pub async fn run_bench(args: BenchArgs) -> Result<()> {
+    if !is_postgres(&args.db) {
+        bail!("bench measures PostgreSQL (and its own bulk path beside rowsync): give --db postgres://...");
+    }
+    let workers = args
+        .workers
+        .map(|text| -> Result<Workers> {
+            Ok(match text.split_once('-') {
+                Some((min, max)) => Workers::Auto(min.trim().parse()?, max.trim().parse()?),
+                None => Workers::Fixed(text.trim().parse()?),
+            })
+        })
+        .transpose()
+        .context("--workers takes a count (8) or a range (2-16)")?;
+    let options = BenchOptions {
+        db: args.db,
+        server_program: std::env::current_exe().context("locating the rowsync executable")?,
+        size: Size::parse(&args.size)?,
+        tests: args.tests,
+        client_mode: match args.client_mode.as_str() {
+            "verify" => ClientMode::Verify,
+            "sqlite" => ClientMode::Sqlite,
+            other => bail!("unknown client mode {other:?}: verify or sqlite"),
+        },
+        results_dir: args.results,
+        clients: args.clients,
+        rows: args.rows,
+        sets: args.sets,
+        workers,
+        connections_max: args.connection_limit,
+        retry: args
+            .retry_delay_ms
+            .map(|ms| Retry::Fixed(Duration::from_millis(ms))),
+        protocol: args.transport.as_deref().map(Protocol::parse).transpose()?,
+        compression: args
+            .compression
+            .as_deref()
+            .map(parse_compression)
+            .transpose()?,
+        repeat: args.repeat,
+    };
+    timing::run(options, &mut std::io::stdout()).await?;
+    Ok(())
+}
+
+fn parse_compression(text: &str) -> Result<rowsync_protocol::Compression> {
+    Ok(match text {
+        "none" => rowsync_protocol::Compression::None,
+        "zlib" => rowsync_protocol::Compression::Zlib,
+        "zstd" => rowsync_protocol::Compression::Zstd,
+        other => bail!("unknown compression {other:?}: none, zlib or zstd"),
+    })
+}
+
+pub async fn run_apply(args: BenchApplyArgs) -> Result<()> {
+    if !is_postgres(&args.db) {
+        bail!("bench-apply measures PostgreSQL: give --db postgres://...");
+    }
+    apply::run(&args.db, args.rows, &mut std::io::stdout()).await?;
+    Ok(())
+}
+
+pub async fn run_load(args: BenchLoadArgs) -> Result<()> {
+    if !is_postgres(&args.db) {
+        bail!("bench-load measures PostgreSQL: give --db postgres://...");
+    }
+    let options = load::LoadOptions {
+        clients: args.clients,
+        rows_per_client: args.rows_per_client,
+        runs: args.runs,
+        fixed_workers: args.fixed_workers,
+        workers_range: (args.workers_min, args.workers_max),
+        connections_low: args.connections_low,
+    };
+    load::run(&args.db, &options, &mut std::io::stdout()).await?;
+    Ok(())
+}
+
+pub async fn run_transport(args: BenchTransportArgs) -> Result<()> {
+    if args.rows == 0 || args.repeat == 0 {
+        bail!("--rows and --repeat must be at least 1");
+    }
+    transport::run(args.rows, args.repeat, &mut std::io::stdout()).await?;
+    Ok(())
+}

@@ -1,0 +1,278 @@
+//! `rowsync serve`: the sync server on its endpoints (TCP, TLS, HTTP, HTTPS) and the
+//! optional metrics endpoint, until Ctrl-C.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use rowsync_cli::database::{Database, DatabaseArg, OnBackend};
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection};
+use rowsync_server::metrics::Metrics;
+use rowsync_server::tls::{self, TlsFiles};
+use rowsync_server::{Endpoint, ServerConfig, TokenConfig, Transport};
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    database: DatabaseArg,
+    /// Address of the plain TCP endpoint (tcp:// clients).
+    #[arg(long, default_value = "127.0.0.1:2439")]
+    listen: SocketAddr,
+    /// Also serve TLS (tls:// clients) here; needs --cert and --key.
+    #[arg(long)]
+    tls_listen: Option<SocketAddr>,
+    /// Also serve HTTP/1.1 and HTTP/2 (h2c) here (http:// clients).
+    #[arg(long)]
+    http_listen: Option<SocketAddr>,
+    /// Also serve HTTPS (HTTP/1.1 and HTTP/2 by ALPN) here; needs --cert and --key.
+    #[arg(long)]
+    https_listen: Option<SocketAddr>,
+    /// PEM certificate chain of the TLS and HTTPS endpoints (see `rowsync cert`).
+    #[arg(long)]
+    cert: Option<PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// Require TLS and HTTPS clients to present a certificate signed by this CA (PEM).
+    #[arg(long)]
+    client_ca: Option<PathBuf>,
+    /// Database workers (each holds one pooled connection while it works): a fixed
+    /// count. Give --workers-min and --workers-max instead to let the server choose.
+    #[arg(long, default_value_t = 4, conflicts_with_all = ["workers_min", "workers_max"])]
+    workers: usize,
+    /// The fewest database workers the server may run (with --workers-max).
+    #[arg(long, requires = "workers_max")]
+    workers_min: Option<usize>,
+    /// The most database workers the server may run (with --workers-min).
+    #[arg(long, requires = "workers_min")]
+    workers_max: Option<usize>,
+    /// Syncs in progress at once; more clients are told busy with a retry hint.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// Upload and download bytes all syncs in flight keep in memory; beyond, they go
+    /// to temporary files. Default: a quarter of physical memory.
+    #[arg(long)]
+    cache_bytes_max: Option<usize>,
+    /// The whole upload must arrive within this many seconds of connecting.
+    #[arg(long, default_value_t = ServerConfig::default().upload_timeout.as_secs())]
+    upload_timeout_seconds: u64,
+    /// Serve Prometheus metrics (GET /metrics) on this address, e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    admin_listen: Option<SocketAddr>,
+    /// Largest frame accepted, in bytes.
+    #[arg(long, default_value_t = rowsync_protocol::FRAME_BYTES_MAX_DEFAULT)]
+    frame_bytes_max: usize,
+    /// Largest upload accepted for one sync, in bytes.
+    #[arg(long, default_value_t = ServerConfig::default().upload_bytes_max)]
+    upload_bytes_max: usize,
+    /// Close a connection that sends nothing for this many seconds (body read timeout).
+    #[arg(long, default_value_t = 30)]
+    read_timeout_seconds: u64,
+    /// The hello (TCP, TLS) or the request headers (HTTP) must arrive within this.
+    #[arg(long, default_value_t = ServerConfig::default().header_read_timeout.as_millis() as u64)]
+    header_read_timeout_ms: u64,
+    /// A TLS handshake must complete within this.
+    #[arg(long, default_value_t = ServerConfig::default().tls_handshake_timeout.as_millis() as u64)]
+    tls_handshake_timeout_ms: u64,
+    /// Bytes a compressed upload may inflate to, checked while decompressing.
+    #[arg(long, default_value_t = ServerConfig::default().decompressed_bytes_max)]
+    decompressed_bytes_max: u64,
+    /// Remove tombstones every client has passed this often.
+    #[arg(long, default_value_t = 300)]
+    cleanup_interval_seconds: u64,
+    /// Accept HS256 tokens (JWT) signed with the secret in this file.
+    #[arg(long)]
+    jwt_hs256_secret_file: Option<PathBuf>,
+    /// Accept RS256 tokens (JWT) signed for the RSA public key in this PEM file.
+    #[arg(long)]
+    jwt_rs256_public_key_file: Option<PathBuf>,
+    /// Require this `aud` claim in tokens.
+    #[arg(long)]
+    jwt_audience: Option<String>,
+    /// Require this `iss` claim in tokens.
+    #[arg(long)]
+    jwt_issuer: Option<String>,
+}
+
+pub async fn run(args: ServeArgs) -> Result<()> {
+    args.database.database().run(args).await
+}
+
+impl OnBackend for ServeArgs {
+    type Output = ();
+    async fn run<B: Consolidated>(self, backend: B) -> Result<()> {
+        let tokens = self.token_config()?;
+        if self.workers == 0 || self.max_connections == 0 {
+            bail!("--workers and --max-connections must be at least 1");
+        }
+        let workers_range = self.workers_range()?;
+        let tls_files = self.tls_files()?;
+        let (endpoints, shown_endpoints) = self.endpoints(tls_files.as_ref()).await?;
+        backend.connect().await?.install_system_tables().await?;
+        let database = self.database.database();
+        let shown = match &database {
+            Database::Sqlite(_) => self.database.db.clone(),
+            other => format!("a {} database", other.kind()),
+        };
+        eprintln!("rowsync serving {shown} on {}", shown_endpoints.join(" "));
+        let config = self.server_config(workers_range, tokens);
+        let metrics = Arc::new(Metrics::new());
+        if let Some(address) = self.admin_listen {
+            serve_metrics(address, Arc::clone(&metrics)).await?;
+        }
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        rowsync_server::serve_endpoints_with_metrics(endpoints, backend, config, metrics, shutdown)
+            .await?;
+        Ok(())
+    }
+}
+
+impl ServeArgs {
+    /// The JWT settings from the key files named.
+    fn token_config(&self) -> Result<TokenConfig> {
+        let read = |path: &Option<PathBuf>| -> Result<Option<Vec<u8>>> {
+            path.as_ref()
+                .map(|path| {
+                    std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+                })
+                .transpose()
+        };
+        // A secret file written by `echo` ends with a newline that is not the secret's.
+        let secret = read(&self.jwt_hs256_secret_file)?.map(|mut secret| {
+            while secret
+                .last()
+                .is_some_and(|byte| matches!(byte, b'\n' | b'\r'))
+            {
+                secret.pop();
+            }
+            secret
+        });
+        Ok(TokenConfig {
+            hs256_secret: secret,
+            rs256_public_key_pem: read(&self.jwt_rs256_public_key_file)?,
+            audience: self.jwt_audience.clone(),
+            issuer: self.jwt_issuer.clone(),
+            leeway_seconds: 30,
+        })
+    }
+
+    /// The controller's range, when --workers-min and --workers-max are given.
+    fn workers_range(&self) -> Result<Option<(usize, usize)>> {
+        Ok(match (self.workers_min, self.workers_max) {
+            (Some(min), Some(max)) if min >= 1 && min <= max => Some((min, max)),
+            (Some(_), Some(_)) => {
+                bail!("--workers-min must be at least 1 and at most --workers-max")
+            }
+            _ => None,
+        })
+    }
+
+    fn tls_files(&self) -> Result<Option<TlsFiles>> {
+        Ok(match (&self.cert, &self.key) {
+            (Some(cert_chain), Some(private_key)) => Some(TlsFiles {
+                cert_chain: cert_chain.clone(),
+                private_key: private_key.clone(),
+                client_ca: self.client_ca.clone(),
+            }),
+            (None, None) => {
+                if self.client_ca.is_some() {
+                    bail!("--client-ca needs --cert and --key");
+                }
+                None
+            }
+            _ => bail!("--cert and --key go together"),
+        })
+    }
+
+    /// Binds every endpoint asked for; returns them with their URLs for the banner.
+    async fn endpoints(
+        &self,
+        tls_files: Option<&TlsFiles>,
+    ) -> Result<(Vec<Endpoint>, Vec<String>)> {
+        let mut wanted = vec![(self.listen, "tcp")];
+        wanted.extend(self.tls_listen.map(|address| (address, "tls")));
+        wanted.extend(self.http_listen.map(|address| (address, "http")));
+        wanted.extend(self.https_listen.map(|address| (address, "https")));
+        let mut endpoints = Vec::new();
+        let mut shown_endpoints = Vec::new();
+        for (address, kind) in wanted {
+            let transport = match kind {
+                "tcp" => Transport::Tcp,
+                "http" => Transport::Http,
+                _ => {
+                    let Some(files) = tls_files else {
+                        bail!("--{kind}-listen needs --cert and --key (make a test pair with `rowsync cert`)");
+                    };
+                    let alpn: &[&[u8]] = if kind == "tls" {
+                        &[tls::ALPN_ROWSYNC]
+                    } else {
+                        &tls::ALPN_HTTP
+                    };
+                    let config = tls::server_config(files, alpn)?;
+                    if kind == "tls" {
+                        Transport::Tls(config)
+                    } else {
+                        Transport::Https(config)
+                    }
+                }
+            };
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("binding {address}"))?;
+            shown_endpoints.push(format!("{kind}://{}", listener.local_addr()?));
+            endpoints.push(Endpoint {
+                listener,
+                transport,
+            });
+        }
+        Ok((endpoints, shown_endpoints))
+    }
+
+    fn server_config(
+        &self,
+        workers_range: Option<(usize, usize)>,
+        tokens: TokenConfig,
+    ) -> ServerConfig {
+        let defaults = ServerConfig::default();
+        ServerConfig {
+            connections_max: self.max_connections,
+            workers: self.workers,
+            workers_range,
+            cache_bytes_max: self.cache_bytes_max.unwrap_or(defaults.cache_bytes_max),
+            upload_timeout: Duration::from_secs(self.upload_timeout_seconds),
+            frame_bytes_max: self.frame_bytes_max,
+            upload_bytes_max: self.upload_bytes_max,
+            read_timeout: Duration::from_secs(self.read_timeout_seconds),
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            tls_handshake_timeout: Duration::from_millis(self.tls_handshake_timeout_ms),
+            decompressed_bytes_max: self.decompressed_bytes_max,
+            cleanup_interval: Duration::from_secs(self.cleanup_interval_seconds.max(1)),
+            tokens,
+            ..defaults
+        }
+    }
+}
+
+/// Serves `GET /metrics` on `address` until Ctrl-C, in a task of its own.
+async fn serve_metrics(address: SocketAddr, metrics: Arc<Metrics>) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("binding the admin endpoint {address}"))?;
+    eprintln!(
+        "rowsync metrics on http://{}/metrics",
+        listener.local_addr()?
+    );
+    tokio::spawn(async move {
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        if let Err(error) = rowsync_server::admin::serve_admin(listener, metrics, shutdown).await {
+            tracing::error!(%error, "the admin endpoint stopped");
+        }
+    });
+    Ok(())
+}

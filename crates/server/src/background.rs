@@ -1,0 +1,137 @@
+//! The server's background tasks: the load monitor (the smoothed completion rate behind
+//! the busy hint, the worker-count controller, the gauges, the periodic summary line)
+//! and the tombstone cleanup.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection};
+
+use crate::config::ServerConfig;
+use crate::controller::{ControllerConfig, Sample, WorkerController};
+use crate::metrics::Outcome;
+use crate::pool::WorkerPool;
+use crate::shared::Shared;
+
+/// Interval of the periodic summary line.
+pub const SUMMARY_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Every `worker_adjust_interval`: measures the load, lets the controller (when a range
+/// is set) change the worker count, updates the gauges; every `SUMMARY_INTERVAL` logs a
+/// summary line.
+pub(crate) async fn monitor_load<B: Consolidated>(shared: Arc<Shared<B>>) {
+    let interval = shared
+        .config
+        .worker_adjust_interval
+        .max(Duration::from_millis(100));
+    let mut controller = worker_controller(&shared.config, interval);
+    let counters = &shared.pool.counters;
+    let mut ticks = tokio::time::interval(interval);
+    ticks.tick().await;
+    let mut last = (0u64, 0u64, 0usize, 0usize);
+    let mut last_tick = Instant::now();
+    let mut summary = (Instant::now(), 0u64, 0u64, 0u64);
+    loop {
+        ticks.tick().await;
+        let (syncs_completed, rows) = shared.load.totals();
+        let now = (
+            syncs_completed,
+            rows,
+            counters.waited.load(Ordering::Acquire),
+            counters.busy_micros.load(Ordering::Acquire),
+        );
+        let elapsed = last_tick.elapsed();
+        last_tick = Instant::now();
+        let sample = Sample {
+            interval: elapsed,
+            syncs_completed: now.0 - last.0,
+            rows: now.1 - last.1,
+            syncs_waited: (now.2 - last.2) as u64 + counters.waiting.load(Ordering::Acquire) as u64,
+            worker_busy: Duration::from_micros((now.3 - last.3) as u64),
+        };
+        last = now;
+        let rate = sample.syncs_completed as f64 / elapsed.as_secs_f64().max(1e-3);
+        shared.load.observe_rate(rate);
+        if let Some(controller) = controller.as_mut() {
+            if let Some(decision) = controller.observe(sample) {
+                shared.pool.resize(decision.workers);
+                shared.metrics.worker_adjustments.inc();
+                tracing::info!(
+                    workers = decision.workers,
+                    "worker count: {}",
+                    decision.reason
+                );
+            }
+        }
+        update_gauges(&shared);
+        if summary.0.elapsed() >= SUMMARY_INTERVAL {
+            summary = log_summary(&shared, (now.0, now.1), summary);
+        }
+    }
+}
+
+/// The worker-count controller, when `workers_range` is set.
+fn worker_controller(config: &ServerConfig, interval: Duration) -> Option<WorkerController> {
+    config.workers_range.map(|(workers_min, workers_max)| {
+        WorkerController::new(ControllerConfig {
+            workers_min: workers_min.max(1),
+            workers_max: workers_max.max(workers_min.max(1)),
+            adjust_interval: interval,
+        })
+    })
+}
+
+fn update_gauges<B: Consolidated>(shared: &Shared<B>) {
+    let counters = &shared.pool.counters;
+    let metrics = &shared.metrics;
+    metrics.workers.set(shared.pool.workers() as i64);
+    metrics
+        .workers_busy
+        .set(counters.busy.load(Ordering::Acquire) as i64);
+    metrics
+        .syncs_waiting_for_worker
+        .set(counters.waiting.load(Ordering::Acquire) as i64);
+}
+
+/// Logs what happened since `since` (when, syncs, rows, busy answers at the last
+/// summary) and returns the start of the next summary.
+fn log_summary<B: Consolidated>(
+    shared: &Shared<B>,
+    (syncs, rows): (u64, u64),
+    since: (Instant, u64, u64, u64),
+) -> (Instant, u64, u64, u64) {
+    let busy_answers = shared.metrics.syncs_ended(Outcome::busy);
+    tracing::info!(
+        syncs = syncs - since.1,
+        rows = rows - since.2,
+        busy_answers = busy_answers - since.3,
+        workers = shared.pool.workers(),
+        cache_bytes = shared.cache.used_bytes(),
+        "summary of the last {} s",
+        since.0.elapsed().as_secs()
+    );
+    (Instant::now(), syncs, rows, busy_answers)
+}
+
+/// Removes tombstones every client has passed, on a worker, every `interval`.
+pub(crate) async fn clean_up_periodically<B: Consolidated>(
+    pool: Arc<WorkerPool<B>>,
+    interval: Duration,
+) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.tick().await; // the first tick is immediate; start after one interval
+    loop {
+        ticks.tick().await;
+        let result = match pool.acquire("").await {
+            Ok(mut worker) => worker.connection().cleanup().await,
+            Err(error) => Err(error),
+        };
+        match result {
+            Ok(removed) => tracing::info!(removed, "tombstone cleanup"),
+            Err(error) => {
+                tracing::warn!(%error, "tombstone cleanup failed; retrying next interval")
+            }
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! What every connection of a server shares: the configuration, the worker pool and the
+//! pool of authentication connections, the cache, the metrics, the connection slots and
+//! the load estimate behind the busy hint.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use rowsync_consolidated::Consolidated;
+use tokio::sync::Semaphore;
+
+use crate::cache::Cache;
+use crate::config::ServerConfig;
+use crate::metrics::{Metrics, Outcome};
+use crate::pool::WorkerPool;
+
+/// Bytes read from a socket at a time.
+pub(crate) const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+pub(crate) struct Shared<B: Consolidated> {
+    pub(crate) config: ServerConfig,
+    pub(crate) pool: Arc<WorkerPool<B>>,
+    /// Connections for authentication only: logins never take a sync's worker.
+    pub(crate) auth_pool: Arc<WorkerPool<B>>,
+    /// Password hash checks (argon2id, CPU-bound) running at once.
+    pub(crate) password_checks: Semaphore,
+    pub(crate) cache: Arc<Cache>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) load: Load,
+    /// One permit per sync in progress, whatever its transport (`connections_max`).
+    pub(crate) slots: Arc<Semaphore>,
+    /// One permit per open HTTP(S) connection (`connections_max` of them): a keep-alive
+    /// or HTTP/2 connection may sit between requests without holding a sync's slot.
+    pub(crate) http_connections: Arc<Semaphore>,
+}
+
+impl<B: Consolidated> Shared<B> {
+    /// The state of a server starting with `workers` workers.
+    pub(crate) fn new(
+        backend: B,
+        config: ServerConfig,
+        metrics: Arc<Metrics>,
+        workers: usize,
+    ) -> Shared<B> {
+        Shared {
+            pool: WorkerPool::new(backend.clone(), workers),
+            auth_pool: WorkerPool::new(backend, config.auth_connections.max(1)),
+            password_checks: Semaphore::new(config.password_checks_max.max(1)),
+            cache: Cache::new(config.cache_bytes_max, Arc::clone(&metrics)),
+            metrics,
+            load: Load::default(),
+            slots: Arc::new(Semaphore::new(config.connections_max)),
+            http_connections: Arc::new(Semaphore::new(config.connections_max)),
+            config,
+        }
+    }
+
+    /// When a refused client should come back: the syncs in progress ahead of it,
+    /// divided by the rate at which syncs complete, within the configured bounds (the
+    /// configured hint itself before anything completed).
+    pub(crate) fn busy_retry_after_ms(&self) -> u32 {
+        self.metrics.sync_ended(Outcome::busy);
+        let rate = self.load.syncs_per_second();
+        let floor = self.config.busy_retry_after_ms;
+        if rate <= 0.0 {
+            return floor;
+        }
+        let in_progress = self.config.connections_max
+            - self
+                .slots
+                .available_permits()
+                .min(self.config.connections_max);
+        let estimate = 1000.0 * in_progress as f64 / rate;
+        (estimate as u64).clamp(
+            u64::from(floor),
+            u64::from(self.config.busy_retry_after_ms_max.max(floor)),
+        ) as u32
+    }
+}
+
+/// What the monitor needs to know of completed syncs.
+#[derive(Debug, Default)]
+pub(crate) struct Load {
+    syncs_completed: AtomicU64,
+    rows: AtomicU64,
+    /// Syncs completed per second, smoothed (f64 bits).
+    syncs_per_second: AtomicU64,
+}
+
+/// Weight of the newest interval in the smoothed completion rate.
+const RATE_SMOOTHING: f64 = 0.5;
+
+impl Load {
+    pub(crate) fn completed(&self, rows: u64) {
+        self.syncs_completed.fetch_add(1, Ordering::AcqRel);
+        self.rows.fetch_add(rows, Ordering::AcqRel);
+    }
+
+    /// Syncs completed and their rows (uploaded and downloaded), since the start.
+    pub(crate) fn totals(&self) -> (u64, u64) {
+        (
+            self.syncs_completed.load(Ordering::Acquire),
+            self.rows.load(Ordering::Acquire),
+        )
+    }
+
+    /// Folds the completion rate of the last interval into the smoothed rate.
+    pub(crate) fn observe_rate(&self, syncs_per_second: f64) {
+        let smoothed =
+            RATE_SMOOTHING * syncs_per_second + (1.0 - RATE_SMOOTHING) * self.syncs_per_second();
+        self.syncs_per_second
+            .store(smoothed.to_bits(), Ordering::Release);
+    }
+
+    fn syncs_per_second(&self) -> f64 {
+        f64::from_bits(self.syncs_per_second.load(Ordering::Acquire))
+    }
+}
