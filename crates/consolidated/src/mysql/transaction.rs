@@ -373,6 +373,16 @@ impl Dialect for MysqlTransaction<'_> {
         Ok(())
     }
 
+    async fn rollback(mut self) -> Result<(), SyncError> {
+        self.transaction
+            .query_drop("SET @rs_sync = NULL")
+            .await
+            .map_err(db)?;
+        *self.marked = false;
+        self.transaction.rollback().await.map_err(db)?;
+        Ok(())
+    }
+
     async fn commit(mut self) -> Result<(), SyncError> {
         self.transaction
             .query_drop("SET @rs_sync = NULL")
