@@ -362,7 +362,6 @@ async fn tracking_ddl(
     let keys = &shape.key_columns;
     let stamp = q(STAMP_COLUMN);
     let origin = q(ORIGIN_COLUMN);
-    let p = q(&partition.name);
     let mut statements = Vec::new();
     if !has_column(connection, name, STAMP_COLUMN).await? {
         statements.push(format!(
@@ -402,6 +401,21 @@ async fn tracking_ddl(
         stamp_index = q(&format!("{}_stamp", tombstone_table(name))),
         partition_index = q(&format!("{}_partition", tombstone_table(name))),
     ));
+    statements.extend(tracking_triggers(shape, &partition.name));
+    Ok(statements)
+}
+
+/// The four row triggers of `tracking_ddl`, each dropped and created again.
+fn tracking_triggers(shape: &TableShape, partition_column: &str) -> Vec<String> {
+    let name = &shape.name;
+    let table = q(name);
+    let tombstones = q(&tombstone_table(name));
+    let keys = &shape.key_columns;
+    let stamp = q(STAMP_COLUMN);
+    let origin = q(ORIGIN_COLUMN);
+    let p = q(partition_column);
+    let partition_name = partition_column.to_string();
+    let mut statements = Vec::new();
     let unstamp = format!(
         "IF @rs_stamping IS NULL THEN SET NEW.{stamp} = NULL, NEW.{origin} = COALESCE(@rs_sync, 0); END IF;"
     );
@@ -412,7 +426,7 @@ async fn tracking_ddl(
     );
     let moved = keys
         .iter()
-        .chain(std::iter::once(&partition.name))
+        .chain(std::iter::once(&partition_name))
         .map(|column| format!("NOT (OLD.{c} <=> NEW.{c})", c = q(column)))
         .collect::<Vec<_>>()
         .join(" OR ");
@@ -437,7 +451,7 @@ async fn tracking_ddl(
             trigger(kind)
         ));
     }
-    Ok(statements)
+    statements
 }
 
 /// The default set scripts. `{upload}` and `{keys}` are temporary tables, each named once
