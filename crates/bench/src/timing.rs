@@ -13,6 +13,7 @@
 pub mod clients;
 pub mod limit;
 pub mod paper;
+pub mod pgbench;
 pub mod report;
 pub mod results;
 pub mod server;
@@ -1021,6 +1022,10 @@ async fn test2(
     Ok(result)
 }
 
+/// How long the pgbench reference of Test 4 runs, in seconds.
+const PGBENCH_SECONDS: u32 = 10;
+const PGBENCH_SECONDS_QUICK: u32 = 2;
+
 /// Test 3's points as (clients, sets): the size's client counts, each with the sets
 /// that keep the total number of syncs constant; `--clients` runs just that count and
 /// `--sets` replaces the computed sets. Also the constant total (for the notes).
@@ -1139,6 +1144,25 @@ async fn test4(
         warm_up.syncs,
         warm_up.total_server_seconds,
         warm_up.syncs_per_second()
+    ));
+    let seconds = match context.options.size {
+        Size::Quick => PGBENCH_SECONDS_QUICK,
+        Size::Standard | Size::Paper => PGBENCH_SECONDS,
+    };
+    let reference = pgbench::single_row_update(
+        &context.admin,
+        &context.options.db,
+        base_spec.workers.connections(),
+        seconds,
+        context.work_dir.path(),
+    )
+    .await?;
+    result.notes.push(format!(
+        "pgbench, one single-row UPDATE per transaction, {} connections for {} s: {:.0} tps; empty syncs / pgbench = {:.2}",
+        reference.connections,
+        reference.seconds,
+        reference.transactions_per_second,
+        warm_up.syncs_per_second() / reference.transactions_per_second
     ));
     Ok(result)
 }

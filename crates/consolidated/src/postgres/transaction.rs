@@ -61,7 +61,8 @@ pub struct PgTransaction<'c> {
 }
 
 impl PgTransaction<'_> {
-    async fn query_one_value(
+    /// Runs a statement (prepared once per connection) that returns exactly one row.
+    async fn query_one(
         &self,
         sql: &str,
         parameters: &[&(dyn tokio_postgres::types::ToSql + Sync)],
@@ -78,7 +79,7 @@ impl Dialect for PgTransaction<'_> {
             .batch_execute("SELECT pg_advisory_xact_lock_shared(7263, 0)")
             .await?;
         let locked = self
-            .query_one_value(
+            .query_one(
                 "SELECT pg_try_advisory_xact_lock(7262, hashtext($1))",
                 &[&client_id],
             )
@@ -286,7 +287,7 @@ impl Dialect for PgTransaction<'_> {
     }
 
     async fn watermark(&mut self) -> Result<i64, SyncError> {
-        Ok(self.query_one_value(WATERMARK_QUERY, &[]).await?.get(0))
+        Ok(self.query_one(WATERMARK_QUERY, &[]).await?.get(0))
     }
 
     async fn read_cursor(
