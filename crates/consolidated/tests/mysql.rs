@@ -3,7 +3,7 @@
 
 mod conformance;
 
-use conformance::{Factory, RawSql};
+use conformance::{CastType, Factory, RawSql};
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use rowsync_consolidated::mysql::value::read_row;
@@ -33,6 +33,15 @@ async fn connect(url: &str) -> Conn {
 impl Factory for MysqlFactory {
     type Backend = MysqlConsolidated;
     type Sql = MysqlSql;
+
+    /// MySQL and MariaDB cast to `SIGNED` and `CHAR`, not `INTEGER`, `BIGINT` or `TEXT`.
+    fn cast(expression: &str, to: CastType) -> String {
+        let name = match to {
+            CastType::Integer | CastType::BigInt => "SIGNED",
+            CastType::Text => "CHAR",
+        };
+        format!("CAST({expression} AS {name})")
+    }
 
     async fn create() -> (MysqlConsolidated, MysqlSql) {
         let url = rowsync_testkit::fresh_mysql_database("conformance").await;
@@ -65,54 +74,4 @@ impl RawSql for MysqlSql {
     }
 }
 
-// Every test of the suite but the four whose own SQL MariaDB's parser refuses (below).
-conformance::conformance_suite!(@each MysqlFactory;
-    install_system_tables_is_idempotent_and_users_round_trip,
-    init_table_refuses_unusable_tables_clearly_and_registers_nothing,
-    first_sync_downloads_exactly_the_users_partition,
-    uploaded_changes_are_applied_and_not_echoed_back,
-    server_side_changes_after_the_watermark_arrive_in_the_next_download,
-    a_key_leaving_a_partition_is_deleted_for_its_former_owner_even_when_reused,
-    rows_without_a_partition_value_stay_writable_and_reach_no_one,
-    stale_update_is_a_conflict_and_the_server_row_wins,
-    conflicting_inserts_updates_of_deleted_rows_are_resolved_server_wins,
-    another_users_rows_cannot_be_touched_or_seen,
-    an_upload_sequence_is_applied_at_most_once,
-    refused_syncs_apply_nothing,
-    a_failing_upload_insert_script_is_a_script_error,
-    a_failing_script_after_applied_operations_rolls_them_back,
-    decimals_round_trip_without_losing_digits,
-    cleanup_drops_only_tombstones_every_client_passed,
-    a_resent_upload_still_delivers_its_conflict_resolution,
-    connection_events_run_in_order_each_in_its_transaction,
-    row_scripts_apply_each_row_and_find_conflicts,
-    a_failing_row_script_rolls_back_or_is_skipped_by_handle_error,
-    versions_coexist_and_a_changed_script_applies_from_the_next_sync,
-    download_ack_records_the_watermark_and_runs_its_script,
-    authenticate_user_script_decides_logins,
-    hostile_values_in_every_parameter_are_data_not_sql,
-    a_row_script_hitting_an_existing_key_fails_by_row_and_can_be_skipped,
-    a_table_changed_between_syncs_on_one_connection_is_read_as_it_now_is,
-);
-
-/// Suite tests whose fixture SQL MariaDB cannot parse: `lines` is a reserved word
-/// (`LOAD DATA ... LINES TERMINATED BY`), and `CAST` takes neither `BIGINT` nor `TEXT`
-/// (MariaDB's names are `SIGNED` and `CHAR`). Run them with `--ignored` to see.
-macro_rules! refused_by_the_parser {
-    ($($test:ident: $why:literal),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            #[ignore = $why]
-            async fn $test() {
-                conformance::$test::<MysqlFactory>().await;
-            }
-        )*
-    };
-}
-
-refused_by_the_parser!(
-    an_error_in_the_second_table_rolls_back_the_first: "CREATE TABLE lines: LINES is reserved in MariaDB",
-    composite_primary_keys_sync_both_ways: "CREATE TABLE lines: LINES is reserved in MariaDB",
-    modify_next_last_download_replaces_the_watermark: "the script's CAST(... AS BIGINT) is not MariaDB SQL",
-    resolve_conflict_sees_old_new_and_current_rows_in_both_forms: "the script's CAST(... AS TEXT) is not MariaDB SQL",
-);
+conformance::conformance_suite!(MysqlFactory);
