@@ -144,9 +144,6 @@ impl Client {
         let connection = Connection::open(path)?;
         connection.busy_timeout(Duration::from_secs(30))?;
         connection.pragma_update(None, "journal_mode", "WAL")?;
-        // INSERT OR REPLACE deletes the old row; only with recursive triggers on does that
-        // delete reach the change log (otherwise the replacement looks like an insert).
-        connection.pragma_update(None, "recursive_triggers", "ON")?;
         let client_id = store::install(&connection, client_id)?;
         Ok(Client {
             connection,
