@@ -578,34 +578,76 @@ pub fn has_pending_changes(connection: &Connection) -> Result<bool, ClientError>
     Ok(false)
 }
 
-/// Applies a download and acknowledges the upload in one transaction. Rows with local
-/// changes not yet uploaded (made while the sync was in flight) are left alone: those
-/// changes go up in the next sync and the server resolves them.
+/// Applies a download and acknowledges the upload in one transaction (the whole
+/// download at once; [`DownloadApply`] takes it message by message).
+#[cfg(test)]
 pub fn apply_download(
     connection: &mut Connection,
     upload_sequence: u64,
     downloads: &[Download],
     watermark: i64,
 ) -> Result<u64, ClientError> {
-    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    transaction.execute(
-        "UPDATE rs_client_state SET applying_download = 1 WHERE id = 1",
-        [],
-    )?;
-    let tracked: Vec<String> = tracked_tables(&transaction)?;
-    let mut rows_applied = 0u64;
-    let mut shapes: HashMap<&str, Shape> = HashMap::new();
-    for download in downloads {
+    let mut apply = DownloadApply::new();
+    let applied = (|| {
+        for download in downloads {
+            apply.apply(connection, download)?;
+        }
+        apply.finish(connection, upload_sequence, watermark)
+    })();
+    if applied.is_err() {
+        DownloadApply::abort(connection);
+    }
+    applied
+}
+
+/// One download applied as its messages arrive, all in one transaction that also
+/// acknowledges the upload. Rows with local changes not yet uploaded (made while the
+/// sync was in flight) are left alone: those changes go up in the next sync and the
+/// server resolves them.
+///
+/// The transaction begins with the first message (or at [`DownloadApply::finish`] for
+/// an empty download), so the database stays writable while the server works. After an
+/// error, call [`DownloadApply::abort`].
+#[derive(Debug, Default)]
+pub struct DownloadApply {
+    /// Set once the transaction began: the tracked tables.
+    tracked: Option<Vec<String>>,
+    shapes: HashMap<String, Shape>,
+    pub rows_applied: u64,
+}
+
+impl DownloadApply {
+    pub fn new() -> DownloadApply {
+        DownloadApply::default()
+    }
+
+    fn begin(&mut self, connection: &Connection) -> Result<(), ClientError> {
+        if self.tracked.is_none() {
+            connection.execute_batch(
+                "BEGIN IMMEDIATE; UPDATE rs_client_state SET applying_download = 1 WHERE id = 1;",
+            )?;
+            self.tracked = Some(tracked_tables(connection)?);
+        }
+        Ok(())
+    }
+
+    /// Applies one download message; returns the rows it changed.
+    pub fn apply(
+        &mut self,
+        connection: &Connection,
+        download: &Download,
+    ) -> Result<u64, ClientError> {
+        self.begin(connection)?;
         let table = download.table.as_str();
-        if !shapes.contains_key(table) {
-            let found = shape(&transaction, table)?.ok_or_else(|| {
+        if !self.shapes.contains_key(table) {
+            let found = shape(connection, table)?.ok_or_else(|| {
                 ClientError::Schema(format!(
                     "the download names table {table:?}, which the client database lacks"
                 ))
             })?;
-            shapes.insert(table, found);
+            self.shapes.insert(table.to_string(), found);
         }
-        let shape = &shapes[table];
+        let shape = &self.shapes[table];
         if download.key_columns != shape.key_columns {
             return Err(ClientError::Schema(format!(
                 "table {table:?} has primary key {:?} here, the download names {:?}",
@@ -619,20 +661,41 @@ pub fn apply_download(
                 )));
             }
         }
-        let is_tracked = tracked.iter().any(|t| t == table);
-        rows_applied += apply_table(&transaction, download, is_tracked)?;
+        let is_tracked = self.tracked.iter().flatten().any(|t| t == table);
+        let applied = apply_table(connection, download, is_tracked)?;
+        self.rows_applied += applied;
+        Ok(applied)
     }
-    transaction.execute(
-        "UPDATE rs_client_state SET applying_download = 0, download_watermark = ?1,
-             upload_sequence_acknowledged = max(upload_sequence_acknowledged, ?2) WHERE id = 1",
-        params![watermark, upload_sequence as i64],
-    )?;
-    transaction.execute(
-        "DELETE FROM rs_client_inflight WHERE upload_sequence <= ?1",
-        [upload_sequence as i64],
-    )?;
-    transaction.commit()?;
-    Ok(rows_applied)
+
+    /// Records the watermark and the upload's acknowledgement and commits; returns the
+    /// rows applied in all.
+    pub fn finish(
+        mut self,
+        connection: &Connection,
+        upload_sequence: u64,
+        watermark: i64,
+    ) -> Result<u64, ClientError> {
+        self.begin(connection)?;
+        connection.execute(
+            "UPDATE rs_client_state SET applying_download = 0, download_watermark = ?1,
+                 upload_sequence_acknowledged = max(upload_sequence_acknowledged, ?2) WHERE id = 1",
+            params![watermark, upload_sequence as i64],
+        )?;
+        connection.execute(
+            "DELETE FROM rs_client_inflight WHERE upload_sequence <= ?1",
+            [upload_sequence as i64],
+        )?;
+        connection.execute_batch("COMMIT")?;
+        Ok(self.rows_applied)
+    }
+
+    /// Rolls back a download begun and not finished (nothing of it stays).
+    pub fn abort(connection: &Connection) {
+        if !connection.is_autocommit() {
+            // A failed rollback leaves SQLite's own rollback when the connection closes.
+            let _ = connection.execute_batch("ROLLBACK");
+        }
+    }
 }
 
 fn apply_table(
@@ -663,7 +726,7 @@ fn apply_table(
     };
     let mut applied = 0u64;
     if !download.deletes.is_empty() {
-        let mut delete = connection.prepare(&format!(
+        let mut delete = connection.prepare_cached(&format!(
             "DELETE FROM {table} WHERE {} AND {}",
             key_placeholders(1),
             no_pending(1)
@@ -724,7 +787,7 @@ fn apply_table(
         } else {
             "1".to_string()
         };
-        let mut upsert = connection.prepare(&format!(
+        let mut upsert = connection.prepare_cached(&format!(
             "INSERT INTO {table} ({columns}) SELECT {placeholders} WHERE {pending_check}
              ON CONFLICT ({key_list}) DO {conflict_action}",
             key_list = keys.iter().map(|k| q(k)).collect::<Vec<_>>().join(", "),
