@@ -6,3 +6,4 @@ pub mod bench_load;
 pub mod bench_transport;
 pub mod demo;
 pub mod local_server;
+pub mod sync_command;

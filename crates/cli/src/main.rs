@@ -30,6 +30,8 @@ struct Cli {
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
+    /// Sync a client database with a server.
+    Sync(rowsync_cli::sync_command::SyncArgs),
     /// Run the sync server.
     Serve {
         /// The consolidated database: a SQLite file path or a postgres:// URL.
@@ -411,6 +413,7 @@ async fn run(command: Command) -> Result<()> {
             command: VersionCommand::Add { db, .. } | VersionCommand::List { db },
         } => Some(db.clone()),
         Command::Demo { .. }
+        | Command::Sync(_)
         | Command::BenchApply { .. }
         | Command::BenchLoad { .. }
         | Command::Bench { .. }
@@ -427,6 +430,10 @@ async fn run(command: Command) -> Result<()> {
 /// Runs a command against one backend (`--db` chose it).
 async fn run_with<B: Consolidated>(command: Command, backend: B) -> Result<()> {
     match command {
+        Command::Sync(args) => {
+            let exit = rowsync_cli::sync_command::run(args).await?;
+            std::process::exit(exit.code().into())
+        }
         Command::Serve {
             db,
             listen,
