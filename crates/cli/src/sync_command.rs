@@ -11,9 +11,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rowsync_client::{
-    BusyRetry, Client, ClientError, Compression, SyncOptions, SyncProgress, SyncReport,
+    BusyRetry, Client, ClientError, Compression, FailureKind, SyncOptions, SyncProgress, SyncReport,
 };
-use rowsync_protocol::{ErrorCode, Value};
+use rowsync_protocol::Value;
 use serde_json::json;
 
 /// How often the terminal spinner redraws when nothing moved.
@@ -95,24 +95,13 @@ impl SyncExit {
     }
 
     fn of_error(error: &ClientError) -> SyncExit {
-        match error {
-            ClientError::Busy { .. } => SyncExit::Busy,
-            ClientError::Server(wire) => match wire.error_code() {
-                Some(
-                    ErrorCode::AuthenticationFailed
-                    | ErrorCode::UnsupportedProtocolVersion
-                    | ErrorCode::UnknownScriptVersion
-                    | ErrorCode::ClientIdTaken
-                    | ErrorCode::Schema
-                    | ErrorCode::UploadTooLarge
-                    | ErrorCode::FrameTooLarge,
-                ) => SyncExit::Refused,
-                Some(ErrorCode::AlreadySynchronizing) => SyncExit::Busy,
-                _ => SyncExit::Error,
-            },
-            _ => SyncExit::Error,
+        match error.kind() {
+            FailureKind::Busy => SyncExit::Busy,
+            FailureKind::Refused => SyncExit::Refused,
+            FailureKind::Failed => SyncExit::Error,
         }
     }
+
 }
 
 /// Runs one sync; errors of the sync itself are reported and become the exit status,
@@ -126,7 +115,10 @@ pub async fn run(args: SyncArgs) -> Result<SyncExit> {
     }
     options.token = args.token.clone();
     options.script_version = args.version.clone();
-    options.transport.compression = parse_compression(&args.compression)?;
+    options.transport.compression = args
+        .compression
+        .parse::<Compression>()
+        .map_err(|error| anyhow::anyhow!("--compression: {error}"))?;
     options.transport.tls.ca_file = args.ca_file.clone();
     options.timeout = Duration::from_secs(args.timeout_seconds);
     if args.busy_retries == 0 {
@@ -179,15 +171,6 @@ fn read_password() -> Result<String> {
         bail!("--password-stdin: standard input held no password");
     }
     Ok(password)
-}
-
-fn parse_compression(text: &str) -> Result<Compression> {
-    Ok(match text {
-        "none" => Compression::None,
-        "zlib" => Compression::Zlib,
-        "zstd" => Compression::Zstd,
-        other => bail!("unknown compression {other:?}: none, zlib or zstd"),
-    })
 }
 
 /// A spinner with the counts on standard error when it is a terminal; hidden otherwise.
@@ -259,32 +242,8 @@ fn text_row(row: &[Value]) -> String {
 }
 
 fn report_json(report: &SyncReport, exit: SyncExit) -> serde_json::Value {
-    let conflicted: Vec<serde_json::Value> = report
-        .conflicted_rows
-        .iter()
-        .map(|conflict| {
-            json!({
-                "table": conflict.table,
-                "key_columns": conflict.key_columns,
-                "key": conflict.key,
-                "columns": conflict.columns,
-                "server_row": conflict.server_row,
-            })
-        })
-        .collect();
-    json!({
-        "outcome": exit.name(),
-        "exit_code": exit.code(),
-        "rows_uploaded": report.rows_uploaded,
-        "rows_downloaded": report.rows_downloaded,
-        "conflicts": report.conflicts,
-        "conflicted_rows": conflicted,
-        "rounds": report.rounds,
-        "upload_already_applied": report.upload_already_applied,
-        "watermark": report.watermark,
-        "elapsed_seconds": report.elapsed.as_secs_f64(),
-        "bytes_sent": report.wire.sent,
-        "bytes_received": report.wire.received,
-        "busy_retries": report.busy_retries,
-    })
+    let mut json = report.to_json();
+    json["outcome"] = exit.name().into();
+    json["exit_code"] = exit.code().into();
+    json
 }

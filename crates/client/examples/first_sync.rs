@@ -27,7 +27,7 @@ async fn main() -> ExitCode {
         }
         client.track(table)?;
         let options = SyncOptions::new(url.as_str(), user.as_str(), password.as_str());
-        Ok::<_, rowsync_client::ClientError>(client.sync(&options).await?)
+        client.sync(&options).await
     };
     match run.await {
         Ok(report) => {

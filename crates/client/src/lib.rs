@@ -15,7 +15,7 @@ mod store;
 pub mod transport;
 
 pub use client::{BusyRetry, Client, SyncOptions, BUSY_RETRY_ATTEMPTS_MAX_DEFAULT};
-pub use error::ClientError;
+pub use error::{ClientError, FailureKind};
 pub use report::{ConflictedRow, SyncProgress, SyncReport, CONFLICTED_ROWS_REPORTED_MAX};
 pub use rowsync_protocol::Compression;
 pub use session::{ClientSession, CompletedSync, Received, SessionEvent};

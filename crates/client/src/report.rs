@@ -37,6 +37,42 @@ pub struct SyncReport {
     pub download_acknowledged: bool,
 }
 
+impl SyncReport {
+    /// The report as JSON, for callers in other languages and scripts: the fields by
+    /// their names here, `elapsed_seconds`, `bytes_sent` and `bytes_received`, and each
+    /// conflicted row as `{table, key_columns, key, columns, server_row}` with values
+    /// in the protocol's JSON form (`{"type": "int", "value": 1}`).
+    pub fn to_json(&self) -> serde_json::Value {
+        let conflicted: Vec<serde_json::Value> = self
+            .conflicted_rows
+            .iter()
+            .map(|conflict| {
+                serde_json::json!({
+                    "table": conflict.table,
+                    "key_columns": conflict.key_columns,
+                    "key": conflict.key,
+                    "columns": conflict.columns,
+                    "server_row": conflict.server_row,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "rows_uploaded": self.rows_uploaded,
+            "rows_downloaded": self.rows_downloaded,
+            "conflicts": self.conflicts,
+            "conflicted_rows": conflicted,
+            "rounds": self.rounds,
+            "upload_already_applied": self.upload_already_applied,
+            "watermark": self.watermark,
+            "elapsed_seconds": self.elapsed.as_secs_f64(),
+            "bytes_sent": self.wire.sent,
+            "bytes_received": self.wire.received,
+            "busy_retries": self.busy_retries,
+            "download_acknowledged": self.download_acknowledged,
+        })
+    }
+}
+
 /// A row this client uploaded that the server did not take as sent: the download of the
 /// same sync brought the server's version back.
 #[derive(Debug, Clone, PartialEq)]
