@@ -248,6 +248,10 @@ impl Client {
                 &mut handler,
             )
             .await?;
+            if matches!(event, SessionEvent::Complete(_)) {
+                // The whole upload is out once the download has ended.
+                handler.tell(wire, batch.operations);
+            }
             let apply = handler.apply;
             report.wire.sent += wire.sent;
             report.wire.received += wire.received;

@@ -103,5 +103,19 @@ async fn progress_counts_up_to_what_the_report_says() {
             .any(|p| p.rows_downloaded > 0 && p.rows_downloaded < 50_000),
         "the download is applied in steps, not at the end: {seen:?}"
     );
+    // An upload with nothing to download still ends with its rows counted.
+    client
+        .connection()
+        .execute("UPDATE orders SET quantity = -1 WHERE id = 'local-7'", [])
+        .unwrap();
+    let mut last = None;
+    let report = client
+        .sync_with_progress(&server.options(), &mut |progress| last = Some(*progress))
+        .await
+        .unwrap();
+    assert_eq!((report.rows_uploaded, report.rows_downloaded), (1, 0));
+    let last = last.unwrap();
+    assert_eq!((last.rows_uploaded, last.rows_to_upload), (1, 1));
+    assert_eq!(last.bytes_received, report.wire.received);
     server.stop().await;
 }
