@@ -101,7 +101,6 @@ impl SyncExit {
             FailureKind::Failed => SyncExit::Error,
         }
     }
-
 }
 
 /// Runs one sync; errors of the sync itself are reported and become the exit status,

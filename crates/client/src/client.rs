@@ -263,6 +263,8 @@ impl Client {
                     return Ok((end, applied));
                 }
                 SessionEvent::Busy { retry_after_ms } => {
+                    // Nothing came down before a busy answer; if something did, it goes.
+                    DownloadApply::abort(&self.connection);
                     let Some(delay) = options
                         .busy_retry
                         .delay(retry_after_ms, report.busy_retries)
