@@ -13,6 +13,7 @@
 pub mod clients;
 pub mod limit;
 pub mod paper;
+pub mod pgbench;
 pub mod report;
 pub mod results;
 pub mod server;
@@ -1021,30 +1022,67 @@ async fn test2(
     Ok(result)
 }
 
+/// How long the pgbench reference of Test 4 runs, in seconds.
+const PGBENCH_SECONDS: u32 = 10;
+const PGBENCH_SECONDS_QUICK: u32 = 2;
+
+/// Test 3's points as (clients, sets): the size's client counts, each with the sets
+/// that keep the total number of syncs constant; `--clients` runs just that count and
+/// `--sets` replaces the computed sets. Also the constant total (for the notes).
+fn test3_points(options: &BenchOptions) -> (Vec<(usize, usize)>, usize) {
+    let counts: Vec<usize> = match options.size {
+        Size::Quick => vec![4, 8, 16],
+        Size::Standard => vec![100, 200, 500, 1000],
+        Size::Paper => vec![200, 500, 1000, 2000, 5000, 10_000],
+    };
+    let total_syncs = *counts.last().expect("counts");
+    let counts = options.clients.map_or(counts, |clients| vec![clients]);
+    let points = counts
+        .into_iter()
+        .map(|clients| {
+            let sets = options.sets.unwrap_or((total_syncs / clients).max(1));
+            (clients, sets)
+        })
+        .collect();
+    (points, total_syncs)
+}
+
+/// Test 4's points as (rows per sync, sets): the size's row counts, each with the sets
+/// that keep the rows per client constant; `--rows` runs just that count and `--sets`
+/// replaces the computed sets. Also the constant rows per client.
+fn test4_points(options: &BenchOptions) -> (Vec<(usize, usize)>, usize) {
+    let (sizes, per_client): (Vec<usize>, usize) = match options.size {
+        Size::Quick => (vec![20, 40, 80], 80),
+        Size::Standard => (vec![100, 250, 500, 1000], 1000),
+        Size::Paper => (vec![100, 200, 500, 1000, 2000, 5000, 10_000], 10_000),
+    };
+    let sizes = options.rows.map_or(sizes, |rows| vec![rows]);
+    let points = sizes
+        .into_iter()
+        .map(|rows| (rows, options.sets.unwrap_or((per_client / rows).max(1))))
+        .collect();
+    (points, per_client)
+}
+
 async fn test3(
     context: &mut RunContext,
     best: Option<usize>,
     out: &mut dyn std::io::Write,
 ) -> Result<TestResult> {
     let base_spec = base_spec(context, best);
-    let counts: Vec<usize> = match context.options.size {
-        Size::Quick => vec![4, 8, 16],
-        Size::Standard => vec![100, 200, 500, 1000],
-        Size::Paper => vec![200, 500, 1000, 2000, 5000, 10_000],
-    };
-    let total_syncs = *counts.last().expect("counts");
+    let (points, total_syncs) = test3_points(&context.options);
     let mut result = TestResult {
         test: 3,
         title: "Number of clients at a constant total".into(),
         parameter: "Clients".into(),
         ..TestResult::default()
     };
-    for clients in counts {
+    for (clients, sets) in points {
         let spec = PointSpec {
             label: clients.to_string(),
             x: Some(clients as f64),
             clients,
-            sets: (total_syncs / clients).max(1),
+            sets,
             connections_max: base(&context.options).connections_max,
             ..base_spec.clone()
         };
@@ -1053,7 +1091,13 @@ async fn test3(
         result.points.push(point);
     }
     result.notes.push(format!(
-        "{total_syncs} syncs of {} rows per sync type at every point; connection limit {}",
+        "{} of {} rows per sync type at every point; connection limit {}",
+        context
+            .options
+            .sets
+            .map_or(format!("{total_syncs} syncs"), |sets| format!(
+                "{sets} sets of each point's clients' syncs"
+            )),
         base_spec.rows,
         base(&context.options).connections_max
     ));
@@ -1066,11 +1110,7 @@ async fn test4(
     out: &mut dyn std::io::Write,
 ) -> Result<TestResult> {
     let base_spec = base_spec(context, best);
-    let (sizes, per_client): (Vec<usize>, usize) = match context.options.size {
-        Size::Quick => (vec![20, 40, 80], 80),
-        Size::Standard => (vec![100, 250, 500, 1000], 1000),
-        Size::Paper => (vec![100, 200, 500, 1000, 2000, 5000, 10_000], 10_000),
-    };
+    let (points, per_client) = test4_points(&context.options);
     let mut result = TestResult {
         test: 4,
         title: "Rows per sync at a constant total".into(),
@@ -1078,12 +1118,12 @@ async fn test4(
         ..TestResult::default()
     };
     let mut warm_up = Phase::default();
-    for rows in sizes {
+    for (rows, sets) in points {
         let spec = PointSpec {
             label: rows.to_string(),
             x: Some(rows as f64),
             rows,
-            sets: (per_client / rows).max(1),
+            sets,
             ..base_spec.clone()
         };
         let (point, checkpoints, empty) = measure_point(context, &spec, 1, true, out).await?;
@@ -1092,7 +1132,11 @@ async fn test4(
         result.points.push(point);
     }
     result.notes.push(format!(
-        "{per_client} rows per client per sync type at every point, {} clients",
+        "{} per client per sync type at every point, {} clients",
+        context
+            .options
+            .sets
+            .map_or(format!("{per_client} rows"), |sets| format!("{sets} syncs")),
         base_spec.clients
     ));
     result.notes.push(format!(
@@ -1100,6 +1144,25 @@ async fn test4(
         warm_up.syncs,
         warm_up.total_server_seconds,
         warm_up.syncs_per_second()
+    ));
+    let seconds = match context.options.size {
+        Size::Quick => PGBENCH_SECONDS_QUICK,
+        Size::Standard | Size::Paper => PGBENCH_SECONDS,
+    };
+    let reference = pgbench::single_row_update(
+        &context.admin,
+        &context.options.db,
+        base_spec.workers.connections(),
+        seconds,
+        context.work_dir.path(),
+    )
+    .await?;
+    result.notes.push(format!(
+        "pgbench, one single-row UPDATE per transaction, {} connections for {} s: {:.0} tps; empty syncs / pgbench = {:.2}",
+        reference.connections,
+        reference.seconds,
+        reference.transactions_per_second,
+        warm_up.syncs_per_second() / reference.transactions_per_second
     ));
     Ok(result)
 }
@@ -1166,4 +1229,67 @@ async fn test5(
     }
     result.notes.push("no FIPS-approved RSA: rustls with ring has no FIPS mode; HTTP is HTTP/1.1 or HTTP/2 as negotiated".into());
     Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(size: Size) -> BenchOptions {
+        BenchOptions {
+            db: String::new(),
+            server_program: PathBuf::new(),
+            size,
+            tests: vec![3, 4],
+            client_mode: ClientMode::Verify,
+            results_dir: PathBuf::new(),
+            clients: None,
+            rows: None,
+            sets: None,
+            workers: None,
+            connections_max: None,
+            retry: None,
+            protocol: None,
+            compression: None,
+            repeat: None,
+        }
+    }
+
+    #[test]
+    fn test3_varies_clients_at_a_constant_total_unless_overridden() {
+        let standard = options(Size::Standard);
+        let (points, total) = test3_points(&standard);
+        assert_eq!(points, vec![(100, 10), (200, 5), (500, 2), (1000, 1)]);
+        assert_eq!(total, 1000);
+        let one_client = BenchOptions {
+            clients: Some(1),
+            ..standard.clone()
+        };
+        assert_eq!(test3_points(&one_client).0, vec![(1, 1000)]);
+        let with_sets = BenchOptions {
+            clients: Some(100),
+            sets: Some(3),
+            ..standard
+        };
+        assert_eq!(test3_points(&with_sets).0, vec![(100, 3)]);
+    }
+
+    #[test]
+    fn test4_varies_rows_at_a_constant_total_unless_overridden() {
+        let standard = options(Size::Standard);
+        let (points, per_client) = test4_points(&standard);
+        assert_eq!(points, vec![(100, 10), (250, 4), (500, 2), (1000, 1)]);
+        assert_eq!(per_client, 1000);
+        let rows = BenchOptions {
+            rows: Some(10_000),
+            ..standard.clone()
+        };
+        assert_eq!(test4_points(&rows).0, vec![(10_000, 1)]);
+        let with_sets = BenchOptions {
+            rows: Some(100),
+            sets: Some(2),
+            ..standard
+        };
+        assert_eq!(test4_points(&with_sets).0, vec![(100, 2)]);
+    }
 }

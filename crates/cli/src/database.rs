@@ -9,6 +9,7 @@ use std::future::Future;
 use std::path::PathBuf;
 
 use anyhow::Result;
+use rowsync_consolidated::mysql::MysqlConsolidated;
 use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::sqlite::SqliteConsolidated;
 use rowsync_consolidated::Consolidated;
@@ -17,7 +18,7 @@ use rowsync_consolidated::Consolidated;
 // on a flattened struct clap would take it for the command's description).
 #[derive(clap::Args, Debug, Clone)]
 pub struct DatabaseArg {
-    /// The consolidated database: a SQLite file path or a postgres:// URL.
+    /// The consolidated database: a SQLite file path, a postgres:// or a mysql:// URL.
     #[arg(long)]
     pub db: String,
 }
@@ -35,6 +36,8 @@ pub enum Database {
     Sqlite(PathBuf),
     /// A `postgres://` or `postgresql://` URL.
     Postgres(String),
+    /// A `mysql://` URL (or `mariadb://`, stored as `mysql://`): MariaDB 10.6+ or MySQL 8.
+    Mysql(String),
 }
 
 /// A command that runs on whichever backend `--db` names (see [`Database::run`]).
@@ -47,6 +50,11 @@ impl Database {
     pub fn parse(db: &str) -> Database {
         if db.starts_with("postgres://") || db.starts_with("postgresql://") {
             Database::Postgres(db.to_string())
+        } else if let Some(rest) = db.strip_prefix("mariadb://") {
+            // The driver knows the scheme as mysql://; the protocol is the same.
+            Database::Mysql(format!("mysql://{rest}"))
+        } else if db.starts_with("mysql://") {
+            Database::Mysql(db.to_string())
         } else {
             Database::Sqlite(PathBuf::from(db))
         }
@@ -57,6 +65,7 @@ impl Database {
         match self {
             Database::Sqlite(_) => "SQLite",
             Database::Postgres(_) => "PostgreSQL",
+            Database::Mysql(_) => "MySQL",
         }
     }
 
@@ -65,6 +74,7 @@ impl Database {
         match self {
             Database::Sqlite(path) => command.run(SqliteConsolidated::new(path)).await,
             Database::Postgres(url) => command.run(PostgresConsolidated::new(url)).await,
+            Database::Mysql(url) => command.run(MysqlConsolidated::new(&url)?).await,
         }
     }
 }
@@ -79,6 +89,12 @@ mod tests {
         assert_eq!(Database::parse(url), Database::Postgres(url.to_string()));
         let url = "postgresql://me@127.0.0.1/scratch";
         assert_eq!(Database::parse(url), Database::Postgres(url.to_string()));
+        let url = "mysql://me@127.0.0.1:3306/scratch";
+        assert_eq!(Database::parse(url), Database::Mysql(url.to_string()));
+        assert_eq!(
+            Database::parse("mariadb://me@127.0.0.1:3306/scratch"),
+            Database::Mysql(url.to_string())
+        );
         assert_eq!(
             Database::parse("central.db"),
             Database::Sqlite(PathBuf::from("central.db"))

@@ -1,6 +1,6 @@
 //! `rowsync demo`: a complete sync loop, on an embedded SQLite consolidated database by
-//! default or on PostgreSQL (`--db postgres://...`, a scratch database: the demo drops
-//! and recreates its own tables there).
+//! default or on PostgreSQL or MySQL/MariaDB (`--db postgres://...`, `--db mysql://...`,
+//! a scratch database: the demo drops and recreates its own tables there).
 //!
 //! Starts a server on a free loopback port, creates client databases for three users,
 //! changes data on both sides (including one conflicting update), syncs, prints what
@@ -25,7 +25,7 @@ pub const USERS: [&str; 3] = ["alice", "bob", "carol"];
 const BULK_USER: &str = "dave";
 const SEED_ROWS_PER_USER: usize = 6;
 const TABLE_DDL: &str = "CREATE TABLE orders (
-    id TEXT PRIMARY KEY,
+    id VARCHAR(64) PRIMARY KEY,
     rep TEXT NOT NULL,
     item TEXT NOT NULL,
     quantity INTEGER NOT NULL,
@@ -33,7 +33,7 @@ const TABLE_DDL: &str = "CREATE TABLE orders (
 )";
 
 pub struct DemoOptions {
-    /// The consolidated database: a `postgres://` URL or a SQLite file path; a SQLite
+    /// The consolidated database: a `postgres://` or `mysql://` URL or a SQLite file path; a SQLite
     /// file in the demo's directory when `None`.
     pub db: Option<String>,
     pub clients: usize,
@@ -282,7 +282,7 @@ fn remove_database(path: &Path) -> Result<()> {
 }
 
 /// Tables the demo owns; dropped and recreated on every run.
-const DEMO_TABLES: [&str; 9] = [
+const DEMO_TABLES: [&str; 12] = [
     "orders",
     "rs_rowversion_orders",
     "rs_tombstone_orders",
@@ -292,6 +292,9 @@ const DEMO_TABLES: [&str; 9] = [
     "rs_user",
     "rs_table",
     "rs_clock",
+    "rs_counter",
+    "rs_sync_lock",
+    "rs_sync_in_flight",
 ];
 
 /// A fresh demo schema: the demo's tables dropped, `orders` created and seeded,

@@ -3,3 +3,4 @@
 
 pub mod database;
 pub mod demo;
+pub mod sync_command;

@@ -23,6 +23,8 @@ struct Cli {
 // The order of the variants is the order of `rowsync --help`.
 #[derive(Subcommand)]
 enum Command {
+    /// Sync a client database with a server.
+    Sync(rowsync_cli::sync_command::SyncArgs),
     /// Run the sync server.
     Serve(Box<serve::ServeArgs>),
     /// Manage the scripts of script versions.
@@ -67,7 +69,7 @@ enum Command {
     /// clients above the connection limit against the limit raised. Drops and recreates
     /// bench_rows in the database named.
     BenchLoad(BenchLoadArgs),
-    /// Run a complete demonstration (embedded SQLite by default, or --db postgres://...).
+    /// Run a complete demonstration (embedded SQLite by default, or --db postgres://... or mysql://...).
     Demo(demo::DemoArgs),
 }
 
@@ -90,6 +92,10 @@ fn main() -> Result<()> {
 
 async fn run(command: Command) -> Result<()> {
     match command {
+        Command::Sync(args) => {
+            let exit = rowsync_cli::sync_command::run(args).await?;
+            std::process::exit(exit.code().into())
+        }
         Command::Serve(args) => serve::run(*args).await,
         Command::Script { command } => script::run(command).await,
         Command::Version { command } => version::run(command).await,

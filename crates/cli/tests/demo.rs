@@ -25,6 +25,11 @@ async fn demo_reaches_agreement_on_postgres() {
     check_demo(Some(rowsync_testkit::fresh_database("demo").await)).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_reaches_agreement_on_mariadb() {
+    check_demo(Some(rowsync_testkit::fresh_mysql_database("demo").await)).await;
+}
+
 async fn check_demo(db: Option<String>) {
     let captured = Captured::default();
     let report = run(DemoOptions {

@@ -1,11 +1,15 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use rowsync_protocol::{Hello, FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION};
+use rowsync_protocol::{Download, EndDownload, Hello, FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION};
 use rusqlite::Connection;
 
+use crate::report::{ConflictedRow, SyncProgress, SyncReport, UploadedKeys};
 use crate::session::SessionEvent;
-use crate::transport::{exchange_measured, Exchange, TransportOptions, WireBytes};
+use crate::store::DownloadApply;
+use crate::transport::{
+    exchange_measured, exchange_streaming, DownloadHandler, Exchange, TransportOptions, WireBytes,
+};
 use crate::{store, ClientError};
 
 /// Where and as whom to sync.
@@ -104,26 +108,6 @@ impl SyncOptions {
     }
 }
 
-/// What one `sync()` did.
-#[derive(Debug, Clone, Default)]
-pub struct SyncReport {
-    pub rows_uploaded: u64,
-    pub rows_downloaded: u64,
-    pub conflicts: u64,
-    /// Round trips made: 2 when an unacknowledged upload had to be resent first.
-    pub rounds: u32,
-    /// The server had applied a resent upload already and applied nothing again.
-    pub upload_already_applied: bool,
-    pub watermark: i64,
-    pub elapsed: Duration,
-    /// Bytes on the wire, both directions, all rounds (TLS and HTTP overhead included).
-    pub wire: WireBytes,
-    /// Times the server answered busy and the sync was tried again.
-    pub busy_retries: u32,
-    /// The server confirmed it recorded the download acknowledgement.
-    pub download_acknowledged: bool,
-}
-
 /// A client database.
 pub struct Client {
     connection: Connection,
@@ -144,9 +128,6 @@ impl Client {
         let connection = Connection::open(path)?;
         connection.busy_timeout(Duration::from_secs(30))?;
         connection.pragma_update(None, "journal_mode", "WAL")?;
-        // INSERT OR REPLACE deletes the old row; only with recursive triggers on does that
-        // delete reach the change log (otherwise the replacement looks like an insert).
-        connection.pragma_update(None, "recursive_triggers", "ON")?;
         let client_id = store::install(&connection, client_id)?;
         Ok(Client {
             connection,
@@ -185,55 +166,33 @@ impl Client {
     /// the sync is then tried again as `options.busy_retry` says. SQLite work runs on
     /// the calling task.
     pub async fn sync(&mut self, options: &SyncOptions) -> Result<SyncReport, ClientError> {
+        self.sync_with_progress(options, &mut |_| {}).await
+    }
+
+    /// [`Client::sync`], calling `progress` after each piece of the upload is sent and
+    /// after each download message is applied. The download is applied as it arrives,
+    /// in one transaction that begins with its first message.
+    pub async fn sync_with_progress(
+        &mut self,
+        options: &SyncOptions,
+        progress: &mut (dyn FnMut(&SyncProgress) + Send),
+    ) -> Result<SyncReport, ClientError> {
         let started = Instant::now();
         let mut report = SyncReport::default();
         loop {
             let batch = store::next_batch(&mut self.connection)?;
-            let last_download_watermark = store::state(&self.connection)?.download_watermark;
-            let completed = loop {
-                let (event, wire) = exchange_measured(Exchange {
-                    address: &options.address,
-                    transport: &options.transport,
-                    hello: self.hello(options, last_download_watermark),
-                    upload_frames: &batch.frames,
-                    upload_sequence: batch.upload_sequence,
-                    frame_bytes_max: options.frame_bytes_max,
-                    timeout: options.timeout,
-                    acknowledge: None,
-                })
-                .await?;
-                report.wire.sent += wire.sent;
-                report.wire.received += wire.received;
-                match event {
-                    SessionEvent::Complete(completed) => break completed,
-                    SessionEvent::Busy { retry_after_ms } => {
-                        let Some(delay) = options
-                            .busy_retry
-                            .delay(retry_after_ms, report.busy_retries)
-                        else {
-                            return Err(ClientError::Busy { retry_after_ms });
-                        };
-                        report.busy_retries += 1;
-                        tokio::time::sleep(delay).await;
-                    }
-                    SessionEvent::Acknowledged { .. } | SessionEvent::Continue => {
-                        return Err(ClientError::Protocol(
-                            "the server answered an upload with an acknowledgement".into(),
-                        ))
-                    }
-                }
-            };
-            let rows_applied = store::apply_download(
-                &mut self.connection,
-                batch.upload_sequence,
-                &completed.downloads,
-                completed.end.watermark,
-            )?;
-            if options.download_ack {
-                let hello = self.hello(options, completed.end.watermark);
-                acknowledge(options, hello, completed.end.watermark, &mut report).await?;
+            let round = self
+                .sync_round(options, &batch, &mut report, progress)
+                .await;
+            if round.is_err() {
+                DownloadApply::abort(&self.connection);
             }
-            let summary = completed.end.summary;
+            let (completed, rows_applied) = round?;
+            if options.download_ack {
+                let hello = self.hello(options, completed.watermark);
+                acknowledge(options, hello, completed.watermark, &mut report).await?;
+            }
+            let summary = completed.summary;
             report.rounds += 1;
             report.rows_uploaded += if summary.upload_already_applied {
                 0
@@ -243,13 +202,85 @@ impl Client {
             report.rows_downloaded += rows_applied;
             report.conflicts += summary.conflicts;
             report.upload_already_applied |= summary.upload_already_applied;
-            report.watermark = completed.end.watermark;
+            report.watermark = completed.watermark;
             if !(batch.is_retry && store::has_pending_changes(&self.connection)?) {
                 break;
             }
         }
         report.elapsed = started.elapsed();
         Ok(report)
+    }
+
+    /// Sends one batch (again after busy answers) and applies its download as it
+    /// arrives; returns the end of the download and the rows applied.
+    async fn sync_round(
+        &mut self,
+        options: &SyncOptions,
+        batch: &store::Batch,
+        report: &mut SyncReport,
+        progress: &mut (dyn FnMut(&SyncProgress) + Send),
+    ) -> Result<(EndDownload, u64), ClientError> {
+        let last_download_watermark = store::state(&self.connection)?.download_watermark;
+        let uploaded = UploadedKeys::of_frames(&batch.frames)?;
+        loop {
+            let hello = self.hello(options, last_download_watermark);
+            let mut handler = ApplyHandler {
+                connection: &mut self.connection,
+                apply: DownloadApply::new(),
+                uploaded: &uploaded,
+                conflicted_rows: &mut report.conflicted_rows,
+                progress: &mut *progress,
+                wire_before: report.wire,
+                rows_to_upload: batch.operations,
+                rows_downloaded_before: report.rows_downloaded,
+            };
+            let (event, wire) = exchange_streaming(
+                Exchange {
+                    address: &options.address,
+                    transport: &options.transport,
+                    hello,
+                    upload_frames: &batch.frames,
+                    upload_sequence: batch.upload_sequence,
+                    frame_bytes_max: options.frame_bytes_max,
+                    timeout: options.timeout,
+                    acknowledge: None,
+                },
+                &mut handler,
+            )
+            .await?;
+            if matches!(event, SessionEvent::Complete(_)) {
+                // The whole upload is out once the download has ended.
+                handler.tell(wire, batch.operations);
+            }
+            let apply = handler.apply;
+            report.wire.sent += wire.sent;
+            report.wire.received += wire.received;
+            match event {
+                SessionEvent::Complete(completed) => {
+                    let end = completed.end;
+                    let applied =
+                        apply.finish(&self.connection, batch.upload_sequence, end.watermark)?;
+                    return Ok((end, applied));
+                }
+                SessionEvent::Busy { retry_after_ms } => {
+                    // Nothing came down before a busy answer; if something did, it goes.
+                    DownloadApply::abort(&self.connection);
+                    let Some(delay) = options
+                        .busy_retry
+                        .delay(retry_after_ms, report.busy_retries)
+                    else {
+                        return Err(ClientError::Busy { retry_after_ms });
+                    };
+                    report.busy_retries += 1;
+                    tokio::time::sleep(delay).await;
+                }
+                SessionEvent::Acknowledged { .. } | SessionEvent::Continue => {
+                    return Err(ClientError::Protocol(
+                        "the server answered an upload with an acknowledgement".into(),
+                    ))
+                }
+            }
+        }
     }
 
     fn hello(&self, options: &SyncOptions, last_download_watermark: i64) -> Hello {
@@ -264,6 +295,47 @@ impl Client {
             auth_parameters: options.auth_parameters.clone(),
             download_ack: false,
         }
+    }
+}
+
+/// Applies each download message as it arrives, notes the conflicts it answers and
+/// tells progress.
+struct ApplyHandler<'a> {
+    /// `&mut`, being `Send` where `&Connection` is not.
+    connection: &'a mut Connection,
+    apply: DownloadApply,
+    uploaded: &'a UploadedKeys,
+    conflicted_rows: &'a mut Vec<ConflictedRow>,
+    progress: &'a mut (dyn FnMut(&SyncProgress) + Send),
+    /// What earlier rounds of this sync moved.
+    wire_before: WireBytes,
+    rows_to_upload: u64,
+    rows_downloaded_before: u64,
+}
+
+impl ApplyHandler<'_> {
+    fn tell(&mut self, wire: WireBytes, rows_uploaded: u64) {
+        (self.progress)(&SyncProgress {
+            bytes_sent: self.wire_before.sent + wire.sent,
+            bytes_received: self.wire_before.received + wire.received,
+            rows_uploaded,
+            rows_to_upload: self.rows_to_upload,
+            rows_downloaded: self.rows_downloaded_before + self.apply.rows_applied,
+        });
+    }
+}
+
+impl DownloadHandler for ApplyHandler<'_> {
+    fn download(&mut self, download: Download, wire: WireBytes) -> Result<(), ClientError> {
+        self.uploaded.conflicts_in(&download, self.conflicted_rows);
+        self.apply.apply(self.connection, &download)?;
+        self.tell(wire, self.rows_to_upload);
+        Ok(())
+    }
+
+    fn sent(&mut self, wire: WireBytes) {
+        // Upload rows are counted whole once the upload is out: until then, none.
+        self.tell(wire, 0);
     }
 }
 

@@ -1,4 +1,4 @@
-use rowsync_protocol::{DecodeError, InboundError, WireError};
+use rowsync_protocol::{DecodeError, ErrorCode, InboundError, WireError};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -38,4 +38,48 @@ pub enum ClientError {
     Protocol(String),
     #[error("{0}")]
     Schema(String),
+}
+
+/// What a failed sync means for whoever called it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The server stayed busy through every retry, or another sync of this client was
+    /// in progress: try again later.
+    Busy,
+    /// The server refused the sync: credentials, protocol or script version, client
+    /// id, an upload it cannot take. Trying again unchanged will not help.
+    Refused,
+    /// Anything else: network, TLS, the local database, a protocol violation, a
+    /// script that failed on the server.
+    Failed,
+}
+
+impl ClientError {
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            ClientError::Busy { .. } => FailureKind::Busy,
+            ClientError::Server(wire) => match wire.error_code() {
+                Some(
+                    ErrorCode::AuthenticationFailed
+                    | ErrorCode::UnsupportedProtocolVersion
+                    | ErrorCode::UnknownScriptVersion
+                    | ErrorCode::ClientIdTaken
+                    | ErrorCode::Schema
+                    | ErrorCode::UploadTooLarge
+                    | ErrorCode::FrameTooLarge,
+                ) => FailureKind::Refused,
+                Some(ErrorCode::AlreadySynchronizing) => FailureKind::Busy,
+                _ => FailureKind::Failed,
+            },
+            _ => FailureKind::Failed,
+        }
+    }
+
+    /// The server's error code, when the server ended the sync with an error.
+    pub fn server_code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Server(wire) => wire.error_code(),
+            _ => None,
+        }
+    }
 }

@@ -9,13 +9,15 @@
 
 mod client;
 mod error;
+mod report;
 mod session;
 mod store;
 pub mod transport;
 
-pub use client::{BusyRetry, Client, SyncOptions, SyncReport, BUSY_RETRY_ATTEMPTS_MAX_DEFAULT};
-pub use error::ClientError;
+pub use client::{BusyRetry, Client, SyncOptions, BUSY_RETRY_ATTEMPTS_MAX_DEFAULT};
+pub use error::{ClientError, FailureKind};
+pub use report::{ConflictedRow, SyncProgress, SyncReport, CONFLICTED_ROWS_REPORTED_MAX};
 pub use rowsync_protocol::Compression;
-pub use session::{ClientSession, CompletedSync, SessionEvent};
+pub use session::{ClientSession, CompletedSync, Received, SessionEvent};
 pub use store::{CLIENT_ID_BYTES, UPLOAD_MESSAGE_BYTES_MAX, UPLOAD_ROW_BYTES_MAX};
 pub use transport::{HttpVersion, TlsOptions, TransportOptions, WireBytes};

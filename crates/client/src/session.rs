@@ -37,46 +37,67 @@ impl ClientSession {
         ClientSession::default()
     }
 
+    /// Takes one server message, keeping downloads until the end: the whole download
+    /// comes with [`SessionEvent::Complete`].
     pub fn handle(&mut self, message: Message) -> Result<SessionEvent, ClientError> {
+        match self.receive(message)? {
+            Received::Download(download) => {
+                self.downloads.push(download);
+                Ok(SessionEvent::Continue)
+            }
+            Received::Event(SessionEvent::Complete(mut completed)) => {
+                completed.downloads = std::mem::take(&mut self.downloads);
+                Ok(SessionEvent::Complete(completed))
+            }
+            Received::Event(event) => Ok(event),
+        }
+    }
+
+    /// Takes one server message, handing each checked download out as it comes:
+    /// [`SessionEvent::Complete`] then carries no downloads.
+    pub fn receive(&mut self, message: Message) -> Result<Received, ClientError> {
         if self.finished {
             return Err(ClientError::Protocol(format!(
                 "{} message after the sync ended",
                 message.message_type().name()
             )));
         }
-        match message {
+        let event = match message {
             Message::Download(download) => {
                 check_download(&download)?;
-                self.downloads.push(download);
-                Ok(SessionEvent::Continue)
+                return Ok(Received::Download(download));
             }
-            Message::EndDownload(end) => {
-                self.finished = true;
-                Ok(SessionEvent::Complete(CompletedSync {
-                    downloads: std::mem::take(&mut self.downloads),
-                    end,
-                }))
-            }
-            Message::Busy { retry_after_ms } => {
-                self.finished = true;
-                Ok(SessionEvent::Busy { retry_after_ms })
-            }
-            Message::DownloadAck(ack) => {
-                self.finished = true;
-                Ok(SessionEvent::Acknowledged {
-                    watermark: ack.watermark,
-                })
-            }
+            Message::EndDownload(end) => SessionEvent::Complete(CompletedSync {
+                downloads: Vec::new(),
+                end,
+            }),
+            Message::Busy { retry_after_ms } => SessionEvent::Busy { retry_after_ms },
+            Message::DownloadAck(ack) => SessionEvent::Acknowledged {
+                watermark: ack.watermark,
+            },
             Message::Error(error) => {
                 self.finished = true;
-                Err(ClientError::Server(error))
+                return Err(ClientError::Server(error));
             }
-            other => Err(ClientError::Protocol(format!(
-                "a server never sends {} messages",
-                other.message_type().name()
-            ))),
-        }
+            other => {
+                return Err(ClientError::Protocol(format!(
+                    "a server never sends {} messages",
+                    other.message_type().name()
+                )))
+            }
+        };
+        self.finished = true;
+        Ok(Received::Event(event))
     }
+}
+
+/// One server message as [`ClientSession::receive`] hands it out.
+#[derive(Debug)]
+pub enum Received {
+    /// Rows to apply now.
+    Download(Download),
+    /// The session ended (or, never, [`SessionEvent::Continue`]).
+    Event(SessionEvent),
 }
 
 fn check_download(download: &Download) -> Result<(), ClientError> {

@@ -110,12 +110,22 @@ pub fn shape(connection: &Connection, table: &str) -> Result<Option<Shape>, Clie
 
 /// Installs the change log of `table` and its triggers. Idempotent.
 ///
-/// Collapse rules, per primary key, between two syncs:
-/// insert → `I`; update of an unlogged row → `U` with the old image; update after `I`
-/// or `U` → unchanged (the new image is read at upload time); delete after `I` → no
-/// entry; delete after `U` or of an unlogged row → `D` (keeping the first old image);
-/// insert after `D` → `U` with the old image of the deleted row. An update that
+/// The log holds one operation per primary key, changed between two syncs:
+/// `I` inserted here, `U` changed here (with the old image: the row as the server last
+/// had it), `D` deleted here (with the old image), `X` inserted and deleted again here.
+/// Collapse rules: insert → `I`, after `D` → `U`, after `X` → `I`; update of an
+/// unlogged row → `U` with the old image, of a logged row → unchanged (the new image
+/// is read at upload time); delete of an unlogged row or after `U` → `D` (keeping the
+/// first old image), after `I` → `X`, after `D` or `X` → unchanged. An update that
 /// changes the key is a delete of the old key and an insert of the new one.
+///
+/// Rows that `INSERT OR REPLACE`, `REPLACE` or `UPDATE OR REPLACE` will displace are
+/// recorded as deleted by BEFORE triggers, since SQLite runs no delete trigger for them
+/// unless the writing connection turned `recursive_triggers` on. A delete recorded
+/// twice changes nothing, so the outcome is the same with the pragma on or off. A
+/// displacement recorded for a row that then stayed (the statement was an `OR IGNORE`
+/// or an upsert) is harmless: the upload reads whether each logged row exists (see
+/// [`next_batch`]).
 pub fn track(connection: &mut Connection, table: &str) -> Result<(), ClientError> {
     if table.starts_with("rs_") {
         return Err(ClientError::Schema(
@@ -132,86 +142,212 @@ pub fn track(connection: &mut Connection, table: &str) -> Result<(), ClientError
             "table {table:?} has no primary key; rowsync identifies rows by their primary key"
         )));
     }
-    let log = q(&log_table(table));
-    let target = q(table);
-    let keys = shape
-        .key_columns
-        .iter()
-        .map(|k| q(k))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let old_columns = shape
-        .columns
-        .iter()
-        .map(|c| q(&format!("{OLD_PREFIX}{c}")))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let image = |alias: &str, names: &[String]| {
-        names
-            .iter()
-            .map(|c| format!("{alias}.{}", q(c)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let old_image = image("OLD", &shape.columns);
-    let new_keys = image("NEW", &shape.key_columns);
-    let old_keys = image("OLD", &shape.key_columns);
-    let key_is_old = shape
-        .key_columns
-        .iter()
-        .map(|k| format!("{k} = OLD.{k}", k = q(k)))
-        .collect::<Vec<_>>()
-        .join(" AND ");
-    let key_changed = shape
-        .key_columns
-        .iter()
-        .map(|k| format!("OLD.{k} IS NOT NEW.{k}", k = q(k)))
-        .collect::<Vec<_>>()
-        .join(" OR ");
-    let not_applying = "(SELECT applying_download FROM rs_client_state WHERE id = 1) = 0";
-    let trigger = |suffix: &str| q(&format!("rs_log_{suffix}_{table}"));
-    let log_insert = format!(
-        "INSERT INTO {log} ({keys}, rs_op) VALUES ({new_keys}, 'I')
-             ON CONFLICT ({keys}) DO UPDATE SET rs_op = CASE rs_op WHEN 'D' THEN 'U' ELSE rs_op END;"
-    );
-    let log_delete = format!(
-        "INSERT INTO {log} ({keys}, rs_op, {old_columns}) VALUES ({old_keys}, 'D', {old_image})
-             ON CONFLICT ({keys}) DO UPDATE SET rs_op = CASE rs_op WHEN 'I' THEN 'X' ELSE 'D' END;
-         DELETE FROM {log} WHERE {key_is_old} AND rs_op = 'X';"
-    );
-    let ddl = format!(
-        "
-CREATE TABLE IF NOT EXISTS {log} ({keys}, rs_op TEXT NOT NULL, {old_columns}, PRIMARY KEY ({keys})) WITHOUT ROWID;
-DROP TRIGGER IF EXISTS {insert_trigger};
-CREATE TRIGGER {insert_trigger} AFTER INSERT ON {target} WHEN {not_applying} BEGIN
-    {log_insert}
-END;
-DROP TRIGGER IF EXISTS {update_trigger};
-CREATE TRIGGER {update_trigger} AFTER UPDATE ON {target} WHEN {not_applying} AND NOT ({key_changed}) BEGIN
-    INSERT INTO {log} ({keys}, rs_op, {old_columns}) VALUES ({new_keys}, 'U', {old_image})
-        ON CONFLICT ({keys}) DO NOTHING;
-END;
-DROP TRIGGER IF EXISTS {rekey_trigger};
-CREATE TRIGGER {rekey_trigger} AFTER UPDATE ON {target} WHEN {not_applying} AND ({key_changed}) BEGIN
-    {log_delete}
-    {log_insert}
-END;
-DROP TRIGGER IF EXISTS {delete_trigger};
-CREATE TRIGGER {delete_trigger} AFTER DELETE ON {target} WHEN {not_applying} BEGIN
-    {log_delete}
-END;
-INSERT OR IGNORE INTO rs_client_table (table_name) VALUES ('{table_literal}');
-",
-        insert_trigger = trigger("insert"),
-        update_trigger = trigger("update"),
-        rekey_trigger = trigger("rekey"),
-        delete_trigger = trigger("delete"),
-        table_literal = table.replace('\'', "''"),
-    );
+    let unique_sets = unique_column_sets(connection, table)?;
+    let ddl = TriggerSql::new(table, &shape).ddl(&unique_sets);
     let transaction = connection.transaction()?;
     transaction.execute_batch(&ddl)?;
     transaction.commit()?;
     Ok(())
+}
+
+/// The column sets of the secondary UNIQUE constraints and indexes of `table` (the
+/// primary key excluded): an `OR REPLACE` write displaces the rows equal on any of
+/// them. Indexes on expressions are left out, as no trigger can compare them.
+fn unique_column_sets(
+    connection: &Connection,
+    table: &str,
+) -> Result<Vec<Vec<String>>, ClientError> {
+    let mut indexes = connection.prepare(
+        "SELECT name FROM pragma_index_list(?1) WHERE \"unique\" = 1 AND origin <> 'pk' ORDER BY name",
+    )?;
+    let names: Vec<String> = indexes
+        .query_map([table], |row| row.get(0))?
+        .collect::<Result<_, _>>()?;
+    let mut columns_of =
+        connection.prepare("SELECT cid, name FROM pragma_index_info(?1) ORDER BY seqno")?;
+    let mut sets = Vec::new();
+    for name in names {
+        let columns: Vec<(i64, Option<String>)> = columns_of
+            .query_map([&name], |row| Ok((row.get(0)?, row.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        let plain: Option<Vec<String>> = columns
+            .into_iter()
+            .map(|(cid, column)| column.filter(|_| cid >= 0))
+            .collect();
+        if let Some(plain) = plain.filter(|set| !set.is_empty()) {
+            sets.push(plain);
+        }
+    }
+    Ok(sets)
+}
+
+/// The SQL of one tracked table's log and triggers.
+struct TriggerSql {
+    table: String,
+    log: String,
+    target: String,
+    /// Quoted key columns, comma-separated.
+    keys: String,
+    /// Quoted old-image columns of the log, comma-separated.
+    old_columns: String,
+    columns: Vec<String>,
+    key_columns: Vec<String>,
+}
+
+impl TriggerSql {
+    fn new(table: &str, shape: &Shape) -> TriggerSql {
+        TriggerSql {
+            table: table.to_string(),
+            log: q(&log_table(table)),
+            target: q(table),
+            keys: join(&shape.key_columns, |k| q(k), ", "),
+            old_columns: join(&shape.columns, |c| q(&format!("{OLD_PREFIX}{c}")), ", "),
+            columns: shape.columns.clone(),
+            key_columns: shape.key_columns.clone(),
+        }
+    }
+
+    /// `alias.column` for each of `names`.
+    fn image(alias: &str, names: &[String]) -> String {
+        join(names, |c| format!("{alias}.{}", q(c)), ", ")
+    }
+
+    /// Records an insert of the row `NEW`.
+    fn log_insert(&self) -> String {
+        format!(
+            "INSERT INTO {log} ({keys}, rs_op) VALUES ({new_keys}, 'I')
+                 ON CONFLICT ({keys}) DO UPDATE SET rs_op = CASE rs_op WHEN 'D' THEN 'U' WHEN 'X' THEN 'I' ELSE rs_op END;",
+            log = self.log,
+            keys = self.keys,
+            new_keys = Self::image("NEW", &self.key_columns),
+        )
+    }
+
+    /// Records the delete of the rows `SELECT ... FROM target AS t WHERE {condition}`
+    /// finds (at most one per unique column set).
+    fn log_delete_where(&self, condition: &str) -> String {
+        format!(
+            "INSERT INTO {log} ({keys}, rs_op, {old_columns})
+                 SELECT {t_keys}, 'D', {t_image} FROM {target} AS t WHERE {condition}
+                 ON CONFLICT ({keys}) DO UPDATE SET rs_op = CASE rs_op WHEN 'I' THEN 'X' WHEN 'X' THEN 'X' ELSE 'D' END;",
+            log = self.log,
+            keys = self.keys,
+            old_columns = self.old_columns,
+            t_keys = Self::image("t", &self.key_columns),
+            t_image = Self::image("t", &self.columns),
+            target = self.target,
+        )
+    }
+
+    /// Records the delete of the row `OLD`.
+    fn log_delete_old(&self) -> String {
+        format!(
+            "INSERT INTO {log} ({keys}, rs_op, {old_columns}) VALUES ({old_keys}, 'D', {old_image})
+                 ON CONFLICT ({keys}) DO UPDATE SET rs_op = CASE rs_op WHEN 'I' THEN 'X' WHEN 'X' THEN 'X' ELSE 'D' END;",
+            log = self.log,
+            keys = self.keys,
+            old_columns = self.old_columns,
+            old_keys = Self::image("OLD", &self.key_columns),
+            old_image = Self::image("OLD", &self.columns),
+        )
+    }
+
+    fn trigger(&self, suffix: &str) -> String {
+        q(&format!("rs_log_{suffix}_{}", self.table))
+    }
+
+    fn ddl(&self, unique_sets: &[Vec<String>]) -> String {
+        let not_applying = "(SELECT applying_download FROM rs_client_state WHERE id = 1) = 0";
+        let equal = |set: &[String], alias: &str| {
+            join(set, |c| format!("t.{c} = {alias}.{c}", c = q(c)), " AND ")
+        };
+        let key_changed = join(
+            &self.key_columns,
+            |k| format!("OLD.{k} IS NOT NEW.{k}", k = q(k)),
+            " OR ",
+        );
+        let is_old_row = equal(&self.key_columns, "OLD");
+        // Rows an OR REPLACE write would displace: equal to NEW on the key or on a
+        // secondary unique column set, and not the row being updated.
+        let mut displaced_by_insert = vec![self.log_delete_where(&equal(&self.key_columns, "NEW"))];
+        let mut displaced_by_update = vec![self.log_delete_where(&format!(
+            "{} AND NOT ({is_old_row})",
+            equal(&self.key_columns, "NEW")
+        ))];
+        for set in unique_sets {
+            displaced_by_insert.push(self.log_delete_where(&equal(set, "NEW")));
+            displaced_by_update.push(
+                self.log_delete_where(&format!("{} AND NOT ({is_old_row})", equal(set, "NEW"))),
+            );
+        }
+        let mut ddl = format!(
+            "CREATE TABLE IF NOT EXISTS {log} ({keys}, rs_op TEXT NOT NULL, {old_columns}, PRIMARY KEY ({keys})) WITHOUT ROWID;\n",
+            log = self.log,
+            keys = self.keys,
+            old_columns = self.old_columns,
+        );
+        let mut trigger = |suffix: &str, timing_event: &str, when: &str, body: &str| {
+            let name = self.trigger(suffix);
+            ddl.push_str(&format!(
+                "DROP TRIGGER IF EXISTS {name};
+CREATE TRIGGER {name} {timing_event} ON {target} WHEN {not_applying}{when} BEGIN
+    {body}
+END;
+",
+                target = self.target
+            ));
+        };
+        trigger(
+            "displace_insert",
+            "BEFORE INSERT",
+            "",
+            &displaced_by_insert.join("\n    "),
+        );
+        let mut set_columns: Vec<String> = self.key_columns.clone();
+        for column in unique_sets.iter().flatten() {
+            if !set_columns.contains(column) {
+                set_columns.push(column.clone());
+            }
+        }
+        let update_of = format!("BEFORE UPDATE OF {}", join(&set_columns, |c| q(c), ", "));
+        trigger(
+            "displace_update",
+            &update_of,
+            "",
+            &displaced_by_update.join("\n    "),
+        );
+        trigger("insert", "AFTER INSERT", "", &self.log_insert());
+        trigger(
+            "update",
+            "AFTER UPDATE",
+            &format!(" AND NOT ({key_changed})"),
+            &format!(
+                "INSERT INTO {log} ({keys}, rs_op, {old_columns}) VALUES ({new_keys}, 'U', {old_image})
+        ON CONFLICT ({keys}) DO NOTHING;",
+                log = self.log,
+                keys = self.keys,
+                old_columns = self.old_columns,
+                new_keys = Self::image("NEW", &self.key_columns),
+                old_image = Self::image("OLD", &self.columns),
+            ),
+        );
+        trigger(
+            "rekey",
+            "AFTER UPDATE",
+            &format!(" AND ({key_changed})"),
+            &format!("{}\n    {}", self.log_delete_old(), self.log_insert()),
+        );
+        trigger("delete", "AFTER DELETE", "", &self.log_delete_old());
+        ddl.push_str(&format!(
+            "INSERT OR IGNORE INTO rs_client_table (table_name) VALUES ('{}');\n",
+            self.table.replace('\'', "''")
+        ));
+        ddl
+    }
+}
+
+fn join<T>(items: &[T], each: impl Fn(&T) -> String, separator: &str) -> String {
+    items.iter().map(each).collect::<Vec<_>>().join(separator)
 }
 
 pub fn tracked_tables(connection: &Connection) -> Result<Vec<String>, ClientError> {
@@ -316,7 +452,18 @@ pub fn next_batch(connection: &mut Connection) -> Result<Batch, ClientError> {
     })
 }
 
+/// What one change-log entry uploads.
+enum Change {
+    Insert,
+    Update,
+    Delete,
+}
+
 /// Reads and empties the change log of one table into upload messages of bounded size.
+///
+/// An entry is read together with the row as it is now: `I` or `X` uploads an insert
+/// if the row exists (nothing if not); `U` or `D` uploads an update from the old image
+/// if the row exists and differs from it (nothing if equal), a delete if it does not.
 fn collect_table_upload(
     connection: &Connection,
     table: &str,
@@ -366,19 +513,25 @@ fn collect_table_upload(
         let old = row_values(row, 1 + key_count, width)?;
         let exists: bool = row.get(1 + key_count + width)?;
         let new = row_values(row, 2 + key_count + width, width)?;
-        let size: usize = match op.as_str() {
-            "I" | "U" if !exists => {
-                // The row was deleted again by a writer that bypassed the log; nothing to send.
-                continue;
-            }
-            "I" => new.iter().map(Value::encoded_len).sum(),
-            "U" => old.iter().chain(&new).map(Value::encoded_len).sum(),
-            "D" => key.iter().map(Value::encoded_len).sum(),
-            other => {
+        // What to send follows from the operation and whether the row exists now.
+        let change = match (op.as_str(), exists) {
+            ("I" | "X", true) => Change::Insert,
+            ("I" | "X", false) => continue,
+            // Recorded as displaced by a write that then left it in place, or changed
+            // and changed back: nothing to send.
+            ("U" | "D", true) if old == new => continue,
+            ("U" | "D", true) => Change::Update,
+            ("U" | "D", false) => Change::Delete,
+            (other, _) => {
                 return Err(ClientError::Schema(format!(
                     "change log of {table:?} holds unknown operation {other:?}"
                 )))
             }
+        };
+        let size: usize = match change {
+            Change::Insert => new.iter().map(Value::encoded_len).sum(),
+            Change::Update => old.iter().chain(&new).map(Value::encoded_len).sum(),
+            Change::Delete => key.iter().map(Value::encoded_len).sum(),
         };
         if size > UPLOAD_ROW_BYTES_MAX {
             // The batch is not built and the log is left as it is: nothing is lost.
@@ -393,10 +546,10 @@ fn collect_table_upload(
             current_bytes = 0;
         }
         current_bytes += size;
-        match op.as_str() {
-            "I" => current.inserts.push(new),
-            "U" => current.updates.push(RowUpdate { old, new }),
-            _ => current.deletes.push(key),
+        match change {
+            Change::Insert => current.inserts.push(new),
+            Change::Update => current.updates.push(RowUpdate { old, new }),
+            Change::Delete => current.deletes.push(key),
         }
     }
     drop(rows);
@@ -411,7 +564,10 @@ fn collect_table_upload(
 pub fn has_pending_changes(connection: &Connection) -> Result<bool, ClientError> {
     for table in tracked_tables(connection)? {
         let any: bool = connection.query_row(
-            &format!("SELECT EXISTS (SELECT 1 FROM {})", q(&log_table(&table))),
+            &format!(
+                "SELECT EXISTS (SELECT 1 FROM {} WHERE rs_op <> 'X')",
+                q(&log_table(&table))
+            ),
             [],
             |row| row.get(0),
         )?;
@@ -422,34 +578,76 @@ pub fn has_pending_changes(connection: &Connection) -> Result<bool, ClientError>
     Ok(false)
 }
 
-/// Applies a download and acknowledges the upload in one transaction. Rows with local
-/// changes not yet uploaded (made while the sync was in flight) are left alone: those
-/// changes go up in the next sync and the server resolves them.
+/// Applies a download and acknowledges the upload in one transaction (the whole
+/// download at once; [`DownloadApply`] takes it message by message).
+#[cfg(test)]
 pub fn apply_download(
     connection: &mut Connection,
     upload_sequence: u64,
     downloads: &[Download],
     watermark: i64,
 ) -> Result<u64, ClientError> {
-    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    transaction.execute(
-        "UPDATE rs_client_state SET applying_download = 1 WHERE id = 1",
-        [],
-    )?;
-    let tracked: Vec<String> = tracked_tables(&transaction)?;
-    let mut rows_applied = 0u64;
-    let mut shapes: HashMap<&str, Shape> = HashMap::new();
-    for download in downloads {
+    let mut apply = DownloadApply::new();
+    let applied = (|| {
+        for download in downloads {
+            apply.apply(connection, download)?;
+        }
+        apply.finish(connection, upload_sequence, watermark)
+    })();
+    if applied.is_err() {
+        DownloadApply::abort(connection);
+    }
+    applied
+}
+
+/// One download applied as its messages arrive, all in one transaction that also
+/// acknowledges the upload. Rows with local changes not yet uploaded (made while the
+/// sync was in flight) are left alone: those changes go up in the next sync and the
+/// server resolves them.
+///
+/// The transaction begins with the first message (or at [`DownloadApply::finish`] for
+/// an empty download), so the database stays writable while the server works. After an
+/// error, call [`DownloadApply::abort`].
+#[derive(Debug, Default)]
+pub struct DownloadApply {
+    /// Set once the transaction began: the tracked tables.
+    tracked: Option<Vec<String>>,
+    shapes: HashMap<String, Shape>,
+    pub rows_applied: u64,
+}
+
+impl DownloadApply {
+    pub fn new() -> DownloadApply {
+        DownloadApply::default()
+    }
+
+    fn begin(&mut self, connection: &Connection) -> Result<(), ClientError> {
+        if self.tracked.is_none() {
+            connection.execute_batch(
+                "BEGIN IMMEDIATE; UPDATE rs_client_state SET applying_download = 1 WHERE id = 1;",
+            )?;
+            self.tracked = Some(tracked_tables(connection)?);
+        }
+        Ok(())
+    }
+
+    /// Applies one download message; returns the rows it changed.
+    pub fn apply(
+        &mut self,
+        connection: &Connection,
+        download: &Download,
+    ) -> Result<u64, ClientError> {
+        self.begin(connection)?;
         let table = download.table.as_str();
-        if !shapes.contains_key(table) {
-            let found = shape(&transaction, table)?.ok_or_else(|| {
+        if !self.shapes.contains_key(table) {
+            let found = shape(connection, table)?.ok_or_else(|| {
                 ClientError::Schema(format!(
                     "the download names table {table:?}, which the client database lacks"
                 ))
             })?;
-            shapes.insert(table, found);
+            self.shapes.insert(table.to_string(), found);
         }
-        let shape = &shapes[table];
+        let shape = &self.shapes[table];
         if download.key_columns != shape.key_columns {
             return Err(ClientError::Schema(format!(
                 "table {table:?} has primary key {:?} here, the download names {:?}",
@@ -463,20 +661,41 @@ pub fn apply_download(
                 )));
             }
         }
-        let is_tracked = tracked.iter().any(|t| t == table);
-        rows_applied += apply_table(&transaction, download, is_tracked)?;
+        let is_tracked = self.tracked.iter().flatten().any(|t| t == table);
+        let applied = apply_table(connection, download, is_tracked)?;
+        self.rows_applied += applied;
+        Ok(applied)
     }
-    transaction.execute(
-        "UPDATE rs_client_state SET applying_download = 0, download_watermark = ?1,
-             upload_sequence_acknowledged = max(upload_sequence_acknowledged, ?2) WHERE id = 1",
-        params![watermark, upload_sequence as i64],
-    )?;
-    transaction.execute(
-        "DELETE FROM rs_client_inflight WHERE upload_sequence <= ?1",
-        [upload_sequence as i64],
-    )?;
-    transaction.commit()?;
-    Ok(rows_applied)
+
+    /// Records the watermark and the upload's acknowledgement and commits; returns the
+    /// rows applied in all.
+    pub fn finish(
+        mut self,
+        connection: &Connection,
+        upload_sequence: u64,
+        watermark: i64,
+    ) -> Result<u64, ClientError> {
+        self.begin(connection)?;
+        connection.execute(
+            "UPDATE rs_client_state SET applying_download = 0, download_watermark = ?1,
+                 upload_sequence_acknowledged = max(upload_sequence_acknowledged, ?2) WHERE id = 1",
+            params![watermark, upload_sequence as i64],
+        )?;
+        connection.execute(
+            "DELETE FROM rs_client_inflight WHERE upload_sequence <= ?1",
+            [upload_sequence as i64],
+        )?;
+        connection.execute_batch("COMMIT")?;
+        Ok(self.rows_applied)
+    }
+
+    /// Rolls back a download begun and not finished (nothing of it stays).
+    pub fn abort(connection: &Connection) {
+        if !connection.is_autocommit() {
+            // A failed rollback leaves SQLite's own rollback when the connection closes.
+            let _ = connection.execute_batch("ROLLBACK");
+        }
+    }
 }
 
 fn apply_table(
@@ -507,7 +726,7 @@ fn apply_table(
     };
     let mut applied = 0u64;
     if !download.deletes.is_empty() {
-        let mut delete = connection.prepare(&format!(
+        let mut delete = connection.prepare_cached(&format!(
             "DELETE FROM {table} WHERE {} AND {}",
             key_placeholders(1),
             no_pending(1)
@@ -568,7 +787,7 @@ fn apply_table(
         } else {
             "1".to_string()
         };
-        let mut upsert = connection.prepare(&format!(
+        let mut upsert = connection.prepare_cached(&format!(
             "INSERT INTO {table} ({columns}) SELECT {placeholders} WHERE {pending_check}
              ON CONFLICT ({key_list}) DO {conflict_action}",
             key_list = keys.iter().map(|k| q(k)).collect::<Vec<_>>().join(", "),

@@ -17,15 +17,15 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rowsync_protocol::{
-    encode_frame, Compression, DownloadAck, EndUpload, FrameDecoder, Hello, Inbound, Message,
-    Outbound,
+    encode_frame, Compression, Download, DownloadAck, EndUpload, FrameDecoder, Hello, Inbound,
+    Message, Outbound,
 };
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::session::{ClientSession, SessionEvent};
+use crate::session::{ClientSession, Received, SessionEvent};
 use crate::ClientError;
 
 /// Bytes read from the socket at a time.
@@ -218,31 +218,74 @@ pub struct WireBytes {
     pub received: u64,
 }
 
+/// What a streaming exchange does with each download message as it arrives, and how it
+/// tells progress. Runs on the exchange's task, between reads.
+pub trait DownloadHandler: Send {
+    /// A checked download message; `wire` counts the bytes so far. An error ends the
+    /// exchange with it.
+    fn download(&mut self, download: Download, wire: WireBytes) -> Result<(), ClientError>;
+    /// Part of the upload was written; `wire` counts the bytes so far.
+    fn sent(&mut self, wire: WireBytes) {
+        let _ = wire;
+    }
+}
+
+/// Keeps every download, for [`exchange`].
+#[derive(Default)]
+struct Collect(Vec<Download>);
+
+impl DownloadHandler for Collect {
+    fn download(&mut self, download: Download, _wire: WireBytes) -> Result<(), ClientError> {
+        self.0.push(download);
+        Ok(())
+    }
+}
+
 /// Sends hello, upload and end of upload; reads until the session completes.
 pub async fn exchange(request: Exchange<'_>) -> Result<SessionEvent, ClientError> {
     Ok(exchange_measured(request).await?.0)
 }
 
-/// [`exchange`], also counting the bytes on the wire.
+/// [`exchange`], also counting the bytes on the wire. The whole download is kept in
+/// memory and comes with [`SessionEvent::Complete`].
 pub async fn exchange_measured(
     request: Exchange<'_>,
 ) -> Result<(SessionEvent, WireBytes), ClientError> {
+    let mut collect = Collect::default();
+    let (event, wire) = exchange_streaming(request, &mut collect).await?;
+    let event = match event {
+        SessionEvent::Complete(mut completed) => {
+            completed.downloads = collect.0;
+            SessionEvent::Complete(completed)
+        }
+        other => other,
+    };
+    Ok((event, wire))
+}
+
+/// [`exchange_measured`], handing each download message to `handler` as it arrives
+/// instead of keeping it: [`SessionEvent::Complete`] then carries no downloads.
+pub async fn exchange_streaming(
+    request: Exchange<'_>,
+    handler: &mut dyn DownloadHandler,
+) -> Result<(SessionEvent, WireBytes), ClientError> {
     let address = ServerAddress::parse(request.address)?;
     let counters = Arc::new(Counters::default());
+    let receiver = Receiver::new(&request, handler, Arc::clone(&counters));
     let tcp = connect_tcp(&address, request.timeout).await?;
     let stream = Counted {
         inner: tcp,
         counters: Arc::clone(&counters),
     };
     let event = match address.scheme {
-        Scheme::Tcp => exchange_stream(stream, &request).await,
+        Scheme::Tcp => exchange_stream(stream, &request, receiver).await,
         Scheme::Tls => {
             let (tls, _) = tls_handshake(stream, &address, &request, &[b"rowsync"]).await?;
-            exchange_stream(tls, &request).await
+            exchange_stream(tls, &request, receiver).await
         }
         Scheme::Http => {
             let http2 = request.transport.http_version == HttpVersion::Http2;
-            exchange_http(stream, &address, http2, &request).await
+            exchange_http(stream, &address, http2, &request, receiver).await
         }
         Scheme::Https => {
             let alpn: &[&[u8]] = match request.transport.http_version {
@@ -258,7 +301,7 @@ pub async fn exchange_measured(
                     message: format!("{} did not agree to HTTP/2", address.authority()),
                 });
             }
-            exchange_http(tls, &address, http2, &request).await
+            exchange_http(tls, &address, http2, &request, receiver).await
         }
     }?;
     Ok((event, counters.get()))
@@ -433,20 +476,33 @@ fn upload_stream(request: &Exchange<'_>) -> Result<Vec<Vec<u8>>, ClientError> {
     Ok(pieces)
 }
 
-/// The server's side of the byte stream, turned into session events.
-struct Receiver {
+/// The server's side of the byte stream, turned into session events; downloads go to
+/// the handler as they arrive.
+struct Receiver<'h> {
     inbound: Inbound,
     decoder: FrameDecoder,
     session: ClientSession,
+    handler: &'h mut dyn DownloadHandler,
+    counters: Arc<Counters>,
 }
 
-impl Receiver {
-    fn new(request: &Exchange<'_>) -> Receiver {
+impl<'h> Receiver<'h> {
+    fn new(
+        request: &Exchange<'_>,
+        handler: &'h mut dyn DownloadHandler,
+        counters: Arc<Counters>,
+    ) -> Receiver<'h> {
         Receiver {
             inbound: Inbound::new(request.transport.decompressed_bytes_max),
             decoder: FrameDecoder::new(request.frame_bytes_max),
             session: ClientSession::new(),
+            handler,
+            counters,
         }
+    }
+
+    fn sent(&mut self) {
+        self.handler.sent(self.counters.get());
     }
 
     /// Takes received bytes; a final event once the session is complete.
@@ -455,9 +511,12 @@ impl Receiver {
         while let Some(chunk) = self.inbound.next_chunk()? {
             self.decoder.feed(chunk);
             while let Some(message) = self.decoder.next_message()? {
-                match self.session.handle(message)? {
-                    SessionEvent::Continue => {}
-                    done => return Ok(Some(done)),
+                match self.session.receive(message)? {
+                    Received::Download(download) => {
+                        self.handler.download(download, self.counters.get())?
+                    }
+                    Received::Event(SessionEvent::Continue) => {}
+                    Received::Event(done) => return Ok(Some(done)),
                 }
             }
         }
@@ -492,9 +551,9 @@ fn stream_error(error: std::io::Error, authority: &str) -> ClientError {
 async fn exchange_stream<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     request: &Exchange<'_>,
+    mut receiver: Receiver<'_>,
 ) -> Result<SessionEvent, ClientError> {
     let timeout_ms = request.timeout.as_millis() as u64;
-    let mut receiver = Receiver::new(request);
     // Each write must progress within the timeout; a large upload may take longer.
     let mut written = Ok(Ok(()));
     for piece in upload_stream(request)? {
@@ -502,6 +561,7 @@ async fn exchange_stream<S: AsyncRead + AsyncWrite + Unpin>(
         if !matches!(written, Ok(Ok(()))) {
             break;
         }
+        receiver.sent();
     }
     if matches!(written, Ok(Ok(()))) {
         written = tokio::time::timeout(request.timeout, stream.flush()).await;
@@ -536,7 +596,7 @@ async fn exchange_stream<S: AsyncRead + AsyncWrite + Unpin>(
 
 async fn read_until_done<S: AsyncRead + Unpin>(
     stream: &mut S,
-    receiver: &mut Receiver,
+    receiver: &mut Receiver<'_>,
     timeout: Duration,
     authority: &str,
 ) -> Result<SessionEvent, ClientError> {
@@ -563,6 +623,7 @@ async fn exchange_http<S>(
     address: &ServerAddress,
     http2: bool,
     request: &Exchange<'_>,
+    mut receiver: Receiver<'_>,
 ) -> Result<SessionEvent, ClientError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -638,6 +699,7 @@ where
         .await
         .map_err(|_| timed_out("waiting for the HTTP response"))??;
     let status = response.status();
+    receiver.sent();
     // A 503 without a busy frame (from a proxy, say): its Retry-After is the hint.
     let retry_after_ms = response
         .headers()
@@ -648,7 +710,6 @@ where
             seconds.saturating_mul(1000)
         });
     let mut body = response.into_body();
-    let mut receiver = Receiver::new(request);
     if status != http::StatusCode::OK && status != http::StatusCode::SERVICE_UNAVAILABLE {
         // Not rowsync's answer (a proxy's, or a refusal of the request itself).
         let mut text = Vec::new();

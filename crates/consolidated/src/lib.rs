@@ -11,6 +11,7 @@ mod download;
 mod driver;
 mod echo;
 mod error;
+pub mod mysql;
 mod names;
 mod parameters;
 pub mod postgres;

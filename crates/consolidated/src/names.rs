@@ -24,3 +24,29 @@ pub(crate) fn key_match(keys: &[String], left: &str, right: &str) -> String {
         .collect::<Vec<_>>()
         .join(" AND ")
 }
+
+/// `SELECT "a", "b" FROM <table> WHERE "k" = <marker>1`: the columns of the row with a
+/// key, the key's values bound by position (`$1` on PostgreSQL, `?1` on SQLite).
+pub(crate) fn select_by_key(
+    table: &str,
+    columns: &[String],
+    key_positions: &[usize],
+    marker: char,
+) -> String {
+    let matches = key_positions
+        .iter()
+        .enumerate()
+        .map(|(index, &position)| {
+            format!(
+                "{} = {marker}{}",
+                quote_identifier(&columns[position]),
+                index + 1
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    format!(
+        "SELECT {} FROM {table} WHERE {matches}",
+        column_list(columns, "")
+    )
+}

@@ -1,4 +1,5 @@
-//! A throwaway PostgreSQL cluster for tests.
+//! Throwaway database servers for tests: PostgreSQL ([`postgres`]) and MariaDB
+//! ([`mysql`], in the `mysql` module).
 //!
 //! [`postgres`] starts one cluster per test process, on first use: `initdb` from the
 //! PostgreSQL packages (found with `pg_config --bindir`, or `ROWSYNC_PG_BINDIR`) into a
@@ -24,9 +25,12 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
+mod mysql;
+pub use mysql::{fresh_mysql_database, mysql, MysqlServer};
+
 /// The unprivileged user a cluster runs as when tests run as root.
-const UNPRIVILEGED_UID: u32 = 65534;
-const UNPRIVILEGED_GID: u32 = 65534;
+pub(crate) const UNPRIVILEGED_UID: u32 = 65534;
+pub(crate) const UNPRIVILEGED_GID: u32 = 65534;
 
 pub struct PgCluster {
     /// `postgres://user@host:port` without a database name.
@@ -76,7 +80,7 @@ pub async fn exclusive() -> tokio::sync::OwnedMutexGuard<()> {
     std::sync::Arc::clone(lock).lock_owned().await
 }
 
-fn bin_dir() -> Result<PathBuf, String> {
+fn pg_bin_dir() -> Result<PathBuf, String> {
     if let Ok(dir) = std::env::var("ROWSYNC_PG_BINDIR") {
         return Ok(PathBuf::from(dir));
     }
@@ -107,12 +111,12 @@ fn bin_dir() -> Result<PathBuf, String> {
     ))
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
 
-fn run(command: &mut Command, what: &str) -> Result<(), String> {
+pub(crate) fn run(command: &mut Command, what: &str) -> Result<(), String> {
     let output = command
         .output()
         .map_err(|error| format!("{what}: {error}"))?;
@@ -128,7 +132,7 @@ fn run(command: &mut Command, what: &str) -> Result<(), String> {
     }
 }
 
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     let listener = TcpListener::bind("127.0.0.1:0")
         .map_err(|error| format!("finding a free port: {error}"))?;
     Ok(listener
@@ -139,7 +143,7 @@ fn free_port() -> Result<u16, String> {
 
 impl PgCluster {
     fn start() -> Result<PgCluster, String> {
-        let bin = bin_dir()?;
+        let bin = pg_bin_dir()?;
         let dir = tempfile::Builder::new()
             .prefix("rowsync-pg-")
             .tempdir()
@@ -221,9 +225,15 @@ fn spawn_watchdog(bin: &Path, data: &Path, root: bool) -> Result<(), String> {
         data = data.display(),
         dir = data.parent().unwrap_or(data).display(),
     );
+    watch(&script, root)
+}
+
+/// Runs `shell` (a loop that waits for this process to end, then stops a server) in a
+/// session of its own, as the unprivileged user when tests run as root.
+pub(crate) fn watch(shell: &str, root: bool) -> Result<(), String> {
     let mut watchdog = Command::new("sh");
     watchdog
-        .args(["-c", &script])
+        .args(["-c", shell])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -231,7 +241,7 @@ fn spawn_watchdog(bin: &Path, data: &Path, root: bool) -> Result<(), String> {
         watchdog.uid(UNPRIVILEGED_UID).gid(UNPRIVILEGED_GID);
     }
     // SAFETY: setsid is async-signal-safe; it detaches the watchdog from our process group
-    // so a ^C to the tests does not kill it before it has stopped the cluster.
+    // so a ^C to the tests does not kill it before it has stopped the server.
     unsafe {
         watchdog.pre_exec(|| {
             libc::setsid();
@@ -240,6 +250,6 @@ fn spawn_watchdog(bin: &Path, data: &Path, root: bool) -> Result<(), String> {
     }
     watchdog
         .spawn()
-        .map_err(|error| format!("starting the cluster watchdog: {error}"))?;
+        .map_err(|error| format!("starting the server watchdog: {error}"))?;
     Ok(())
 }

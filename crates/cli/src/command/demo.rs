@@ -7,7 +7,7 @@ use rowsync_cli::demo;
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
-    /// The consolidated database: a postgres:// URL of a scratch database (the demo
+    /// The consolidated database: a postgres:// or mysql:// URL of a scratch database (the demo
     /// drops and recreates its tables, orders and rs_*, there) or a SQLite file path.
     /// Default: a new SQLite file in the demo's directory.
     #[arg(long)]

@@ -16,7 +16,7 @@ use crate::dialect::{
     CursorScript, CursorSink, Dialect, RowFailure, RowStatement, StagedRows, Subscription,
     SubscriptionUpdate, TableApply,
 };
-use crate::names::column_list;
+use crate::names::select_by_key;
 use crate::parameters::{positional_parameters, Parameters, RowImages};
 use crate::scripts::*;
 use crate::shape::TableShape;
@@ -61,7 +61,8 @@ pub struct PgTransaction<'c> {
 }
 
 impl PgTransaction<'_> {
-    async fn query_one_value(
+    /// Runs a statement (prepared once per connection) that returns exactly one row.
+    async fn query_one(
         &self,
         sql: &str,
         parameters: &[&(dyn tokio_postgres::types::ToSql + Sync)],
@@ -78,7 +79,7 @@ impl Dialect for PgTransaction<'_> {
             .batch_execute("SELECT pg_advisory_xact_lock_shared(7263, 0)")
             .await?;
         let locked = self
-            .query_one_value(
+            .query_one(
                 "SELECT pg_try_advisory_xact_lock(7262, hashtext($1))",
                 &[&client_id],
             )
@@ -232,17 +233,7 @@ impl Dialect for PgTransaction<'_> {
         key_positions: &[usize],
         key: &[Value],
     ) -> Result<Option<Row>, SyncError> {
-        let sql = format!(
-            "SELECT {} FROM {} WHERE {}",
-            column_list(columns, ""),
-            q(table),
-            key_positions
-                .iter()
-                .enumerate()
-                .map(|(index, &position)| format!("{} = ${}", q(&columns[position]), index + 1))
-                .collect::<Vec<_>>()
-                .join(" AND ")
-        );
+        let sql = select_by_key(&q(table), columns, key_positions, '$');
         let (_, rows) = query_rows(&self.transaction, self.statements, &sql, key).await?;
         Ok(rows.into_iter().next())
     }
@@ -296,7 +287,7 @@ impl Dialect for PgTransaction<'_> {
     }
 
     async fn watermark(&mut self) -> Result<i64, SyncError> {
-        Ok(self.query_one_value(WATERMARK_QUERY, &[]).await?.get(0))
+        Ok(self.query_one(WATERMARK_QUERY, &[]).await?.get(0))
     }
 
     async fn read_cursor(

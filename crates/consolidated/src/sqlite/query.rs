@@ -82,20 +82,31 @@ pub(super) fn query_script(
     let mut statement =
         prepare_script(connection, scripts, table, event, substitutions, parameters)?;
     let columns: Vec<String> = statement.column_names().map(str::to_owned).collect();
-    let width = columns.len();
+    let rows = read_rows(&mut statement, columns.len(), event, table)?;
+    Ok((columns, rows))
+}
+
+/// Every row a bound statement returns, each its first `width` values.
+fn read_rows(
+    statement: &mut Statement<'_>,
+    width: usize,
+    event: &str,
+    table: &str,
+) -> Result<Vec<Row>, SyncError> {
     let mut rows = Vec::new();
     let mut cursor = statement.raw_query();
     while let Some(row) = cursor
         .next()
         .map_err(|error| script_failure(event, table, error))?
     {
-        let values = (0..width)
-            .map(|index| row.get::<_, Value>(index))
-            .collect::<Result<Row, _>>()
-            .map_err(|error| script_failure(event, table, error))?;
-        rows.push(values);
+        rows.push(read_values(row, width).map_err(|error| script_failure(event, table, error))?);
     }
-    Ok((columns, rows))
+    Ok(rows)
+}
+
+/// A result row's first `width` values.
+pub(super) fn read_values(row: &rusqlite::Row<'_>, width: usize) -> rusqlite::Result<Row> {
+    (0..width).map(|index| row.get::<_, Value>(index)).collect()
 }
 
 /// Runs a cursor script and hands its rows to the sink `DOWNLOAD_BATCH_ROWS` at a time.
@@ -121,10 +132,8 @@ pub(super) async fn read_cursor(
         .next()
         .map_err(|error| script_failure(event, table, error))?
     {
-        let values = (0..width)
-            .map(|index| row.get::<_, Value>(index))
-            .collect::<Result<Row, _>>()
-            .map_err(|error| script_failure(event, table, error))?;
+        let values =
+            read_values(row, width).map_err(|error| script_failure(event, table, error))?;
         batch.push(values);
         if batch.len() == DOWNLOAD_BATCH_ROWS {
             sink.take(&columns, std::mem::take(&mut batch)).await?;
@@ -160,19 +169,6 @@ pub fn run_bound(
             .map_err(|error| script_failure(event, table, error))?;
         return Ok(((columns, Vec::new()), changed));
     }
-    let width = columns.len();
-    let mut rows = Vec::new();
-    let mut cursor = statement.raw_query();
-    while let Some(row) = cursor
-        .next()
-        .map_err(|error| script_failure(event, table, error))?
-    {
-        rows.push(
-            (0..width)
-                .map(|index| row.get::<_, Value>(index))
-                .collect::<Result<Row, _>>()
-                .map_err(|error| script_failure(event, table, error))?,
-        );
-    }
+    let rows = read_rows(&mut statement, columns.len(), event, table)?;
     Ok(((columns, rows), 0))
 }

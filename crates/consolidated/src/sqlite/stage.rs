@@ -5,6 +5,7 @@ use rowsync_protocol::{Row, Value};
 use rusqlite::types::{FromSql, ValueRef};
 use rusqlite::Connection;
 
+use super::query::read_values;
 use crate::names::{column_list, key_match};
 use crate::scripts::*;
 use crate::shape::TableShape;
@@ -124,9 +125,7 @@ impl Stage {
         let width = self.key_columns.len();
         let rows = statement
             .query_map(rusqlite::params_from_iter(parameters), |row| {
-                (0..width)
-                    .map(|i| row.get::<_, Value>(i))
-                    .collect::<Result<Row, _>>()
+                read_values(row, width)
             })?
             .collect::<Result<Vec<_>, _>>()?;
         Ok(rows)

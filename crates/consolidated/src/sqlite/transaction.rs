@@ -12,7 +12,7 @@ use crate::dialect::{
     CursorScript, CursorSink, Dialect, RowFailure, RowStatement, StagedRows, Subscription,
     SubscriptionUpdate, SyncBackend, TableApply,
 };
-use crate::names::column_list;
+use crate::names::select_by_key;
 use crate::parameters::{Parameters, RowImages};
 use crate::scripts::*;
 use crate::shape::TableShape;
@@ -270,17 +270,7 @@ impl Dialect for SqliteTransaction<'_> {
         key_positions: &[usize],
         key: &[Value],
     ) -> Result<Option<Row>, SyncError> {
-        let sql = format!(
-            "SELECT {} FROM main.{} WHERE {}",
-            column_list(columns, ""),
-            q(table),
-            key_positions
-                .iter()
-                .enumerate()
-                .map(|(index, &position)| format!("{} = ?{}", q(&columns[position]), index + 1))
-                .collect::<Vec<_>>()
-                .join(" AND ")
-        );
+        let sql = select_by_key(&format!("main.{}", q(table)), columns, key_positions, '?');
         let mut statement = self.connection.prepare_cached(&sql)?;
         Ok(statement
             .query_row(rusqlite::params_from_iter(key), |found| {

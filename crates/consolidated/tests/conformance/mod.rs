@@ -27,10 +27,28 @@ pub trait RawSql {
     fn query_rows(&mut self, sql: &str) -> impl Future<Output = Vec<Vec<Value>>>;
 }
 
+/// The SQL types the suite's scripts cast parameters to.
+#[derive(Debug, Clone, Copy)]
+pub enum CastType {
+    Integer,
+    BigInt,
+    Text,
+}
+
 /// Creates fresh backends for the suite.
 pub trait Factory {
     type Backend: Consolidated;
     type Sql: RawSql;
+
+    /// `expression` cast to `to`, as the backend's SQL spells it (standard SQL here).
+    fn cast(expression: &str, to: CastType) -> String {
+        let name = match to {
+            CastType::Integer => "INTEGER",
+            CastType::BigInt => "BIGINT",
+            CastType::Text => "TEXT",
+        };
+        format!("CAST({expression} AS {name})")
+    }
 
     /// A fresh, empty consolidated database (not even the system tables) and raw SQL
     /// access to it. Whatever must outlive the test (a temporary directory, a server)
@@ -99,9 +117,10 @@ const ORDERS_DDL: &str = "CREATE TABLE orders (id INTEGER PRIMARY KEY, rep TEXT 
 const ORDER_COLUMNS: [&str; 5] = ["id", "rep", "item", "quantity", "amount"];
 const ORDERS_SELECT: &str = "SELECT id, rep, item, quantity, amount FROM orders ORDER BY id";
 
-const LINES_DDL: &str = "CREATE TABLE lines (order_id INTEGER, line INTEGER, rep TEXT NOT NULL, qty INTEGER, PRIMARY KEY (order_id, line))";
+const LINES_DDL: &str = "CREATE TABLE order_lines (order_id INTEGER, line INTEGER, rep TEXT NOT NULL, qty INTEGER, PRIMARY KEY (order_id, line))";
 const LINE_COLUMNS: [&str; 4] = ["order_id", "line", "rep", "qty"];
-const LINES_SELECT: &str = "SELECT order_id, line, rep, qty FROM lines ORDER BY order_id, line";
+const LINES_SELECT: &str =
+    "SELECT order_id, line, rep, qty FROM order_lines ORDER BY order_id, line";
 
 struct Fixture<F: Factory> {
     backend: F::Backend,
@@ -157,8 +176,10 @@ impl<F: Factory> Fixture<F> {
 
     async fn create_and_init_lines(&mut self, rows: &[Row]) {
         self.sql.execute(LINES_DDL).await;
-        self.insert_rows("lines", &LINE_COLUMNS, rows).await;
-        self.init("lines", "rep").await.expect("init lines");
+        self.insert_rows("order_lines", &LINE_COLUMNS, rows).await;
+        self.init("order_lines", "rep")
+            .await
+            .expect("init order_lines");
     }
 
     async fn insert_rows(&mut self, table: &str, columns: &[&str], rows: &[Row]) {
@@ -338,7 +359,7 @@ fn orders_upload(inserts: Vec<Row>, updates: Vec<(Row, Row)>, deletes: Vec<Row>)
 
 fn lines_upload(inserts: Vec<Row>, updates: Vec<(Row, Row)>, deletes: Vec<Row>) -> TableUpload {
     upload(
-        "lines",
+        "order_lines",
         &LINE_COLUMNS,
         &["order_id", "line"],
         inserts,
@@ -450,11 +471,11 @@ fn order_deletes(outcome: &CollectedSync) -> Vec<Row> {
 }
 
 fn line_upserts(outcome: &CollectedSync) -> Vec<Row> {
-    upserts_of(outcome, "lines", &LINE_COLUMNS, &["order_id", "line"])
+    upserts_of(outcome, "order_lines", &LINE_COLUMNS, &["order_id", "line"])
 }
 
 fn line_deletes(outcome: &CollectedSync) -> Vec<Row> {
-    deletes_of(outcome, "lines", &["order_id", "line"])
+    deletes_of(outcome, "order_lines", &["order_id", "line"])
 }
 
 fn assert_summary(outcome: &CollectedSync, rows_uploaded: u64, conflicts: u64, already: bool) {
@@ -1315,7 +1336,7 @@ pub async fn an_error_in_the_second_table_rolls_back_the_first<F: Factory>() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&error, SyncError::Schema(message) if message.contains("colour") && message.contains("lines")),
+        matches!(&error, SyncError::Schema(message) if message.contains("colour") && message.contains("order_lines")),
         "{error:?}"
     );
     assert_eq!(
@@ -1475,12 +1496,12 @@ pub async fn composite_primary_keys_sync_both_ways<F: Factory>() {
     assert_eq!(line_deletes(&uploaded), vec![key(&[2, 1])]);
 
     f.sql
-        .execute("DELETE FROM lines WHERE order_id = 1 AND line = 3")
+        .execute("DELETE FROM order_lines WHERE order_id = 1 AND line = 3")
         .await;
-    f.insert_rows("lines", &LINE_COLUMNS, &[line(3, 1, "alice", 9)])
+    f.insert_rows("order_lines", &LINE_COLUMNS, &[line(3, 1, "alice", 9)])
         .await;
     f.sql
-        .execute("UPDATE lines SET qty = 51 WHERE order_id = 1 AND line = 1")
+        .execute("UPDATE order_lines SET qty = 51 WHERE order_id = 1 AND line = 1")
         .await;
 
     // A stale update of (1, 1) in the same sync: the server's row wins.

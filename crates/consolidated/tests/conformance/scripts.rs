@@ -180,7 +180,10 @@ pub async fn modify_next_last_download_replaces_the_watermark<F: Factory>() {
         "v1",
         "",
         "modify_next_last_download",
-        "SELECT CAST(:next_last_download AS BIGINT) * 0 + 424242",
+        &format!(
+            "SELECT {} * 0 + 424242",
+            F::cast(":next_last_download", CastType::BigInt)
+        ),
     )
     .await;
     let modified = f.sync_ok(request("c1", "alice", 0, 1, vec![])).await;
@@ -330,8 +333,13 @@ pub async fn resolve_conflict_sees_old_new_and_current_rows_in_both_forms<F: Fac
         "v1",
         "orders",
         "resolve_conflict",
-        "UPDATE orders SET quantity = CAST(:current.quantity AS INTEGER) + CAST(:new.quantity AS INTEGER) \
-         - CAST(:old.quantity AS INTEGER) WHERE id = :new.id AND CAST(:operation AS TEXT) = 'update'",
+        &format!(
+            "UPDATE orders SET quantity = {} + {} - {} WHERE id = :new.id AND {} = 'update'",
+            F::cast(":current.quantity", CastType::Integer),
+            F::cast(":new.quantity", CastType::Integer),
+            F::cast(":old.quantity", CastType::Integer),
+            F::cast(":operation", CastType::Text)
+        ),
     )
     .await;
     f.sql

@@ -1,0 +1,95 @@
+"""Type stubs of the rowsync package (the extension module rowsync._rowsync)."""
+
+import decimal
+import os
+from typing import Callable, Dict, List, Optional, Tuple, Union
+
+__version__: str
+
+Value = Union[None, int, float, decimal.Decimal, str, bytes]
+
+class SyncError(Exception):
+    """A sync or an operation on the client database failed."""
+
+class BusyError(SyncError):
+    """The server stayed busy through every retry: try again later."""
+
+class AuthError(SyncError):
+    """The server did not accept the user's credentials."""
+
+class SyncProgress:
+    """How far a sync has come: bytes on the wire and rows, up and down."""
+
+    @property
+    def bytes_sent(self) -> int: ...
+    @property
+    def bytes_received(self) -> int: ...
+    @property
+    def rows_uploaded(self) -> int: ...
+    @property
+    def rows_to_upload(self) -> int: ...
+    @property
+    def rows_downloaded(self) -> int: ...
+
+class ConflictedRow:
+    """An uploaded row the server did not take as sent, with the server's winning row."""
+
+    @property
+    def table(self) -> str: ...
+    @property
+    def key(self) -> Tuple[Value, ...]: ...
+    @property
+    def server_row(self) -> Optional[Dict[str, Value]]:
+        """The server's row by column, or None when the server deleted it."""
+
+class SyncReport:
+    """What one sync did."""
+
+    @property
+    def rows_uploaded(self) -> int: ...
+    @property
+    def rows_downloaded(self) -> int: ...
+    @property
+    def conflicts(self) -> int: ...
+    @property
+    def conflicted_rows(self) -> List[ConflictedRow]: ...
+    @property
+    def rounds(self) -> int: ...
+    @property
+    def watermark(self) -> int: ...
+    @property
+    def elapsed_seconds(self) -> float: ...
+    @property
+    def bytes_sent(self) -> int: ...
+    @property
+    def bytes_received(self) -> int: ...
+    @property
+    def busy_retries(self) -> int: ...
+
+class Client:
+    """A client database: a SQLite file whose tracked tables sync with a server."""
+
+    def __init__(
+        self, path: Union[str, "os.PathLike[str]"], client_id: Optional[str] = None
+    ) -> None: ...
+    @property
+    def client_id(self) -> str: ...
+    def track(self, table: str) -> None:
+        """Record every later change of `table` for upload (it needs a primary key)."""
+    def pending_changes(self) -> bool:
+        """Whether changes wait for upload."""
+    def sync(
+        self,
+        url: str,
+        user: Optional[str] = None,
+        password: Optional[str] = None,
+        token: Optional[str] = None,
+        version: Optional[str] = None,
+        compression: Optional[str] = None,
+        ca_file: Optional[Union[str, "os.PathLike[str]"]] = None,
+        on_progress: Optional[Callable[[SyncProgress], None]] = None,
+    ) -> SyncReport:
+        """Upload recorded changes, apply the download; the GIL is released meanwhile.
+
+        Raises BusyError, AuthError or SyncError; conflicts are listed in the report.
+        """

@@ -1,0 +1,359 @@
+//! The `rowsync` Python package's extension module: `rowsync-client` wrapped with PyO3.
+//! Nothing of the client is written here; this file converts arguments, results and
+//! errors, and releases the GIL while a sync runs.
+
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use rowsync_client::{
+    Client, ClientError, Compression, ConflictedRow, FailureKind, SyncOptions, SyncProgress,
+    SyncReport,
+};
+use rowsync_protocol::{ErrorCode, Value};
+
+create_exception!(
+    rowsync,
+    SyncError,
+    PyException,
+    "A sync or an operation on the client database failed."
+);
+create_exception!(
+    rowsync,
+    BusyError,
+    SyncError,
+    "The server stayed busy through every retry: try again later."
+);
+create_exception!(
+    rowsync,
+    AuthError,
+    SyncError,
+    "The server did not accept the user's credentials."
+);
+
+fn python_error(error: ClientError) -> PyErr {
+    let message = error.to_string();
+    if error.server_code() == Some(ErrorCode::AuthenticationFailed) {
+        return AuthError::new_err(message);
+    }
+    match error.kind() {
+        FailureKind::Busy => BusyError::new_err(message),
+        FailureKind::Refused | FailureKind::Failed => SyncError::new_err(message),
+    }
+}
+
+fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
+    static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("rowsync")
+                .enable_all()
+                .build()
+                .map_err(|error| format!("starting the async runtime: {error}"))
+        })
+        .as_ref()
+        .map_err(|message| SyncError::new_err(message.clone()))
+}
+
+/// A client database: a SQLite file whose tracked tables sync with a rowsync server.
+///
+/// ``Client(path, client_id=None)`` opens or creates the file. ``client_id`` fixes the
+/// id on first open and must match afterwards; by default a random id is made. The
+/// application reads and writes the file with any SQLite library (``sqlite3``); every
+/// change to a tracked table is recorded by triggers.
+#[pyclass(module = "rowsync", name = "Client")]
+struct PyClient {
+    client: Mutex<Client>,
+    client_id: String,
+}
+
+impl PyClient {
+    /// Runs `work` on the client without the GIL (a sync in another thread may hold
+    /// the client, and its progress callback needs the GIL).
+    fn with_client<T: Send>(
+        &self,
+        py: Python<'_>,
+        work: impl FnOnce(&mut Client) -> Result<T, ClientError> + Send,
+    ) -> PyResult<T> {
+        py.allow_threads(|| {
+            let mut client = self
+                .client
+                .lock()
+                .map_err(|_| SyncError::new_err("an earlier call on this client panicked"))?;
+            work(&mut client).map_err(python_error)
+        })
+    }
+}
+
+#[pymethods]
+impl PyClient {
+    #[new]
+    #[pyo3(signature = (path, client_id=None))]
+    fn new(py: Python<'_>, path: PathBuf, client_id: Option<String>) -> PyResult<PyClient> {
+        let client = py
+            .allow_threads(|| Client::open_with_id(&path, client_id.as_deref()))
+            .map_err(python_error)?;
+        Ok(PyClient {
+            client_id: client.client_id().to_string(),
+            client: Mutex::new(client),
+        })
+    }
+
+    /// This database's client id.
+    #[getter]
+    fn client_id(&self) -> &str {
+        &self.client_id
+    }
+
+    /// Records every later change of ``table`` for upload. The table needs a primary
+    /// key. Idempotent; call it again after changing the table's unique indexes.
+    fn track(&self, py: Python<'_>, table: String) -> PyResult<()> {
+        self.with_client(py, |client| client.track(&table))
+    }
+
+    /// Whether changes wait for upload.
+    fn pending_changes(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with_client(py, |client| client.has_pending_changes())
+    }
+
+    /// One synchronization: uploads the recorded changes and applies the server's
+    /// download in one transaction; returns a :class:`SyncReport`.
+    ///
+    /// ``url`` is ``tcp://host:port``, ``tls://host:port``, ``http://host:port/path`` or
+    /// ``https://host:port/path``. Give ``password`` or a signed ``token`` (JWT).
+    /// ``version`` is the server's script version (``"v1"``), ``compression`` one of
+    /// ``"none"``, ``"zlib"``, ``"zstd"``, ``ca_file`` a PEM file of CAs to trust for
+    /// TLS. ``on_progress(progress)`` is called with a :class:`SyncProgress` as the sync
+    /// moves; an exception it raises is raised after the sync. The GIL is released while
+    /// the sync runs. Raises :class:`BusyError`, :class:`AuthError` or
+    /// :class:`SyncError`. Conflicts are not errors: the report lists them.
+    #[pyo3(signature = (url, user=None, password=None, token=None, version=None,
+                        compression=None, ca_file=None, on_progress=None))]
+    #[allow(clippy::too_many_arguments)] // The Python signature the package documents.
+    fn sync(
+        &self,
+        py: Python<'_>,
+        url: String,
+        user: Option<String>,
+        password: Option<String>,
+        token: Option<String>,
+        version: Option<String>,
+        compression: Option<String>,
+        ca_file: Option<PathBuf>,
+        on_progress: Option<PyObject>,
+    ) -> PyResult<PySyncReport> {
+        let mut options =
+            SyncOptions::new(url, user.unwrap_or_default(), password.unwrap_or_default());
+        options.token = token;
+        if let Some(version) = version {
+            options.script_version = version;
+        }
+        if let Some(compression) = compression {
+            options.transport.compression = compression
+                .parse::<Compression>()
+                .map_err(pyo3::exceptions::PyValueError::new_err)?;
+        }
+        options.transport.tls.ca_file = ca_file;
+        let runtime = runtime()?;
+        let mut callback_error: Option<PyErr> = None;
+        let report = {
+            let callback_error = &mut callback_error;
+            let on_progress = on_progress.as_ref();
+            self.with_client(py, move |client| {
+                let mut tell = |progress: &SyncProgress| {
+                    let Some(callback) = on_progress else { return };
+                    if callback_error.is_some() {
+                        return;
+                    }
+                    Python::with_gil(|py| {
+                        if let Err(error) = callback.call1(py, (PySyncProgress::from(progress),)) {
+                            *callback_error = Some(error);
+                        }
+                    });
+                };
+                runtime.block_on(client.sync_with_progress(&options, &mut tell))
+            })?
+        };
+        if let Some(error) = callback_error {
+            return Err(error);
+        }
+        PySyncReport::new(py, &report)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("rowsync.Client(client_id={:?})", self.client_id)
+    }
+}
+
+/// How far a sync has come: bytes on the wire and rows, up and down.
+#[pyclass(module = "rowsync", name = "SyncProgress", frozen, get_all)]
+struct PySyncProgress {
+    bytes_sent: u64,
+    bytes_received: u64,
+    /// Upload operations sent so far, out of ``rows_to_upload``.
+    rows_uploaded: u64,
+    rows_to_upload: u64,
+    /// Rows applied from the download so far.
+    rows_downloaded: u64,
+}
+
+impl From<&SyncProgress> for PySyncProgress {
+    fn from(progress: &SyncProgress) -> PySyncProgress {
+        PySyncProgress {
+            bytes_sent: progress.bytes_sent,
+            bytes_received: progress.bytes_received,
+            rows_uploaded: progress.rows_uploaded,
+            rows_to_upload: progress.rows_to_upload,
+            rows_downloaded: progress.rows_downloaded,
+        }
+    }
+}
+
+#[pymethods]
+impl PySyncProgress {
+    fn __repr__(&self) -> String {
+        format!(
+            "rowsync.SyncProgress(rows_uploaded={}/{}, rows_downloaded={}, bytes_sent={}, bytes_received={})",
+            self.rows_uploaded, self.rows_to_upload, self.rows_downloaded, self.bytes_sent, self.bytes_received
+        )
+    }
+}
+
+/// A row this client uploaded that the server did not take as sent: ``table``, ``key``
+/// (a tuple in primary-key order), and ``server_row``, the server's row that won (a
+/// dict by column), or ``None`` when the server deleted it.
+#[pyclass(module = "rowsync", name = "ConflictedRow", frozen, get_all)]
+struct PyConflictedRow {
+    table: String,
+    key: Py<PyTuple>,
+    server_row: Option<Py<PyDict>>,
+}
+
+impl PyConflictedRow {
+    fn new(py: Python<'_>, conflict: &ConflictedRow) -> PyResult<PyConflictedRow> {
+        let key: Vec<PyObject> = conflict
+            .key
+            .iter()
+            .map(|value| value_to_python(py, value))
+            .collect::<PyResult<_>>()?;
+        let server_row = match &conflict.server_row {
+            None => None,
+            Some(row) => {
+                let dict = PyDict::new(py);
+                for (column, value) in conflict.columns.iter().zip(row) {
+                    dict.set_item(column, value_to_python(py, value)?)?;
+                }
+                Some(dict.unbind())
+            }
+        };
+        Ok(PyConflictedRow {
+            table: conflict.table.clone(),
+            key: PyTuple::new(py, key)?.unbind(),
+            server_row,
+        })
+    }
+}
+
+#[pymethods]
+impl PyConflictedRow {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "rowsync.ConflictedRow(table={:?}, key={}, server_row={})",
+            self.table,
+            self.key.bind(py),
+            self.server_row
+                .as_ref()
+                .map_or("None".to_string(), |row| row.bind(py).to_string())
+        )
+    }
+}
+
+/// What one sync did.
+#[pyclass(module = "rowsync", name = "SyncReport", frozen, get_all)]
+struct PySyncReport {
+    rows_uploaded: u64,
+    rows_downloaded: u64,
+    /// Uploaded changes the server did not take as sent (it kept its own rows).
+    conflicts: u64,
+    /// The :class:`ConflictedRow` behind ``conflicts``.
+    conflicted_rows: Py<PyList>,
+    /// Round trips: 2 when an unacknowledged upload was resent first.
+    rounds: u32,
+    watermark: i64,
+    elapsed_seconds: f64,
+    bytes_sent: u64,
+    bytes_received: u64,
+    busy_retries: u32,
+}
+
+impl PySyncReport {
+    fn new(py: Python<'_>, report: &SyncReport) -> PyResult<PySyncReport> {
+        let conflicted: Vec<PyConflictedRow> = report
+            .conflicted_rows
+            .iter()
+            .map(|conflict| PyConflictedRow::new(py, conflict))
+            .collect::<PyResult<_>>()?;
+        let conflicted_rows = PyList::empty(py);
+        for conflict in conflicted {
+            conflicted_rows.append(Py::new(py, conflict)?)?;
+        }
+        Ok(PySyncReport {
+            rows_uploaded: report.rows_uploaded,
+            rows_downloaded: report.rows_downloaded,
+            conflicts: report.conflicts,
+            conflicted_rows: conflicted_rows.unbind(),
+            rounds: report.rounds,
+            watermark: report.watermark,
+            elapsed_seconds: report.elapsed.as_secs_f64(),
+            bytes_sent: report.wire.sent,
+            bytes_received: report.wire.received,
+            busy_retries: report.busy_retries,
+        })
+    }
+}
+
+#[pymethods]
+impl PySyncReport {
+    fn __repr__(&self) -> String {
+        format!(
+            "rowsync.SyncReport(rows_uploaded={}, rows_downloaded={}, conflicts={}, elapsed_seconds={:.3})",
+            self.rows_uploaded, self.rows_downloaded, self.conflicts, self.elapsed_seconds
+        )
+    }
+}
+
+/// A protocol value as Python: None, int, float, decimal.Decimal, str, bytes; a
+/// timestamp as int microseconds since 1970-01-01 UTC.
+fn value_to_python(py: Python<'_>, value: &Value) -> PyResult<PyObject> {
+    Ok(match value {
+        Value::Null => py.None(),
+        Value::Int(v) | Value::Timestamp(v) => v.into_pyobject(py)?.into_any().unbind(),
+        Value::Double(v) => v.into_pyobject(py)?.into_any().unbind(),
+        Value::Decimal(v) => py
+            .import("decimal")?
+            .getattr("Decimal")?
+            .call1((v.to_string(),))?
+            .unbind(),
+        Value::Text(v) => v.into_pyobject(py)?.into_any().unbind(),
+        Value::Blob(v) => PyBytes::new(py, v).into_any().unbind(),
+    })
+}
+
+#[pymodule]
+fn _rowsync(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = module.py();
+    module.add_class::<PyClient>()?;
+    module.add_class::<PySyncReport>()?;
+    module.add_class::<PySyncProgress>()?;
+    module.add_class::<PyConflictedRow>()?;
+    module.add("SyncError", py.get_type::<SyncError>())?;
+    module.add("BusyError", py.get_type::<BusyError>())?;
+    module.add("AuthError", py.get_type::<AuthError>())?;
+    module.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,161 @@
+"""The rowsync package against a real `rowsync serve` (the binary cargo built; set
+ROWSYNC_BIN to use another): rows both ways, writes through Python's sqlite3, the
+conflicted rows, progress, typed errors, and the GIL released while syncing."""
+
+import os
+import sqlite3
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+import rowsync
+
+ROOT = Path(__file__).resolve().parents[3]
+ROWSYNC_BIN = os.environ.get("ROWSYNC_BIN", str(ROOT / "target" / "debug" / "rowsync"))
+ORDERS = (
+    "CREATE TABLE orders (id TEXT PRIMARY KEY, rep TEXT NOT NULL, "
+    "item TEXT NOT NULL, quantity INTEGER NOT NULL)"
+)
+SEED_ROWS = 20_000
+
+
+def run(*args, stdin=""):
+    done = subprocess.run(
+        [ROWSYNC_BIN, *args], input=stdin, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A consolidated SQLite database with SEED_ROWS orders of alice's, user alice,
+    and `rowsync serve` on a free port; yields (url, consolidated path)."""
+    central = tmp_path / "central.db"
+    with sqlite3.connect(central) as db:
+        db.execute(ORDERS)
+        db.executemany(
+            "INSERT INTO orders VALUES (?, 'alice', 'seed', ?)",
+            ((f"seed-{n}", n) for n in range(SEED_ROWS)),
+        )
+    run("init", "--db", str(central), "--table", "orders", "--partition-column", "rep")
+    run("user", "add", "--db", str(central), "--name", "alice", stdin="alice-password\n")
+    process = subprocess.Popen(
+        [ROWSYNC_BIN, "serve", "--db", str(central), "--listen", "127.0.0.1:0"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        banner = process.stderr.readline()
+        assert banner.startswith("rowsync serving"), banner
+        yield banner.split()[-1], central
+    finally:
+        process.kill()
+        process.wait()
+
+
+def new_client(tmp_path, name):
+    path = tmp_path / f"{name}.db"
+    with sqlite3.connect(path) as db:
+        db.execute(ORDERS)
+    client = rowsync.Client(str(path))
+    client.track("orders")
+    return client, path
+
+
+def rows(path):
+    with sqlite3.connect(path) as db:
+        return db.execute(
+            "SELECT id, rep, item, quantity FROM orders WHERE rep = 'alice' ORDER BY id"
+        ).fetchall()
+
+
+def test_python_writes_including_insert_or_replace_reach_the_server(server, tmp_path):
+    url, central = server
+    client, path = new_client(tmp_path, "app")
+    seen = []
+    report = client.sync(url, user="alice", password="alice-password", on_progress=seen.append)
+    assert report.rows_downloaded == SEED_ROWS
+    assert seen and seen[-1].rows_downloaded == SEED_ROWS
+    assert all(a.bytes_received <= b.bytes_received for a, b in zip(seen, seen[1:]))
+
+    # The application writes with Python's sqlite3 (recursive triggers off).
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT OR REPLACE INTO orders VALUES ('seed-0', 'alice', 'replaced', 100)")
+        db.execute("INSERT INTO orders VALUES ('py-1', 'alice', 'new', 1)")
+        db.execute("DELETE FROM orders WHERE id = 'seed-1'")
+    assert client.pending_changes()
+    report = client.sync(url, user="alice", password="alice-password", compression="zstd")
+    assert (report.rows_uploaded, report.conflicts) == (3, 0)
+    assert not client.pending_changes()
+    assert rows(central) == rows(path)
+    assert ("seed-0", "alice", "replaced", 100) in rows(central)
+
+
+def test_conflicts_name_the_row_and_the_servers_winner(server, tmp_path):
+    url, _ = server
+    first, first_path = new_client(tmp_path, "first")
+    second, second_path = new_client(tmp_path, "second")
+    for client in (first, second):
+        client.sync(url, user="alice", password="alice-password")
+    with sqlite3.connect(first_path) as db:
+        db.execute("UPDATE orders SET quantity = 1000 WHERE id = 'seed-5'")
+    first.sync(url, user="alice", password="alice-password")
+    with sqlite3.connect(second_path) as db:
+        db.execute("UPDATE orders SET quantity = 2000 WHERE id = 'seed-5'")
+    report = second.sync(url, user="alice", password="alice-password")
+    assert report.conflicts == 1
+    [conflict] = report.conflicted_rows
+    assert (conflict.table, conflict.key) == ("orders", ("seed-5",))
+    assert conflict.server_row["quantity"] == 1000
+    assert ("seed-5", "alice", "seed", 1000) in rows(second_path)
+
+
+def test_failures_raise_typed_errors(server, tmp_path):
+    url, _ = server
+    client, _ = new_client(tmp_path, "app")
+    with pytest.raises(rowsync.AuthError):
+        client.sync(url, user="alice", password="wrong")
+    with pytest.raises(rowsync.SyncError) as refused:
+        client.sync(url, user="alice", password="alice-password", version="v9")
+    assert not isinstance(refused.value, rowsync.AuthError)
+    with pytest.raises(rowsync.SyncError):
+        client.sync("tcp://127.0.0.1:1", user="alice", password="alice-password")
+    with pytest.raises(rowsync.SyncError):
+        client.track("no_such_table")
+    with pytest.raises(ValueError):
+        client.sync(url, user="alice", password="alice-password", compression="lz4")
+    assert issubclass(rowsync.BusyError, rowsync.SyncError)
+
+
+def test_an_exception_in_the_progress_callback_is_raised_after_the_sync(server, tmp_path):
+    url, path = server
+    client, _ = new_client(tmp_path, "app")
+
+    def fail(progress):
+        raise RuntimeError("from the callback")
+
+    with pytest.raises(RuntimeError, match="from the callback"):
+        client.sync(url, user="alice", password="alice-password", on_progress=fail)
+
+
+def test_the_gil_is_released_while_syncing(server, tmp_path):
+    url, _ = server
+    client, _ = new_client(tmp_path, "app")
+    result = {}
+    thread = threading.Thread(
+        target=lambda: result.update(
+            report=client.sync(url, user="alice", password="alice-password")
+        )
+    )
+    thread.start()
+    spins = 0
+    while thread.is_alive():
+        spins += 1
+    thread.join()
+    assert result["report"].rows_downloaded == SEED_ROWS
+    # Held for the whole sync, the GIL would let this loop run only between the
+    # interpreter's switch intervals of the syncing thread.
+    assert spins > 10_000, spins

@@ -1,0 +1,248 @@
+//! `rowsync sync`: one synchronization of a client database from the shell.
+//!
+//! Prints what moved (or JSON with `--json`), shows progress on a terminal, and says how
+//! the sync ended in its exit status (see [`SyncExit`]).
+
+use std::io::{BufRead, IsTerminal};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rowsync_client::{
+    BusyRetry, Client, ClientError, Compression, FailureKind, SyncOptions, SyncProgress, SyncReport,
+};
+use rowsync_protocol::Value;
+use serde_json::json;
+
+/// How often the terminal spinner redraws when nothing moved.
+const PROGRESS_TICK: Duration = Duration::from_millis(120);
+
+#[derive(Args, Debug, Clone)]
+pub struct SyncArgs {
+    /// The client database (a SQLite file; created if missing).
+    #[arg(long)]
+    pub db: PathBuf,
+    /// The server: tcp://host:port, tls://host:port, http://host:port/path or https://...
+    #[arg(long)]
+    pub server: String,
+    /// The user to sync as (with --token, the token names the user).
+    #[arg(long, default_value = "")]
+    pub user: String,
+    /// Read the password from the first line of standard input.
+    #[arg(long, conflicts_with = "token")]
+    pub password_stdin: bool,
+    /// A signed token (JWT) to log in with instead of a password.
+    #[arg(long, env = "ROWSYNC_TOKEN")]
+    pub token: Option<String>,
+    /// Start tracking this table (needs a primary key) before syncing; repeatable.
+    #[arg(long = "track")]
+    pub track: Vec<String>,
+    /// The script version the server runs for this sync.
+    #[arg(long, default_value = "v1")]
+    pub version: String,
+    /// none, zlib or zstd.
+    #[arg(long, default_value = "none")]
+    pub compression: String,
+    /// PEM file of the CA that signed the server's certificate (tls:// and https://).
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
+    /// The client id of a new database (a random one when not given).
+    #[arg(long)]
+    pub client_id: Option<String>,
+    /// Retries when the server answers busy (0: give up at once).
+    #[arg(long, default_value_t = rowsync_client::BUSY_RETRY_ATTEMPTS_MAX_DEFAULT)]
+    pub busy_retries: u32,
+    /// Limit on connecting and on each wait for the server, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub timeout_seconds: u64,
+    /// Print the report as one JSON object on standard output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How a sync ended, as the process's exit status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncExit {
+    /// Everything went up and came down.
+    Synced = 0,
+    /// Anything else: network, TLS, local database, protocol.
+    Error = 1,
+    /// The server stayed busy through every retry (or another sync of this client was
+    /// in progress).
+    Busy = 3,
+    /// The server refused the sync: credentials, protocol or script version, client id,
+    /// an upload it cannot take. Trying again as it is will not help.
+    Refused = 4,
+    /// The sync completed, but the server kept its own rows for some uploaded changes.
+    Conflict = 5,
+}
+
+impl SyncExit {
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            SyncExit::Synced => "synced",
+            SyncExit::Error => "error",
+            SyncExit::Busy => "busy",
+            SyncExit::Refused => "refused",
+            SyncExit::Conflict => "conflict",
+        }
+    }
+
+    fn of_error(error: &ClientError) -> SyncExit {
+        match error.kind() {
+            FailureKind::Busy => SyncExit::Busy,
+            FailureKind::Refused => SyncExit::Refused,
+            FailureKind::Failed => SyncExit::Error,
+        }
+    }
+}
+
+/// Runs one sync; errors of the sync itself are reported and become the exit status,
+/// only a command line that cannot run (no password on standard input) is an `Err`.
+pub async fn run(args: SyncArgs) -> Result<SyncExit> {
+    let mut options = SyncOptions::new(args.server.clone(), args.user.clone(), String::new());
+    if args.password_stdin {
+        options.password = read_password()?;
+    } else if args.token.is_none() {
+        bail!("give --password-stdin or --token");
+    }
+    options.token = args.token.clone();
+    options.script_version = args.version.clone();
+    options.transport.compression = args
+        .compression
+        .parse::<Compression>()
+        .map_err(|error| anyhow::anyhow!("--compression: {error}"))?;
+    options.transport.tls.ca_file = args.ca_file.clone();
+    options.timeout = Duration::from_secs(args.timeout_seconds);
+    if args.busy_retries == 0 {
+        options.busy_retry = BusyRetry::Never;
+    } else if let BusyRetry::ServerHint { attempts_max, .. } = &mut options.busy_retry {
+        *attempts_max = args.busy_retries;
+    }
+    let bar = progress_bar(args.json);
+    let outcome = sync(&args, &options, &bar).await;
+    bar.finish_and_clear();
+    let exit = match &outcome {
+        Ok(report) if report.conflicts > 0 => SyncExit::Conflict,
+        Ok(_) => SyncExit::Synced,
+        Err(error) => SyncExit::of_error(error),
+    };
+    match (&outcome, args.json) {
+        (Ok(report), true) => println!("{}", report_json(report, exit)),
+        (Ok(report), false) => print_report(report),
+        (Err(error), true) => println!(
+            "{}",
+            json!({ "outcome": exit.name(), "exit_code": exit.code(), "error": error.to_string() })
+        ),
+        (Err(error), false) => eprintln!("rowsync sync: {}: {error}", exit.name()),
+    }
+    Ok(exit)
+}
+
+async fn sync(
+    args: &SyncArgs,
+    options: &SyncOptions,
+    bar: &ProgressBar,
+) -> Result<SyncReport, ClientError> {
+    let mut client = Client::open_with_id(&args.db, args.client_id.as_deref())?;
+    for table in &args.track {
+        client.track(table)?;
+    }
+    client
+        .sync_with_progress(options, &mut |progress| show(bar, progress))
+        .await
+}
+
+fn read_password() -> Result<String> {
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .context("reading the password from standard input")?;
+    let password = line.trim_end_matches(['\r', '\n']).to_string();
+    if password.is_empty() {
+        bail!("--password-stdin: standard input held no password");
+    }
+    Ok(password)
+}
+
+/// A spinner with the counts on standard error when it is a terminal; hidden otherwise.
+fn progress_bar(json: bool) -> ProgressBar {
+    if json || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("{spinner} {elapsed} {msg}") {
+        bar.set_style(style);
+    }
+    // The spinner moves while the server prepares the download.
+    bar.enable_steady_tick(PROGRESS_TICK);
+    bar
+}
+
+fn show(bar: &ProgressBar, progress: &SyncProgress) {
+    bar.set_message(format!(
+        "up {}/{} rows {} | down {} rows {}",
+        progress.rows_uploaded,
+        progress.rows_to_upload,
+        bytes(progress.bytes_sent),
+        progress.rows_downloaded,
+        bytes(progress.bytes_received),
+    ));
+}
+
+fn bytes(count: u64) -> String {
+    match count {
+        0..1_000 => format!("{count} B"),
+        1_000..1_000_000 => format!("{:.1} kB", count as f64 / 1e3),
+        _ => format!("{:.1} MB", count as f64 / 1e6),
+    }
+}
+
+fn print_report(report: &SyncReport) {
+    println!(
+        "uploaded {} rows, downloaded {} rows, {} conflicts, {} sent, {} received, {:.2} s",
+        report.rows_uploaded,
+        report.rows_downloaded,
+        report.conflicts,
+        bytes(report.wire.sent),
+        bytes(report.wire.received),
+        report.elapsed.as_secs_f64(),
+    );
+    for conflict in &report.conflicted_rows {
+        let key = text_row(&conflict.key);
+        match &conflict.server_row {
+            Some(row) => println!(
+                "conflict: {} {key}: the server kept ({})",
+                conflict.table,
+                text_row(row)
+            ),
+            None => println!("conflict: {} {key}: the server deleted it", conflict.table),
+        }
+    }
+}
+
+fn text_row(row: &[Value]) -> String {
+    row.iter()
+        .map(|value| match value {
+            Value::Text(text) => format!("{text:?}"),
+            other => serde_json::to_value(other)
+                .map(|json| json.to_string())
+                .unwrap_or_else(|_| format!("{other:?}")),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn report_json(report: &SyncReport, exit: SyncExit) -> serde_json::Value {
+    let mut json = report.to_json();
+    json["outcome"] = exit.name().into();
+    json["exit_code"] = exit.code().into();
+    json
+}

@@ -1,0 +1,210 @@
+//! The MySQL and MariaDB backend (MariaDB 10.6+ and MySQL 8: `SKIP LOCKED`, invisible
+//! columns).
+//!
+//! Every session runs with `ANSI_QUOTES` and `PIPES_AS_CONCAT`, UTC and utf8mb4, so
+//! identifiers are quoted and scripts written as on the other backends. Uploads are
+//! staged in temporary tables by multi-row inserts with bound values and applied with
+//! one statement per operation. The download watermark comes from stamps given in
+//! commit order by a short stamper transaction before each sync: see `stamp`.
+
+mod error;
+mod events;
+mod query;
+mod schema;
+mod stage;
+mod stamp;
+mod transaction;
+pub mod value;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts, OptsBuilder};
+use rowsync_protocol::Row;
+
+use crate::version_scripts::ScriptCache;
+use crate::{
+    AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
+    DownloadSender, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
+};
+use error::db;
+
+/// What every rowsync session sets: standard quoting and concatenation, strict inserts,
+/// UTC, and text compared as the other backends compare it.
+const SESSION_SETUP: [&str; 2] = [
+    "SET SESSION sql_mode = 'ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'",
+    "SET time_zone = '+00:00', NAMES utf8mb4",
+];
+
+#[derive(Debug, Clone)]
+pub struct MysqlConsolidated {
+    opts: Opts,
+}
+
+impl MysqlConsolidated {
+    /// A consolidated database at a `mysql://user:password@host:port/database` URL.
+    pub fn new(url: &str) -> Result<MysqlConsolidated, DbError> {
+        let opts = Opts::from_url(url)
+            .map_err(|error| DbError::Invalid(format!("mysql URL {url:?}: {error}")))?;
+        let opts = OptsBuilder::from_opts(opts)
+            .init(SESSION_SETUP.to_vec())
+            // An update's count is of the rows it matched, as on the other backends.
+            .client_found_rows(true)
+            .into();
+        Ok(MysqlConsolidated { opts })
+    }
+}
+
+impl Consolidated for MysqlConsolidated {
+    type Connection = MysqlConnection;
+
+    async fn connect(&self) -> Result<MysqlConnection, DbError> {
+        let connection = Conn::new(self.opts.clone()).await.map_err(db)?;
+        Ok(MysqlConnection {
+            connection,
+            cache: ScriptCache::default(),
+            stamping: HashMap::new(),
+            sync_marked: false,
+        })
+    }
+}
+
+pub struct MysqlConnection {
+    connection: Conn,
+    cache: ScriptCache,
+    /// Each synchronized table's primary key, for the stamper (see `stamp`).
+    stamping: HashMap<String, stamp::StampedTable>,
+    /// Whether `@rs_sync` may still be set from a sync that did not commit: it must not
+    /// mark what other work on this connection writes.
+    sync_marked: bool,
+}
+
+impl MysqlConnection {
+    /// The driver's connection, for tools and tests that run their own SQL.
+    pub fn connection(&mut self) -> &mut Conn {
+        &mut self.connection
+    }
+
+    async fn clear_sync_mark(&mut self) -> Result<(), DbError> {
+        if self.sync_marked {
+            self.connection
+                .query_drop("SET @rs_sync = NULL")
+                .await
+                .map_err(db)?;
+            self.sync_marked = false;
+        }
+        Ok(())
+    }
+
+    /// Every synchronized table with its primary key, looked up once per table.
+    async fn stamped_tables(&mut self) -> Result<Vec<stamp::StampedTable>, DbError> {
+        let tables: Vec<String> = self
+            .connection
+            .query("SELECT table_name FROM rs_table ORDER BY table_name")
+            .await
+            .map_err(db)?;
+        let mut statements = Vec::with_capacity(tables.len());
+        for table in tables {
+            if !self.stamping.contains_key(&table) {
+                let Some((shape, _)) = schema::table_shape(&mut self.connection, &table).await?
+                else {
+                    continue;
+                };
+                let stamped = stamp::StampedTable {
+                    table: table.clone(),
+                    key_columns: shape.key_columns,
+                };
+                self.stamping.insert(table.clone(), stamped);
+            }
+            statements.push(self.stamping[&table].clone());
+        }
+        Ok(statements)
+    }
+}
+
+impl ConsolidatedConnection for MysqlConnection {
+    async fn install_system_tables(&mut self) -> Result<(), DbError> {
+        schema::install_system_tables(&mut self.connection).await
+    }
+
+    async fn set_user(&mut self, name: &str, password_hash: &str) -> Result<(), DbError> {
+        schema::set_user(&mut self.connection, name, password_hash).await
+    }
+
+    async fn password_hash(&mut self, name: &str) -> Result<Option<String>, DbError> {
+        schema::password_hash(&mut self.connection, name).await
+    }
+
+    async fn init_table(&mut self, init: &TableInit) -> Result<(), DbError> {
+        schema::init_table(&mut self.connection, init).await
+    }
+
+    async fn synchronize(
+        &mut self,
+        request: Arc<SyncRequest>,
+        download: DownloadSender,
+    ) -> Result<SyncOutcome, SyncError> {
+        self.clear_sync_mark().await?;
+        let scripts = events::scripts_for(
+            &mut self.connection,
+            &mut self.cache,
+            &request.script_version,
+        )
+        .await?;
+        crate::driver::synchronize(self, &scripts, &request, &download).await
+    }
+
+    async fn authenticate(&mut self, request: &AuthRequest) -> Result<AuthCheck, SyncError> {
+        self.clear_sync_mark().await?;
+        events::authenticate(&mut self.connection, &mut self.cache, request).await
+    }
+
+    async fn acknowledge_download(
+        &mut self,
+        request: &DownloadAckRequest,
+    ) -> Result<bool, SyncError> {
+        self.clear_sync_mark().await?;
+        events::acknowledge_download(&mut self.connection, &mut self.cache, request).await
+    }
+
+    async fn scripts(&mut self, script_version: Option<&str>) -> Result<Vec<ScriptEntry>, DbError> {
+        schema::scripts(&mut self.connection, script_version).await
+    }
+
+    async fn set_script(&mut self, entry: &ScriptEntry) -> Result<(), DbError> {
+        schema::set_script(&mut self.connection, entry).await
+    }
+
+    async fn remove_script(
+        &mut self,
+        script_version: &str,
+        table: &str,
+        event: &str,
+    ) -> Result<bool, DbError> {
+        schema::remove_script(&mut self.connection, script_version, table, event).await
+    }
+
+    async fn add_script_version(&mut self, name: &str, description: &str) -> Result<(), DbError> {
+        schema::add_script_version(&mut self.connection, name, description).await
+    }
+
+    async fn script_versions(&mut self) -> Result<Vec<(String, String)>, DbError> {
+        schema::script_versions(&mut self.connection).await
+    }
+
+    async fn cleanup(&mut self) -> Result<u64, DbError> {
+        schema::cleanup(&mut self.connection).await
+    }
+
+    async fn execute_sql(&mut self, sql: &str) -> Result<(), DbError> {
+        self.connection.query_drop(sql).await.map_err(db)
+    }
+
+    async fn query_sql(&mut self, sql: &str) -> Result<Vec<Row>, DbError> {
+        let rows: Vec<mysql_async::Row> = self.connection.query(sql).await.map_err(db)?;
+        rows.into_iter()
+            .map(|row| value::read_row(row).map_err(DbError::Invalid))
+            .collect()
+    }
+}

@@ -1,0 +1,692 @@
+//! System tables, users, scripts, table shapes and `init` (change tracking plus the
+//! default scripts) for MySQL and MariaDB.
+//!
+//! Every rowsync session runs with `ANSI_QUOTES` and `PIPES_AS_CONCAT` (see `mod.rs`), so
+//! generated SQL quotes identifiers as the other backends do and scripts concatenate
+//! with `||`.
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, TxOpts};
+
+use super::error::db;
+use super::stamp;
+use crate::names::{column_list, key_match};
+use crate::scripts::*;
+use crate::shape::{Column, TableShape};
+use crate::{quote_identifier as q, DbError, ScriptEntry, TableInit};
+
+/// Text columns of system tables compare byte for byte, as on the other backends.
+const NAME: &str = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
+const LONG_TEXT: &str = "LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
+
+fn system_tables() -> Vec<String> {
+    vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS rs_user (name {NAME} PRIMARY KEY, password_hash {LONG_TEXT} NOT NULL,
+             created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS rs_script_version (name {NAME} PRIMARY KEY, description {LONG_TEXT} NOT NULL,
+             revision BIGINT NOT NULL DEFAULT 0, created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS rs_script (script_version {NAME} NOT NULL, table_name {NAME} NOT NULL DEFAULT '',
+             event {NAME} NOT NULL, script {LONG_TEXT} NOT NULL, PRIMARY KEY (script_version, table_name, event),
+             FOREIGN KEY (script_version) REFERENCES rs_script_version (name)) ENGINE = InnoDB"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS rs_subscription (client_id {NAME} PRIMARY KEY, user_name {NAME} NOT NULL,
+             script_version {NAME} NOT NULL, upload_sequence BIGINT NOT NULL DEFAULT 0,
+             download_watermark BIGINT NOT NULL DEFAULT 0, download_acknowledged BIGINT NOT NULL DEFAULT 0,
+             last_sync_xid BIGINT NOT NULL DEFAULT 0, last_sync_at TIMESTAMP(6) NULL) ENGINE = InnoDB"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS rs_table (table_name {NAME} PRIMARY KEY, partition_column {NAME} NOT NULL) ENGINE = InnoDB"
+        ),
+        // Named counters: `clock` (the stamps, see `stamp`) and `revision` (script
+        // versions). MySQL has no sequences; a row each is what both servers have.
+        format!(
+            "CREATE TABLE IF NOT EXISTS rs_counter (name {NAME} PRIMARY KEY, value BIGINT NOT NULL) ENGINE = InnoDB"
+        ),
+        "INSERT IGNORE INTO rs_counter (name, value) VALUES ('clock', 0), ('revision', 0)".into(),
+        // The watermark each sync in flight will hand out, by connection: cleanup keeps
+        // the tombstones they will need (see `stamp`).
+        // One row per client id, locked by its sync in flight (one sync per client).
+        format!("CREATE TABLE IF NOT EXISTS rs_sync_lock (client_id {NAME} PRIMARY KEY) ENGINE = InnoDB"),
+        "CREATE TABLE IF NOT EXISTS rs_sync_in_flight (connection_id BIGINT PRIMARY KEY, watermark BIGINT NOT NULL) ENGINE = InnoDB".into(),
+    ]
+}
+
+/// Every change of a script gives its version a new revision (from a counter that never
+/// repeats), so servers reload it at their next sync of that version.
+fn revision_triggers() -> Vec<String> {
+    let bump = "UPDATE rs_counter SET value = value + 1 WHERE name = 'revision';";
+    let revision = "(SELECT value FROM rs_counter WHERE name = 'revision')";
+    let mut statements = Vec::new();
+    for (event, names) in [
+        ("INSERT", "NEW.script_version"),
+        ("UPDATE", "OLD.script_version, NEW.script_version"),
+        ("DELETE", "OLD.script_version"),
+    ] {
+        let trigger = format!("rs_script_{}", event.to_lowercase());
+        statements.push(format!("DROP TRIGGER IF EXISTS {trigger}"));
+        statements.push(format!(
+            "CREATE TRIGGER {trigger} AFTER {event} ON rs_script FOR EACH ROW BEGIN {bump}
+             UPDATE rs_script_version SET revision = {revision} WHERE name IN ({names}); END"
+        ));
+    }
+    statements
+}
+
+/// Serializes concurrent installers and inits (DDL races on `IF NOT EXISTS`).
+const INSTALL_LOCK: &str = "rowsync_install";
+const INSTALL_LOCK_WAIT_S: u32 = 60;
+
+async fn with_install_lock<T>(
+    connection: &mut Conn,
+    work: impl AsyncFnOnce(&mut Conn) -> Result<T, DbError>,
+) -> Result<T, DbError> {
+    let locked: Option<i64> = connection
+        .exec_first("SELECT GET_LOCK(?, ?)", (INSTALL_LOCK, INSTALL_LOCK_WAIT_S))
+        .await
+        .map_err(db)?;
+    if locked != Some(1) {
+        return Err(DbError::Invalid(format!(
+            "another installer held {INSTALL_LOCK:?} for {INSTALL_LOCK_WAIT_S} s"
+        )));
+    }
+    let done = work(connection).await;
+    connection
+        .exec_drop("DO RELEASE_LOCK(?)", (INSTALL_LOCK,))
+        .await
+        .map_err(db)?;
+    done
+}
+
+async fn install_unlocked(connection: &mut Conn) -> Result<(), DbError> {
+    for statement in system_tables().into_iter().chain(revision_triggers()) {
+        connection.query_drop(statement).await.map_err(db)?;
+    }
+    Ok(())
+}
+
+pub async fn install_system_tables(connection: &mut Conn) -> Result<(), DbError> {
+    with_install_lock(connection, async |connection| {
+        install_unlocked(connection).await
+    })
+    .await
+}
+
+pub async fn set_user(
+    connection: &mut Conn,
+    name: &str,
+    password_hash: &str,
+) -> Result<(), DbError> {
+    if name.is_empty() {
+        return Err(DbError::Invalid("a user name must not be empty".into()));
+    }
+    connection
+        .exec_drop(
+            "INSERT INTO rs_user (name, password_hash) VALUES (?, ?)
+             ON DUPLICATE KEY UPDATE password_hash = VALUES(password_hash)",
+            (name, password_hash),
+        )
+        .await
+        .map_err(db)
+}
+
+pub async fn password_hash(connection: &mut Conn, name: &str) -> Result<Option<String>, DbError> {
+    connection
+        .exec_first("SELECT password_hash FROM rs_user WHERE name = ?", (name,))
+        .await
+        .map_err(db)
+}
+
+/// One column of a table as `information_schema` describes it.
+pub struct ColumnInfo {
+    pub name: String,
+    /// The full type, as a column definition takes it (`varchar(20)`, `decimal(30,6)`).
+    pub column_type: String,
+    /// The type's name alone (`varchar`, `text`), to know which need an index prefix.
+    pub data_type: String,
+}
+
+/// Columns rowsync adds to a synchronized table (invisible to `SELECT *`).
+pub const STAMP_COLUMN: &str = "rs_stamp";
+pub const ORIGIN_COLUMN: &str = "rs_origin";
+
+/// A table's shape and its columns' types, `None` if it does not exist.
+pub async fn table_shape(
+    connection: &mut impl Queryable,
+    table: &str,
+) -> Result<Option<(TableShape, Vec<ColumnInfo>)>, DbError> {
+    let rows: Vec<(String, String, String, i64)> = connection
+        .exec(
+            "SELECT c.COLUMN_NAME, c.COLUMN_TYPE, c.DATA_TYPE, COALESCE(s.SEQ_IN_INDEX, 0)
+             FROM information_schema.COLUMNS AS c
+             LEFT JOIN information_schema.STATISTICS AS s ON s.TABLE_SCHEMA = c.TABLE_SCHEMA
+                 AND s.TABLE_NAME = c.TABLE_NAME AND s.COLUMN_NAME = c.COLUMN_NAME AND s.INDEX_NAME = 'PRIMARY'
+             WHERE c.TABLE_SCHEMA = DATABASE() AND c.TABLE_NAME = ? AND c.COLUMN_NAME NOT IN (?, ?)
+             ORDER BY c.ORDINAL_POSITION",
+            (table, STAMP_COLUMN, ORIGIN_COLUMN),
+        )
+        .await
+        .map_err(db)?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let mut keys: Vec<(i64, String)> = Vec::new();
+    let mut columns = Vec::new();
+    let mut infos = Vec::new();
+    for (name, column_type, data_type, key_position) in rows {
+        if key_position > 0 {
+            keys.push((key_position, name.clone()));
+        }
+        columns.push(Column { name: name.clone() });
+        infos.push(ColumnInfo {
+            name,
+            column_type,
+            data_type: data_type.to_lowercase(),
+        });
+    }
+    keys.sort();
+    let shape = TableShape {
+        name: table.to_string(),
+        columns,
+        key_columns: keys.into_iter().map(|(_, name)| name).collect(),
+    };
+    Ok(Some((shape, infos)))
+}
+
+pub fn tombstone_table(table: &str) -> String {
+    format!("rs_tombstone_{table}")
+}
+
+/// MySQL's identifiers are at most 64 characters; the longest derived name is
+/// `rs_tombstone_<T>_partition`.
+const TABLE_NAME_CHARS_MAX: usize = 64 - "rs_tombstone__partition".len();
+
+/// Characters of a text partition value an index holds (utf8mb4: 4 bytes each, well
+/// under InnoDB's 3072-byte key).
+const PARTITION_INDEX_PREFIX_CHARS: u32 = 191;
+
+pub async fn init_table(connection: &mut Conn, init: &TableInit) -> Result<(), DbError> {
+    if init.table.starts_with("rs_") {
+        return Err(DbError::Invalid(
+            "tables named rs_* are rowsync's own".into(),
+        ));
+    }
+    if init.table.chars().count() > TABLE_NAME_CHARS_MAX {
+        return Err(DbError::Invalid(format!(
+            "table name {:?} is longer than {TABLE_NAME_CHARS_MAX} characters, too long for the names rowsync derives from it",
+            init.table
+        )));
+    }
+    let init = init.clone();
+    with_install_lock(connection, async move |connection| {
+        install_unlocked(connection).await?;
+        let (shape, infos) = table_shape(connection, &init.table)
+            .await?
+            .ok_or_else(|| DbError::Invalid(format!("table {:?} does not exist", init.table)))?;
+        if shape.key_columns.is_empty() {
+            return Err(DbError::Invalid(format!(
+                "table {:?} has no primary key; rowsync identifies rows by their primary key",
+                init.table
+            )));
+        }
+        let Some(partition) = infos.iter().find(|info| info.name == init.partition_column) else {
+            return Err(DbError::Invalid(format!(
+                "table {:?} has no column {:?} to partition by",
+                init.table, init.partition_column
+            )));
+        };
+        // DDL commits as it goes in MySQL: each statement below is idempotent, and the
+        // table is registered (with its scripts) only once all of them ran.
+        for statement in tracking_ddl(connection, &shape, &infos, partition).await? {
+            connection.query_drop(statement).await.map_err(db)?;
+        }
+        register(connection, &shape, &init).await
+    })
+    .await
+}
+
+/// Stamps the rows already in the table and registers it with its default scripts, in one
+/// transaction: a sync that sees the scripts has a watermark at or below the stamp.
+async fn register(
+    connection: &mut Conn,
+    shape: &TableShape,
+    init: &TableInit,
+) -> Result<(), DbError> {
+    let mut transaction = connection
+        .start_transaction(TxOpts::default())
+        .await
+        .map_err(db)?;
+    let stamp = stamp::next_stamp(&mut transaction).await?;
+    transaction
+        .query_drop("SET @rs_stamping = 1")
+        .await
+        .map_err(db)?;
+    let stamped = transaction
+        .exec_drop(
+            format!(
+                "UPDATE {} SET {} = ? WHERE {} IS NULL",
+                q(&shape.name),
+                q(STAMP_COLUMN),
+                q(STAMP_COLUMN)
+            ),
+            (stamp,),
+        )
+        .await;
+    transaction
+        .query_drop("SET @rs_stamping = NULL")
+        .await
+        .map_err(db)?;
+    stamped.map_err(db)?;
+    stamp::set_clock(&mut transaction, stamp).await?;
+    transaction
+        .exec_drop(
+            "INSERT INTO rs_table (table_name, partition_column) VALUES (?, ?)
+             ON DUPLICATE KEY UPDATE partition_column = VALUES(partition_column)",
+            (&init.table, &init.partition_column),
+        )
+        .await
+        .map_err(db)?;
+    transaction
+        .exec_drop(
+            "INSERT IGNORE INTO rs_script_version (name, description) VALUES (?, '')",
+            (&init.script_version,),
+        )
+        .await
+        .map_err(db)?;
+    for (event, script) in default_scripts(shape, &init.partition_column) {
+        transaction
+            .exec_drop(
+                "INSERT INTO rs_script (script_version, table_name, event, script) VALUES (?, ?, ?, ?)
+                 ON DUPLICATE KEY UPDATE script = VALUES(script)",
+                (&init.script_version, &init.table, event, script),
+            )
+            .await
+            .map_err(db)?;
+    }
+    transaction.commit().await.map_err(db)
+}
+
+/// `col` or `col(191)`: a column as an index takes it (text and blob types need a prefix).
+fn indexed(info: &ColumnInfo) -> String {
+    if info.data_type.ends_with("text") || info.data_type.ends_with("blob") {
+        format!("{}({PARTITION_INDEX_PREFIX_CHARS})", q(&info.name))
+    } else {
+        q(&info.name)
+    }
+}
+
+async fn has_column(connection: &mut Conn, table: &str, column: &str) -> Result<bool, DbError> {
+    let found: Option<i64> = connection
+        .exec_first(
+            "SELECT 1 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+            (table, column),
+        )
+        .await
+        .map_err(db)?;
+    Ok(found.is_some())
+}
+
+async fn has_index(connection: &mut Conn, table: &str, index: &str) -> Result<bool, DbError> {
+    let found: Option<i64> = connection
+        .exec_first(
+            "SELECT 1 FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND INDEX_NAME = ? LIMIT 1",
+            (table, index),
+        )
+        .await
+        .map_err(db)?;
+    Ok(found.is_some())
+}
+
+/// Change tracking. Every row carries a stamp (`rs_stamp`, NULL until a stamper gives it
+/// the clock's next value, in commit order: see `stamp`) and the stamp of the sync that
+/// wrote it (`rs_origin`, from the session's `@rs_sync`; 0 for other writers). Triggers
+/// clear the stamp on every write but the stamper's own (`@rs_stamping`), and append a
+/// tombstone (unstamped too) for each deleted row and each row that left its key or
+/// partition. Both columns are invisible, so `SELECT *` and column-less inserts are as
+/// before. Only `IF EXISTS`/`IF NOT EXISTS` forms and checks run here, so `init` can be
+/// repeated, on MySQL too (which lacks `ADD COLUMN IF NOT EXISTS`).
+async fn tracking_ddl(
+    connection: &mut Conn,
+    shape: &TableShape,
+    infos: &[ColumnInfo],
+    partition: &ColumnInfo,
+) -> Result<Vec<String>, DbError> {
+    let name = &shape.name;
+    let table = q(name);
+    let tombstones = q(&tombstone_table(name));
+    let keys = &shape.key_columns;
+    let stamp = q(STAMP_COLUMN);
+    let origin = q(ORIGIN_COLUMN);
+    let mut statements = Vec::new();
+    if !has_column(connection, name, STAMP_COLUMN).await? {
+        statements.push(format!(
+            "ALTER TABLE {table} ADD COLUMN {stamp} BIGINT NULL INVISIBLE, ADD COLUMN {origin} BIGINT NOT NULL DEFAULT 0 INVISIBLE"
+        ));
+    }
+    let stamp_index = format!("rs_stamp_{name}");
+    if !has_index(connection, name, &stamp_index).await? {
+        statements.push(format!(
+            "CREATE INDEX {} ON {table} ({stamp})",
+            q(&stamp_index)
+        ));
+    }
+    let partition_index = format!("rs_partition_{name}");
+    if !has_index(connection, name, &partition_index).await? {
+        statements.push(format!(
+            "CREATE INDEX {} ON {table} ({}, {stamp})",
+            q(&partition_index),
+            indexed(partition)
+        ));
+    }
+    let key_definitions = keys
+        .iter()
+        .map(|key| {
+            let info = infos
+                .iter()
+                .find(|info| &info.name == key)
+                .expect("key is a column");
+            format!("{} {}", q(key), info.column_type)
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    statements.push(format!(
+        "CREATE TABLE IF NOT EXISTS {tombstones} (rs_id BIGINT AUTO_INCREMENT PRIMARY KEY, {key_definitions},
+         rs_partition {LONG_TEXT} NOT NULL, stamp BIGINT NULL, origin BIGINT NOT NULL DEFAULT 0,
+         INDEX {stamp_index} (stamp), INDEX {partition_index} (rs_partition({PARTITION_INDEX_PREFIX_CHARS}), stamp)) ENGINE = InnoDB",
+        stamp_index = q(&format!("{}_stamp", tombstone_table(name))),
+        partition_index = q(&format!("{}_partition", tombstone_table(name))),
+    ));
+    statements.extend(tracking_triggers(shape, &partition.name));
+    Ok(statements)
+}
+
+/// The four row triggers of `tracking_ddl`, each dropped and created again.
+fn tracking_triggers(shape: &TableShape, partition_column: &str) -> Vec<String> {
+    let name = &shape.name;
+    let table = q(name);
+    let tombstones = q(&tombstone_table(name));
+    let keys = &shape.key_columns;
+    let stamp = q(STAMP_COLUMN);
+    let origin = q(ORIGIN_COLUMN);
+    let p = q(partition_column);
+    let partition_name = partition_column.to_string();
+    let mut statements = Vec::new();
+    let unstamp = format!(
+        "IF @rs_stamping IS NULL THEN SET NEW.{stamp} = NULL, NEW.{origin} = COALESCE(@rs_sync, 0); END IF;"
+    );
+    let tombstone = format!(
+        "INSERT INTO {tombstones} ({}, rs_partition, stamp, origin) VALUES ({}, OLD.{p}, NULL, COALESCE(@rs_sync, 0));",
+        column_list(keys, ""),
+        column_list(keys, "OLD."),
+    );
+    let moved = keys
+        .iter()
+        .chain(std::iter::once(&partition_name))
+        .map(|column| format!("NOT (OLD.{c} <=> NEW.{c})", c = q(column)))
+        .collect::<Vec<_>>()
+        .join(" OR ");
+    let trigger = |kind: &str| q(&format!("rs_{kind}_{name}"));
+    for (kind, when, body) in [
+        ("insert", "BEFORE INSERT", unstamp.clone()),
+        ("update", "BEFORE UPDATE", unstamp),
+        (
+            "moved",
+            "AFTER UPDATE",
+            format!("IF ({moved}) AND OLD.{p} IS NOT NULL THEN {tombstone} END IF;"),
+        ),
+        (
+            "delete",
+            "AFTER DELETE",
+            format!("IF OLD.{p} IS NOT NULL THEN {tombstone} END IF;"),
+        ),
+    ] {
+        statements.push(format!("DROP TRIGGER IF EXISTS {}", trigger(kind)));
+        statements.push(format!(
+            "CREATE TRIGGER {} {when} ON {table} FOR EACH ROW BEGIN {body} END",
+            trigger(kind)
+        ));
+    }
+    statements
+}
+
+/// The default set scripts. `{upload}` and `{keys}` are temporary tables, each named once
+/// per statement (MySQL cannot open a temporary table twice in one statement).
+pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'static str, String)> {
+    let table = q(&shape.name);
+    let partition = q(partition_column);
+    let all: Vec<String> = shape
+        .columns
+        .iter()
+        .map(|column| column.name.clone())
+        .collect();
+    let keys = &shape.key_columns;
+    let non_keys: Vec<&String> = all.iter().filter(|name| !keys.contains(name)).collect();
+    let set_new = if non_keys.is_empty() {
+        // Nothing but key columns: an update can change nothing; keep conflict detection.
+        format!("t.{k} = u.{k}", k = q(&keys[0]))
+    } else {
+        non_keys
+            .iter()
+            .map(|name| format!("t.{c} = u.{c}", c = q(name)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let old_matches = all
+        .iter()
+        .map(|name| {
+            format!(
+                "t.{c} <=> u.{old}",
+                c = q(name),
+                old = q(&format!("{OLD_IMAGE_PREFIX}{name}"))
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let table_columns = column_list(&all, "t.");
+    let tu = key_match(keys, "t", "u");
+    vec![
+        (
+            UPLOAD_INSERT,
+            format!(
+                "INSERT INTO {table} ({columns}) SELECT {upload_columns} FROM {UPLOAD_PLACEHOLDER} AS u \
+                 WHERE u.{partition} = :user AND NOT EXISTS (SELECT 1 FROM {table} AS t WHERE {tu})",
+                columns = column_list(&all, ""),
+                upload_columns = column_list(&all, "u."),
+            ),
+        ),
+        (
+            UPLOAD_UPDATE,
+            format!(
+                "UPDATE {table} AS t JOIN {UPLOAD_PLACEHOLDER} AS u ON {tu} SET {set_new} \
+                 WHERE t.{partition} = :user AND u.{partition} = :user AND {old_matches}"
+            ),
+        ),
+        (
+            UPLOAD_DELETE,
+            format!("DELETE t FROM {table} AS t JOIN {UPLOAD_PLACEHOLDER} AS u ON {tu} WHERE t.{partition} = :user"),
+        ),
+        (
+            UPLOAD_FETCH,
+            format!(
+                "SELECT {table_columns} FROM {table} AS t JOIN {KEYS_PLACEHOLDER} AS k ON {m} WHERE t.{partition} = :user",
+                m = key_match(keys, "t", "k")
+            ),
+        ),
+        (
+            DOWNLOAD_CURSOR,
+            format!(
+                "SELECT {table_columns} FROM {table} AS t WHERE t.{partition} = :user \
+                 AND (t.{stamp} >= :last_download OR t.{stamp} IS NULL) AND (t.{origin} = 0 OR t.{origin} <> :last_sync_xid)",
+                stamp = q(STAMP_COLUMN),
+                origin = q(ORIGIN_COLUMN),
+            ),
+        ),
+        (
+            DOWNLOAD_DELETE_CURSOR,
+            // Keys back in the partition are downloaded as rows; their tombstones are moot.
+            format!(
+                "SELECT {key_list} FROM {tombstones} AS d WHERE d.rs_partition = :user AND (d.stamp >= :last_download OR d.stamp IS NULL) \
+                 AND (d.origin = 0 OR d.origin <> :last_sync_xid) AND NOT EXISTS (SELECT 1 FROM {table} AS t WHERE {td} AND t.{partition} = :user)",
+                key_list = column_list(keys, "d."),
+                tombstones = q(&tombstone_table(&shape.name)),
+                td = key_match(keys, "t", "d"),
+            ),
+        ),
+    ]
+}
+
+/// See `ConsolidatedConnection::cleanup`: drops tombstones below every watermark a
+/// client acknowledged and every watermark a sync in flight will hand out. It takes no
+/// lock a sync waits for: syncs in flight announce their watermark before they read
+/// anything (`rs_sync_in_flight`, committed by their stamper), so none is taken from them.
+pub async fn cleanup(connection: &mut Conn) -> Result<u64, DbError> {
+    // Announcements of connections that are gone (a sync that never finished).
+    connection
+        .query_drop(
+            "DELETE FROM rs_sync_in_flight WHERE connection_id NOT IN (SELECT ID FROM information_schema.PROCESSLIST)",
+        )
+        .await
+        .map_err(db)?;
+    // With no subscription and no sync in flight, every future client starts empty:
+    // all tombstones go.
+    let threshold: Option<i64> = connection
+        .query_first(
+            "SELECT LEAST(
+                 COALESCE((SELECT min(download_acknowledged) FROM rs_subscription), 9223372036854775807),
+                 COALESCE((SELECT min(watermark) FROM rs_sync_in_flight), 9223372036854775807),
+                 (SELECT value + 1 FROM rs_counter WHERE name = 'clock'))",
+        )
+        .await
+        .map_err(db)?;
+    let threshold = threshold.unwrap_or(0);
+    let tables: Vec<String> = connection
+        .query("SELECT table_name FROM rs_table")
+        .await
+        .map_err(db)?;
+    let mut removed = 0;
+    for table in tables {
+        connection
+            .exec_drop(
+                format!(
+                    "DELETE FROM {} WHERE stamp < ?",
+                    q(&tombstone_table(&table))
+                ),
+                (threshold,),
+            )
+            .await
+            .map_err(db)?;
+        removed += connection.affected_rows();
+    }
+    Ok(removed)
+}
+
+pub async fn scripts(
+    connection: &mut Conn,
+    script_version: Option<&str>,
+) -> Result<Vec<ScriptEntry>, DbError> {
+    let rows: Vec<(String, String, String, String)> = connection
+        .exec(
+            "SELECT script_version, table_name, event, script FROM rs_script
+             WHERE ? IS NULL OR script_version = ? ORDER BY 1, 2, 3",
+            (script_version, script_version),
+        )
+        .await
+        .map_err(db)?;
+    Ok(rows
+        .into_iter()
+        .map(|(script_version, table, event, script)| ScriptEntry {
+            script_version,
+            table,
+            event,
+            script,
+        })
+        .collect())
+}
+
+pub async fn set_script(connection: &mut Conn, entry: &ScriptEntry) -> Result<(), DbError> {
+    check_event(&entry.table, &entry.event).map_err(DbError::Invalid)?;
+    let known: Option<i64> = connection
+        .exec_first(
+            "SELECT 1 FROM rs_script_version WHERE name = ?",
+            (&entry.script_version,),
+        )
+        .await
+        .map_err(db)?;
+    if known.is_none() {
+        return Err(DbError::Invalid(format!(
+            "script version {:?} does not exist; add it with `rowsync version add`",
+            entry.script_version
+        )));
+    }
+    connection
+        .exec_drop(
+            "INSERT INTO rs_script (script_version, table_name, event, script) VALUES (?, ?, ?, ?)
+             ON DUPLICATE KEY UPDATE script = VALUES(script)",
+            (
+                &entry.script_version,
+                &entry.table,
+                &entry.event,
+                &entry.script,
+            ),
+        )
+        .await
+        .map_err(db)
+}
+
+pub async fn remove_script(
+    connection: &mut Conn,
+    script_version: &str,
+    table: &str,
+    event: &str,
+) -> Result<bool, DbError> {
+    connection
+        .exec_drop(
+            "DELETE FROM rs_script WHERE script_version = ? AND table_name = ? AND event = ?",
+            (script_version, table, event),
+        )
+        .await
+        .map_err(db)?;
+    Ok(connection.affected_rows() > 0)
+}
+
+pub async fn add_script_version(
+    connection: &mut Conn,
+    name: &str,
+    description: &str,
+) -> Result<(), DbError> {
+    if name.is_empty() {
+        return Err(DbError::Invalid(
+            "a script version name must not be empty".into(),
+        ));
+    }
+    let mut transaction = connection
+        .start_transaction(TxOpts::default())
+        .await
+        .map_err(db)?;
+    transaction
+        .query_drop("UPDATE rs_counter SET value = value + 1 WHERE name = 'revision'")
+        .await
+        .map_err(db)?;
+    transaction
+        .exec_drop(
+            "INSERT INTO rs_script_version (name, description, revision)
+             VALUES (?, ?, (SELECT value FROM rs_counter WHERE name = 'revision'))
+             ON DUPLICATE KEY UPDATE description = VALUES(description)",
+            (name, description),
+        )
+        .await
+        .map_err(db)?;
+    transaction.commit().await.map_err(db)
+}
+
+pub async fn script_versions(connection: &mut Conn) -> Result<Vec<(String, String)>, DbError> {
+    connection
+        .query("SELECT name, description FROM rs_script_version ORDER BY name")
+        .await
+        .map_err(db)
+}

@@ -1,0 +1,189 @@
+//! Staging an upload on MySQL: a temporary table per kind and table, shaped like the
+//! table (`CREATE TEMPORARY TABLE ... AS SELECT`, columns nullable through an outer
+//! join), filled by multi-row inserts of bound values; and finding what of it did not
+//! land.
+
+use mysql_async::prelude::Queryable;
+use mysql_async::Transaction;
+use rowsync_protocol::{Row, Value};
+
+use super::error::{db, refused_value};
+use super::query::{bind_script, run};
+use super::value::bind_all;
+use crate::dialect::{StagedRows, TableApply};
+use crate::names::{column_list, key_match};
+use crate::scripts::*;
+use crate::shape::TableShape;
+use crate::{quote_identifier as q, SyncError};
+
+/// Rows per staging insert (MySQL takes at most 65,535 bound values per statement).
+const STAGE_INSERT_ROWS_MAX: usize = 1000;
+const STATEMENT_VALUES_MAX: usize = 65_535;
+
+/// A temporary staging table of this connection, made afresh for each use (temporary
+/// tables neither commit a transaction nor outlive the session).
+pub(super) struct Stage {
+    pub(super) name: String,
+    columns: Vec<String>,
+    key_columns: Vec<String>,
+}
+
+impl Stage {
+    pub(super) async fn create(
+        transaction: &mut Transaction<'_>,
+        kind: &str,
+        shape: &TableShape,
+        columns: &[String],
+        with_old_image: bool,
+        with_operation: bool,
+    ) -> Result<Stage, SyncError> {
+        let name = q(&format!("rs_stage_{kind}_{}", shape.name));
+        let mut select: Vec<String> = Vec::new();
+        let mut staged = Vec::new();
+        if with_operation {
+            select.push(format!(
+                "CAST('' AS CHAR(16)) AS {}",
+                q(CONFLICT_OPERATION_COLUMN)
+            ));
+            staged.push(CONFLICT_OPERATION_COLUMN.to_string());
+        }
+        select.extend(columns.iter().map(|column| format!("t.{}", q(column))));
+        staged.extend(columns.iter().cloned());
+        if with_old_image {
+            for column in columns {
+                let old = format!("{OLD_IMAGE_PREFIX}{column}");
+                select.push(format!("t.{} AS {}", q(column), q(&old)));
+                staged.push(old);
+            }
+        }
+        transaction
+            .query_drop(format!("DROP TEMPORARY TABLE IF EXISTS {name}"))
+            .await
+            .map_err(db)?;
+        transaction
+            .query_drop(format!(
+                "CREATE TEMPORARY TABLE {name} AS SELECT {} FROM (SELECT 1 AS rs_one) AS rs_one \
+                 LEFT JOIN {} AS t ON FALSE LIMIT 0",
+                select.join(", "),
+                q(&shape.name)
+            ))
+            .await
+            .map_err(db)?;
+        Ok(Stage {
+            name,
+            columns: staged,
+            key_columns: shape.key_columns.clone(),
+        })
+    }
+
+    /// Inserts rows in batches; a value a column cannot take is refused by table.
+    pub(super) async fn load(
+        &self,
+        transaction: &mut Transaction<'_>,
+        table: &str,
+        rows: &[Vec<&Value>],
+    ) -> Result<(), SyncError> {
+        let width = self.columns.len().max(1);
+        let batch_rows = STAGE_INSERT_ROWS_MAX
+            .min(STATEMENT_VALUES_MAX / width)
+            .max(1);
+        let one_row = format!("({})", vec!["?"; width].join(", "));
+        for batch in rows.chunks(batch_rows) {
+            let sql = format!(
+                "INSERT INTO {} ({}) VALUES {}",
+                self.name,
+                column_list(&self.columns, ""),
+                vec![one_row.as_str(); batch.len()].join(", ")
+            );
+            transaction
+                .exec_drop(sql, bind_all(batch.iter().flatten().copied()))
+                .await
+                .map_err(|error| refused_value(table, error))?;
+        }
+        Ok(())
+    }
+
+    fn key_list(&self, alias: &str) -> String {
+        column_list(&self.key_columns, &format!("{alias}."))
+    }
+}
+
+/// See `Dialect::apply_staged`.
+pub(super) async fn apply_staged(
+    transaction: &mut Transaction<'_>,
+    context: &TableApply<'_>,
+    staged: StagedRows<'_, '_>,
+) -> Result<Vec<Row>, SyncError> {
+    let table = context.table();
+    let event = staged.event;
+    let stage = Stage::create(
+        transaction,
+        staged.kind,
+        context.shape,
+        staged.columns,
+        event == UPLOAD_UPDATE,
+        false,
+    )
+    .await?;
+    stage.load(transaction, table, &staged.rows).await?;
+    let changed = if staged.run_script {
+        let script = context
+            .scripts
+            .expand(table, event, &[(UPLOAD_PLACEHOLDER, &stage.name)])?;
+        let (sql, values) = bind_script(&script, context.parameters, None, table, event)?;
+        run(transaction, &sql, &values, table, event).await?.1 as usize
+    } else {
+        0
+    };
+    if changed >= staged.rows.len() && event != UPLOAD_DELETE {
+        return Ok(Vec::new());
+    }
+    unlanded_keys(transaction, context, event, &stage).await
+}
+
+/// The staged keys the table does not reflect: for deletes, keys still present (deleting
+/// a key already gone is fine); else rows whose new image the table does not hold in the
+/// user's partition.
+async fn unlanded_keys(
+    transaction: &mut Transaction<'_>,
+    context: &TableApply<'_>,
+    event: &str,
+    stage: &Stage,
+) -> Result<Vec<Row>, SyncError> {
+    let table = q(context.table());
+    let (condition, values) = if event == UPLOAD_DELETE {
+        (
+            format!(
+                "EXISTS (SELECT 1 FROM {table} AS t WHERE {})",
+                key_match(&stage.key_columns, "t", "s")
+            ),
+            Vec::new(),
+        )
+    } else {
+        let mut matches: Vec<String> = stage
+            .columns
+            .iter()
+            .filter(|column| !column.starts_with(OLD_IMAGE_PREFIX))
+            .map(|column| format!("t.{c} <=> s.{c}", c = q(column)))
+            .collect();
+        let mut values = Vec::new();
+        if let Some(partition) = context.partition_column {
+            matches.push(format!("t.{} = ?", q(partition)));
+            values.push(Value::Text(context.parameters.user.to_string()));
+        }
+        (
+            format!(
+                "NOT EXISTS (SELECT 1 FROM {table} AS t WHERE {})",
+                matches.join(" AND ")
+            ),
+            values,
+        )
+    };
+    let sql = format!(
+        "SELECT {} FROM {} AS s WHERE {condition}",
+        stage.key_list("s"),
+        stage.name
+    );
+    let ((_, keys), _) = run(transaction, &sql, &values, context.table(), event).await?;
+    Ok(keys)
+}

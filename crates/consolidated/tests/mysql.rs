@@ -1,0 +1,77 @@
+//! The conformance suite against the MySQL backend, on a throwaway MariaDB server (see
+//! `rowsync-testkit`), a fresh database per test.
+
+mod conformance;
+
+use conformance::{CastType, Factory, RawSql};
+use mysql_async::prelude::Queryable;
+use mysql_async::Conn;
+use rowsync_consolidated::mysql::value::read_row;
+use rowsync_consolidated::mysql::MysqlConsolidated;
+use rowsync_protocol::Value;
+
+struct MysqlFactory;
+
+struct MysqlSql {
+    connection: Conn,
+}
+
+/// A plain session set up as rowsync's are (quoting, concatenation, UTC).
+async fn connect(url: &str) -> Conn {
+    let mut connection = Conn::from_url(url)
+        .await
+        .unwrap_or_else(|error| panic!("connecting to {url}: {error}"));
+    connection
+        .query_drop(
+            "SET SESSION sql_mode = 'ANSI_QUOTES,PIPES_AS_CONCAT,STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION', time_zone = '+00:00'",
+        )
+        .await
+        .expect("session settings");
+    connection
+}
+
+impl Factory for MysqlFactory {
+    type Backend = MysqlConsolidated;
+    type Sql = MysqlSql;
+
+    /// MySQL and MariaDB cast to `SIGNED` and `CHAR`, not `INTEGER`, `BIGINT` or `TEXT`.
+    fn cast(expression: &str, to: CastType) -> String {
+        let name = match to {
+            CastType::Integer | CastType::BigInt => "SIGNED",
+            CastType::Text => "CHAR",
+        };
+        format!("CAST({expression} AS {name})")
+    }
+
+    async fn create() -> (MysqlConsolidated, MysqlSql) {
+        let url = rowsync_testkit::fresh_mysql_database("conformance").await;
+        (
+            MysqlConsolidated::new(&url).expect("a mysql URL"),
+            MysqlSql {
+                connection: connect(&url).await,
+            },
+        )
+    }
+}
+
+impl RawSql for MysqlSql {
+    async fn execute(&mut self, sql: &str) {
+        self.connection
+            .query_drop(sql)
+            .await
+            .unwrap_or_else(|error| panic!("{sql}: {error:?}"));
+    }
+
+    async fn query_rows(&mut self, sql: &str) -> Vec<Vec<Value>> {
+        let rows: Vec<mysql_async::Row> = self
+            .connection
+            .query(sql)
+            .await
+            .unwrap_or_else(|error| panic!("{sql}: {error:?}"));
+        rows.into_iter()
+            .map(|row| read_row(row).unwrap_or_else(|error| panic!("{sql}: {error}")))
+            .collect()
+    }
+}
+
+conformance::conformance_suite!(MysqlFactory);

@@ -1,0 +1,537 @@
+//! librowsync: the rowsync client (`rowsync-client`) behind a C ABI.
+//!
+//! Every entry point catches panics and turns them into `ROWSYNC_PANIC`; errors become a
+//! status code and a message for `rowsync_last_error()` (per thread). Calls block on a
+//! runtime the library owns. The header `include/rowsync.h` is generated from this file
+//! by cbindgen and checked by `tests/header.rs`.
+
+#![allow(non_camel_case_types)]
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use ::rowsync_client::{
+    BusyRetry, Client, ClientError, Compression, FailureKind, SyncOptions, SyncProgress, SyncReport,
+};
+
+/// What a call did.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum rowsync_status {
+    ROWSYNC_OK = 0,
+    /// Network, TLS, the local database, the server's scripts, anything else.
+    ROWSYNC_ERROR = 1,
+    /// A NULL where a value is needed, text that is not UTF-8, an unknown name.
+    ROWSYNC_INVALID_ARGUMENT = 2,
+    /// The server stayed busy through every retry: try again later.
+    ROWSYNC_BUSY = 3,
+    /// The server refused the sync (credentials, script version, ...): retrying
+    /// unchanged will not help.
+    ROWSYNC_REFUSED = 4,
+    /// A bug in the library; the handle used may be unusable.
+    ROWSYNC_PANIC = 5,
+}
+
+/// A client database (opaque).
+pub struct rowsync_client {
+    client: Client,
+    client_id: CString,
+}
+
+/// Where and how to sync (opaque); made by `rowsync_options_new`.
+pub struct rowsync_options {
+    options: SyncOptions,
+}
+
+/// What a sync did (opaque); read with the `rowsync_report_*` functions.
+pub struct rowsync_report {
+    report: SyncReport,
+    json: CString,
+}
+
+/// How far a sync has come, given to a progress callback.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct rowsync_progress {
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Upload operations sent so far, out of `rows_to_upload`.
+    pub rows_uploaded: u64,
+    pub rows_to_upload: u64,
+    /// Rows applied from the download so far.
+    pub rows_downloaded: u64,
+}
+
+/// Called on the syncing thread after each piece of the upload is sent and each
+/// download message is applied. `progress` is valid during the call only.
+pub type rowsync_progress_fn =
+    Option<extern "C" fn(progress: *const rowsync_progress, user_data: *mut c_void)>;
+
+struct Failure {
+    status: rowsync_status,
+    message: String,
+}
+
+impl Failure {
+    fn invalid(message: impl Into<String>) -> Failure {
+        Failure {
+            status: rowsync_status::ROWSYNC_INVALID_ARGUMENT,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<ClientError> for Failure {
+    fn from(error: ClientError) -> Failure {
+        let status = match error.kind() {
+            FailureKind::Busy => rowsync_status::ROWSYNC_BUSY,
+            FailureKind::Refused => rowsync_status::ROWSYNC_REFUSED,
+            FailureKind::Failed => rowsync_status::ROWSYNC_ERROR,
+        };
+        Failure {
+            status,
+            message: error.to_string(),
+        }
+    }
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(message: &str) {
+    let text = CString::new(message.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|last| *last.borrow_mut() = text);
+}
+
+/// Runs one entry point: its error or panic becomes a status and the last error.
+fn guard(body: impl FnOnce() -> Result<(), Failure>) -> rowsync_status {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => rowsync_status::ROWSYNC_OK,
+        Ok(Err(failure)) => {
+            set_last_error(&failure.message);
+            failure.status
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            set_last_error(&format!("internal error in librowsync: {what}"));
+            rowsync_status::ROWSYNC_PANIC
+        }
+    }
+}
+
+fn runtime() -> Result<&'static tokio::runtime::Runtime, Failure> {
+    static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("rowsync")
+                .enable_all()
+                .build()
+                .map_err(|error| format!("starting the async runtime: {error}"))
+        })
+        .as_ref()
+        .map_err(|message| Failure {
+            status: rowsync_status::ROWSYNC_ERROR,
+            message: message.clone(),
+        })
+}
+
+/// A C string argument: `None` for NULL.
+///
+/// # Safety
+/// `text` is NULL or a NUL-terminated string valid for the call.
+unsafe fn optional_text<'a>(text: *const c_char, what: &str) -> Result<Option<&'a str>, Failure> {
+    if text.is_null() {
+        return Ok(None);
+    }
+    CStr::from_ptr(text)
+        .to_str()
+        .map(Some)
+        .map_err(|_| Failure::invalid(format!("{what} is not UTF-8")))
+}
+
+/// # Safety
+/// As [`optional_text`].
+unsafe fn text<'a>(text: *const c_char, what: &str) -> Result<&'a str, Failure> {
+    optional_text(text, what)?.ok_or_else(|| Failure::invalid(format!("{what} is NULL")))
+}
+
+/// # Safety
+/// `handle` is NULL or a live pointer from this library of that type, not in use by
+/// another thread.
+unsafe fn handle<'a, T>(handle: *mut T, what: &str) -> Result<&'a mut T, Failure> {
+    handle
+        .as_mut()
+        .ok_or_else(|| Failure::invalid(format!("{what} is NULL")))
+}
+
+/// The message of the last call on this thread that did not return `ROWSYNC_OK`
+/// (empty if none). Valid until the next call on this thread.
+#[no_mangle]
+pub extern "C" fn rowsync_last_error() -> *const c_char {
+    LAST_ERROR.with(|last| last.borrow().as_ptr())
+}
+
+/// The library's version, e.g. "0.1.0" (static).
+#[no_mangle]
+pub extern "C" fn rowsync_version() -> *const c_char {
+    static VERSION: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(version) => version,
+            Err(_) => c"",
+        };
+    VERSION.as_ptr()
+}
+
+/// Opens (or creates) a client database. `client_id` may be NULL (a random id on first
+/// open); given, it must match the database's. Free `*out` with `rowsync_close`.
+///
+/// # Safety
+/// `path` and `client_id` are NULL or NUL-terminated; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_open(
+    path: *const c_char,
+    client_id: *const c_char,
+    out: *mut *mut rowsync_client,
+) -> rowsync_status {
+    guard(|| {
+        let out = handle(out, "out")?;
+        let path = text(path, "path")?;
+        let client_id = optional_text(client_id, "client_id")?;
+        let client = Client::open_with_id(path, client_id)?;
+        let client_id = CString::new(client.client_id()).unwrap_or_default();
+        *out = Box::into_raw(Box::new(rowsync_client { client, client_id }));
+        Ok(())
+    })
+}
+
+/// Closes a client database. NULL is ignored.
+///
+/// # Safety
+/// `client` is NULL or from `rowsync_open`, and not used again.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_close(client: *mut rowsync_client) {
+    guard(|| {
+        if !client.is_null() {
+            drop(Box::from_raw(client));
+        }
+        Ok(())
+    });
+}
+
+/// The database's client id (owned by `client`, valid until `rowsync_close`); NULL if
+/// `client` is NULL.
+///
+/// # Safety
+/// `client` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_client_id(client: *const rowsync_client) -> *const c_char {
+    client
+        .as_ref()
+        .map_or(std::ptr::null(), |client| client.client_id.as_ptr())
+}
+
+/// Records every later change of `table` for upload (the table needs a primary key).
+/// Idempotent; call it again after changing the table's unique indexes.
+///
+/// # Safety
+/// `client` is live; `table` is NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_track(
+    client: *mut rowsync_client,
+    table: *const c_char,
+) -> rowsync_status {
+    guard(|| {
+        let client = handle(client, "client")?;
+        client.client.track(text(table, "table")?)?;
+        Ok(())
+    })
+}
+
+/// Sets `*out` to whether changes wait for upload.
+///
+/// # Safety
+/// `client` is live; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_pending_changes(
+    client: *mut rowsync_client,
+    out: *mut bool,
+) -> rowsync_status {
+    guard(|| {
+        let client = handle(client, "client")?;
+        *handle(out, "out")? = client.client.has_pending_changes()?;
+        Ok(())
+    })
+}
+
+/// Options for syncing with the server at `url` (`tcp://host:port`, `tls://host:port`,
+/// `http://host:port/path`, `https://host:port/path`): script version "v1", no
+/// compression, the public web roots for TLS, busy answers retried as the server hints.
+/// Free with `rowsync_options_free`.
+///
+/// # Safety
+/// `url` is NUL-terminated; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_options_new(
+    url: *const c_char,
+    out: *mut *mut rowsync_options,
+) -> rowsync_status {
+    guard(|| {
+        let out = handle(out, "out")?;
+        let options = SyncOptions::new(text(url, "url")?, "", "");
+        *out = Box::into_raw(Box::new(rowsync_options { options }));
+        Ok(())
+    })
+}
+
+/// Frees options. NULL is ignored.
+///
+/// # Safety
+/// `options` is NULL or from `rowsync_options_new`, and not used again.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_options_free(options: *mut rowsync_options) {
+    guard(|| {
+        if !options.is_null() {
+            drop(Box::from_raw(options));
+        }
+        Ok(())
+    });
+}
+
+/// Sets one text option by name; NULL `value` clears it (to empty or to the default).
+///
+/// `user`, `password`, `token` (a signed JWT instead of the password), `version` (the
+/// script version), `compression` (`none`, `zlib`, `zstd`), `ca_file` (PEM CAs to trust
+/// instead of the web roots), `client_cert` and `client_key` (PEM files presented when
+/// the server asks), `server_name` (the name the server's certificate must carry).
+///
+/// # Safety
+/// `options` is live; `name` and `value` are NUL-terminated (`value` may be NULL).
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_options_set(
+    options: *mut rowsync_options,
+    name: *const c_char,
+    value: *const c_char,
+) -> rowsync_status {
+    guard(|| {
+        let options = &mut handle(options, "options")?.options;
+        let name = text(name, "name")?;
+        let value = optional_text(value, name)?;
+        let owned = value.map(str::to_owned);
+        let tls = &mut options.transport.tls;
+        match name {
+            "user" => options.user = owned.unwrap_or_default(),
+            "password" => options.password = owned.unwrap_or_default(),
+            "token" => options.token = owned,
+            "version" => options.script_version = owned.unwrap_or_else(|| "v1".into()),
+            "compression" => {
+                options.transport.compression = match value {
+                    None => Compression::None,
+                    Some(value) => value.parse().map_err(Failure::invalid)?,
+                }
+            }
+            "ca_file" => tls.ca_file = owned.map(PathBuf::from),
+            "client_cert" => tls.client_cert = owned.map(PathBuf::from),
+            "client_key" => tls.client_key = owned.map(PathBuf::from),
+            "server_name" => tls.server_name = owned,
+            other => return Err(Failure::invalid(format!("no text option named {other:?}"))),
+        }
+        Ok(())
+    })
+}
+
+/// Retries of a sync the server answers busy (0: fail with `ROWSYNC_BUSY` at once).
+///
+/// # Safety
+/// `options` is live.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_options_set_busy_retries(
+    options: *mut rowsync_options,
+    attempts_max: u32,
+) -> rowsync_status {
+    guard(|| {
+        let options = &mut handle(options, "options")?.options;
+        options.busy_retry = match attempts_max {
+            0 => BusyRetry::Never,
+            attempts_max => BusyRetry::ServerHint {
+                attempts_max,
+                jitter_fraction: 0.5,
+            },
+        };
+        Ok(())
+    })
+}
+
+/// Confirm each applied download to the server in a short exchange of its own.
+///
+/// # Safety
+/// `options` is live.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_options_set_download_ack(
+    options: *mut rowsync_options,
+    enabled: bool,
+) -> rowsync_status {
+    guard(|| {
+        handle(options, "options")?.options.download_ack = enabled;
+        Ok(())
+    })
+}
+
+/// Limit on connecting and on each wait for the server, in milliseconds (default 60000).
+///
+/// # Safety
+/// `options` is live.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_options_set_timeout_ms(
+    options: *mut rowsync_options,
+    timeout_ms: u64,
+) -> rowsync_status {
+    guard(|| {
+        handle(options, "options")?.options.timeout = Duration::from_millis(timeout_ms);
+        Ok(())
+    })
+}
+
+/// The C caller's progress callback, called on the thread that syncs.
+struct ProgressTarget {
+    callback: rowsync_progress_fn,
+    user_data: *mut c_void,
+}
+
+// The callback runs on the calling thread only (the sync is driven by `block_on` there);
+// `Send` is needed because the client's progress hook may be moved between polls.
+unsafe impl Send for ProgressTarget {}
+
+impl ProgressTarget {
+    fn tell(&self, progress: &SyncProgress) {
+        if let Some(callback) = self.callback {
+            let progress = rowsync_progress {
+                bytes_sent: progress.bytes_sent,
+                bytes_received: progress.bytes_received,
+                rows_uploaded: progress.rows_uploaded,
+                rows_to_upload: progress.rows_to_upload,
+                rows_downloaded: progress.rows_downloaded,
+            };
+            callback(&progress, self.user_data);
+        }
+    }
+}
+
+/// One synchronization: uploads local changes, applies the download (in one
+/// transaction), and on success sets `*report_out` (free with `rowsync_report_free`).
+/// Blocks until done. `progress` may be NULL; `user_data` is passed to it as is.
+/// Conflicts are not an error: the sync succeeded and the report lists them.
+///
+/// # Safety
+/// `client` and `options` are live; `report_out` is writable; `progress`, if set, is
+/// safe to call with `user_data` from this thread.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_sync(
+    client: *mut rowsync_client,
+    options: *const rowsync_options,
+    progress: rowsync_progress_fn,
+    user_data: *mut c_void,
+    report_out: *mut *mut rowsync_report,
+) -> rowsync_status {
+    guard(|| {
+        let client = &mut handle(client, "client")?.client;
+        let options = &options
+            .as_ref()
+            .ok_or_else(|| Failure::invalid("options is NULL"))?
+            .options;
+        let report_out = handle(report_out, "report_out")?;
+        let mut target = ProgressTarget {
+            callback: progress,
+            user_data,
+        };
+        let target = &mut target;
+        let report = runtime()?.block_on(
+            client.sync_with_progress(options, &mut move |progress| target.tell(progress)),
+        )?;
+        let json = CString::new(report.to_json().to_string()).unwrap_or_default();
+        *report_out = Box::into_raw(Box::new(rowsync_report { report, json }));
+        Ok(())
+    })
+}
+
+/// Frees a report. NULL is ignored.
+///
+/// # Safety
+/// `report` is NULL or from `rowsync_sync`, and not used again.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_report_free(report: *mut rowsync_report) {
+    guard(|| {
+        if !report.is_null() {
+            drop(Box::from_raw(report));
+        }
+        Ok(())
+    });
+}
+
+/// Upload operations the server received in this sync (0 for NULL).
+///
+/// # Safety
+/// `report` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_report_rows_uploaded(report: *const rowsync_report) -> u64 {
+    report.as_ref().map_or(0, |r| r.report.rows_uploaded)
+}
+
+/// Rows the download changed here (0 for NULL).
+///
+/// # Safety
+/// `report` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_report_rows_downloaded(report: *const rowsync_report) -> u64 {
+    report.as_ref().map_or(0, |r| r.report.rows_downloaded)
+}
+
+/// Uploaded changes the server did not take as sent (it kept its own rows; 0 for NULL).
+///
+/// # Safety
+/// `report` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_report_conflicts(report: *const rowsync_report) -> u64 {
+    report.as_ref().map_or(0, |r| r.report.conflicts)
+}
+
+/// Bytes on the wire, both directions (0 for NULL).
+///
+/// # Safety
+/// `report` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_report_bytes(
+    report: *const rowsync_report,
+    sent: *mut u64,
+    received: *mut u64,
+) {
+    let wire = report.as_ref().map(|r| r.report.wire).unwrap_or_default();
+    if let Some(sent) = sent.as_mut() {
+        *sent = wire.sent;
+    }
+    if let Some(received) = received.as_mut() {
+        *received = wire.received;
+    }
+}
+
+/// The whole report as one JSON object, with each conflicted row (table, key, the
+/// server's winning row); owned by `report`. NULL for NULL.
+///
+/// # Safety
+/// `report` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_report_json(report: *const rowsync_report) -> *const c_char {
+    report
+        .as_ref()
+        .map_or(std::ptr::null(), |r| r.json.as_ptr())
+}

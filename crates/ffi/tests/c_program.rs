@@ -1,0 +1,177 @@
+//! A C program written against include/rowsync.h only, compiled with `cc` and linked
+//! with librowsync.a, syncs a client database with a real server: it downloads the
+//! server's rows, uploads a change the application made, and sees another client's.
+
+#[path = "../../client/tests/support/mod.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use support::{TestServer, ORDERS_DDL, PASSWORD, USER};
+
+/// The directory cargo puts librowsync.a in: the test binary's parent's parent.
+fn library_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+fn compile(dir: &Path) -> PathBuf {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let library = library_dir().join("librowsync.a");
+    // `cargo test` builds the crate as an rlib only; scripts/test builds the library.
+    let built = std::fs::metadata(&library).and_then(|m| m.modified());
+    let source = std::fs::metadata(crate_dir.join("src/lib.rs")).and_then(|m| m.modified());
+    assert!(
+        matches!((built, source), (Ok(built), Ok(source)) if built >= source),
+        "{} is missing or older than src/lib.rs: run `cargo build -p rowsync-ffi` first",
+        library.display()
+    );
+    let program = dir.join("sync");
+    let output = Command::new("cc")
+        .arg(crate_dir.join("tests/c/sync.c"))
+        .arg("-std=c99")
+        .arg("-Wall")
+        .arg("-Werror")
+        .arg("-I")
+        .arg(crate_dir.join("include"))
+        .arg("-o")
+        .arg(&program)
+        .arg(&library)
+        .args(["-lpthread", "-ldl", "-lm"])
+        .output()
+        .expect("running cc (is a C compiler installed?)");
+    assert!(
+        output.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    program
+}
+
+/// Runs the C program on one database; returns its report as JSON and the number of
+/// progress callbacks.
+async fn run_c(program: &Path, db: &Path, server: &TestServer) -> (serde_json::Value, u64) {
+    let output = tokio::process::Command::new(program)
+        .arg(db)
+        .arg(format!("tcp://{}", server.address))
+        .args([USER, PASSWORD, "orders"])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(
+        output.status.success(),
+        "the C program failed ({:?}): {}{stdout}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut lines = stdout.lines();
+    let report = serde_json::from_str(lines.next().unwrap()).unwrap();
+    let calls = lines
+        .next()
+        .and_then(|line| line.strip_prefix("progress_calls="))
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    (report, calls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_c_program_syncs_both_ways_with_a_real_server() {
+    let server = TestServer::start(3).await;
+    let program = compile(server.dir.path());
+    let db = server.client_path("c-app");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(ORDERS_DDL)
+        .unwrap();
+
+    let (report, calls) = run_c(&program, &db, &server).await;
+    assert_eq!(report["rows_downloaded"], 3, "{report}");
+    assert!(calls >= 1, "the progress callback was called");
+
+    // The application changes its database with SQLite directly; a Rust client adds a
+    // row of its own on the server.
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(
+            "UPDATE orders SET quantity = 42 WHERE id = 'seed-1';
+             INSERT INTO orders VALUES ('from-c', 'alice', 'written in C', 7);",
+        )
+        .unwrap();
+    let mut other = server.client("rust-app");
+    other.sync(&server.options()).await.unwrap();
+    other
+        .connection()
+        .execute(
+            "INSERT INTO orders VALUES ('from-rust', 'alice', 'rust', 1)",
+            [],
+        )
+        .unwrap();
+    other.sync(&server.options()).await.unwrap();
+
+    let (report, _) = run_c(&program, &db, &server).await;
+    assert_eq!(report["rows_uploaded"], 2, "{report}");
+    assert_eq!(report["conflicts"], 0, "{report}");
+    assert_eq!(
+        report["rows_downloaded"], 1,
+        "the Rust client's row: {report}"
+    );
+    let local = support::orders(&rusqlite::Connection::open(&db).unwrap());
+    assert_eq!(server.consolidated_orders(), local);
+    assert!(local
+        .iter()
+        .any(|row| row[0] == rowsync_protocol::Value::Text("from-rust".into())));
+    server.stop().await;
+}
+
+#[test]
+fn errors_come_back_as_statuses_with_a_message() {
+    use rowsync::*;
+    use std::ffi::{CStr, CString};
+    let dir = tempfile::tempdir().unwrap();
+    let path = CString::new(dir.path().join("c.db").to_str().unwrap()).unwrap();
+    let mut client = std::ptr::null_mut();
+    unsafe {
+        assert_eq!(
+            rowsync_open(path.as_ptr(), std::ptr::null(), &mut client),
+            rowsync_status::ROWSYNC_OK
+        );
+        let table = CString::new("missing").unwrap();
+        assert_eq!(
+            rowsync_track(client, table.as_ptr()),
+            rowsync_status::ROWSYNC_ERROR
+        );
+        let message = CStr::from_ptr(rowsync_last_error())
+            .to_string_lossy()
+            .to_string();
+        assert!(message.contains("does not exist"), "{message}");
+        assert_eq!(
+            rowsync_track(std::ptr::null_mut(), table.as_ptr()),
+            rowsync_status::ROWSYNC_INVALID_ARGUMENT
+        );
+        let mut options = std::ptr::null_mut();
+        let url = CString::new("tcp://127.0.0.1:1").unwrap();
+        assert_eq!(
+            rowsync_options_new(url.as_ptr(), &mut options),
+            rowsync_status::ROWSYNC_OK
+        );
+        let name = CString::new("compression").unwrap();
+        let bad = CString::new("lz4").unwrap();
+        assert_eq!(
+            rowsync_options_set(options, name.as_ptr(), bad.as_ptr()),
+            rowsync_status::ROWSYNC_INVALID_ARGUMENT
+        );
+        rowsync_options_set_timeout_ms(options, 2000);
+        let mut report = std::ptr::null_mut();
+        let status = rowsync_sync(client, options, None, std::ptr::null_mut(), &mut report);
+        assert_eq!(
+            status,
+            rowsync_status::ROWSYNC_ERROR,
+            "nothing listens on port 1"
+        );
+        assert!(report.is_null());
+        rowsync_options_free(options);
+        rowsync_close(client);
+    }
+}
