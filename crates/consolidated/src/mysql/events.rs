@@ -12,7 +12,7 @@ use super::error::db;
 use super::query::run_script;
 use crate::parameters::Parameters;
 use crate::scripts::*;
-use crate::types::{AuthCheck, AuthRequest, DownloadAckRequest};
+use crate::types::{refused_acknowledgement, AuthCheck, AuthRequest, DownloadAckRequest};
 use crate::version_scripts::{single_integer, ScriptCache, ScriptRows, Scripts};
 use crate::SyncError;
 
@@ -130,7 +130,14 @@ pub async fn acknowledge_download(
     if transaction.affected_rows() == 0 {
         // The update matched nothing; found rows already at the value count as matched
         // only with CLIENT_FOUND_ROWS, which rowsync sets (see `mod.rs`).
-        return Ok(false);
+        let owner: Option<String> = transaction
+            .exec_first(
+                "SELECT user_name FROM rs_subscription WHERE client_id = ?",
+                (&request.client_id,),
+            )
+            .await
+            .map_err(db)?;
+        return refused_acknowledgement(request, owner);
     }
     let parameters = request
         .parameters()

@@ -151,6 +151,54 @@ pub struct ColumnInfo {
     pub data_type: String,
 }
 
+/// What a table's columns would change silently rather than refuse.
+#[derive(Debug, Default)]
+pub struct ColumnLimits {
+    /// Digits after the point each column keeps: a DECIMAL's scale, a TIMESTAMP's,
+    /// DATETIME's or TIME's fractional-second precision (0 when unsaid).
+    pub scales: std::collections::HashMap<String, u32>,
+    /// Numeric columns, which would convert text ('12') to a number.
+    pub numeric: std::collections::HashSet<String>,
+}
+
+/// The limits of a table's columns, read from their types (`decimal(10,2)`: 2,
+/// `timestamp`: 0, `datetime(6)`: 6; `int`, `decimal`, `double`... are numeric).
+pub fn column_limits(columns: &[ColumnInfo]) -> ColumnLimits {
+    let mut limits = ColumnLimits::default();
+    for column in columns {
+        let inside = column.column_type.split_once('(').map(|(_, inside)| inside);
+        let scale = match column.data_type.as_str() {
+            "decimal" => {
+                inside.map(|inside| inside.split_once(',').map_or("0", |(_, scale)| scale))
+            }
+            "timestamp" | "datetime" | "time" => Some(inside.unwrap_or("0")),
+            _ => None,
+        };
+        if let Some(scale) = scale {
+            let digits: String = scale.chars().filter(char::is_ascii_digit).collect();
+            if let Ok(scale) = digits.parse() {
+                limits.scales.insert(column.name.clone(), scale);
+            }
+        }
+        let numeric = [
+            "tinyint",
+            "smallint",
+            "mediumint",
+            "int",
+            "integer",
+            "bigint",
+            "decimal",
+            "float",
+            "double",
+            "bit",
+        ];
+        if numeric.contains(&column.data_type.as_str()) {
+            limits.numeric.insert(column.name.clone());
+        }
+    }
+    limits
+}
+
 /// Columns rowsync adds to a synchronized table (invisible to `SELECT *`).
 pub const STAMP_COLUMN: &str = "rs_stamp";
 pub const ORIGIN_COLUMN: &str = "rs_origin";

@@ -9,6 +9,7 @@ use rowsync_protocol::{Row, Value};
 
 use super::error::{db, refused_value};
 use super::query::{bind_script, run};
+use super::schema::ColumnLimits;
 use super::value::bind_all;
 use crate::dialect::{StagedRows, TableApply};
 use crate::names::{column_list, key_match};
@@ -87,6 +88,7 @@ impl Stage {
         let batch_rows = STAGE_INSERT_ROWS_MAX
             .min(STATEMENT_VALUES_MAX / width)
             .max(1);
+        self.check_doubles(table, rows)?;
         let one_row = format!("({})", vec!["?"; width].join(", "));
         for batch in rows.chunks(batch_rows) {
             let sql = format!(
@@ -103,6 +105,60 @@ impl Stage {
         Ok(())
     }
 
+    /// A decimal or a time with more digits after the point than its column keeps would
+    /// be rounded by InnoDB without an error: it is refused naming table and column.
+    fn check_limits(
+        &self,
+        table: &str,
+        rows: &[Vec<&Value>],
+        scales: &ColumnLimits,
+    ) -> Result<(), SyncError> {
+        for row in rows {
+            for (value, column) in row.iter().zip(&self.columns) {
+                let column = column.strip_prefix(OLD_IMAGE_PREFIX).unwrap_or(column);
+                if matches!(value, Value::Text(_)) && scales.numeric.contains(column) {
+                    return Err(SyncError::Schema(format!(
+                        "upload of table {table:?} holds a value its column cannot take: column {column:?} is numeric, the value {value:?} is text"
+                    )));
+                }
+                let Some(&scale) = scales.scales.get(column) else {
+                    continue;
+                };
+                let fits = match value {
+                    Value::Decimal(decimal) => u32::from(decimal.scale) <= scale,
+                    Value::Timestamp(micros) => scale >= 6 || micros % 10_i64.pow(6 - scale) == 0,
+                    _ => true,
+                };
+                if !fits {
+                    return Err(SyncError::Schema(format!(
+                        "upload of table {table:?} holds a value its column cannot take: column {column:?} keeps {scale} digits after the point, the value {value:?} has more"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// InnoDB's DOUBLE stores neither NaN nor the infinities, and stores -0 as 0: such a
+    /// value is refused naming table and column, never changed.
+    fn check_doubles(&self, table: &str, rows: &[Vec<&Value>]) -> Result<(), SyncError> {
+        for row in rows {
+            for (value, column) in row.iter().zip(&self.columns) {
+                let Value::Double(number) = value else {
+                    continue;
+                };
+                if number.is_finite() && !(*number == 0.0 && number.is_sign_negative()) {
+                    continue;
+                }
+                let column = column.strip_prefix(OLD_IMAGE_PREFIX).unwrap_or(column);
+                return Err(SyncError::Schema(format!(
+                    "upload of table {table:?} holds a value its column cannot take: column {column:?}: {number:?} (MySQL stores no NaN, infinity or -0)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     fn key_list(&self, alias: &str) -> String {
         column_list(&self.key_columns, &format!("{alias}."))
     }
@@ -113,6 +169,7 @@ pub(super) async fn apply_staged(
     transaction: &mut Transaction<'_>,
     context: &TableApply<'_>,
     staged: StagedRows<'_, '_>,
+    scales: Option<&ColumnLimits>,
 ) -> Result<Vec<Row>, SyncError> {
     let table = context.table();
     let event = staged.event;
@@ -125,6 +182,9 @@ pub(super) async fn apply_staged(
         false,
     )
     .await?;
+    if let Some(scales) = scales {
+        stage.check_limits(table, &staged.rows, scales)?;
+    }
     stage.load(transaction, table, &staged.rows).await?;
     let changed = if staged.run_script {
         let script = context

@@ -2,6 +2,8 @@
 //! transaction starts, a stamper transaction stamps committed rows (see `stamp`); the
 //! sync's REPEATABLE READ view is created after it committed.
 
+use std::collections::HashMap;
+
 use mysql_async::prelude::Queryable;
 use mysql_async::{Transaction, TxOpts};
 use rowsync_protocol::{Row, Value};
@@ -9,7 +11,7 @@ use rowsync_protocol::{Row, Value};
 use super::error::{db, row_script_failure, server_code, LOCK_NOT_GRANTED};
 use super::events::run_event;
 use super::query::{bind_script, run, run_script};
-use super::schema::table_shape;
+use super::schema::{column_limits, table_shape, ColumnLimits};
 use super::stage::{apply_staged, Stage};
 use super::stamp::stamp_committed_rows;
 use super::value::{column_names, read_row};
@@ -59,6 +61,7 @@ impl SyncBackend for MysqlConnection {
             transaction,
             stamp,
             marked: &mut self.sync_marked,
+            column_limits: HashMap::new(),
         })
     }
 
@@ -78,6 +81,9 @@ pub struct MysqlTransaction<'c> {
     stamp: i64,
     /// Whether `@rs_sync` is still set on the connection (cleared at commit).
     marked: &'c mut bool,
+    /// What the columns of the tables looked at would change silently (digits after
+    /// the point, text in a numeric column), by table: staging refuses such values.
+    column_limits: HashMap<String, ColumnLimits>,
 }
 
 impl Dialect for MysqlTransaction<'_> {
@@ -174,14 +180,16 @@ impl Dialect for MysqlTransaction<'_> {
     }
 
     async fn table_shape(&mut self, table: &str) -> Result<TableShape, SyncError> {
-        Ok(table_shape(&mut self.transaction, table)
+        let (shape, columns) = table_shape(&mut self.transaction, table)
             .await?
             .ok_or_else(|| {
                 SyncError::Schema(format!(
                     "table {table:?} does not exist in the consolidated database"
                 ))
-            })?
-            .0)
+            })?;
+        self.column_limits
+            .insert(table.to_string(), column_limits(&columns));
+        Ok(shape)
     }
 
     async fn partition_column(&mut self, table: &str) -> Result<Option<String>, SyncError> {
@@ -200,7 +208,8 @@ impl Dialect for MysqlTransaction<'_> {
         table: &TableApply<'_>,
         staged: StagedRows<'_, '_>,
     ) -> Result<Vec<Row>, SyncError> {
-        apply_staged(&mut self.transaction, table, staged).await
+        let scales = self.column_limits.get(table.table());
+        apply_staged(&mut self.transaction, table, staged, scales).await
     }
 
     async fn run_row_statements(
