@@ -25,22 +25,23 @@ pub(crate) fn key_match(keys: &[String], left: &str, right: &str) -> String {
         .join(" AND ")
 }
 
-/// `SELECT "a", "b" FROM <table> WHERE "k" = <marker>1`: the columns of the row with a
-/// key, the key's values bound by position (`$1` on PostgreSQL, `?1` on SQLite).
+/// `SELECT "a", "b" FROM <table> WHERE "k" = $1`: the columns of the row with a key,
+/// the key's values bound by position, each written by `placeholder` from its 1-based
+/// position (`$1` on PostgreSQL, `?1` on SQLite, `?` on MySQL).
 pub(crate) fn select_by_key(
     table: &str,
     columns: &[String],
     key_positions: &[usize],
-    marker: char,
+    placeholder: impl Fn(usize) -> String,
 ) -> String {
     let matches = key_positions
         .iter()
         .enumerate()
         .map(|(index, &position)| {
             format!(
-                "{} = {marker}{}",
+                "{} = {}",
                 quote_identifier(&columns[position]),
-                index + 1
+                placeholder(index + 1)
             )
         })
         .collect::<Vec<_>>()

@@ -20,7 +20,7 @@ use crate::dialect::{
     CursorScript, CursorSink, Dialect, RowFailure, RowStatement, StagedRows, Subscription,
     SubscriptionUpdate, SyncBackend, TableApply,
 };
-use crate::names::column_list;
+use crate::names::select_by_key;
 use crate::parameters::{Parameters, RowImages};
 use crate::scripts::*;
 use crate::shape::TableShape;
@@ -296,16 +296,7 @@ impl Dialect for MysqlTransaction<'_> {
         key_positions: &[usize],
         key: &[Value],
     ) -> Result<Option<Row>, SyncError> {
-        let sql = format!(
-            "SELECT {} FROM {} WHERE {}",
-            column_list(columns, ""),
-            q(table),
-            key_positions
-                .iter()
-                .map(|&position| format!("{} = ?", q(&columns[position])))
-                .collect::<Vec<_>>()
-                .join(" AND ")
-        );
+        let sql = select_by_key(&q(table), columns, key_positions, |_| "?".into());
         let ((_, rows), _) = run(&mut self.transaction, &sql, key, table, RESOLVE_CONFLICT).await?;
         Ok(rows.into_iter().next())
     }

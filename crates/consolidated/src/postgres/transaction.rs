@@ -233,7 +233,7 @@ impl Dialect for PgTransaction<'_> {
         key_positions: &[usize],
         key: &[Value],
     ) -> Result<Option<Row>, SyncError> {
-        let sql = select_by_key(&q(table), columns, key_positions, '$');
+        let sql = select_by_key(&q(table), columns, key_positions, |n| format!("${n}"));
         let (_, rows) = query_rows(&self.transaction, self.statements, &sql, key).await?;
         Ok(rows.into_iter().next())
     }

@@ -270,7 +270,9 @@ impl Dialect for SqliteTransaction<'_> {
         key_positions: &[usize],
         key: &[Value],
     ) -> Result<Option<Row>, SyncError> {
-        let sql = select_by_key(&format!("main.{}", q(table)), columns, key_positions, '?');
+        let sql = select_by_key(&format!("main.{}", q(table)), columns, key_positions, |n| {
+            format!("?{n}")
+        });
         let mut statement = self.connection.prepare_cached(&sql)?;
         Ok(statement
             .query_row(rusqlite::params_from_iter(key), |found| {
