@@ -23,10 +23,17 @@ pub use compression::{
 pub use error::{DecodeError, ErrorCode};
 pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES};
 pub use message::{
-    Download, DownloadAck, EndDownload, EndUpload, Hello, Message, MessageType, RowUpdate,
-    SyncSummary, TableUpload, WireError,
+    Conflicts, Download, DownloadAck, EndDownload, EndUpload, Hello, Message, MessageType,
+    RowUpdate, SyncSummary, TableUpload, WireError,
 };
 pub use value::{Decimal, DecimalParseError, Row, Value, DECIMAL_SCALE_MAX};
 
-/// The protocol version this crate speaks. A server refuses a hello with any other.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The protocol version this crate speaks. A server accepts a hello of this version or
+/// any down to [`PROTOCOL_VERSION_MIN`] and refuses others.
+pub const PROTOCOL_VERSION: u16 = 2;
+
+/// The oldest protocol version a server still serves.
+pub const PROTOCOL_VERSION_MIN: u16 = 1;
+
+/// The first protocol version whose server names conflicting keys in `Conflicts`.
+pub const CONFLICTS_SINCE_VERSION: u16 = 2;

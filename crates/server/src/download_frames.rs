@@ -2,7 +2,7 @@
 //! `download_message_bytes_max` (deletes first), and the frame that ends the download.
 
 use rowsync_consolidated::SyncOutcome;
-use rowsync_protocol::{encode_frame, Download, EndDownload, Message, Row, Value};
+use rowsync_protocol::{encode_frame, Conflicts, Download, EndDownload, Message, Row, Value};
 
 fn row_bytes(row: &Row) -> usize {
     2 + row.iter().map(Value::encoded_len).sum::<usize>()
@@ -50,6 +50,39 @@ pub(crate) fn chunk_frames(chunk: Download, message_bytes_max: usize) -> Vec<Vec
     }
     if !current.upserts.is_empty() || !current.deletes.is_empty() {
         frames.push(encode_frame(&Message::Download(current)));
+    }
+    frames
+}
+
+/// Frames naming one table's conflicting keys, split where a message would pass
+/// `message_bytes_max`.
+pub(crate) fn conflict_frames(conflicts: Conflicts, message_bytes_max: usize) -> Vec<Vec<u8>> {
+    let Conflicts {
+        table,
+        key_columns,
+        keys,
+    } = conflicts;
+    let mut frames = Vec::new();
+    let mut current: Vec<Row> = Vec::new();
+    let mut current_bytes = 0;
+    let mut flush = |current: &mut Vec<Row>| {
+        frames.push(encode_frame(&Message::Conflicts(Conflicts {
+            table: table.clone(),
+            key_columns: key_columns.clone(),
+            keys: std::mem::take(current),
+        })));
+    };
+    for key in keys {
+        let size = row_bytes(&key);
+        if current_bytes + size > message_bytes_max && current_bytes > 0 {
+            flush(&mut current);
+            current_bytes = 0;
+        }
+        current_bytes += size;
+        current.push(key);
+    }
+    if !current.is_empty() {
+        flush(&mut current);
     }
     frames
 }
@@ -103,5 +136,33 @@ pub(crate) mod tests {
             upserts += download.upserts.len();
         }
         assert_eq!(upserts, 1000);
+    }
+
+    #[test]
+    fn conflicting_keys_split_by_size_keep_every_key_in_order() {
+        let keys: Vec<Row> = (0..1000).map(|i| vec![Value::Int(i)]).collect();
+        let conflicts = Conflicts {
+            table: "t".into(),
+            key_columns: vec!["id".into()],
+            keys: keys.clone(),
+        };
+        let frames = conflict_frames(conflicts, 1_000);
+        assert!(
+            frames.len() >= 11,
+            "expected many frames, got {}",
+            frames.len()
+        );
+        let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
+        let mut received = Vec::new();
+        for frame in &frames {
+            assert!(frame.len() < 1_100, "frame of {} bytes", frame.len());
+            decoder.feed(frame);
+            let Some(Message::Conflicts(part)) = decoder.next_message().unwrap() else {
+                panic!("a conflicts message")
+            };
+            assert_eq!(part.key_columns, vec!["id".to_string()]);
+            received.extend(part.keys);
+        }
+        assert_eq!(received, keys);
     }
 }

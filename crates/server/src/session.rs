@@ -5,7 +5,9 @@
 
 use std::collections::HashMap;
 
-use rowsync_protocol::{ErrorCode, Hello, Message, TableUpload, WireError, PROTOCOL_VERSION};
+use rowsync_protocol::{
+    ErrorCode, Hello, Message, TableUpload, WireError, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+};
 
 /// The end of a checked upload.
 #[derive(Debug)]
@@ -144,11 +146,12 @@ impl ServerSession {
 /// Refuses a hello of another protocol version, or with an empty client id, script
 /// version, or user (the user may be empty when a token names it).
 fn check_hello(hello: &Hello) -> Result<(), WireError> {
-    if hello.protocol_version != PROTOCOL_VERSION {
+    if !(PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&hello.protocol_version) {
         return Err(WireError::new(
             ErrorCode::UnsupportedProtocolVersion,
             format!(
-                "protocol version {} is not supported; this server speaks version {PROTOCOL_VERSION}",
+                "protocol version {} is not supported; this server speaks versions \
+                 {PROTOCOL_VERSION_MIN} to {PROTOCOL_VERSION}",
                 hello.protocol_version
             ),
         ));
