@@ -19,6 +19,7 @@ use crate::download_frames::chunk_frames;
 use crate::failure::Failure;
 use crate::metrics::{Phase, PhaseTimings};
 use crate::pool::Worker;
+use crate::record::DownloadDigest;
 use crate::session::MergedTables;
 use crate::shared::Shared;
 use crate::spool::{Spool, SpoolError};
@@ -62,7 +63,8 @@ pub(crate) async fn synchronize<B: Consolidated>(
         outbound,
         Arc::clone(&shared.cache),
     );
-    let spooling = spool_download(chunks, spool, config.download_message_bytes_max);
+    let digest = timings.recording.is_some();
+    let spooling = spool_download(chunks, spool, config.download_message_bytes_max, digest);
     let waiting = Instant::now();
     let mut worker = shared
         .pool
@@ -91,7 +93,13 @@ pub(crate) async fn synchronize<B: Consolidated>(
         .await;
     let spooled = spooling
         .await
-        .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?;
+        .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?
+        .map(|(spool, digest)| {
+            if let Some(recording) = timings.recording.as_mut() {
+                recording.digest = digest;
+            }
+            spool
+        });
     let (outcome, spool) = settle(worker, outcome, spooled)?;
     record_committed(shared, timings, &outcome, working.elapsed());
     Ok(Synchronized {
@@ -123,16 +131,22 @@ fn record_committed<B: Consolidated>(
 }
 
 /// The task that encodes the backend's download chunks into frames and spools them; it
-/// answers the backend's end of download only once the spool holds all of it.
+/// answers the backend's end of download only once the spool holds all of it. With
+/// `digest` (the sync is recorded) it also digests the rows.
 fn spool_download(
     mut chunks: mpsc::Receiver<DownloadMessage>,
     mut spool: Spool,
     message_bytes_max: usize,
-) -> JoinHandle<Result<Spool, SpoolError>> {
+    digest: bool,
+) -> JoinHandle<Result<(Spool, DownloadDigest), SpoolError>> {
     tokio::spawn(async move {
+        let mut rows_digest = DownloadDigest::default();
         while let Some(message) = chunks.recv().await {
             match message {
                 DownloadMessage::Chunk(chunk) => {
+                    if digest {
+                        rows_digest.add(&chunk);
+                    }
                     for frame in chunk_frames(chunk, message_bytes_max) {
                         spool.append(&frame).await?;
                     }
@@ -148,7 +162,7 @@ fn spool_download(
                 }
             }
         }
-        Ok::<Spool, SpoolError>(spool)
+        Ok::<_, SpoolError>((spool, rows_digest))
     })
 }
 
