@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 use command::bench::{BenchApplyArgs, BenchArgs, BenchLoadArgs, BenchTransportArgs};
-use command::{bench, cert, cleanup, demo, init, script, serve, user, version};
+use command::{bench, cert, cleanup, demo, init, replay, script, serve, user, version};
 
 #[derive(Parser)]
 #[command(
@@ -27,6 +27,9 @@ enum Command {
     Sync(rowsync_cli::sync_command::SyncArgs),
     /// Run the sync server.
     Serve(Box<serve::ServeArgs>),
+    /// Play syncs recorded by `serve --record` against a server, or compare two runs
+    /// (--diff RUN_A RUN_B).
+    Replay(replay::ReplayArgs),
     /// Manage the scripts of script versions.
     Script {
         #[command(subcommand)]
@@ -97,6 +100,10 @@ async fn run(command: Command) -> Result<()> {
             std::process::exit(exit.code().into())
         }
         Command::Serve(args) => serve::run(*args).await,
+        Command::Replay(args) => {
+            let exit = replay::run(args).await?;
+            std::process::exit(exit)
+        }
         Command::Script { command } => script::run(command).await,
         Command::Version { command } => version::run(command).await,
         Command::Init(args) => init::run(args).await,

@@ -71,6 +71,8 @@ pub struct ServerConfig {
     pub write_timeout: Duration,
     /// Signed tokens accepted instead of passwords.
     pub tokens: TokenConfig,
+    /// Records each sync for replay (`--record DIR`), when set.
+    pub recorder: Option<std::sync::Arc<crate::record::Recorder>>,
 }
 
 impl Default for ServerConfig {
@@ -103,6 +105,7 @@ impl Default for ServerConfig {
             decompressed_bytes_max: 512 * 1024 * 1024 + 1024 * 1024,
             write_timeout: Duration::from_secs(60),
             tokens: TokenConfig::default(),
+            recorder: None,
         }
     }
 }

@@ -11,6 +11,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::monitor::{ActiveSync, Monitor, MonitorSettings, SyncFacts};
+use crate::record::SyncRecording;
+
 /// The phases of one sync, in order.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
@@ -98,6 +101,8 @@ pub struct Metrics {
     pub hello_pending_evictions: Counter,
     /// Logins refused unchecked: too many failures for the address or the user.
     pub logins_throttled: Counter,
+    /// The live monitor (`/monitor` on the admin endpoint).
+    pub monitor: Monitor,
 }
 
 fn phase_histogram() -> Histogram {
@@ -113,6 +118,11 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
+        Metrics::with_monitor(MonitorSettings::default())
+    }
+
+    /// The metrics, with a monitor keeping what `settings` allow.
+    pub fn with_monitor(settings: MonitorSettings) -> Metrics {
         let mut registry = Registry::with_prefix("rowsync");
         let syncs = Family::<OutcomeLabel, Counter>::default();
         registry.register("syncs", "Syncs ended, by outcome", syncs.clone());
@@ -142,6 +152,7 @@ impl Metrics {
             connections_awaiting_hello: Gauge::default(),
             hello_pending_evictions: Counter::default(),
             logins_throttled: Counter::default(),
+            monitor: Monitor::new(settings),
             registry,
         };
         let mut metrics = metrics;
@@ -247,16 +258,25 @@ impl Metrics {
     }
 }
 
-/// Per-sync phase timings, for the sync's log line and the histograms.
-#[derive(Debug, Default, Clone)]
+/// Per-sync phase timings, for the sync's log line and the histograms, and what the
+/// stages learn of the sync on the way (for the monitor and the recording).
+#[derive(Default)]
 pub struct PhaseTimings {
     pub phases: Vec<(Phase, Duration)>,
+    /// The sync as the monitor lists it while it runs.
+    pub(crate) watch: Option<std::sync::Arc<ActiveSync>>,
+    pub(crate) facts: SyncFacts,
+    /// The sync being recorded (`--record`), from its hello on.
+    pub(crate) recording: Option<SyncRecording>,
 }
 
 impl PhaseTimings {
     pub fn record(&mut self, metrics: &Metrics, phase: Phase, duration: Duration) {
         metrics.phase(phase, duration);
         self.phases.push((phase, duration));
+        if let Some(watch) = &self.watch {
+            watch.enter_phase(self.phases.len());
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::failure::Failure;
 use crate::metrics::{Outcome, PhaseTimings};
+use crate::record::error_text;
 use crate::reply::reply_and_close;
 use crate::shared::Shared;
 use crate::stage::stream::Received;
@@ -26,7 +27,10 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let mut timings = PhaseTimings::default();
+    let mut timings = PhaseTimings {
+        watch: Some(shared.metrics.monitor.started()),
+        ..PhaseTimings::default()
+    };
     shared.metrics.connections.inc();
     let result = run_sync(&mut stream, peer, shared, &mut timings).await;
     shared.metrics.connections.dec();
@@ -37,6 +41,7 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
     match result {
         Ok(summary) => {
             shared.metrics.sync_ended(Outcome::ok);
+            observe_end(shared, &mut timings, Outcome::ok, None);
             tracing::debug!(%peer, phases = %timings, "{summary}");
             let _ = stream.shutdown().await;
         }
@@ -48,6 +53,11 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
                 Outcome::failed
             };
             shared.metrics.sync_ended(outcome);
+            let error = match &failure.reply {
+                Some(reply) => error_text(reply),
+                None => failure.log.clone(),
+            };
+            observe_end(shared, &mut timings, outcome, Some(error));
             if let Some(error) = failure.reply {
                 reply_and_close(stream, Message::Error(error)).await;
             } else {
@@ -56,6 +66,26 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
             let identity = failure.identity.as_deref().unwrap_or("user=unknown");
             tracing::warn!(%peer, phases = %timings, "sync failed ({identity}): {}", failure.log);
         }
+    }
+}
+
+/// The sync leaves the monitor's syncs in progress for its history, and its recording
+/// (if any) is written with its outcome.
+fn observe_end<B: Consolidated>(
+    shared: &Shared<B>,
+    timings: &mut PhaseTimings,
+    outcome: Outcome,
+    error: Option<String>,
+) {
+    if let Some(recording) = timings.recording.take() {
+        let outcome = recording.outcome(&timings.facts, error.clone());
+        recording.finish(outcome);
+    }
+    if let Some(watch) = timings.watch.take() {
+        shared
+            .metrics
+            .monitor
+            .ended(&watch, outcome, &timings.phases, timings.facts, error);
     }
 }
 

@@ -22,6 +22,7 @@ use crate::download_frames::{chunk_frames, conflict_frames};
 use crate::failure::Failure;
 use crate::metrics::{Phase, PhaseTimings};
 use crate::pool::Worker;
+use crate::record::DownloadDigest;
 use crate::session::MergedTables;
 use crate::shared::Shared;
 use crate::spool::{Spool, SpoolError};
@@ -68,6 +69,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
     let framing = DownloadFraming {
         message_bytes_max: config.download_message_bytes_max,
         name_conflicts: hello.protocol_version >= CONFLICTS_SINCE_VERSION,
+        digest: timings.recording.is_some(),
     };
     let spooling = spool_download(chunks, spool, framing);
     let waiting = Instant::now();
@@ -98,7 +100,13 @@ pub(crate) async fn synchronize<B: Consolidated>(
         .await;
     let spooled = spooling
         .await
-        .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?;
+        .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?
+        .map(|(spool, digest)| {
+            if let Some(recording) = timings.recording.as_mut() {
+                recording.digest = digest;
+            }
+            spool
+        });
     let (outcome, spool) = settle(worker, outcome, spooled)?;
     record_committed(shared, timings, &outcome, working.elapsed());
     Ok(Synchronized {
@@ -135,19 +143,26 @@ struct DownloadFraming {
     message_bytes_max: usize,
     /// The client speaks a protocol version that has `Conflicts` messages.
     name_conflicts: bool,
+    /// A checksum of the download's rows is kept (the sync is recorded).
+    digest: bool,
 }
 
 /// The task that encodes the backend's download chunks into frames and spools them; it
-/// answers the backend's end of download only once the spool holds all of it.
+/// answers the backend's end of download only once the spool holds all of it. With
+/// `digest` (the sync is recorded) it also digests the rows.
 fn spool_download(
     mut chunks: mpsc::Receiver<DownloadMessage>,
     mut spool: Spool,
     framing: DownloadFraming,
-) -> JoinHandle<Result<Spool, SpoolError>> {
+) -> JoinHandle<Result<(Spool, DownloadDigest), SpoolError>> {
     tokio::spawn(async move {
+        let mut rows_digest = DownloadDigest::default();
         while let Some(message) = chunks.recv().await {
             match message {
                 DownloadMessage::Chunk(chunk) => {
+                    if framing.digest {
+                        rows_digest.add(&chunk);
+                    }
                     for frame in chunk_frames(chunk, framing.message_bytes_max) {
                         spool.append(&frame).await?;
                     }
@@ -169,7 +184,7 @@ fn spool_download(
                 }
             }
         }
-        Ok::<Spool, SpoolError>(spool)
+        Ok::<_, SpoolError>((spool, rows_digest))
     })
 }
 

@@ -18,7 +18,9 @@ use crate::auth;
 use crate::config::ServerConfig;
 use crate::failure::Failure;
 use crate::metrics::{Metrics, Phase, PhaseTimings};
+use crate::monitor::Identity;
 use crate::pending::PendingHello;
+use crate::record::SyncRecording;
 use crate::session::{ServerSession, Step};
 use crate::shared::{Shared, READ_CHUNK_BYTES};
 use crate::spool::{Spool, SpoolError};
@@ -82,11 +84,13 @@ pub(crate) async fn receive<B: Consolidated>(
         spool: Some(upload_spool),
         metrics,
         pending: Some(shared.pending_hellos.register()),
+        recording: None,
     };
     let Step::Hello(hello) = reader.next_step(config).await? else {
         unreachable!("the session's first step is the hello");
     };
     timings.record(metrics, Phase::connect, started.elapsed());
+    observe_hello(shared, timings, &hello);
 
     // Authentication, before the rest of the upload is read: a refused client costs no
     // more than its hello.
@@ -97,10 +101,10 @@ pub(crate) async fn receive<B: Consolidated>(
     timings.record(metrics, Phase::authenticate, authenticating.elapsed());
 
     let receiving = Instant::now();
-    let step = reader
-        .next_step(config)
-        .await
-        .map_err(|failure| failure.of(&hello))?;
+    reader.recording = timings.recording.take();
+    let step = reader.next_step(config).await;
+    timings.recording = reader.recording.take();
+    let step = step.map_err(|failure| failure.of(&hello))?;
     let (upload_sequence, acknowledged) = match step {
         Step::Complete(upload) => (upload.upload_sequence, None),
         Step::Acknowledge { watermark, .. } => (0, Some(watermark)),
@@ -110,6 +114,10 @@ pub(crate) async fn receive<B: Consolidated>(
     let outbound = reader.outbound()?;
     let spool = reader.spool.take().expect("spooled until complete");
     timings.record(metrics, Phase::upload_received, receiving.elapsed());
+    if acknowledged.is_some() {
+        // An acknowledgement is its own short exchange, not replayed.
+        timings.recording = None;
+    }
     Ok(match acknowledged {
         Some(watermark) => {
             drop(spool);
@@ -131,6 +139,20 @@ pub(crate) async fn receive<B: Consolidated>(
     })
 }
 
+/// The hello names the sync for the monitor and opens its recording (if recording).
+fn observe_hello<B: Consolidated>(shared: &Shared<B>, timings: &mut PhaseTimings, hello: &Hello) {
+    if let Some(watch) = &timings.watch {
+        watch.identify(Identity {
+            user: hello.user.clone(),
+            client_id: hello.client_id.clone(),
+            script_version: hello.script_version.clone(),
+        });
+    }
+    if let Some(recorder) = &shared.config.recorder {
+        timings.recording = recorder.begin(hello);
+    }
+}
+
 /// Bytes in, decompressed, spooled as they are (for the worker to decode again), and
 /// checked message by message through the session.
 struct UploadReader<'s, S> {
@@ -146,6 +168,8 @@ struct UploadReader<'s, S> {
     metrics: &'s Metrics,
     /// This connection's place among those waiting for their hello, until it arrives.
     pending: Option<PendingHello<'s>>,
+    /// The sync's recording, which keeps the upload bytes too.
+    recording: Option<SyncRecording>,
 }
 
 impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
@@ -169,6 +193,9 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
                     .inc_by(chunk.len() as u64);
                 if let Some(spool) = self.spool.as_mut().filter(|_| self.hello_seen) {
                     self.metrics.upload_spooled_bytes.inc_by(chunk.len() as u64);
+                    if let Some(recording) = self.recording.as_mut() {
+                        recording.append(chunk);
+                    }
                     spool
                         .append(chunk)
                         .await
