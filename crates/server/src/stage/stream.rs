@@ -87,6 +87,7 @@ pub(crate) async fn receive<B: Consolidated>(
         unreachable!("the session's first step is the hello");
     };
     timings.record(metrics, Phase::connect, started.elapsed());
+    rowsync_consolidated::failpoint!("after_hello");
 
     // Authentication, before the rest of the upload is read: a refused client costs no
     // more than its hello.
@@ -173,6 +174,7 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
                         .append(chunk)
                         .await
                         .map_err(|error| spool_refusal(error, config))?;
+                    rowsync_consolidated::failpoint!("mid_upload");
                 }
                 self.decoder.feed(chunk);
                 continue;
