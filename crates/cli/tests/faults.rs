@@ -472,7 +472,11 @@ async fn run(seed: u64, consolidated: &Consolidated, faults: bool) -> Outcome {
         workload
             .write_on_server(consolidated, Some(replicas[chosen].user), true)
             .await;
+        // Something to upload: writes that cancel out (an insert deleted again) leave none.
         for _ in 0..workload.rng.gen_range(1..4) {
+            workload.write_on_client(&replicas[chosen]);
+        }
+        while !replicas[chosen].client.has_pending_changes().unwrap() {
             workload.write_on_client(&replicas[chosen]);
         }
         let download_ack = point.ends_with("_ack");
@@ -501,6 +505,12 @@ async fn run(seed: u64, consolidated: &Consolidated, faults: bool) -> Outcome {
         }
     }
     drop(server);
+    end_state(seed, consolidated, &replicas).await
+}
+
+/// The end state, once every client holds exactly its partition and no body was written
+/// twice.
+async fn end_state(seed: u64, consolidated: &Consolidated, replicas: &[Replica]) -> Outcome {
     let notes = consolidated.notes().await;
     let clients: Vec<Rows> = replicas.iter().map(Replica::rows).collect();
     for (replica, rows) in replicas.iter().zip(&clients) {
