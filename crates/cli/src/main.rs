@@ -76,7 +76,7 @@ enum Command {
     Demo(demo::DemoArgs),
 }
 
-fn main() -> Result<()> {
+pub(crate) fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("ROWSYNC_LOG")

@@ -5,12 +5,15 @@
 //! implements both and must pass the conformance suite in `tests/conformance`.
 //! The SQLite backend is the embedded default.
 
+mod cancel;
 mod conflicts;
 mod dialect;
 mod download;
 mod driver;
 mod echo;
 mod error;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
 pub mod mysql;
 mod names;
 mod parameters;
@@ -23,8 +26,17 @@ mod upload_rows;
 mod version_scripts;
 
 use std::future::Future;
+
+/// `failpoint!("name")` does nothing without the `failpoints` feature (see `failpoints`).
+#[cfg(not(feature = "failpoints"))]
+#[macro_export]
+macro_rules! failpoint {
+    ($name:literal) => {};
+    (blocking $name:literal) => {};
+}
 use std::sync::Arc;
 
+pub use cancel::Canceller;
 pub use download::{
     download_channel, synchronize_collect, CollectedSync, DownloadMessage, DownloadSender,
     DOWNLOAD_BATCH_ROWS, DOWNLOAD_CHANNEL_CHUNKS,
@@ -122,6 +134,10 @@ pub trait ConsolidatedConnection: Send + 'static {
         request: Arc<SyncRequest>,
         download: DownloadSender,
     ) -> impl Future<Output = Result<SyncOutcome, SyncError>> + Send;
+
+    /// What stops this connection's statement from another task (the client of the
+    /// sync it runs went away); the connection is discarded afterwards.
+    fn canceller(&self) -> Canceller;
 
     /// Drops tombstones every subscribed client has passed: those below the lowest
     /// download watermark any client acknowledged (by sending it in its hello). Returns

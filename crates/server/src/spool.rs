@@ -150,6 +150,12 @@ impl Spool {
             )
         };
         while let Some(piece) = self.memory.pop_front() {
+            #[cfg(feature = "failpoints")]
+            if self.memory.is_empty() && self.file.is_none() {
+                // All but the last piece (a download's end frame) is out.
+                out.flush().await?;
+                rowsync_consolidated::failpoint!("mid_download");
+            }
             tokio::time::timeout(write_timeout, out.write_all(&piece))
                 .await
                 .map_err(|_| stalled())??;

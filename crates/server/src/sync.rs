@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use rowsync_consolidated::Consolidated;
 use rowsync_protocol::Message;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::failure::Failure;
@@ -18,12 +18,24 @@ use crate::shared::Shared;
 use crate::stage::stream::Received;
 use crate::stage::{database, download, stream};
 
+/// Whether a read tells that the client closed its connection while its sync waits for
+/// the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClientClose {
+    /// TCP and TLS: after its upload a client sends nothing until the download ends, so
+    /// a read that ends or fails means it is gone.
+    Watched,
+    /// HTTP: the request body ends before the download, whether the client stays or not.
+    Unseen,
+}
+
 /// Runs one sync over any byte stream (TCP, TLS, or an HTTP request and its response).
 pub(crate) async fn handle_connection<B: Consolidated, S>(
     mut stream: S,
     peer: SocketAddr,
     shared: &Shared<B>,
     slot: OwnedSemaphorePermit,
+    close: ClientClose,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
@@ -32,7 +44,7 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
         ..PhaseTimings::default()
     };
     shared.metrics.connections.inc();
-    let result = run_sync(&mut stream, peer, shared, &mut timings).await;
+    let result = run_sync(&mut stream, peer, shared, &mut timings, close).await;
     shared.metrics.connections.dec();
     // The slot is free before the client hears the end of its sync: a client that
     // reconnects at once, after the answer or the close, finds it free (the reply and
@@ -97,6 +109,7 @@ async fn run_sync<B: Consolidated>(
     peer: SocketAddr,
     shared: &Shared<B>,
     timings: &mut PhaseTimings,
+    close: ClientClose,
 ) -> Result<String, Failure> {
     match stream::receive(connection, peer, shared, timings).await? {
         Received::Upload(upload) => {
@@ -105,7 +118,8 @@ async fn run_sync<B: Consolidated>(
                 failure.identity.get_or_insert_with(|| identity.clone());
                 failure
             };
-            let synchronized = database::synchronize(shared, *upload, timings)
+            let gone = client_gone(connection, close);
+            let synchronized = database::synchronize(shared, *upload, timings, gone)
                 .await
                 .map_err(with_identity)?;
             download::send_download(connection, shared, synchronized, timings)
@@ -114,12 +128,27 @@ async fn run_sync<B: Consolidated>(
         }
         Received::Acknowledgement(acknowledgement) => {
             let hello = acknowledgement.hello.clone();
+            rowsync_consolidated::failpoint!("before_ack");
             database::record_acknowledgement(shared, &acknowledgement)
                 .await
                 .map_err(|failure| failure.of(&hello))?;
+            rowsync_consolidated::failpoint!("after_ack");
             download::confirm_acknowledgement(connection, shared, *acknowledgement)
                 .await
                 .map_err(|failure| failure.of(&hello))
         }
     }
+}
+
+/// Resolves when the client closed its connection (a read ends or fails), if `close`
+/// says a read can tell; bytes it sends instead are none of the protocol's: they are
+/// dropped and the watch ends.
+async fn client_gone(connection: &mut (impl AsyncRead + Unpin), close: ClientClose) {
+    if close == ClientClose::Watched {
+        let mut byte = [0u8; 1];
+        if matches!(connection.read(&mut byte).await, Ok(0) | Err(_)) {
+            return;
+        }
+    }
+    std::future::pending::<()>().await
 }

@@ -81,6 +81,7 @@ async fn attempt_sync<B: SyncBackend>(
     match run_events(&mut transaction, scripts, request, download, started).await {
         Ok(outcome) => {
             transaction.commit().await?;
+            crate::failpoint!("after_commit");
             Ok(outcome)
         }
         Err(error) => {
@@ -120,6 +121,7 @@ async fn run_events<D: Dialect>(
     transaction
         .run_event(scripts, BEGIN_SYNCHRONIZATION, &parameters)
         .await?;
+    crate::failpoint!("before_apply");
     let uploaded = upload::apply_upload(transaction, &sync, request).await?;
     if sync.apply {
         download::send_conflicts(request, &uploaded.resolutions, download).await?;

@@ -90,6 +90,7 @@ async fn apply_table<D: Dialect>(
             layout: &layout,
         };
         conflict_keys.extend(apply_kind(transaction, &context, sync.apply, &kind).await?);
+        crate::failpoint!("mid_apply");
     }
     let mut resolution = Resolution::default();
     resolution.record_upload(upload, &key_positions);

@@ -629,6 +629,7 @@ pub async fn cleanup(connection: &mut Conn) -> Result<u64, DbError> {
             .await
             .map_err(db)?;
         removed += connection.affected_rows();
+        crate::failpoint!("mid_cleanup");
     }
     Ok(removed)
 }

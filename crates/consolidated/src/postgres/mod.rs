@@ -16,6 +16,16 @@
 //! download; the next sync asks for everything at or above it. Rows of a transaction
 //! that commits late carry an id at or above every watermark taken while it ran.
 
+/// The lowest transaction id still running in the statement's snapshot, or the
+/// snapshot's `xmax` when none is: a sync's watermark (see `transaction`), and the
+/// horizon cleanup keeps below (see `schema::cleanup`).
+macro_rules! snapshot_horizon {
+    () => {
+        "(COALESCE((SELECT min(x) FROM pg_snapshot_xip(pg_current_snapshot()) AS x), \
+         pg_snapshot_xmax(pg_current_snapshot()))::text)::bigint"
+    };
+}
+
 mod array_stage;
 mod error;
 mod events;
@@ -217,6 +227,10 @@ impl ConsolidatedConnection for PostgresConnection {
 
     async fn script_versions(&mut self) -> Result<Vec<(String, String)>, DbError> {
         schema::script_versions(&self.client).await
+    }
+
+    fn canceller(&self) -> crate::Canceller {
+        crate::Canceller::postgres(self.client.cancel_token())
     }
 
     async fn cleanup(&mut self) -> Result<u64, DbError> {

@@ -415,25 +415,50 @@ pub fn default_scripts(
     ]
 }
 
+/// The lowest of this statement's snapshot horizon and every watermark a sync in flight
+/// announced (`transaction::LOCK_CLIENT_QUERY`: the low 32 bits of a transaction id
+/// near this snapshot's `xmax`, widened back to 64 here).
+const IN_FLIGHT_HORIZON_QUERY: &str = concat!(
+    "WITH s AS (SELECT ",
+    snapshot_horizon!(),
+    " AS horizon, (pg_snapshot_xmax(pg_current_snapshot())::text)::bigint + 2147483648 AS reference) \
+     SELECT least(s.horizon, \
+       min(s.reference - (((s.reference - l.objid::text::bigint) % 4294967296) + 4294967296) % 4294967296)) \
+     FROM s LEFT JOIN pg_locks AS l ON l.locktype = 'advisory' AND l.classid = 7264 AND l.objsubid = 2 \
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+     GROUP BY s.horizon"
+);
+
 /// See `ConsolidatedConnection::cleanup`. The delete cursor asks for ids at or above the
 /// client's watermark, so tombstones below every acknowledged watermark are done.
+///
+/// No sync waits for cleanup, and cleanup waits for no sync. A client's next sync brings
+/// a watermark at or above the one its subscription records as acknowledged, so only a
+/// client's first sync, whose subscription is invisible until it commits, could lose a
+/// tombstone: one written by a transaction that was running when the sync took its
+/// watermark and committed before cleanup. Every sync announces, before it takes its
+/// watermark, a value at or below it (a shared advisory lock, seen in `pg_locks` at
+/// once). The first statement here takes its snapshot, then reads the announcements: a
+/// sync not announced yet takes its watermark later, at or above this snapshot's horizon
+/// (the lowest running id never decreases). The second statement's snapshot is taken
+/// after that read, so a sync whose announcement was gone had committed and its
+/// subscription is seen.
 pub async fn cleanup(client: &mut Client) -> Result<u64, DbError> {
     let transaction = client.transaction().await?;
-    // Syncs hold this lock shared: cleanup waits for those in flight, whose subscription
-    // (and the watermark it will acknowledge) is not visible before they commit.
-    transaction
-        .batch_execute("SELECT pg_advisory_xact_lock(7263, 0)")
-        .await?;
-    // With no subscription at all, every future client starts empty: all tombstones go.
-    let threshold: i64 = transaction
+    let in_flight: i64 = transaction
+        .query_one(IN_FLIGHT_HORIZON_QUERY, &[])
+        .await?
+        .get(0);
+    // With no subscription at all, every future client starts empty: all tombstones
+    // below the horizon go.
+    let acknowledged: Option<i64> = transaction
         .query_one(
-            &format!(
-                "SELECT coalesce(min(download_acknowledged), {CURRENT_XID}) FROM rs_subscription"
-            ),
+            "SELECT min(download_acknowledged) FROM rs_subscription",
             &[],
         )
         .await?
         .get(0);
+    let threshold = acknowledged.map_or(in_flight, |acknowledged| acknowledged.min(in_flight));
     let tables: Vec<String> = transaction
         .query("SELECT table_name FROM rs_table", &[])
         .await?
@@ -448,6 +473,7 @@ pub async fn cleanup(client: &mut Client) -> Result<u64, DbError> {
                 &[&threshold],
             )
             .await?;
+        crate::failpoint!("mid_cleanup");
     }
     transaction.commit().await?;
     Ok(removed)

@@ -450,6 +450,7 @@ pub fn cleanup(connection: &mut Connection) -> Result<u64, DbError> {
             ),
             [threshold],
         )? as u64;
+        crate::failpoint!(blocking "mid_cleanup");
     }
     transaction.commit()?;
     Ok(removed)

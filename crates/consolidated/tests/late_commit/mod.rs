@@ -82,16 +82,16 @@ macro_rules! late_commit_tests {
 }
 
 /// A simulated client: its copy of its partition, kept by applying downloads.
-struct Replica {
-    client_id: String,
-    user: &'static str,
-    rows: BTreeMap<i64, Row>,
-    watermark: i64,
-    upload_sequence: u64,
+pub struct Replica {
+    pub client_id: String,
+    pub user: &'static str,
+    pub rows: BTreeMap<i64, Row>,
+    pub watermark: i64,
+    pub upload_sequence: u64,
 }
 
 impl Replica {
-    fn new(client_id: &str, user: &'static str) -> Replica {
+    pub fn new(client_id: &str, user: &'static str) -> Replica {
         Replica {
             client_id: client_id.into(),
             user,
@@ -101,7 +101,7 @@ impl Replica {
         }
     }
 
-    fn request(&mut self, tables: Vec<TableUpload>) -> Arc<SyncRequest> {
+    pub fn request(&mut self, tables: Vec<TableUpload>) -> Arc<SyncRequest> {
         self.upload_sequence += 1;
         Arc::new(SyncRequest {
             client_id: self.client_id.clone(),
@@ -114,7 +114,7 @@ impl Replica {
         })
     }
 
-    async fn sync(&mut self, backend: &mut impl ConsolidatedConnection) {
+    pub async fn sync(&mut self, backend: &mut impl ConsolidatedConnection) {
         let request = self.request(vec![]);
         let outcome = synchronize_collect(backend, request).await.unwrap();
         for download in outcome.downloads {
@@ -136,7 +136,7 @@ impl Replica {
 }
 
 /// The committed rows of one partition, as an autocommit reader sees them now.
-async fn committed(reader: &mut impl Sql, user: &str) -> BTreeMap<i64, Row> {
+pub async fn committed(reader: &mut impl Sql, user: &str) -> BTreeMap<i64, Row> {
     reader
         .items_of(user)
         .await

@@ -3,12 +3,13 @@
 //! a task encodes the download into its spool, release the worker. A download
 //! acknowledgement is recorded here too.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rowsync_consolidated::{
-    download_channel, Consolidated, ConsolidatedConnection, DownloadAckRequest, DownloadMessage,
-    SyncError, SyncOutcome, SyncRequest,
+    download_channel, Canceller, Consolidated, ConsolidatedConnection, DownloadAckRequest,
+    DownloadMessage, SyncError, SyncOutcome, SyncRequest,
 };
 use rowsync_protocol::{
     ErrorCode, FrameDecoder, Message, TableUpload, WireError, CONFLICTS_SINCE_VERSION,
@@ -46,6 +47,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
     shared: &Shared<B>,
     upload: CheckedUpload,
     timings: &mut PhaseTimings,
+    client_gone: impl Future<Output = ()>,
 ) -> Result<Synchronized, Failure> {
     let config = &shared.config;
     let metrics = &shared.metrics;
@@ -94,10 +96,19 @@ pub(crate) async fn synchronize<B: Consolidated>(
         auth_parameters: hello.auth_parameters,
     });
     let working = Instant::now();
-    let outcome = worker
-        .connection()
-        .synchronize(Arc::clone(&request), sender)
-        .await;
+    let canceller = worker.connection().canceller();
+    let raced = {
+        let transaction = worker
+            .connection()
+            .synchronize(Arc::clone(&request), sender);
+        tokio::select! {
+            outcome = transaction => Some(outcome),
+            () = client_gone => None,
+        }
+    };
+    let Some(outcome) = raced else {
+        return Err(cancelled(worker, canceller).await);
+    };
     let spooled = spooling
         .await
         .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?
@@ -116,6 +127,21 @@ pub(crate) async fn synchronize<B: Consolidated>(
         preamble,
         wire_bytes_received,
     })
+}
+
+/// The client went away while its sync ran: the statement running is cancelled (a
+/// re-check of a large upload applied before, a script waiting for a lock) and the
+/// worker's connection, its transaction never committed, is discarded.
+async fn cancelled<B: Consolidated>(worker: Worker<B>, canceller: Canceller) -> Failure {
+    let cancel = canceller.cancel().await;
+    worker.discard();
+    let how = match cancel {
+        Ok(()) => "its database work was cancelled".to_string(),
+        Err(error) => format!("cancelling its database work failed: {error}"),
+    };
+    Failure::silent(format!(
+        "the client closed the connection before its download; {how}"
+    ))
 }
 
 /// A committed sync's database phases (`database_time` split at the end of the apply),

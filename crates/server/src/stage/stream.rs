@@ -91,6 +91,7 @@ pub(crate) async fn receive<B: Consolidated>(
     };
     timings.record(metrics, Phase::connect, started.elapsed());
     observe_hello(shared, timings, &hello);
+    rowsync_consolidated::failpoint!("after_hello");
 
     // Authentication, before the rest of the upload is read: a refused client costs no
     // more than its hello.
@@ -200,6 +201,7 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
                         .append(chunk)
                         .await
                         .map_err(|error| spool_refusal(error, config))?;
+                    rowsync_consolidated::failpoint!("mid_upload");
                 }
                 self.decoder.feed(chunk);
                 continue;
