@@ -64,6 +64,7 @@ impl ClientError {
                     | ErrorCode::UnsupportedProtocolVersion
                     | ErrorCode::UnknownScriptVersion
                     | ErrorCode::ClientIdTaken
+                    | ErrorCode::ClientIdsExceeded
                     | ErrorCode::Schema
                     | ErrorCode::UploadTooLarge
                     | ErrorCode::FrameTooLarge,

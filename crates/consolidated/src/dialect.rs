@@ -156,6 +156,10 @@ pub trait Dialect {
     /// The client's subscription, if it has synced before.
     async fn subscription(&mut self, client_id: &str) -> Result<Option<Subscription>, SyncError>;
 
+    /// How many client ids (subscriptions) the user has, counted up to `count_max` (the
+    /// work is bounded by it, not by the user's subscriptions).
+    async fn client_ids_of_user(&mut self, user: &str, count_max: u64) -> Result<u64, SyncError>;
+
     /// Inserts or updates the client's subscription (see [`SubscriptionUpdate`]); also
     /// records this transaction's id where the backend has one.
     async fn record_subscription(

@@ -15,6 +15,9 @@ pub struct SyncRequest {
     pub tables: Vec<TableUpload>,
     /// Custom authentication parameters from the hello (`:auth_1`, ...).
     pub auth_parameters: Vec<String>,
+    /// Client ids (subscriptions) one user may have; a sync of a new client id beyond
+    /// it is refused (`None`: no limit).
+    pub client_ids_per_user_max: Option<u64>,
 }
 
 impl SyncRequest {

@@ -84,6 +84,9 @@ pub enum ErrorCode {
     Timeout = 11,
     /// Anything else on the server; the upload was rolled back as a whole.
     Internal = 12,
+    /// The user already has as many client ids as the server allows
+    /// (`client_ids_per_user_max`): a new client id is refused.
+    ClientIdsExceeded = 13,
 }
 
 impl ErrorCode {
@@ -102,6 +105,7 @@ impl ErrorCode {
             10 => ClientIdTaken,
             11 => Timeout,
             12 => Internal,
+            13 => ClientIdsExceeded,
             _ => return None,
         })
     }

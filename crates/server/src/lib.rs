@@ -23,6 +23,7 @@ mod config;
 pub mod controller;
 mod download_frames;
 mod failure;
+pub mod fuzzing;
 pub mod http;
 pub mod metrics;
 pub mod monitor;
@@ -40,8 +41,10 @@ mod throttle;
 pub mod tls;
 mod tls_accept;
 pub mod token;
+pub mod upload_stream;
+mod version_tables;
 
-pub use config::ServerConfig;
+pub use config::{ServerConfig, CLIENT_IDS_PER_USER_MAX_DEFAULT};
 pub use server::{
     serve, serve_endpoints, serve_endpoints_with_metrics, Endpoint, ServerError, Transport,
 };

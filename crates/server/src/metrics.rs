@@ -95,6 +95,8 @@ pub struct Metrics {
     pub upload_decompressed_bytes: Counter,
     /// Upload bytes appended to upload spools (memory or temporary file).
     pub upload_spooled_bytes: Counter,
+    /// Script versions' table lists loaded from the database by the stream stage.
+    pub version_tables_loads: Counter,
     /// Connections holding a slot that have not sent their hello yet.
     pub connections_awaiting_hello: Gauge,
     /// Connections closed without a hello to make room for newer ones.
@@ -149,6 +151,7 @@ impl Metrics {
             spilled_bytes: Counter::default(),
             upload_decompressed_bytes: Counter::default(),
             upload_spooled_bytes: Counter::default(),
+            version_tables_loads: Counter::default(),
             connections_awaiting_hello: Gauge::default(),
             hello_pending_evictions: Counter::default(),
             logins_throttled: Counter::default(),
@@ -216,6 +219,11 @@ impl Metrics {
             "upload_spooled_bytes",
             "Upload bytes appended to upload spools",
             metrics.upload_spooled_bytes.clone(),
+        );
+        registry.register(
+            "version_tables_loads",
+            "Script versions' table lists loaded to refuse unknown tables as they arrive",
+            metrics.version_tables_loads.clone(),
         );
         registry.register(
             "connections_awaiting_hello",

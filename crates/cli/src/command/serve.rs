@@ -65,6 +65,10 @@ pub struct ServeArgs {
     /// --login-failure-window-seconds, after which its logins are refused unchecked.
     #[arg(long, default_value_t = ServerConfig::default().login_failures_per_user_max)]
     login_failures_per_user_max: u32,
+    /// Client ids (subscriptions) one user may have; the first sync of a new client id
+    /// beyond it is refused (error code 13). 0: no limit.
+    #[arg(long, default_value_t = rowsync_server::CLIENT_IDS_PER_USER_MAX_DEFAULT)]
+    client_ids_per_user_max: u64,
     /// The window the login failure limits count in.
     #[arg(long, default_value_t = ServerConfig::default().login_failure_window.as_secs())]
     login_failure_window_seconds: u64,
@@ -292,6 +296,8 @@ impl ServeArgs {
             hello_pending_connections_max: self.hello_pending_connections_max,
             login_failures_per_address_max: self.login_failures_per_address_max,
             login_failures_per_user_max: self.login_failures_per_user_max,
+            client_ids_per_user_max: (self.client_ids_per_user_max > 0)
+                .then_some(self.client_ids_per_user_max),
             login_failure_window: Duration::from_secs(self.login_failure_window_seconds),
             workers: self.workers,
             workers_range,

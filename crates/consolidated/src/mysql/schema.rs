@@ -38,7 +38,8 @@ fn system_tables() -> Vec<String> {
             "CREATE TABLE IF NOT EXISTS rs_subscription (client_id {NAME} PRIMARY KEY, user_name {NAME} NOT NULL,
              script_version {NAME} NOT NULL, upload_sequence BIGINT NOT NULL DEFAULT 0,
              download_watermark BIGINT NOT NULL DEFAULT 0, download_acknowledged BIGINT NOT NULL DEFAULT 0,
-             last_sync_xid BIGINT NOT NULL DEFAULT 0, last_sync_at TIMESTAMP(6) NULL) ENGINE = InnoDB"
+             last_sync_xid BIGINT NOT NULL DEFAULT 0, last_sync_at TIMESTAMP(6) NULL,
+             INDEX rs_subscription_user (user_name)) ENGINE = InnoDB"
         ),
         format!(
             "CREATE TABLE IF NOT EXISTS rs_table (table_name {NAME} PRIMARY KEY, partition_column {NAME} NOT NULL) ENGINE = InnoDB"

@@ -107,6 +107,18 @@ impl Dialect for PgTransaction<'_> {
         }))
     }
 
+    async fn client_ids_of_user(&mut self, user: &str, count_max: u64) -> Result<u64, SyncError> {
+        let count_max = i64::try_from(count_max).unwrap_or(i64::MAX);
+        let row = self
+            .transaction
+            .query_one(
+                "SELECT count(*) FROM (SELECT 1 FROM rs_subscription WHERE user_name = $1 LIMIT $2) AS s",
+                &[&user, &count_max],
+            )
+            .await?;
+        Ok(row.get::<_, i64>(0) as u64)
+    }
+
     async fn record_subscription(
         &mut self,
         update: &SubscriptionUpdate<'_>,

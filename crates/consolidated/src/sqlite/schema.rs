@@ -34,6 +34,7 @@ CREATE TABLE IF NOT EXISTS rs_subscription (
     download_acknowledged INTEGER NOT NULL DEFAULT 0,
     last_sync_at TEXT
 );
+CREATE INDEX IF NOT EXISTS rs_subscription_user ON rs_subscription (user_name);
 CREATE TABLE IF NOT EXISTS rs_table (
     table_name TEXT PRIMARY KEY,
     partition_column TEXT NOT NULL

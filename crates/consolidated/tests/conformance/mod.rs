@@ -75,6 +75,7 @@ macro_rules! conformance_suite {
             another_users_rows_cannot_be_touched_or_seen,
             an_upload_sequence_is_applied_at_most_once,
             upload_sequences_start_at_one_and_never_skip,
+            a_new_client_id_beyond_the_users_limit_is_refused,
             refused_syncs_apply_nothing,
             an_error_in_the_second_table_rolls_back_the_first,
             a_failing_upload_insert_script_is_a_script_error,
@@ -331,6 +332,7 @@ fn request(
         upload_sequence,
         tables,
         auth_parameters: Vec::new(),
+        client_ids_per_user_max: None,
     }
 }
 
@@ -1139,6 +1141,51 @@ pub async fn an_upload_sequence_is_applied_at_most_once<F: Factory>() {
 /// rows just sent, and one upload with sequence 2^63-1 made every later upload of the
 /// client id "already applied". A sequence is 1 for a client's first upload and at
 /// most one above the last applied: anything else is refused, nothing applied.
+/// Issue 15, finding 10: a user may hold at most `client_ids_per_user_max` client ids
+/// (each subscription holds tombstones back for everyone); a new one beyond it is
+/// refused with code 13, nothing recorded or applied.
+pub async fn a_new_client_id_beyond_the_users_limit_is_refused<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[]).await;
+    let limited = |client_id: &str, user: &str, sequence: u64, tables: Vec<TableUpload>| {
+        let mut request = request(client_id, user, 0, sequence, tables);
+        request.client_ids_per_user_max = Some(2);
+        request
+    };
+    for client_id in ["alice-1", "alice-2"] {
+        f.sync_ok(limited(client_id, "alice", 1, vec![])).await;
+    }
+    let insert = orders_upload(vec![order(1, "alice", "pen", 1, None)], vec![], vec![]);
+    let error = f
+        .sync(limited("alice-3", "alice", 1, vec![insert]))
+        .await
+        .expect_err("a third client id of alice is refused");
+    assert!(
+        matches!(error, SyncError::ClientIdsExceeded { limit: 2, .. }),
+        "{error:?}"
+    );
+    assert_eq!(error.code(), ErrorCode::ClientIdsExceeded);
+    let message = error.to_string();
+    assert!(
+        message.contains("\"alice\"") && message.contains("\"alice-3\""),
+        "{message}"
+    );
+    let subscriptions = f
+        .sql
+        .query_rows(
+            "SELECT client_id FROM rs_subscription WHERE user_name = 'alice' ORDER BY client_id",
+        )
+        .await;
+    assert_eq!(
+        subscriptions,
+        vec![vec![text("alice-1")], vec![text("alice-2")]],
+        "nothing recorded for the refused client id"
+    );
+    assert_eq!(f.orders().await, Vec::<Row>::new(), "nothing applied");
+    // The user's existing client ids go on; other users have limits of their own.
+    f.sync_ok(limited("alice-1", "alice", 2, vec![])).await;
+    f.sync_ok(limited("bob-1", "bob", 1, vec![])).await;
+}
+
 pub async fn upload_sequences_start_at_one_and_never_skip<F: Factory>() {
     let mut f = Fixture::<F>::with_orders(&[]).await;
     let insert = |id: i64| orders_upload(vec![order(id, "alice", "pen", 1, None)], vec![], vec![]);

@@ -111,6 +111,7 @@ impl Replica {
             upload_sequence: self.upload_sequence,
             tables,
             auth_parameters: Vec::new(),
+            client_ids_per_user_max: None,
         })
     }
 

@@ -94,6 +94,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
         upload_sequence,
         tables,
         auth_parameters: hello.auth_parameters,
+        client_ids_per_user_max: config.client_ids_per_user_max,
     });
     let working = Instant::now();
     let canceller = worker.connection().canceller();
