@@ -42,7 +42,8 @@ async fn fresh_items_database() -> String {
         .init_table(&TableInit {
             table: "items".into(),
             partition_column: "owner".into(),
-            script_version: "v1".into(),
+            script_version: Some("v1".into()),
+            based_on: None,
         })
         .await
         .unwrap();
