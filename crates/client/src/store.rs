@@ -223,7 +223,10 @@ fn migrate_log(connection: &Connection, table: &str, shape: &Shape) -> Result<()
     let Some(logged) = self::shape(connection, &log)? else {
         return Ok(());
     };
-    let wanted: Vec<String> = (shape.key_columns.iter().cloned())
+    let wanted: Vec<String> = shape
+        .key_columns
+        .iter()
+        .cloned()
         .chain(std::iter::once("rs_op".to_string()))
         .chain(shape.columns.iter().map(|c| format!("{OLD_PREFIX}{c}")))
         .collect();
