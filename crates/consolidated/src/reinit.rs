@@ -15,6 +15,9 @@ use std::collections::HashMap;
 use crate::shape::{Column, TableShape};
 use crate::{DbError, TableInit};
 
+/// A table's default scripts, by event.
+pub type DefaultScripts = Vec<(&'static str, String)>;
+
 /// The version `init` writes when none is given and none exists.
 pub const FIRST_VERSION: &str = "v1";
 

@@ -357,7 +357,7 @@ async fn rewrite_dropped(
     transaction: &Transaction<'_>,
     rewrite: &Rewrite,
     table: &str,
-    defaults: (Vec<(&'static str, String)>, Vec<(&'static str, String)>),
+    defaults: (reinit::DefaultScripts, reinit::DefaultScripts),
     outcome: &mut InitOutcome,
 ) -> Result<(), DbError> {
     let stored: HashMap<String, String> = transaction
