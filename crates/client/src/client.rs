@@ -215,7 +215,10 @@ impl Client {
             report.conflicts += summary.conflicts;
             report.upload_already_applied |= summary.upload_already_applied;
             report.watermark = completed.watermark;
-            if !(batch.is_retry && store::has_pending_changes(&self.connection)?) {
+            // After a resend: again for the changes made meanwhile, or for the version
+            // asked for when the resend went with the one it was first sent with.
+            let moved_on = sent_with(options, &batch) != options.script_version;
+            if !(batch.is_retry && (moved_on || store::has_pending_changes(&self.connection)?)) {
                 break;
             }
         }
