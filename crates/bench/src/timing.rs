@@ -280,7 +280,8 @@ async fn prepare_database(url: &str, admin: &PgClient) -> Result<()> {
         .init_table(&TableInit {
             table: TABLE.into(),
             partition_column: "emp_id".into(),
-            script_version: SET_VERSION.into(),
+            script_version: Some(SET_VERSION.into()),
+            based_on: None,
         })
         .await?;
     connection

@@ -147,8 +147,19 @@ impl Client {
     }
 
     /// Records every later change of `table` for upload. The table needs a primary key.
+    ///
+    /// Called again after the table's columns changed (`ALTER TABLE ... ADD COLUMN`), it
+    /// migrates the table's change log to the new columns, keeping every pending change,
+    /// and rebuilds its triggers (docs/schema-changes.md).
     pub fn track(&mut self, table: &str) -> Result<(), ClientError> {
         store::track(&mut self.connection, table)
+    }
+
+    /// Runs `sql`, a change of a tracked table's schema, and tracks the table again, in
+    /// one transaction. Needed for `ALTER TABLE ... DROP COLUMN`, which SQLite refuses
+    /// while the tracking triggers name the column; fine for any other change too.
+    pub fn alter_tracked_table(&mut self, table: &str, sql: &str) -> Result<(), ClientError> {
+        store::alter_tracked(&mut self.connection, table, sql)
     }
 
     /// Changes recorded and not yet moved into an upload.
@@ -182,7 +193,7 @@ impl Client {
         let started = Instant::now();
         let mut report = SyncReport::default();
         loop {
-            let batch = store::next_batch(&mut self.connection)?;
+            let batch = store::next_batch_for(&mut self.connection, Some(&options.script_version))?;
             let round = self
                 .sync_round(options, &batch, &mut report, progress)
                 .await;
@@ -191,7 +202,8 @@ impl Client {
             }
             let (completed, rows_applied) = round?;
             if options.download_ack {
-                let hello = self.hello(options, completed.watermark);
+                let mut hello = self.hello(options, completed.watermark);
+                hello.script_version = sent_with(options, &batch).to_string();
                 acknowledge(options, hello, completed.watermark, &mut report).await?;
             }
             let summary = completed.summary;
@@ -205,7 +217,10 @@ impl Client {
             report.conflicts += summary.conflicts;
             report.upload_already_applied |= summary.upload_already_applied;
             report.watermark = completed.watermark;
-            if !(batch.is_retry && store::has_pending_changes(&self.connection)?) {
+            // After a resend: again for the changes made meanwhile, or for the version
+            // asked for when the resend went with the one it was first sent with.
+            let moved_on = sent_with(options, &batch) != options.script_version;
+            if !(batch.is_retry && (moved_on || store::has_pending_changes(&self.connection)?)) {
                 break;
             }
         }
@@ -222,12 +237,22 @@ impl Client {
         report: &mut SyncReport,
         progress: &mut (dyn FnMut(&SyncProgress) + Send),
     ) -> Result<(EndDownload, u64), ClientError> {
-        let last_download_watermark = store::state(&self.connection)?.download_watermark;
+        let script_version = sent_with(options, batch);
+        let state = store::state(&self.connection)?;
+        // A client moving to another script version downloads its rows in full once:
+        // the new version may carry columns the old one left out of earlier downloads.
+        let last_download_watermark = match &state.script_version {
+            Some(last) if last != script_version => 0,
+            _ => state.download_watermark,
+        };
         loop {
-            let hello = self.hello(options, last_download_watermark);
+            let mut hello = self.hello(options, last_download_watermark);
+            hello.script_version = script_version.to_string();
+            let mut apply = DownloadApply::new();
+            apply.script_version = Some(script_version.to_string());
             let mut handler = ApplyHandler {
                 connection: &mut self.connection,
-                apply: DownloadApply::new(),
+                apply,
                 named: ConflictedRows::default(),
                 conflicted_rows: &mut report.conflicted_rows,
                 progress: &mut *progress,
@@ -297,6 +322,15 @@ impl Client {
             download_ack: false,
         }
     }
+}
+
+/// The script version a batch goes with: the one it was first sent with (a resend of
+/// an upload made before the client moved to another version), else the options'.
+fn sent_with<'a>(options: &'a SyncOptions, batch: &'a store::Batch) -> &'a str {
+    batch
+        .script_version
+        .as_deref()
+        .unwrap_or(&options.script_version)
 }
 
 /// Applies each download message as it arrives, notes the conflicts it answers and

@@ -181,6 +181,15 @@ pub trait Dialect {
     /// The table's partition column from `rs_table`, if it has one.
     async fn partition_column(&mut self, table: &str) -> Result<Option<String>, SyncError>;
 
+    /// The columns of `table` that `version`'s scripts carried until the table dropped
+    /// them (`rs_script_column`): uploads of that version may name them, and the driver
+    /// leaves their values out. Asked only when an upload names a column the table lacks.
+    async fn dropped_columns(
+        &mut self,
+        version: &str,
+        table: &str,
+    ) -> Result<Vec<String>, SyncError>;
+
     /// Stages the rows, runs the kind's set script over them (`{upload}` names the
     /// stage) when `run_script`, and returns the keys of the staged rows that did not
     /// land as sent: for inserts and updates, rows whose new image the table does not

@@ -18,6 +18,7 @@ pub mod mysql;
 mod names;
 mod parameters;
 pub mod postgres;
+mod reinit;
 pub mod scripts;
 mod shape;
 pub mod sqlite;
@@ -44,7 +45,8 @@ pub use download::{
 pub use error::{DbError, SyncError};
 pub use names::quote_identifier;
 pub use types::{
-    AuthCheck, AuthRequest, DownloadAckRequest, ScriptEntry, SyncOutcome, SyncRequest, TableInit,
+    AuthCheck, AuthRequest, DownloadAckRequest, InitOutcome, ScriptEntry, SyncOutcome, SyncRequest,
+    TableInit,
 };
 
 /// A consolidated database: hands out connections. Cheap to clone.
@@ -122,8 +124,15 @@ pub trait ConsolidatedConnection: Send + 'static {
     ) -> impl Future<Output = Result<Vec<(String, String)>, DbError>> + Send;
 
     /// Prepares an existing table for synchronization: change tracking (row versions and
-    /// tombstones kept by triggers) and the default set scripts in the given version.
-    fn init_table(&mut self, init: &TableInit) -> impl Future<Output = Result<(), DbError>> + Send;
+    /// tombstones kept by triggers) and the default set scripts in the given (or derived)
+    /// version, recording the columns they carry. Run again after the table changed, it
+    /// refreshes the tracking, refuses to change a version clients use whose columns for
+    /// the table differ (they would break), and rewrites older versions' default scripts
+    /// that name a dropped column (`reinit`).
+    fn init_table(
+        &mut self,
+        init: &TableInit,
+    ) -> impl Future<Output = Result<InitOutcome, DbError>> + Send;
 
     /// Runs one sync's database work in one transaction: applies the upload unless its
     /// sequence was already applied, records the sequence, and streams the download to

@@ -25,6 +25,13 @@ impl TableShape {
     pub fn has_column(&self, name: &str) -> bool {
         self.columns.iter().any(|column| column.name == name)
     }
+
+    pub fn column_names(&self) -> Vec<String> {
+        self.columns
+            .iter()
+            .map(|column| column.name.clone())
+            .collect()
+    }
 }
 
 pub fn key_positions_in(

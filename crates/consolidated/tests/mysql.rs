@@ -43,6 +43,14 @@ impl Factory for MysqlFactory {
         format!("CAST({expression} AS {name})")
     }
 
+    fn widen_to_bigint(table: &str, columns: &[&str]) -> Option<String> {
+        let changes: Vec<String> = columns
+            .iter()
+            .map(|column| format!("MODIFY {column} BIGINT"))
+            .collect();
+        Some(format!("ALTER TABLE {table} {}", changes.join(", ")))
+    }
+
     async fn create() -> (MysqlConsolidated, MysqlSql) {
         let url = rowsync_testkit::fresh_mysql_database("conformance").await;
         (

@@ -29,6 +29,19 @@ impl Factory for PostgresFactory {
     type Backend = PostgresConsolidated;
     type Sql = PostgresSql;
 
+    fn widen_to_bigint(table: &str, columns: &[&str]) -> Option<String> {
+        let changes: Vec<String> = columns
+            .iter()
+            .map(|column| format!("ALTER COLUMN {column} TYPE BIGINT"))
+            .collect();
+        // A key column's type cannot change under the trigger whose WHEN names it; init
+        // makes it again (docs/schema-changes.md).
+        Some(format!(
+            "DROP TRIGGER rs_moved_{table} ON {table}; ALTER TABLE {table} {}",
+            changes.join(", ")
+        ))
+    }
+
     async fn create() -> (PostgresConsolidated, PostgresSql) {
         let exclusive = rowsync_testkit::exclusive().await;
         let url = rowsync_testkit::fresh_database("conformance").await;

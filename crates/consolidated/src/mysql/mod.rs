@@ -26,7 +26,7 @@ use rowsync_protocol::Row;
 use crate::version_scripts::ScriptCache;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
-    DownloadSender, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
+    DownloadSender, InitOutcome, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
 };
 use error::db;
 
@@ -139,7 +139,7 @@ impl ConsolidatedConnection for MysqlConnection {
         schema::password_hash(&mut self.connection, name).await
     }
 
-    async fn init_table(&mut self, init: &TableInit) -> Result<(), DbError> {
+    async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {
         schema::init_table(&mut self.connection, init).await
     }
 

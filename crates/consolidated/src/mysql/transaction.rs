@@ -215,6 +215,14 @@ impl Dialect for MysqlTransaction<'_> {
             .map_err(db)?)
     }
 
+    async fn dropped_columns(
+        &mut self,
+        version: &str,
+        table: &str,
+    ) -> Result<Vec<String>, SyncError> {
+        Ok(super::schema::dropped_columns(&mut self.transaction, version, table).await?)
+    }
+
     async fn apply_staged(
         &mut self,
         table: &TableApply<'_>,

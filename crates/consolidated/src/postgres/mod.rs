@@ -51,7 +51,7 @@ pub use crate::driver::SYNC_ATTEMPTS_MAX;
 use crate::version_scripts::ScriptCache;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
-    DownloadSender, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
+    DownloadSender, InitOutcome, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
 };
 pub use error::describe_postgres;
 use statements::Statements;
@@ -173,7 +173,7 @@ impl ConsolidatedConnection for PostgresConnection {
         Ok(row.map(|row| row.get(0)))
     }
 
-    async fn init_table(&mut self, init: &TableInit) -> Result<(), DbError> {
+    async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {
         schema::init_table(&mut self.client, init).await
     }
 

@@ -183,6 +183,14 @@ impl Dialect for PgTransaction<'_> {
         Ok(row.and_then(|row| row.get(0)))
     }
 
+    async fn dropped_columns(
+        &mut self,
+        version: &str,
+        table: &str,
+    ) -> Result<Vec<String>, SyncError> {
+        Ok(super::schema::dropped_columns(&self.transaction, version, table).await?)
+    }
+
     async fn apply_staged(
         &mut self,
         table: &TableApply<'_>,

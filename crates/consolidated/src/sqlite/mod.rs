@@ -22,7 +22,7 @@ use rusqlite::{Connection, OpenFlags};
 use crate::version_scripts::ScriptCache;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
-    DownloadSender, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
+    DownloadSender, InitOutcome, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
 };
 use transaction::SqliteBackend;
 
@@ -182,7 +182,7 @@ impl ConsolidatedConnection for SqliteConnection {
             .await
     }
 
-    async fn init_table(&mut self, init: &TableInit) -> Result<(), DbError> {
+    async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {
         let init = init.clone();
         self.run(move |connection| schema::init_table(connection, &init))
             .await

@@ -149,6 +149,18 @@ impl Dialect for SqliteTransaction<'_> {
             .flatten())
     }
 
+    async fn dropped_columns(
+        &mut self,
+        version: &str,
+        table: &str,
+    ) -> Result<Vec<String>, SyncError> {
+        Ok(super::schema::dropped_columns(
+            self.connection,
+            version,
+            table,
+        )?)
+    }
+
     async fn apply_staged(
         &mut self,
         table: &TableApply<'_>,

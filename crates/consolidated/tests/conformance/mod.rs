@@ -12,8 +12,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use rowsync_consolidated::{
-    synchronize_collect, CollectedSync, Consolidated, ConsolidatedConnection, DbError, SyncError,
-    SyncRequest, TableInit,
+    synchronize_collect, CollectedSync, Consolidated, ConsolidatedConnection, DbError, InitOutcome,
+    SyncError, SyncRequest, TableInit,
 };
 use rowsync_protocol::{
     Conflicts, Decimal, Download, ErrorCode, Row, RowUpdate, TableUpload, Value,
@@ -50,6 +50,12 @@ pub trait Factory {
             CastType::Text => "TEXT",
         };
         format!("CAST({expression} AS {name})")
+    }
+
+    /// The statement that widens `columns` of `table` to BIGINT in place, `None` where
+    /// the database cannot change a column's type (SQLite).
+    fn widen_to_bigint(_table: &str, _columns: &[&str]) -> Option<String> {
+        None
     }
 
     /// A fresh, empty consolidated database (not even the system tables) and raw SQL
@@ -96,6 +102,10 @@ macro_rules! conformance_suite {
             hostile_values_in_every_parameter_are_data_not_sql,
             a_row_script_hitting_an_existing_key_fails_by_row_and_can_be_skipped,
             a_table_changed_between_syncs_on_one_connection_is_read_as_it_now_is,
+            an_added_column_goes_into_a_new_version_and_old_clients_keep_syncing,
+            a_dropped_column_leaves_every_version_and_old_uploads_of_it_are_ignored,
+            a_new_table_goes_into_a_new_version_holding_every_table,
+            a_widened_type_syncs_values_past_its_old_range,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {
@@ -109,7 +119,9 @@ macro_rules! conformance_suite {
 }
 pub(crate) use conformance_suite;
 
+mod schema_changes;
 mod scripts;
+pub use schema_changes::*;
 pub use scripts::*;
 
 // ---------------------------------------------------------------------------------
@@ -168,9 +180,11 @@ impl<F: Factory> Fixture<F> {
             .init_table(&TableInit {
                 table: table.into(),
                 partition_column: partition_column.into(),
-                script_version: "v1".into(),
+                script_version: Some("v1".into()),
+                based_on: None,
             })
             .await
+            .map(|_| ())
     }
 
     async fn init_orders(&mut self) {

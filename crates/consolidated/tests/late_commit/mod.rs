@@ -57,7 +57,8 @@ pub fn items_init() -> TableInit {
     TableInit {
         table: "items".into(),
         partition_column: "owner".into(),
-        script_version: "v1".into(),
+        script_version: Some("v1".into()),
+        based_on: None,
     }
 }
 
