@@ -98,11 +98,13 @@ enum rowsync_status rowsync_open(const char *path,
 // `rowsync_open` with a durability mode. Every mode but FULL makes all commits durable
 // before each upload (`rowsync_set_durable_before_sync` changes that).
 //
+// `durability` is a `rowsync_durability` value; another is ROWSYNC_INVALID_ARGUMENT.
+//
 // # Safety
-// As `rowsync_open`; `durability` is one of the enum's values.
+// As `rowsync_open`.
 enum rowsync_status rowsync_open_with(const char *path,
                                       const char *client_id,
-                                      enum rowsync_durability durability,
+                                      int durability,
                                       struct rowsync_client **out);
 
 // Whether every commit is made durable before an upload is sent. The memory mode

@@ -118,6 +118,11 @@ pub async fn run_mode(options: &StoreOptions, mode: Mode, tracked: bool) -> Resu
         for _ in 0..options.size.repeat {
             let with_upload = tracked && threads == 1;
             let run = run_once(options, mode, tracked, threads, with_upload).await?;
+            let kind = if tracked { "tracked" } else { "untracked" };
+            eprintln!(
+                "bench-store: kv {} {kind} {threads} threads done",
+                mode.label()
+            );
             for (phase, rate, upload) in run {
                 let found = points
                     .iter()
@@ -182,7 +187,12 @@ async fn run_once(
         check_count(client.connection(), phase, records)?;
         let rate = (batches.len() * BATCH_RECORDS) as f64 / elapsed.as_secs_f64();
         let upload = match (&server, tracked && phase.writes()) {
-            (Some(server), true) => Some(server.sync(&mut client).await?),
+            (Some(server), true) => Some(
+                server
+                    .sync(&mut client)
+                    .await
+                    .with_context(|| format!("the sync after {}", phase.name()))?,
+            ),
             (None, true) => {
                 discard_logs(&client, &[TABLE])?;
                 None

@@ -63,6 +63,10 @@ pub async fn run_mode(options: &StoreOptions, mode: Mode, tracked: bool) -> Resu
         };
         for _ in 0..options.size.repeat {
             let (tps, upload) = run_once(options, mode, tracked, threads).await?;
+            eprintln!(
+                "bench-store: TPC-B {} {threads} threads: {tps:.0} TPS",
+                mode.label()
+            );
             point.tps.push(tps);
             point
                 .upload_ms

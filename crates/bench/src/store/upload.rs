@@ -13,6 +13,9 @@ use rowsync_server::{auth, ServerConfig};
 use crate::local_server::LocalServer;
 
 const USER: &str = "bench";
+/// How long the bench waits on the server: a full-size upload applied by a debug build
+/// on a busy machine takes minutes.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(3600);
 const PASSWORD: &str = "bench-store-password";
 /// The partition column every workload table has; its value is [`USER`].
 pub const OWNER_COLUMN: &str = "owner";
@@ -50,7 +53,8 @@ impl UploadServer {
         admin.set_user(USER, &hash).await?;
         drop(admin);
         let server = LocalServer::start(backend, ServerConfig::default()).await?;
-        let options = SyncOptions::new(format!("tcp://{}", server.address), USER, PASSWORD);
+        let mut options = SyncOptions::new(format!("tcp://{}", server.address), USER, PASSWORD);
+        options.timeout = SYNC_TIMEOUT;
         Ok(UploadServer {
             server,
             options,
