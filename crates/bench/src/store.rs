@@ -89,7 +89,7 @@ impl StoreSize {
     }
 
     pub fn check(&self) -> Result<()> {
-        if self.records == 0 || self.records % BATCH_RECORDS != 0 {
+        if self.records == 0 || !self.records.is_multiple_of(BATCH_RECORDS) {
             bail!("records must be a positive multiple of {BATCH_RECORDS}");
         }
         if self.repeat == 0 || self.tpcb_transactions == 0 {

@@ -455,7 +455,7 @@ fn render(chart: &Chart) -> Result<String, String> {
             .map_err(|e| e.to_string())?;
         for (index, (name, values)) in chart.series.iter().enumerate() {
             let color = COLORS[index % COLORS.len()];
-            let style = if index / COLORS.len() % 2 == 0 {
+            let style = if (index / COLORS.len()).is_multiple_of(2) {
                 color.stroke_width(2)
             } else {
                 color.stroke_width(1)
