@@ -6,7 +6,9 @@ mod command;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use command::bench::{BenchApplyArgs, BenchArgs, BenchLoadArgs, BenchTransportArgs};
+use command::bench::{
+    BenchApplyArgs, BenchArgs, BenchLoadArgs, BenchStoreArgs, BenchTransportArgs,
+};
 use command::{bench, cert, cleanup, demo, init, replay, script, serve, user, version};
 
 #[derive(Parser)]
@@ -72,6 +74,11 @@ enum Command {
     /// clients above the connection limit against the limit raised. Drops and recreates
     /// bench_rows in the database named.
     BenchLoad(BenchLoadArgs),
+    /// The Berkeley DB performance overview's study on the client store: a key-value
+    /// workload (insert, fetch, update, delete, reinsert) in each durability mode, on a
+    /// tracked and an untracked table, by thread count; TPC-B-like transactions; the
+    /// sync after each. Needs no server. See docs/benchmarks.md.
+    BenchStore(BenchStoreArgs),
     /// Run a complete demonstration (embedded SQLite by default, or --db postgres://... or mysql://...).
     Demo(demo::DemoArgs),
 }
@@ -114,6 +121,7 @@ async fn run(command: Command) -> Result<()> {
         Command::BenchApply(args) => bench::run_apply(args).await,
         Command::Bench(args) => bench::run_bench(args).await,
         Command::BenchLoad(args) => bench::run_load(args).await,
+        Command::BenchStore(args) => bench::run_store(args).await,
         Command::Demo(args) => demo::run(args).await,
     }
 }

@@ -1,4 +1,4 @@
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rowsync_protocol::{
@@ -6,6 +6,7 @@ use rowsync_protocol::{
 };
 use rusqlite::Connection;
 
+use crate::durability::{self, ClientOptions, Durability};
 use crate::report::{ConflictedRow, ConflictedRows, SyncProgress, SyncReport};
 use crate::session::SessionEvent;
 use crate::store::DownloadApply;
@@ -114,6 +115,9 @@ impl SyncOptions {
 pub struct Client {
     connection: Connection,
     client_id: String,
+    path: PathBuf,
+    durability: Durability,
+    durable_before_sync: bool,
 }
 
 impl Client {
@@ -127,18 +131,53 @@ impl Client {
         path: impl AsRef<Path>,
         client_id: Option<&str>,
     ) -> Result<Client, ClientError> {
-        let connection = Connection::open(path)?;
-        connection.busy_timeout(Duration::from_secs(30))?;
-        connection.pragma_update(None, "journal_mode", "WAL")?;
-        let client_id = store::install(&connection, client_id)?;
+        let options = ClientOptions {
+            client_id: client_id.map(str::to_owned),
+            ..ClientOptions::default()
+        };
+        Client::open_with(path, &options)
+    }
+
+    /// Opens a client database with a durability mode (docs/client.md §10 says what each
+    /// can lose). In [`Durability::Memory`] only [`Client::connection`] reaches the data.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        options: &ClientOptions,
+    ) -> Result<Client, ClientError> {
+        let path = path.as_ref().to_path_buf();
+        let connection = durability::open(&path, options)?;
+        let client_id = store::install(&connection, options.client_id.as_deref())?;
         Ok(Client {
             connection,
             client_id,
+            path,
+            durability: options.durability,
+            durable_before_sync: options.durable_before_sync,
         })
     }
 
     pub fn client_id(&self) -> &str {
         &self.client_id
+    }
+
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// Whether every commit is made durable before an upload is sent (default: in
+    /// every mode but [`Durability::Full`]). [`Durability::Memory`] cannot turn it off.
+    pub fn set_durable_before_sync(&mut self, on: bool) -> Result<(), ClientError> {
+        if !on && self.durability == Durability::Memory {
+            return Err(durability::memory_needs_persist());
+        }
+        self.durable_before_sync = on;
+        Ok(())
+    }
+
+    /// Makes every commit so far durable: syncs the files to disk, or in
+    /// [`Durability::Memory`] replaces the file with a copy of the database.
+    pub fn persist(&self) -> Result<(), ClientError> {
+        durability::persist(&self.connection, &self.path, self.durability)
     }
 
     /// The application's connection to the client database.
@@ -194,6 +233,11 @@ impl Client {
         let mut report = SyncReport::default();
         loop {
             let batch = store::next_batch_for(&mut self.connection, Some(&options.script_version))?;
+            if self.durable_before_sync {
+                // The server may apply this upload once sent: the record of it must
+                // survive whatever the mode can survive (durability.rs says why).
+                self.persist()?;
+            }
             let round = self
                 .sync_round(options, &batch, &mut report, progress)
                 .await;
