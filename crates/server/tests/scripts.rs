@@ -511,11 +511,7 @@ async fn token_logins_have_unknown_tables_refused_as_they_arrive_from_a_cached_l
         .await
         .unwrap();
     connection
-        .init_table(&TableInit {
-            table: "returns".into(),
-            partition_column: "rep".into(),
-            script_version: "v1".into(),
-        })
+        .init_table(&TableInit::new("returns", "rep", "v1"))
         .await
         .unwrap();
     let returns = orders_chunk("returns", "alice", 2);

@@ -42,11 +42,7 @@ impl UploadServer {
         admin.install_system_tables().await?;
         for (table, _) in tables {
             admin
-                .init_table(&TableInit {
-                    table: (*table).into(),
-                    partition_column: OWNER_COLUMN.into(),
-                    script_version: "v1".into(),
-                })
+                .init_table(&TableInit::new(table, OWNER_COLUMN, "v1"))
                 .await?;
         }
         let hash = auth::hash_password(PASSWORD).map_err(|error| anyhow::anyhow!("{error}"))?;
