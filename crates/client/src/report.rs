@@ -5,7 +5,9 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
 
-use rowsync_protocol::{decode_message, Download, Message, Row, Value, FRAME_HEADER_BYTES};
+use rowsync_protocol::{
+    decode_message, encode_key_identity, Download, Message, Row, Value, FRAME_HEADER_BYTES,
+};
 
 use crate::transport::WireBytes;
 use crate::ClientError;
@@ -187,18 +189,14 @@ fn key_of(row: &Row, positions: &[usize]) -> Option<Row> {
     positions.iter().map(|&p| row.get(p).cloned()).collect()
 }
 
+/// Keys hash by their identity form: a key the client uploads as text (a uuid, a date)
+/// is the key the server downloads typed.
 fn key_hash<'v>(values: impl Iterator<Item = &'v Value>) -> u64 {
-    let mut hasher = DefaultHasher::new();
+    let mut bytes = Vec::new();
     for value in values {
-        match value {
-            Value::Null => 0u8.hash(&mut hasher),
-            Value::Int(v) => (1u8, v).hash(&mut hasher),
-            Value::Double(v) => (2u8, v.to_bits()).hash(&mut hasher),
-            Value::Decimal(v) => (3u8, v.to_string()).hash(&mut hasher),
-            Value::Text(v) => (4u8, v).hash(&mut hasher),
-            Value::Blob(v) => (5u8, v).hash(&mut hasher),
-            Value::Timestamp(v) => (6u8, v).hash(&mut hasher),
-        }
+        encode_key_identity(std::slice::from_ref(value), &mut bytes);
     }
+    let mut hasher = DefaultHasher::new();
+    bytes.hash(&mut hasher);
     hasher.finish()
 }

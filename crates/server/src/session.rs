@@ -5,7 +5,9 @@
 
 use std::collections::HashMap;
 
-use rowsync_protocol::{ErrorCode, Hello, Message, TableUpload, WireError, PROTOCOL_VERSION};
+use rowsync_protocol::{
+    ErrorCode, Hello, Message, TableUpload, WireError, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+};
 
 /// The end of a checked upload.
 #[derive(Debug)]
@@ -144,11 +146,12 @@ impl ServerSession {
 /// Refuses a hello of another protocol version, or with an empty client id, script
 /// version, or user (the user may be empty when a token names it).
 fn check_hello(hello: &Hello) -> Result<(), WireError> {
-    if hello.protocol_version != PROTOCOL_VERSION {
+    if !(PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&hello.protocol_version) {
         return Err(WireError::new(
             ErrorCode::UnsupportedProtocolVersion,
             format!(
-                "protocol version {} is not supported; this server speaks version {PROTOCOL_VERSION}",
+                "protocol version {} is not supported; this server speaks versions \
+                 {PROTOCOL_VERSION_MIN} to {PROTOCOL_VERSION}",
                 hello.protocol_version
             ),
         ));
@@ -336,6 +339,38 @@ mod tests {
             session.tables_examined(),
             tables + 100
         );
+    }
+
+    #[test]
+    fn accepts_versions_1_and_2_and_refuses_others_by_name() {
+        for version in [1, 2] {
+            let Message::Hello(mut hello) = hello() else {
+                unreachable!()
+            };
+            hello.protocol_version = version;
+            let mut session = ServerSession::new(1 << 20);
+            assert!(matches!(
+                session.handle(Message::Hello(hello), 10).unwrap(),
+                Step::Hello(_)
+            ));
+        }
+        for version in [0, 3] {
+            let Message::Hello(mut hello) = hello() else {
+                unreachable!()
+            };
+            hello.protocol_version = version;
+            let error = ServerSession::new(1 << 20)
+                .handle(Message::Hello(hello), 10)
+                .unwrap_err();
+            assert_eq!(
+                error.error_code(),
+                Some(ErrorCode::UnsupportedProtocolVersion)
+            );
+            assert_eq!(
+                error.message,
+                format!("protocol version {version} is not supported; this server speaks versions 1 to 2")
+            );
+        }
     }
 
     #[test]

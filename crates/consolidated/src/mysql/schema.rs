@@ -12,7 +12,7 @@ use super::error::db;
 use super::stamp;
 use crate::names::{column_list, key_match};
 use crate::scripts::*;
-use crate::shape::{Column, TableShape};
+use crate::shape::{unsupported_column_type, Column, TableShape};
 use crate::{quote_identifier as q, DbError, ScriptEntry, TableInit};
 
 /// Text columns of system tables compare byte for byte, as on the other backends.
@@ -288,6 +288,16 @@ pub async fn init_table(connection: &mut Conn, init: &TableInit) -> Result<(), D
                 init.table, init.partition_column
             )));
         };
+        if let Some(info) = infos
+            .iter()
+            .find(|info| !super::value::SUPPORTED_DATA_TYPES.contains(&info.data_type.as_str()))
+        {
+            return Err(unsupported_column_type(
+                &init.table,
+                &info.name,
+                &info.column_type,
+            ));
+        }
         // DDL commits as it goes in MySQL: each statement below is idempotent, and the
         // table is registered (with its scripts) only once all of them ran.
         for statement in tracking_ddl(connection, &shape, &infos, partition).await? {

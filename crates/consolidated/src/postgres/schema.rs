@@ -4,9 +4,10 @@
 use tokio_postgres::{Client, GenericClient};
 
 use super::statements::Statements;
+use super::value::kind_of;
 use crate::names::{column_list, key_match};
 use crate::scripts::*;
-use crate::shape::{Column, TableShape};
+use crate::shape::{unsupported_column_type, Column, TableShape};
 use crate::{quote_identifier as q, DbError, ScriptEntry, TableInit};
 
 const SYSTEM_TABLES: &str = "
@@ -177,6 +178,7 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<(), DbE
             init.table
         )));
     }
+    refuse_unsupported_types(&transaction, &shape, &types).await?;
     let Some(partition_type) = shape
         .columns
         .iter()
@@ -216,7 +218,8 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<(), DbE
             &[&init.script_version],
         )
         .await?;
-    for (event, script) in default_scripts(&shape, &init.partition_column, &partition_type) {
+    for (event, script) in default_scripts(&shape, &types, &init.partition_column, &partition_type)
+    {
         transaction
             .execute(
                 "INSERT INTO rs_script (script_version, table_name, event, script) VALUES ($1, $2, $3, $4)
@@ -227,6 +230,39 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<(), DbE
     }
     transaction.commit().await?;
     Ok(())
+}
+
+/// Refuses, naming it, a column of a type rowsync cannot carry ([`kind_of`]), so that
+/// no sync ever meets one.
+async fn refuse_unsupported_types(
+    client: &impl GenericClient,
+    shape: &TableShape,
+    types: &[String],
+) -> Result<(), DbError> {
+    let names: Vec<String> = shape.columns.iter().map(|c| c.name.clone()).collect();
+    let statement = client
+        .prepare(&format!(
+            "SELECT {} FROM {}",
+            column_list(&names, ""),
+            q(&shape.name)
+        ))
+        .await?;
+    for ((column, name), type_name) in statement.columns().iter().zip(&names).zip(types) {
+        if kind_of(column.type_()).is_none() {
+            return Err(unsupported_column_type(&shape.name, name, type_name));
+        }
+    }
+    Ok(())
+}
+
+/// `expression` in a form `IS NOT DISTINCT FROM` can compare: `json` has no equality
+/// operator, so json columns compare as their text (exactly as stored).
+pub fn comparable(expression: &str, sql_type: &str) -> String {
+    if sql_type == "json" || sql_type.starts_with("json[") {
+        format!("{expression}::text")
+    } else {
+        expression.to_string()
+    }
 }
 
 /// Change tracking: an `rs_xid` column stamped with the writing transaction's id (by
@@ -310,6 +346,7 @@ CREATE TRIGGER {delete_trigger} AFTER DELETE ON {table} REFERENCING OLD TABLE AS
 /// finds conflicts (staged keys not returned) in the same statement.
 pub fn default_scripts(
     shape: &TableShape,
+    types: &[String],
     partition_column: &str,
     partition_type: &str,
 ) -> Vec<(&'static str, String)> {
@@ -342,11 +379,15 @@ pub fn default_scripts(
         .join(", ");
     let old_matches = all
         .iter()
-        .map(|name| {
+        .zip(types)
+        .map(|(name, sql_type)| {
             format!(
-                "{table}.{c} IS NOT DISTINCT FROM u.{old}",
-                c = q(name),
-                old = q(&format!("{OLD_IMAGE_PREFIX}{name}"))
+                "{} IS NOT DISTINCT FROM {}",
+                comparable(&format!("{table}.{}", q(name)), sql_type),
+                comparable(
+                    &format!("u.{}", q(&format!("{OLD_IMAGE_PREFIX}{name}"))),
+                    sql_type
+                ),
             )
         })
         .collect::<Vec<_>>()

@@ -62,7 +62,12 @@ pub(crate) async fn synchronize<B: Consolidated>(
         outbound,
         Arc::clone(&shared.cache),
     );
-    let spooling = spool_download(chunks, spool, config.download_message_bytes_max);
+    let spooling = spool_download(
+        chunks,
+        spool,
+        config.download_message_bytes_max,
+        hello.protocol_version,
+    );
     let waiting = Instant::now();
     let mut worker = shared
         .pool
@@ -128,12 +133,13 @@ fn spool_download(
     mut chunks: mpsc::Receiver<DownloadMessage>,
     mut spool: Spool,
     message_bytes_max: usize,
+    protocol_version: u16,
 ) -> JoinHandle<Result<Spool, SpoolError>> {
     tokio::spawn(async move {
         while let Some(message) = chunks.recv().await {
             match message {
                 DownloadMessage::Chunk(chunk) => {
-                    for frame in chunk_frames(chunk, message_bytes_max) {
+                    for frame in chunk_frames(chunk, message_bytes_max, protocol_version) {
                         spool.append(&frame).await?;
                     }
                 }
