@@ -1,10 +1,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use rowsync_protocol::{Download, EndDownload, Hello, FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION};
+use rowsync_protocol::{
+    Conflicts, Download, EndDownload, Hello, FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION,
+};
 use rusqlite::Connection;
 
-use crate::report::{ConflictedRow, SyncProgress, SyncReport, UploadedKeys};
+use crate::report::{ConflictedRow, ConflictedRows, SyncProgress, SyncReport};
 use crate::session::SessionEvent;
 use crate::store::DownloadApply;
 use crate::transport::{
@@ -221,13 +223,12 @@ impl Client {
         progress: &mut (dyn FnMut(&SyncProgress) + Send),
     ) -> Result<(EndDownload, u64), ClientError> {
         let last_download_watermark = store::state(&self.connection)?.download_watermark;
-        let uploaded = UploadedKeys::of_frames(&batch.frames)?;
         loop {
             let hello = self.hello(options, last_download_watermark);
             let mut handler = ApplyHandler {
                 connection: &mut self.connection,
                 apply: DownloadApply::new(),
-                uploaded: &uploaded,
+                named: ConflictedRows::default(),
                 conflicted_rows: &mut report.conflicted_rows,
                 progress: &mut *progress,
                 wire_before: report.wire,
@@ -304,7 +305,8 @@ struct ApplyHandler<'a> {
     /// `&mut`, being `Send` where `&Connection` is not.
     connection: &'a mut Connection,
     apply: DownloadApply,
-    uploaded: &'a UploadedKeys,
+    /// Conflicting keys the server named in this round.
+    named: ConflictedRows,
     conflicted_rows: &'a mut Vec<ConflictedRow>,
     progress: &'a mut (dyn FnMut(&SyncProgress) + Send),
     /// What earlier rounds of this sync moved.
@@ -327,9 +329,14 @@ impl ApplyHandler<'_> {
 
 impl DownloadHandler for ApplyHandler<'_> {
     fn download(&mut self, download: Download, wire: WireBytes) -> Result<(), ClientError> {
-        self.uploaded.conflicts_in(&download, self.conflicted_rows);
+        self.named.answered(&download, self.conflicted_rows);
         self.apply.apply(self.connection, &download)?;
         self.tell(wire, self.rows_to_upload);
+        Ok(())
+    }
+
+    fn conflicts(&mut self, conflicts: Conflicts) -> Result<(), ClientError> {
+        self.named.named(conflicts, self.conflicted_rows);
         Ok(())
     }
 

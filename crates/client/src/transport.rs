@@ -17,8 +17,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rowsync_protocol::{
-    encode_frame, Compression, Download, DownloadAck, EndUpload, FrameDecoder, Hello, Inbound,
-    Message, Outbound,
+    encode_frame, Compression, Conflicts, Download, DownloadAck, EndUpload, FrameDecoder, Hello,
+    Inbound, Message, Outbound,
 };
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -224,19 +224,33 @@ pub trait DownloadHandler: Send {
     /// A checked download message; `wire` counts the bytes so far. An error ends the
     /// exchange with it.
     fn download(&mut self, download: Download, wire: WireBytes) -> Result<(), ClientError>;
+    /// One table's keys the server did not apply as uploaded; all come before the first
+    /// download message.
+    fn conflicts(&mut self, conflicts: Conflicts) -> Result<(), ClientError> {
+        let _ = conflicts;
+        Ok(())
+    }
     /// Part of the upload was written; `wire` counts the bytes so far.
     fn sent(&mut self, wire: WireBytes) {
         let _ = wire;
     }
 }
 
-/// Keeps every download, for [`exchange`].
+/// Keeps every download and conflicting key, for [`exchange`].
 #[derive(Default)]
-struct Collect(Vec<Download>);
+struct Collect {
+    downloads: Vec<Download>,
+    conflicts: Vec<Conflicts>,
+}
 
 impl DownloadHandler for Collect {
     fn download(&mut self, download: Download, _wire: WireBytes) -> Result<(), ClientError> {
-        self.0.push(download);
+        self.downloads.push(download);
+        Ok(())
+    }
+
+    fn conflicts(&mut self, conflicts: Conflicts) -> Result<(), ClientError> {
+        self.conflicts.push(conflicts);
         Ok(())
     }
 }
@@ -255,7 +269,8 @@ pub async fn exchange_measured(
     let (event, wire) = exchange_streaming(request, &mut collect).await?;
     let event = match event {
         SessionEvent::Complete(mut completed) => {
-            completed.downloads = collect.0;
+            completed.downloads = collect.downloads;
+            completed.conflicts = collect.conflicts;
             SessionEvent::Complete(completed)
         }
         other => other,
@@ -515,6 +530,7 @@ impl<'h> Receiver<'h> {
                     Received::Download(download) => {
                         self.handler.download(download, self.counters.get())?
                     }
+                    Received::Conflicts(conflicts) => self.handler.conflicts(conflicts)?,
                     Received::Event(SessionEvent::Continue) => {}
                     Received::Event(done) => return Ok(Some(done)),
                 }

@@ -74,6 +74,11 @@ pub fn encode_message(message: &Message) -> Vec<u8> {
         }
         Message::Busy { retry_after_ms } => out.extend_from_slice(&retry_after_ms.to_be_bytes()),
         Message::DownloadAck(ack) => out.extend_from_slice(&ack.watermark.to_be_bytes()),
+        Message::Conflicts(conflicts) => {
+            put_str(&mut out, &conflicts.table);
+            put_names(&mut out, &conflicts.key_columns);
+            put_rows(&mut out, &conflicts.keys);
+        }
     }
     out
 }
@@ -194,6 +199,16 @@ fn decode(body: &[u8], rows: Rows) -> Result<Message, DecodeError> {
         0x08 => Message::DownloadAck(DownloadAck {
             watermark: reader.i64("watermark")?,
         }),
+        0x09 => {
+            let table = reader.string("table name")?;
+            let key_columns = reader.names("key column")?;
+            let keys = reader.rows("conflicting key", key_columns.len())?;
+            Message::Conflicts(Conflicts {
+                table,
+                key_columns,
+                keys,
+            })
+        }
         other => return Err(DecodeError::UnknownMessageType(other)),
     };
     let trailing = body.len() - reader.offset;

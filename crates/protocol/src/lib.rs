@@ -27,8 +27,8 @@ pub use compression::{
 pub use error::{DecodeError, ErrorCode};
 pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES};
 pub use message::{
-    Download, DownloadAck, EndDownload, EndUpload, Hello, Message, MessageType, RowUpdate,
-    SyncSummary, TableUpload, WireError,
+    Conflicts, Download, DownloadAck, EndDownload, EndUpload, Hello, Message, MessageType,
+    RowUpdate, SyncSummary, TableUpload, WireError,
 };
 pub use numeric::{parse_decimal_value, Numeric, NUMERIC_SCALE_MAX, NUMERIC_WHOLE_DIGITS_MAX};
 pub use text_form::{
@@ -40,8 +40,13 @@ pub use value::{
     Decimal, DecimalParseError, Interval, Row, Value, ARRAY_DEPTH_MAX, DECIMAL_SCALE_MAX,
 };
 
-/// The protocol version this crate speaks and a client sends.
+/// The protocol version this crate speaks. A server accepts a hello of this version or
+/// any down to [`PROTOCOL_VERSION_MIN`] and refuses others.
 pub const PROTOCOL_VERSION: u16 = 2;
-/// The oldest version a server still accepts: a v1 session gets every v2 value in its
-/// v1 form ([`Value::to_v1`]).
+
+/// The oldest protocol version a server still serves: a v1 session gets every v2 value
+/// in its v1 form ([`Value::to_v1`]).
 pub const PROTOCOL_VERSION_MIN: u16 = 1;
+
+/// The first protocol version whose server names conflicting keys in `Conflicts`.
+pub const CONFLICTS_SINCE_VERSION: u16 = 2;

@@ -2,11 +2,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::{ErrorCode, Row};
 
-/// Every message of protocol v1. The numeric type byte of each is in [`MessageType`].
+/// Every message of the protocol. The numeric type byte of each is in [`MessageType`].
 ///
 /// A sync is: client sends `Hello`, zero or more `Upload`, one `EndUpload`; server
-/// answers with zero or more `Download` and one `EndDownload`, or with `Error` or
-/// `Busy` at any point, after which the connection closes.
+/// answers with zero or more `Conflicts` (protocol v2), zero or more `Download` and one
+/// `EndDownload`, or with `Error` or `Busy` at any point, after which the connection
+/// closes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Message {
@@ -18,6 +19,7 @@ pub enum Message {
     Error(WireError),
     Busy { retry_after_ms: u32 },
     DownloadAck(DownloadAck),
+    Conflicts(Conflicts),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +33,7 @@ pub enum MessageType {
     Error = 0x06,
     Busy = 0x07,
     DownloadAck = 0x08,
+    Conflicts = 0x09,
 }
 
 impl Message {
@@ -44,6 +47,7 @@ impl Message {
             Message::Error(_) => MessageType::Error,
             Message::Busy { .. } => MessageType::Busy,
             Message::DownloadAck(_) => MessageType::DownloadAck,
+            Message::Conflicts(_) => MessageType::Conflicts,
         }
     }
 }
@@ -59,6 +63,7 @@ impl MessageType {
             MessageType::Error => "error",
             MessageType::Busy => "busy",
             MessageType::DownloadAck => "download_ack",
+            MessageType::Conflicts => "conflicts",
         }
     }
 }
@@ -124,6 +129,19 @@ pub struct Download {
     pub key_columns: Vec<String>,
     pub upserts: Vec<Row>,
     pub deletes: Vec<Row>,
+}
+
+/// Keys of one table's uploaded rows the server did not apply as sent (protocol v2):
+/// the server's row for each follows in this sync's download (as an upsert, or as a
+/// delete when the server has none). Sent before the download's first `Download`; a
+/// table's keys may span several messages. Their number over all messages is at most
+/// `EndDownload.summary.conflicts`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Conflicts {
+    pub table: String,
+    pub key_columns: Vec<String>,
+    /// Values of `key_columns`, in that order, one row per conflicting key.
+    pub keys: Vec<Row>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

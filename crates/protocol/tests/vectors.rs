@@ -215,6 +215,17 @@ fn vectors() -> Vec<(&'static str, Message)> {
                 watermark: 1_234_567,
             }),
         ),
+        (
+            "conflicts",
+            Message::Conflicts(Conflicts {
+                table: "order_lines".into(),
+                key_columns: vec!["order_id".into(), "line".into()],
+                keys: vec![
+                    vec![Value::Int(1001), Value::Int(1)],
+                    vec![Value::Int(1002), Value::Int(3)],
+                ],
+            }),
+        ),
     ]
 }
 

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 
 use rowsync_consolidated::SyncOutcome;
-use rowsync_protocol::{encode_frame, Download, EndDownload, Message, Row, Value};
+use rowsync_protocol::{encode_frame, Conflicts, Download, EndDownload, Message, Row, Value};
 
 fn row_bytes(row: &Row) -> usize {
     2 + row.iter().map(Value::encoded_len).sum::<usize>()
@@ -74,6 +74,39 @@ fn to_v1(row: &mut Row) {
             *value = v1;
         }
     }
+}
+
+/// Frames naming one table's conflicting keys, split where a message would pass
+/// `message_bytes_max`.
+pub(crate) fn conflict_frames(conflicts: Conflicts, message_bytes_max: usize) -> Vec<Vec<u8>> {
+    let Conflicts {
+        table,
+        key_columns,
+        keys,
+    } = conflicts;
+    let mut frames = Vec::new();
+    let mut current: Vec<Row> = Vec::new();
+    let mut current_bytes = 0;
+    let mut flush = |current: &mut Vec<Row>| {
+        frames.push(encode_frame(&Message::Conflicts(Conflicts {
+            table: table.clone(),
+            key_columns: key_columns.clone(),
+            keys: std::mem::take(current),
+        })));
+    };
+    for key in keys {
+        let size = row_bytes(&key);
+        if current_bytes + size > message_bytes_max && current_bytes > 0 {
+            flush(&mut current);
+            current_bytes = 0;
+        }
+        current_bytes += size;
+        current.push(key);
+    }
+    if !current.is_empty() {
+        flush(&mut current);
+    }
+    frames
 }
 
 /// The frame that ends a download: its watermark and the sync's summary.
@@ -163,5 +196,33 @@ pub(crate) mod tests {
             v1.deletes[0],
             vec![Value::Text("02020202-0202-0202-0202-020202020202".into())]
         );
+    }
+
+    #[test]
+    fn conflicting_keys_split_by_size_keep_every_key_in_order() {
+        let keys: Vec<Row> = (0..1000).map(|i| vec![Value::Int(i)]).collect();
+        let conflicts = Conflicts {
+            table: "t".into(),
+            key_columns: vec!["id".into()],
+            keys: keys.clone(),
+        };
+        let frames = conflict_frames(conflicts, 1_000);
+        assert!(
+            frames.len() >= 11,
+            "expected many frames, got {}",
+            frames.len()
+        );
+        let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
+        let mut received = Vec::new();
+        for frame in &frames {
+            assert!(frame.len() < 1_100, "frame of {} bytes", frame.len());
+            decoder.feed(frame);
+            let Some(Message::Conflicts(part)) = decoder.next_message().unwrap() else {
+                panic!("a conflicts message")
+            };
+            assert_eq!(part.key_columns, vec!["id".to_string()]);
+            received.extend(part.keys);
+        }
+        assert_eq!(received, keys);
     }
 }

@@ -121,6 +121,9 @@ async fn run_events<D: Dialect>(
         .run_event(scripts, BEGIN_SYNCHRONIZATION, &parameters)
         .await?;
     let uploaded = upload::apply_upload(transaction, &sync, request).await?;
+    if sync.apply {
+        download::send_conflicts(request, &uploaded.resolutions, download).await?;
+    }
     let apply_time = started.elapsed();
     let watermark = next_watermark(transaction, scripts, &parameters).await?;
     transaction

@@ -15,7 +15,9 @@ use rowsync_consolidated::{
     synchronize_collect, CollectedSync, Consolidated, ConsolidatedConnection, DbError, SyncError,
     SyncRequest, TableInit,
 };
-use rowsync_protocol::{Decimal, Download, ErrorCode, Row, RowUpdate, TableUpload, Value};
+use rowsync_protocol::{
+    Conflicts, Decimal, Download, ErrorCode, Row, RowUpdate, TableUpload, Value,
+};
 
 /// Raw SQL on the consolidated database, for test setup and inspection. Both methods
 /// panic on failure (with the statement in the message).
@@ -1770,6 +1772,15 @@ pub async fn a_resent_upload_still_delivers_its_conflict_resolution<F: Factory>(
     );
     let answered = f.sync_ok(upload.clone()).await;
     assert_eq!(answered.summary.conflicts, 2);
+    assert_eq!(
+        answered.conflicts,
+        vec![Conflicts {
+            table: "orders".into(),
+            key_columns: vec!["id".into()],
+            keys: vec![key(&[7]), key(&[8])],
+        }],
+        "the conflicting keys, named once each"
+    );
     // The reply is lost; the client resends the same upload from the same watermark.
     let resent = f.sync_ok(upload).await;
     assert!(resent.summary.upload_already_applied);
@@ -1777,6 +1788,7 @@ pub async fn a_resent_upload_still_delivers_its_conflict_resolution<F: Factory>(
         resent.summary.conflicts, 0,
         "conflicts were counted when applied"
     );
+    assert!(resent.conflicts.is_empty(), "and named when applied");
     assert_eq!(
         order_deletes(&resent),
         vec![key(&[7])],

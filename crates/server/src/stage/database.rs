@@ -10,12 +10,15 @@ use rowsync_consolidated::{
     download_channel, Consolidated, ConsolidatedConnection, DownloadAckRequest, DownloadMessage,
     SyncError, SyncOutcome, SyncRequest,
 };
-use rowsync_protocol::{ErrorCode, FrameDecoder, Message, TableUpload, WireError, PREAMBLE_BYTES};
+use rowsync_protocol::{
+    ErrorCode, FrameDecoder, Message, TableUpload, WireError, CONFLICTS_SINCE_VERSION,
+    PREAMBLE_BYTES,
+};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::download_frames::chunk_frames;
+use crate::download_frames::{chunk_frames, conflict_frames};
 use crate::failure::Failure;
 use crate::metrics::{Phase, PhaseTimings};
 use crate::pool::Worker;
@@ -62,12 +65,12 @@ pub(crate) async fn synchronize<B: Consolidated>(
         outbound,
         Arc::clone(&shared.cache),
     );
-    let spooling = spool_download(
-        chunks,
-        spool,
-        config.download_message_bytes_max,
-        hello.protocol_version,
-    );
+    let framing = DownloadFraming {
+        message_bytes_max: config.download_message_bytes_max,
+        name_conflicts: hello.protocol_version >= CONFLICTS_SINCE_VERSION,
+        protocol_version: hello.protocol_version,
+    };
+    let spooling = spool_download(chunks, spool, framing);
     let waiting = Instant::now();
     let mut worker = shared
         .pool
@@ -127,22 +130,39 @@ fn record_committed<B: Consolidated>(
     metrics.rows_downloaded.inc_by(outcome.download_rows);
 }
 
+/// How the download is framed for one client.
+#[derive(Clone, Copy)]
+struct DownloadFraming {
+    message_bytes_max: usize,
+    /// The client speaks a protocol version that has `Conflicts` messages.
+    name_conflicts: bool,
+    /// The session's version: a v1 client gets v2 values in their v1 form.
+    protocol_version: u16,
+}
+
 /// The task that encodes the backend's download chunks into frames and spools them; it
 /// answers the backend's end of download only once the spool holds all of it.
 fn spool_download(
     mut chunks: mpsc::Receiver<DownloadMessage>,
     mut spool: Spool,
-    message_bytes_max: usize,
-    protocol_version: u16,
+    framing: DownloadFraming,
 ) -> JoinHandle<Result<Spool, SpoolError>> {
     tokio::spawn(async move {
         while let Some(message) = chunks.recv().await {
             match message {
                 DownloadMessage::Chunk(chunk) => {
-                    for frame in chunk_frames(chunk, message_bytes_max, protocol_version) {
+                    for frame in
+                        chunk_frames(chunk, framing.message_bytes_max, framing.protocol_version)
+                    {
                         spool.append(&frame).await?;
                     }
                 }
+                DownloadMessage::Conflicts(conflicts) if framing.name_conflicts => {
+                    for frame in conflict_frames(conflicts, framing.message_bytes_max) {
+                        spool.append(&frame).await?;
+                    }
+                }
+                DownloadMessage::Conflicts(_) => {}
                 DownloadMessage::Finish(answer) => {
                     let flushed = spool.flush().await;
                     let verdict = match &flushed {
