@@ -299,7 +299,7 @@ pub fn postgres() -> Table {
         ),
         column("c", "char(5)", "TEXT", nullable(texts("[a-z]{5}"))),
         column(
-            "by",
+            "bin",
             "bytea",
             "BLOB",
             nullable(
@@ -456,7 +456,7 @@ pub fn mysql() -> Table {
         ),
         column("c", "CHAR(5)", "TEXT", nullable(texts("[a-z]{5}"))),
         column(
-            "by",
+            "bin",
             "BLOB",
             "BLOB",
             nullable(
@@ -521,7 +521,7 @@ pub fn sqlite() -> Table {
         column("n", "TEXT", "TEXT", nullable(decimals(80, 60))),
         column("t", "TEXT", "TEXT", nullable(texts("[^\\x00]{0,40}"))),
         column(
-            "by",
+            "bin",
             "BLOB",
             "BLOB",
             nullable(
