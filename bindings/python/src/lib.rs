@@ -365,7 +365,8 @@ impl PySyncReport {
 }
 
 /// A protocol value as Python: None, int, float, decimal.Decimal, str, bytes; a
-/// timestamp as int microseconds since 1970-01-01 UTC.
+/// timestamp as int microseconds since 1970-01-01 UTC; a v2 value in its v1 form (a
+/// boolean as 0 or 1, a uuid, date, array... as its text form, docs/types.md).
 fn value_to_python(py: Python<'_>, value: &Value) -> PyResult<PyObject> {
     Ok(match value {
         Value::Null => py.None(),
@@ -378,6 +379,7 @@ fn value_to_python(py: Python<'_>, value: &Value) -> PyResult<PyObject> {
             .unbind(),
         Value::Text(v) => v.into_pyobject(py)?.into_any().unbind(),
         Value::Blob(v) => PyBytes::new(py, v).into_any().unbind(),
+        other => return value_to_python(py, &other.to_v1()),
     })
 }
 

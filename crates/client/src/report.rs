@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rowsync_protocol::{encode_values, Conflicts, Download, Row};
+use rowsync_protocol::{encode_key_identity, Conflicts, Download, Row};
 
 use crate::transport::WireBytes;
 
@@ -117,7 +117,7 @@ impl ConflictedRows {
                 return;
             }
             let mut encoded = Vec::new();
-            encode_values(&key, &mut encoded);
+            encode_key_identity(&key, &mut encoded);
             if table.contains_key(&encoded) {
                 continue;
             }
@@ -141,7 +141,7 @@ impl ConflictedRows {
         let mut encoded = Vec::new();
         for key in &download.deletes {
             encoded.clear();
-            encode_values(key, &mut encoded);
+            encode_key_identity(key, &mut encoded);
             if let Some(&index) = table.get(&encoded) {
                 out[index].server_row = None;
             }
@@ -153,7 +153,7 @@ impl ConflictedRows {
         for row in &download.upserts {
             encoded.clear();
             for value in positions.iter().filter_map(|&position| row.get(position)) {
-                encode_values(std::slice::from_ref(value), &mut encoded);
+                encode_key_identity(std::slice::from_ref(value), &mut encoded);
             }
             if let Some(&index) = table.get(&encoded) {
                 out[index].columns = download.columns.clone();

@@ -1,7 +1,9 @@
 //! Message bodies: the bytes of a frame after its length prefix. Big-endian throughout.
 
 use crate::message::*;
-use crate::{Decimal, DecodeError, Row, Value, DECIMAL_SCALE_MAX};
+use crate::{
+    Decimal, DecodeError, Interval, Numeric, Row, Value, ARRAY_DEPTH_MAX, DECIMAL_SCALE_MAX,
+};
 
 mod tag {
     pub const NULL: u8 = 0x00;
@@ -11,7 +13,18 @@ mod tag {
     pub const TEXT: u8 = 0x04;
     pub const BLOB: u8 = 0x05;
     pub const TIMESTAMP: u8 = 0x06;
+    // Protocol v2.
+    pub const BOOL: u8 = 0x07;
+    pub const UUID: u8 = 0x08;
+    pub const DATE: u8 = 0x09;
+    pub const TIME: u8 = 0x0A;
+    pub const INTERVAL: u8 = 0x0B;
+    pub const NUMERIC: u8 = 0x0C;
+    pub const ARRAY: u8 = 0x0D;
 }
+
+/// Microseconds in a day: the largest `time` (`24:00:00`).
+const TIME_MICROS_MAX: i64 = 86_400_000_000;
 
 /// Encodes one message body: its type byte followed by its fields.
 pub fn encode_message(message: &Message) -> Vec<u8> {
@@ -75,6 +88,15 @@ pub fn encode_message(message: &Message) -> Vec<u8> {
 pub fn encode_values(values: &[Value], out: &mut Vec<u8>) {
     for value in values {
         put_value(out, value);
+    }
+}
+
+/// Encodes values in their identity form ([`Value::identity_form`]): a key a SQLite
+/// client uploads as text (a uuid, a date) and the same key a server reads typed encode
+/// alike. For hash sets of keys.
+pub fn encode_key_identity(values: &[Value], out: &mut Vec<u8>) {
+    for value in values {
+        put_value(out, &value.identity_form());
     }
 }
 
@@ -270,6 +292,36 @@ fn put_value(out: &mut Vec<u8>, value: &Value) {
             out.push(tag::TIMESTAMP);
             out.extend_from_slice(&micros.to_be_bytes());
         }
+        Value::Bool(flag) => out.extend_from_slice(&[tag::BOOL, u8::from(*flag)]),
+        Value::Uuid(bytes) => {
+            out.push(tag::UUID);
+            out.extend_from_slice(bytes);
+        }
+        Value::Date(days) => {
+            out.push(tag::DATE);
+            out.extend_from_slice(&days.to_be_bytes());
+        }
+        Value::Time(micros) => {
+            out.push(tag::TIME);
+            out.extend_from_slice(&micros.to_be_bytes());
+        }
+        Value::Interval(interval) => {
+            out.push(tag::INTERVAL);
+            out.extend_from_slice(&interval.months.to_be_bytes());
+            out.extend_from_slice(&interval.days.to_be_bytes());
+            out.extend_from_slice(&interval.micros.to_be_bytes());
+        }
+        Value::Numeric(numeric) => {
+            out.push(tag::NUMERIC);
+            put_str(out, numeric.as_str());
+        }
+        Value::Array(elements) => {
+            out.push(tag::ARRAY);
+            put_count(out, elements.len());
+            for element in elements {
+                put_value(out, element);
+            }
+        }
     }
 }
 
@@ -288,11 +340,13 @@ enum ValueRef<'a> {
     Text(&'a str),
     Blob(&'a [u8]),
     Timestamp(i64),
+    /// Any value without borrowed bytes, and an array (empty when only checking).
+    Owned(Value),
 }
 
 impl ValueRef<'_> {
-    fn to_value(&self) -> Value {
-        match *self {
+    fn into_value(self) -> Value {
+        match self {
             ValueRef::Null => Value::Null,
             ValueRef::Int(number) => Value::Int(number),
             ValueRef::Double(number) => Value::Double(number),
@@ -300,6 +354,7 @@ impl ValueRef<'_> {
             ValueRef::Text(text) => Value::Text(text.to_owned()),
             ValueRef::Blob(bytes) => Value::Blob(bytes.to_vec()),
             ValueRef::Timestamp(micros) => Value::Timestamp(micros),
+            ValueRef::Owned(value) => value,
         }
     }
 }
@@ -434,10 +489,14 @@ impl<'a> Reader<'a> {
             }
             return Ok(Row::new());
         }
-        (0..found).map(|_| Ok(self.value()?.to_value())).collect()
+        (0..found).map(|_| Ok(self.value()?.into_value())).collect()
     }
 
     fn value(&mut self) -> Result<ValueRef<'a>, DecodeError> {
+        self.value_at_depth(0)
+    }
+
+    fn value_at_depth(&mut self, depth: usize) -> Result<ValueRef<'a>, DecodeError> {
         let offset = self.offset;
         let tag = self.take(1, "value tag")?[0];
         Ok(match tag {
@@ -458,7 +517,65 @@ impl<'a> Reader<'a> {
             tag::TEXT => ValueRef::Text(self.str("text value")?),
             tag::BLOB => ValueRef::Blob(self.bytes("blob value")?),
             tag::TIMESTAMP => ValueRef::Timestamp(self.i64("timestamp value")?),
+            tag::BOOL => ValueRef::Owned(Value::Bool(self.flag("boolean value")?)),
+            tag::UUID => ValueRef::Owned(Value::Uuid(self.array("uuid value")?)),
+            tag::DATE => ValueRef::Owned(Value::Date(
+                self.array("date value").map(i32::from_be_bytes)?,
+            )),
+            tag::TIME => {
+                let micros = self.i64("time value")?;
+                if !(0..=TIME_MICROS_MAX).contains(&micros) {
+                    return Err(self.invalid(
+                        "time value",
+                        offset,
+                        format!("{micros} microseconds is outside 0 to {TIME_MICROS_MAX}"),
+                    ));
+                }
+                ValueRef::Owned(Value::Time(micros))
+            }
+            tag::INTERVAL => ValueRef::Owned(Value::Interval(Interval {
+                months: self.array("interval months").map(i32::from_be_bytes)?,
+                days: self.array("interval days").map(i32::from_be_bytes)?,
+                micros: self.i64("interval microseconds")?,
+            })),
+            tag::NUMERIC => {
+                let text = self.str("numeric value")?;
+                let numeric = Numeric::from_canonical(text).map_err(|error| {
+                    self.invalid("numeric value", offset, error.reason.to_string())
+                })?;
+                ValueRef::Owned(Value::Numeric(numeric))
+            }
+            tag::ARRAY => ValueRef::Owned(self.array_value(depth, offset)?),
             tag => return Err(DecodeError::UnknownValueTag { tag, offset }),
         })
+    }
+
+    /// An array's elements (none kept when only checking), at most `ARRAY_DEPTH_MAX` deep.
+    fn array_value(&mut self, depth: usize, offset: usize) -> Result<Value, DecodeError> {
+        if depth >= ARRAY_DEPTH_MAX {
+            return Err(self.invalid(
+                "array value",
+                offset,
+                format!("more than {ARRAY_DEPTH_MAX} levels of arrays"),
+            ));
+        }
+        let count = self.count("array element", VALUE_BYTES_MIN)?;
+        let keep = self.rows == Rows::Keep;
+        let mut elements = Vec::with_capacity(if keep { count } else { 0 });
+        for _ in 0..count {
+            let element = self.value_at_depth(depth + 1)?;
+            if keep {
+                elements.push(element.into_value());
+            }
+        }
+        Ok(Value::Array(elements))
+    }
+
+    fn invalid(&self, what: &'static str, offset: usize, reason: String) -> DecodeError {
+        DecodeError::InvalidValue {
+            what,
+            offset,
+            reason,
+        }
     }
 }

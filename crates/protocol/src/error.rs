@@ -34,6 +34,12 @@ pub enum DecodeError {
         value: u8,
         offset: usize,
     },
+    #[error("{what} at offset {offset} is invalid: {reason}")]
+    InvalidValue {
+        what: &'static str,
+        offset: usize,
+        reason: String,
+    },
     #[error("empty frame: a frame must contain at least the message type byte")]
     EmptyFrame,
     #[error("frame of {length_bytes} bytes exceeds the limit of {limit_bytes} bytes")]

@@ -1,4 +1,4 @@
-//! rowsync wire protocol, version 1.
+//! rowsync wire protocol, version 2 (a server also speaks version 1).
 //!
 //! Everything here is pure: messages are encoded into byte vectors and decoded from
 //! byte slices. Reading and writing sockets is the caller's business. The contract
@@ -10,11 +10,15 @@ mod compression;
 mod error;
 mod frame;
 mod message;
+mod numeric;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod text_form;
 mod value;
 
-pub use codec::{check_message, decode_message, encode_message, encode_values};
+pub use codec::{
+    check_message, decode_message, encode_key_identity, encode_message, encode_values,
+};
 pub use compression::{
     compress_all, Compression, CompressionError, Compressor, Decompressor, Inbound, InboundError,
     Outbound, Preamble, PreambleError, DECOMPRESS_CHUNK_BYTES, PREAMBLE_BYTES, PREAMBLE_MAGIC,
@@ -26,13 +30,22 @@ pub use message::{
     Conflicts, Download, DownloadAck, EndDownload, EndUpload, Hello, Message, MessageType,
     RowUpdate, SyncSummary, TableUpload, WireError,
 };
-pub use value::{Decimal, DecimalParseError, Row, Value, DECIMAL_SCALE_MAX};
+pub use numeric::{parse_decimal_value, Numeric, NUMERIC_SCALE_MAX, NUMERIC_WHOLE_DIGITS_MAX};
+pub use text_form::{
+    format_date, format_interval, format_time, format_timestamp, format_uuid, parse_date,
+    parse_interval, parse_text_form, parse_time, parse_timestamp, parse_uuid, TextFormError,
+    ValueKind,
+};
+pub use value::{
+    Decimal, DecimalParseError, Interval, Row, Value, ARRAY_DEPTH_MAX, DECIMAL_SCALE_MAX,
+};
 
 /// The protocol version this crate speaks. A server accepts a hello of this version or
 /// any down to [`PROTOCOL_VERSION_MIN`] and refuses others.
 pub const PROTOCOL_VERSION: u16 = 2;
 
-/// The oldest protocol version a server still serves.
+/// The oldest protocol version a server still serves: a v1 session gets every v2 value
+/// in its v1 form ([`Value::to_v1`]).
 pub const PROTOCOL_VERSION_MIN: u16 = 1;
 
 /// The first protocol version whose server names conflicting keys in `Conflicts`.

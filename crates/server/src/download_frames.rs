@@ -1,6 +1,8 @@
 //! The download's framing: chunks from the backend encoded into frames no larger than
 //! `download_message_bytes_max` (deletes first), and the frame that ends the download.
 
+use std::borrow::Cow;
+
 use rowsync_consolidated::SyncOutcome;
 use rowsync_protocol::{encode_frame, Conflicts, Download, EndDownload, Message, Row, Value};
 
@@ -8,15 +10,26 @@ fn row_bytes(row: &Row) -> usize {
     2 + row.iter().map(Value::encoded_len).sum::<usize>()
 }
 
-/// Frames of one chunk, split where a message would pass `message_bytes_max`.
-pub(crate) fn chunk_frames(chunk: Download, message_bytes_max: usize) -> Vec<Vec<u8>> {
+/// Frames of one chunk, split where a message would pass `message_bytes_max`, its
+/// values in the form of the session's `protocol_version` (v1: each v2 value in its v1
+/// form, so an old client keeps syncing).
+pub(crate) fn chunk_frames(
+    chunk: Download,
+    message_bytes_max: usize,
+    protocol_version: u16,
+) -> Vec<Vec<u8>> {
     let Download {
         table,
         columns,
         key_columns,
-        upserts,
-        deletes,
+        mut upserts,
+        mut deletes,
     } = chunk;
+    if protocol_version < 2 {
+        for row in upserts.iter_mut().chain(deletes.iter_mut()) {
+            to_v1(row);
+        }
+    }
     let empty = || Download {
         table: table.clone(),
         columns: columns.clone(),
@@ -52,6 +65,15 @@ pub(crate) fn chunk_frames(chunk: Download, message_bytes_max: usize) -> Vec<Vec
         frames.push(encode_frame(&Message::Download(current)));
     }
     frames
+}
+
+/// Replaces each v2 value of `row` by its v1 form.
+fn to_v1(row: &mut Row) {
+    for value in row.iter_mut() {
+        if let Cow::Owned(v1) = value.to_v1() {
+            *value = v1;
+        }
+    }
 }
 
 /// Frames naming one table's conflicting keys, split where a message would pass
@@ -98,7 +120,7 @@ pub(crate) fn end_frame(outcome: &SyncOutcome) -> Vec<u8> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use rowsync_protocol::{FrameDecoder, FRAME_BYTES_MAX_DEFAULT};
+    use rowsync_protocol::{FrameDecoder, FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION};
 
     pub(crate) fn chunk(start: i64, rows: i64) -> Download {
         Download {
@@ -114,7 +136,7 @@ pub(crate) mod tests {
 
     #[test]
     fn chunks_split_by_size_keep_every_row_with_deletes_first() {
-        let frames = chunk_frames(chunk(0, 1000), 10_000);
+        let frames = chunk_frames(chunk(0, 1000), 10_000, PROTOCOL_VERSION);
         assert!(
             frames.len() > 10,
             "expected many frames, got {}",
@@ -136,6 +158,44 @@ pub(crate) mod tests {
             upserts += download.upserts.len();
         }
         assert_eq!(upserts, 1000);
+    }
+
+    #[test]
+    fn a_v1_session_gets_v2_values_in_their_v1_form() {
+        let download = Download {
+            table: "t".into(),
+            columns: vec!["id".into(), "flag".into(), "tags".into()],
+            key_columns: vec!["id".into()],
+            upserts: vec![vec![
+                Value::Uuid([1; 16]),
+                Value::Bool(true),
+                Value::Array(vec![Value::Int(1)]),
+            ]],
+            deletes: vec![vec![Value::Uuid([2; 16])]],
+        };
+        let decoded = |version| {
+            let frames = chunk_frames(download.clone(), 10_000, version);
+            let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
+            decoder.feed(&frames[0]);
+            match decoder.next_message().unwrap() {
+                Some(Message::Download(download)) => download,
+                other => panic!("a download, not {other:?}"),
+            }
+        };
+        assert_eq!(decoded(PROTOCOL_VERSION), download);
+        let v1 = decoded(1);
+        assert_eq!(
+            v1.upserts[0],
+            vec![
+                Value::Text("01010101-0101-0101-0101-010101010101".into()),
+                Value::Int(1),
+                Value::Text("[1]".into()),
+            ]
+        );
+        assert_eq!(
+            v1.deletes[0],
+            vec![Value::Text("02020202-0202-0202-0202-020202020202".into())]
+        );
     }
 
     #[test]

@@ -526,6 +526,38 @@ mod tests {
     }
 
     #[test]
+    fn accepts_versions_1_and_2_and_refuses_others_by_name() {
+        for version in [1, 2] {
+            let Message::Hello(mut hello) = hello() else {
+                unreachable!()
+            };
+            hello.protocol_version = version;
+            let mut session = ServerSession::new(1 << 20);
+            assert!(matches!(
+                session.handle(Message::Hello(hello), 10).unwrap(),
+                Step::Hello(_)
+            ));
+        }
+        for version in [0, 3] {
+            let Message::Hello(mut hello) = hello() else {
+                unreachable!()
+            };
+            hello.protocol_version = version;
+            let error = ServerSession::new(1 << 20)
+                .handle(Message::Hello(hello), 10)
+                .unwrap_err();
+            assert_eq!(
+                error.error_code(),
+                Some(ErrorCode::UnsupportedProtocolVersion)
+            );
+            assert_eq!(
+                error.message,
+                format!("protocol version {version} is not supported; this server speaks versions 1 to 2")
+            );
+        }
+    }
+
+    #[test]
     fn refuses_out_of_order_messages_and_oversized_uploads() {
         let mut session = ServerSession::new(1 << 20);
         let error = session.handle(chunk(1), 10).unwrap_err();

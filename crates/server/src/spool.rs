@@ -240,7 +240,11 @@ mod tests {
         let mut spool = Spool::new(50_000, 10_000_000, plain(), cache());
         let mut expected = Vec::new();
         for n in 0..20 {
-            for frame in chunk_frames(chunk(n * 100, 100), 4096) {
+            for frame in chunk_frames(
+                chunk(n * 100, 100),
+                4096,
+                rowsync_protocol::PROTOCOL_VERSION,
+            ) {
                 expected.extend_from_slice(&frame);
                 spool.append(&frame).await.unwrap();
             }
@@ -264,7 +268,11 @@ mod tests {
             let mut spool = Spool::new(20_000, 10_000_000, outbound, cache());
             let mut expected = Vec::new();
             for n in 0..20 {
-                for frame in chunk_frames(chunk(n * 100, 100), 4096) {
+                for frame in chunk_frames(
+                    chunk(n * 100, 100),
+                    4096,
+                    rowsync_protocol::PROTOCOL_VERSION,
+                ) {
                     expected.extend_from_slice(&frame);
                     spool.append(&frame).await.unwrap();
                 }

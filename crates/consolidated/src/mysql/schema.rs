@@ -15,7 +15,7 @@ use super::stamp;
 use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
 use crate::scripts::*;
-use crate::shape::{Column, TableShape};
+use crate::shape::{unsupported_column_type, Column, TableShape};
 use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
 
 /// Text columns of system tables compare byte for byte, as on the other backends.
@@ -297,6 +297,16 @@ pub async fn init_table(connection: &mut Conn, init: &TableInit) -> Result<InitO
                 init.table, init.partition_column
             )));
         };
+        if let Some(info) = infos
+            .iter()
+            .find(|info| !super::value::SUPPORTED_DATA_TYPES.contains(&info.data_type.as_str()))
+        {
+            return Err(unsupported_column_type(
+                &init.table,
+                &info.name,
+                &info.column_type,
+            ));
+        }
         let versions = version_facts(connection, &init.table).await?;
         let target = reinit::choose_version(&init, &versions, &shape.column_names())?;
         // DDL commits as it goes in MySQL: each statement below is idempotent, and the

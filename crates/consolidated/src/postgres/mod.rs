@@ -38,6 +38,7 @@ mod transaction;
 
 pub use rows::ROW_SCRIPT_PIPELINE_DEPTH;
 pub use statements::PREPARED_STATEMENTS_MAX;
+mod numeric;
 pub mod value;
 
 use std::collections::HashMap;

@@ -6,10 +6,11 @@ use std::collections::HashMap;
 use tokio_postgres::{Client, GenericClient, Transaction};
 
 use super::statements::Statements;
+use super::value::kind_of;
 use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
 use crate::scripts::*;
-use crate::shape::{Column, TableShape};
+use crate::shape::{unsupported_column_type, Column, TableShape};
 use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
 
 const SYSTEM_TABLES: &str = "
@@ -189,6 +190,7 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<InitOut
             init.table
         )));
     }
+    refuse_unsupported_types(&transaction, &shape, &types).await?;
     let Some(partition_type) = shape
         .columns
         .iter()
@@ -231,8 +233,22 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<InitOut
         based_on: target.based_on.clone(),
         ..InitOutcome::default()
     };
-    let defaults =
-        |shape: &TableShape| default_scripts(shape, &init.partition_column, &partition_type);
+    // A part of the table's columns (an older version's) with their types; a column the
+    // table lost has none, which only means it is compared as it is.
+    let defaults = |part: &TableShape| {
+        let part_types: Vec<String> = part
+            .columns
+            .iter()
+            .map(|column| {
+                shape
+                    .columns
+                    .iter()
+                    .position(|c| c.name == column.name)
+                    .map_or_else(String::new, |index| types[index].clone())
+            })
+            .collect();
+        default_scripts(part, &part_types, &init.partition_column, &partition_type)
+    };
     write_default_scripts(&transaction, &target.name, &shape, defaults(&shape)).await?;
     for rewrite in reinit::dropped_column_rewrites(&versions, &target.name, &shape) {
         let recorded = defaults(&reinit::shape_with_columns(&shape, &rewrite.recorded));
@@ -248,6 +264,39 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<InitOut
     }
     transaction.commit().await?;
     Ok(outcome)
+}
+
+/// Refuses, naming it, a column of a type rowsync cannot carry ([`kind_of`]), so that
+/// no sync ever meets one.
+async fn refuse_unsupported_types(
+    client: &impl GenericClient,
+    shape: &TableShape,
+    types: &[String],
+) -> Result<(), DbError> {
+    let names: Vec<String> = shape.columns.iter().map(|c| c.name.clone()).collect();
+    let statement = client
+        .prepare(&format!(
+            "SELECT {} FROM {}",
+            column_list(&names, ""),
+            q(&shape.name)
+        ))
+        .await?;
+    for ((column, name), type_name) in statement.columns().iter().zip(&names).zip(types) {
+        if kind_of(column.type_()).is_none() {
+            return Err(unsupported_column_type(&shape.name, name, type_name));
+        }
+    }
+    Ok(())
+}
+
+/// `expression` in a form `IS NOT DISTINCT FROM` can compare: `json` has no equality
+/// operator, so json columns compare as their text (exactly as stored).
+pub fn comparable(expression: &str, sql_type: &str) -> String {
+    if sql_type == "json" || sql_type.starts_with("json[") {
+        format!("{expression}::text")
+    } else {
+        expression.to_string()
+    }
 }
 
 /// Every script version, oldest first, with what it holds of `table`.
@@ -499,6 +548,7 @@ CREATE TRIGGER {delete_trigger} AFTER DELETE ON {table} REFERENCING OLD TABLE AS
 /// finds conflicts (staged keys not returned) in the same statement.
 pub fn default_scripts(
     shape: &TableShape,
+    types: &[String],
     partition_column: &str,
     partition_type: &str,
 ) -> Vec<(&'static str, String)> {
@@ -531,11 +581,15 @@ pub fn default_scripts(
         .join(", ");
     let old_matches = all
         .iter()
-        .map(|name| {
+        .zip(types)
+        .map(|(name, sql_type)| {
             format!(
-                "{table}.{c} IS NOT DISTINCT FROM u.{old}",
-                c = q(name),
-                old = q(&format!("{OLD_IMAGE_PREFIX}{name}"))
+                "{} IS NOT DISTINCT FROM {}",
+                comparable(&format!("{table}.{}", q(name)), sql_type),
+                comparable(
+                    &format!("u.{}", q(&format!("{OLD_IMAGE_PREFIX}{name}"))),
+                    sql_type
+                ),
             )
         })
         .collect::<Vec<_>>()

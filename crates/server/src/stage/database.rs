@@ -72,6 +72,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
         message_bytes_max: config.download_message_bytes_max,
         name_conflicts: hello.protocol_version >= CONFLICTS_SINCE_VERSION,
         digest: timings.recording.is_some(),
+        protocol_version: hello.protocol_version,
     };
     let spooling = spool_download(chunks, spool, framing);
     let waiting = Instant::now();
@@ -172,6 +173,8 @@ struct DownloadFraming {
     name_conflicts: bool,
     /// A checksum of the download's rows is kept (the sync is recorded).
     digest: bool,
+    /// The session's version: a v1 client gets v2 values in their v1 form.
+    protocol_version: u16,
 }
 
 /// The task that encodes the backend's download chunks into frames and spools them; it
@@ -190,7 +193,9 @@ fn spool_download(
                     if framing.digest {
                         rows_digest.add(&chunk);
                     }
-                    for frame in chunk_frames(chunk, framing.message_bytes_max) {
+                    for frame in
+                        chunk_frames(chunk, framing.message_bytes_max, framing.protocol_version)
+                    {
                         spool.append(&frame).await?;
                     }
                 }
