@@ -38,11 +38,7 @@ async fn serve<B: Consolidated>(backend: B, table: &str) -> SocketAddr {
     let mut connection = backend.connect().await.unwrap();
     connection.install_system_tables().await.unwrap();
     connection
-        .init_table(&TableInit {
-            table: table.into(),
-            partition_column: "owner".into(),
-            script_version: "v1".into(),
-        })
+        .init_table(&TableInit::new(table, "owner", "v1"))
         .await
         .unwrap();
     connection

@@ -169,11 +169,7 @@ async fn a_column_of_a_type_rowsync_cannot_carry_is_refused_at_init_by_name() {
     let mut connection = backend.connect().await.unwrap();
     connection.install_system_tables().await.unwrap();
     let error = connection
-        .init_table(&TableInit {
-            table: "places".into(),
-            partition_column: "owner".into(),
-            script_version: "v1".into(),
-        })
+        .init_table(&TableInit::new("places", "owner", "v1"))
         .await
         .unwrap_err()
         .to_string();
