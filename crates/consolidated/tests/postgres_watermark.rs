@@ -273,7 +273,7 @@ async fn cleanup_keeps_the_tombstones_a_first_sync_in_flight_needs() {
         cleaner.cleanup().await.unwrap()
     })
     .await;
-    let mut reader = connect(&url).await;
+    let reader = connect(&url).await;
     let tombstones: i64 = reader
         .query_one("SELECT count(*) FROM rs_tombstone_items WHERE id = 1", &[])
         .await
