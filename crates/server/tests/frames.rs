@@ -54,7 +54,7 @@ async fn a_well_formed_raw_sync_works() {
     bytes.extend(encode_frame(&Message::EndUpload(EndUpload {
         upload_sequence: 1,
     })));
-    let messages = exchange_raw(&server, &bytes).await;
+    let messages = exchange_raw_open(&server, &bytes).await;
     assert!(
         matches!(messages.last(), Some(Message::EndDownload(_))),
         "{messages:?}"
@@ -232,7 +232,7 @@ async fn a_bad_second_table_rolls_back_the_valid_first_one() {
     bytes.extend(encode_frame(&Message::EndUpload(EndUpload {
         upload_sequence: 1,
     })));
-    let messages = exchange_raw(&server, &bytes).await;
+    let messages = exchange_raw_open(&server, &bytes).await;
     let Some(Message::EndDownload(end)) = messages.last() else {
         panic!("{messages:?}")
     };

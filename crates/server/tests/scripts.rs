@@ -427,12 +427,16 @@ async fn a_script_error_reaches_the_client_with_script_table_key_and_message() {
 /// A raw sync logging in with a token, uploading `chunks` with upload sequence
 /// `sequence`, compressed.
 fn token_sync(token: &str, sequence: u64, chunks: &[Message]) -> Vec<u8> {
+    token_sync_in(token, "v1", sequence, chunks)
+}
+
+fn token_sync_in(token: &str, version: &str, sequence: u64, chunks: &[Message]) -> Vec<u8> {
     let mut frames = encode_frame(&Message::Hello(Hello {
         protocol_version: PROTOCOL_VERSION,
         client_id: "raw-token".into(),
         user: String::new(),
         password: String::new(),
-        script_version: "v1".into(),
+        script_version: version.into(),
         last_download_watermark: 0,
         token: token.into(),
         auth_parameters: Vec::new(),
@@ -465,7 +469,7 @@ async fn token_logins_have_unknown_tables_refused_as_they_arrive_from_a_cached_l
     let loads = || server.metrics.version_tables_loads.get();
     let orders = orders_chunk("orders", "alice", 2);
     ends_well(
-        &exchange_raw(
+        &exchange_raw_open(
             &server,
             &token_sync(&token, 1, std::slice::from_ref(&orders)),
         )
@@ -473,7 +477,7 @@ async fn token_logins_have_unknown_tables_refused_as_they_arrive_from_a_cached_l
     );
     assert_eq!(loads(), 1, "loaded for the first upload of a table");
     ends_well(
-        &exchange_raw(
+        &exchange_raw_open(
             &server,
             &token_sync(&token, 2, std::slice::from_ref(&orders)),
         )
@@ -511,11 +515,16 @@ async fn token_logins_have_unknown_tables_refused_as_they_arrive_from_a_cached_l
         .await
         .unwrap();
     connection
-        .init_table(&TableInit::new("returns", "rep", "v1"))
+        .init_table(&TableInit {
+            based_on: Some("v1".into()),
+            ..TableInit::new("returns", "rep", "v2")
+        })
         .await
         .unwrap();
     let returns = orders_chunk("returns", "alice", 2);
-    ends_well(&exchange_raw(&server, &token_sync(&token, 3, &[returns])).await);
+    ends_well(
+        &exchange_raw_open(&server, &token_sync_in(&token, "v2", 3, &[returns, orders])).await,
+    );
     assert_eq!(loads(), 3);
     server.stop().await;
 }

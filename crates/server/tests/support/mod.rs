@@ -409,9 +409,30 @@ pub fn hello_frame(user: &str) -> Vec<u8> {
 /// Sends raw bytes (then closes our side) and returns every message the server sent back
 /// (decompressed, if the server compressed its reply).
 pub async fn exchange_raw(server: &TestServer, bytes: &[u8]) -> Vec<rowsync_protocol::Message> {
+    exchange_raw_closing(server, bytes, true).await
+}
+
+/// [`exchange_raw`] for a complete sync, whose client keeps its sending side open until
+/// the download ends (the server takes the end of its stream as the client gone).
+pub async fn exchange_raw_open(
+    server: &TestServer,
+    bytes: &[u8],
+) -> Vec<rowsync_protocol::Message> {
+    exchange_raw_closing(server, bytes, false).await
+}
+
+/// Sends `bytes`, closes the sending side when `close` (so a truncated stream ends), and
+/// decodes every reply until the server closes.
+async fn exchange_raw_closing(
+    server: &TestServer,
+    bytes: &[u8],
+    close: bool,
+) -> Vec<rowsync_protocol::Message> {
     let mut stream = TcpStream::connect(server.address).await.unwrap();
     let _ = stream.write_all(bytes).await;
-    let _ = stream.shutdown().await;
+    if close {
+        let _ = stream.shutdown().await;
+    }
     let mut received = Vec::new();
     let _ = stream.read_to_end(&mut received).await;
     // The reply may come compressed, after a preamble, when the request was.
