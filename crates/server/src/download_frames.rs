@@ -30,41 +30,50 @@ pub(crate) fn chunk_frames(
             to_v1(row);
         }
     }
-    let empty = || Download {
-        table: table.clone(),
-        columns: columns.clone(),
-        key_columns: key_columns.clone(),
-        ..Download::default()
-    };
-    let mut frames = Vec::new();
-    let mut current = empty();
-    let mut current_bytes = 0;
     // Deletes first: a receiver applying messages in order must drop before it writes.
-    for (is_upsert, row) in deletes
+    let rows = deletes
         .into_iter()
         .map(|row| (false, row))
-        .chain(upserts.into_iter().map(|row| (true, row)))
-    {
-        // Cut before the row that would pass the size, so no message grows past it.
-        let size = row_bytes(&row);
-        if current_bytes + size > message_bytes_max && current_bytes > 0 {
-            frames.push(encode_frame(&Message::Download(std::mem::replace(
-                &mut current,
-                empty(),
-            ))));
+        .chain(upserts.into_iter().map(|row| (true, row)));
+    runs_within(rows, |(_, row)| row_bytes(row), message_bytes_max)
+        .into_iter()
+        .map(|run| {
+            let (upserts, deletes) = run.into_iter().partition(|(is_upsert, _)| *is_upsert);
+            let rows = |tagged: Vec<(bool, Row)>| tagged.into_iter().map(|(_, row)| row).collect();
+            encode_frame(&Message::Download(Download {
+                table: table.clone(),
+                columns: columns.clone(),
+                key_columns: key_columns.clone(),
+                upserts: rows(upserts),
+                deletes: rows(deletes),
+            }))
+        })
+        .collect()
+}
+
+/// `items` in order, cut into runs whose sizes add up to at most `bytes_max`: a run is
+/// cut before the item that would pass it (an item larger than that goes alone).
+fn runs_within<T>(
+    items: impl IntoIterator<Item = T>,
+    size: impl Fn(&T) -> usize,
+    bytes_max: usize,
+) -> Vec<Vec<T>> {
+    let mut runs = Vec::new();
+    let mut current = Vec::new();
+    let mut current_bytes = 0;
+    for item in items {
+        let item_bytes = size(&item);
+        if current_bytes + item_bytes > bytes_max && current_bytes > 0 {
+            runs.push(std::mem::take(&mut current));
             current_bytes = 0;
         }
-        current_bytes += size;
-        if is_upsert {
-            current.upserts.push(row);
-        } else {
-            current.deletes.push(row);
-        }
+        current_bytes += item_bytes;
+        current.push(item);
     }
-    if !current.upserts.is_empty() || !current.deletes.is_empty() {
-        frames.push(encode_frame(&Message::Download(current)));
+    if !current.is_empty() {
+        runs.push(current);
     }
-    frames
+    runs
 }
 
 /// Replaces each v2 value of `row` by its v1 form.
@@ -84,29 +93,16 @@ pub(crate) fn conflict_frames(conflicts: Conflicts, message_bytes_max: usize) ->
         key_columns,
         keys,
     } = conflicts;
-    let mut frames = Vec::new();
-    let mut current: Vec<Row> = Vec::new();
-    let mut current_bytes = 0;
-    let mut flush = |current: &mut Vec<Row>| {
-        frames.push(encode_frame(&Message::Conflicts(Conflicts {
-            table: table.clone(),
-            key_columns: key_columns.clone(),
-            keys: std::mem::take(current),
-        })));
-    };
-    for key in keys {
-        let size = row_bytes(&key);
-        if current_bytes + size > message_bytes_max && current_bytes > 0 {
-            flush(&mut current);
-            current_bytes = 0;
-        }
-        current_bytes += size;
-        current.push(key);
-    }
-    if !current.is_empty() {
-        flush(&mut current);
-    }
-    frames
+    runs_within(keys, row_bytes, message_bytes_max)
+        .into_iter()
+        .map(|keys| {
+            encode_frame(&Message::Conflicts(Conflicts {
+                table: table.clone(),
+                key_columns: key_columns.clone(),
+                keys,
+            }))
+        })
+        .collect()
 }
 
 /// The frame that ends a download: its watermark and the sync's summary.
