@@ -5,8 +5,10 @@
 //! takes the same path. Checked on a real `rowsync serve` with one worker over
 //! PostgreSQL, by what `pg_stat_activity` shows.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use rowsync_client::{Client, SyncOptions};
@@ -19,32 +21,8 @@ const HELD: &str = "SELECT count(*) FROM (SELECT pg_advisory_xact_lock_shared(42
 /// A hang guard for conditions awaited, not a timing assertion.
 const WAIT: Duration = Duration::from_secs(60);
 
-fn rowsync() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_rowsync"))
-}
-
 fn run_ok(args: &[&str], stdin: Option<&str>) {
-    let mut child = rowsync()
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-    }
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "rowsync {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    support::run_command_ok(support::rowsync(), args, stdin);
 }
 
 struct Server(Child);
@@ -104,7 +82,7 @@ async fn a_sync_whose_client_left_is_cancelled_in_the_database_and_frees_its_wor
         &["user", "add", "--db", &url, "--name", "erin"],
         Some(PASSWORD),
     );
-    let mut child = rowsync()
+    let mut child = support::rowsync()
         .args([
             "serve",
             "--db",

@@ -15,8 +15,10 @@
 //! binary cargo built for this test (scripts/test builds it with
 //! `cargo build --workspace --features rowsync-cli/failpoints --bin rowsync-failpoints`).
 
+mod support;
+
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -195,27 +197,7 @@ fn command(binary: &Path) -> Command {
 }
 
 fn run_ok(binary: &Path, args: &[&str], stdin: Option<&str>) {
-    let mut child = command(binary)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-    }
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "rowsync {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    support::run_command_ok(command(binary), args, stdin);
 }
 
 /// A child process, killed (SIGKILL) when dropped; its stderr lines arrive on `lines`.

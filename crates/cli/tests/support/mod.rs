@@ -15,19 +15,23 @@ pub fn rowsync() -> Command {
 
 /// Runs `rowsync ARGS` with `stdin`, which must succeed; its standard output.
 pub fn run_ok(args: &[&str], stdin: &str) -> String {
-    let mut child = rowsync()
+    run_command_ok(rowsync(), args, Some(stdin))
+}
+
+/// Runs `command ARGS`, with `stdin` if given, which must succeed; its standard output.
+pub fn run_command_ok(mut command: Command, args: &[&str], stdin: Option<&str>) -> String {
+    let mut child = command
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
+    if let Some(text) = stdin {
+        // Written and closed before waiting; without input, waiting closes it.
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(text.as_bytes()).unwrap();
+    }
     let output = child.wait_with_output().unwrap();
     assert!(
         output.status.success(),
