@@ -77,7 +77,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
                 tokio::task::spawn_blocking(move || profile::plans_sqlite::advise(&path, &version))
                     .await??;
             ProfileReport {
-                created_unix_ms: 0,
+                created_unix_ms: profile::unix_ms(),
                 database: "SQLite".into(),
                 script_version: args.version.clone(),
                 cores: 1,

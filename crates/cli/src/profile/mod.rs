@@ -166,7 +166,7 @@ pub async fn run(options: &ProfileOptions) -> Result<ProfileReport, ProfileError
     })
 }
 
-fn unix_ms() -> u64 {
+pub fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| since.as_millis() as u64)

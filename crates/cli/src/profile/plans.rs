@@ -340,7 +340,7 @@ pub fn filter_columns(filter: &str, columns: &[String]) -> Vec<String> {
 }
 
 /// Identifiers (unquoted), operators and punctuation of an expression; literals skipped.
-fn tokens(expression: &str) -> Vec<String> {
+pub(super) fn tokens(expression: &str) -> Vec<String> {
     let chars: Vec<char> = expression.chars().collect();
     let mut tokens = Vec::new();
     let mut index = 0;

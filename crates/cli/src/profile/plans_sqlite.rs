@@ -150,6 +150,35 @@ fn explain(
     Ok(report)
 }
 
+/// The table a plan names: SQLite names an aliased table by its alias (`SCAN t`), which
+/// the script's `FROM notes AS t` (or `JOIN notes t`) resolves.
+fn table_of(connection: &Connection, scanned: &str, sql: &str) -> Result<String, ProfileError> {
+    let tables: Vec<String> = connection
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")?
+        .query_map([], |row| row.get(0))?
+        .collect::<Result<_, _>>()?;
+    if tables.iter().any(|table| table == scanned) {
+        return Ok(scanned.to_string());
+    }
+    let tokens = super::plans::tokens(sql);
+    for (index, token) in tokens.iter().enumerate() {
+        if !tables.contains(token) {
+            continue;
+        }
+        let mut next = index + 1;
+        if tokens
+            .get(next)
+            .is_some_and(|word| word.eq_ignore_ascii_case("as"))
+        {
+            next += 1;
+        }
+        if tokens.get(next).map(String::as_str) == Some(scanned) {
+            return Ok(token.clone());
+        }
+    }
+    Ok(scanned.to_string())
+}
+
 /// `SCAN notes` or `SCAN notes AS t` (not `... USING ... INDEX`): a finding when the
 /// script compares a column of that table no index leads with.
 fn scan_finding(
@@ -163,7 +192,9 @@ fn scan_finding(
     if rest.contains(" USING ") {
         return Ok(None);
     }
-    let relation = rest.split(' ').next().unwrap_or_default().trim_matches('"');
+    let scanned = rest.split(' ').next().unwrap_or_default().trim_matches('"');
+    let relation = table_of(connection, scanned, sql)?;
+    let relation = relation.as_str();
     let columns: Vec<String> = connection
         .prepare(&format!(
             "SELECT name FROM pragma_table_info({})",

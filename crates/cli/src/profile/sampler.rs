@@ -69,7 +69,7 @@ impl Observations {
                 waits: *waits,
             })
             .collect();
-        rows.sort_by(|a, b| b.waits.cmp(&a.waits));
+        rows.sort_by_key(|row| std::cmp::Reverse(row.waits));
         rows
     }
 }
