@@ -200,3 +200,57 @@ async fn the_default_scripts_come_out_clean() {
     }
     assert!(report.plans.as_ref().unwrap().len() >= 6, "{text}");
 }
+
+#[tokio::test]
+async fn on_sqlite_the_advisor_names_the_scan_of_a_hand_written_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("central.db");
+    let backend = rowsync_consolidated::sqlite::SqliteConsolidated::new(path.clone());
+    let mut connection = backend.connect().await.unwrap();
+    connection
+        .execute_sql("CREATE TABLE notes (id TEXT PRIMARY KEY, owner TEXT NOT NULL, body TEXT); INSERT INTO notes VALUES ('a', 'ann', 'x')")
+        .await
+        .unwrap();
+    connection.install_system_tables().await.unwrap();
+    connection
+        .init_table(&TableInit::new("notes", "owner", "v1"))
+        .await
+        .unwrap();
+    let advise = |path: std::path::PathBuf| async move {
+        tokio::task::spawn_blocking(move || profile::plans_sqlite::advise(&path, "v1"))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let plans = advise(path.clone()).await;
+    assert!(
+        plans
+            .iter()
+            .all(|plan| plan.findings.is_empty() && plan.error.is_none()),
+        "{}",
+        profile::report::render_plans(&plans)
+    );
+    connection
+        .set_script(&ScriptEntry {
+            script_version: "v1".into(),
+            table: "notes".into(),
+            event: "download_cursor".into(),
+            script: "SELECT t.id, t.owner, t.body FROM notes AS t WHERE t.body = :user".into(),
+        })
+        .await
+        .unwrap();
+    let plans = advise(path).await;
+    let text = profile::report::render_plans(&plans);
+    let cursor = plans
+        .iter()
+        .find(|plan| plan.event == "download_cursor")
+        .unwrap();
+    let proposal = cursor.findings[0]
+        .proposal
+        .as_deref()
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        proposal.starts_with("CREATE INDEX") && proposal.contains("\"body\""),
+        "{text}"
+    );
+}
