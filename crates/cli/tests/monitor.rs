@@ -128,6 +128,98 @@ async fn the_monitor_page_shows_a_sync_that_just_ran_and_updates() {
     driver.delete(&format!("/session/{session}"));
 }
 
+/// The history kept in the consolidated database (`--monitor-history-table-rows-max`)
+/// holds the newest syncs only, and a restarted server shows them before any new sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_history_kept_in_the_database_outlives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("central.db");
+    init_notes(&db);
+    add_user(&db, "erin", "erin-password-1");
+    let flags = [
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--monitor-history-table-rows-max",
+        "2",
+    ];
+    let server = serve(&db, &flags);
+    for _ in 0..3 {
+        sync_client(&dir, "erin", &server.address, "erin-password-1").await;
+    }
+    let admin = server.admin.clone().expect("the admin banner");
+    let before: Value =
+        serde_json::from_str(&http_get(&admin, "/api/monitor/syncs?user=erin")).unwrap();
+    let ids = |syncs: &Value| -> Vec<u64> {
+        let syncs = syncs.as_array().unwrap();
+        syncs
+            .iter()
+            .map(|sync| sync["id"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(ids(&before).len(), 3, "{before}");
+    // Written within a second or so; the table keeps the newest two.
+    let table = rusqlite::Connection::open(&db).unwrap();
+    let stored = || -> Vec<(String, String)> {
+        let mut query = table
+            .prepare("SELECT user_name, outcome FROM rs_sync_history ORDER BY id")
+            .unwrap();
+        let rows = query.query_map([], |row| Ok((row.get(0)?, row.get(1)?)));
+        rows.unwrap().map(Result::unwrap).collect()
+    };
+    let deadline = Instant::now() + PAGE_WAIT;
+    while stored().len() < 2 || ids(&before)[0] != newest_stored_id(&table) {
+        assert!(Instant::now() < deadline, "never written: {:?}", stored());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let erin_ok = ("erin".to_string(), "ok".to_string());
+    assert_eq!(stored(), vec![erin_ok.clone(), erin_ok]);
+    drop(server);
+
+    let restarted = serve(&db, &flags);
+    let admin = restarted.admin.clone().expect("the admin banner");
+    let deadline = Instant::now() + PAGE_WAIT;
+    let restored = loop {
+        // Read back by a background task as the server starts.
+        let syncs: Value =
+            serde_json::from_str(&http_get(&admin, "/api/monitor/syncs?user=erin")).unwrap();
+        if !ids(&syncs).is_empty() || Instant::now() > deadline {
+            break syncs;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        ids(&restored),
+        ids(&before)[..2],
+        "the newest two, newest first"
+    );
+    assert_eq!(restored[0]["phases"], before[0]["phases"]);
+    sync_client(&dir, "erin", &restarted.address, "erin-password-1").await;
+    let after: Value =
+        serde_json::from_str(&http_get(&admin, "/api/monitor/syncs?user=erin")).unwrap();
+    let after_ids = ids(&after);
+    assert_eq!(after_ids.len(), 3);
+    assert!(
+        after_ids[0] > after_ids[1],
+        "a new sync is numbered after the history: {after_ids:?}"
+    );
+}
+
+/// The monitor id of the newest sync in the history table.
+fn newest_stored_id(table: &rusqlite::Connection) -> u64 {
+    let record: Option<String> = table
+        .query_row(
+            "SELECT record FROM rs_sync_history ORDER BY id DESC LIMIT 1",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap_or(None);
+    record.map_or(0, |record| {
+        serde_json::from_str::<Value>(&record).unwrap()["id"]
+            .as_u64()
+            .unwrap()
+    })
+}
+
 /// A chromedriver process on a free port, killed when dropped.
 struct ChromeDriver {
     child: Child,

@@ -14,6 +14,7 @@ mod echo;
 mod error;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
+mod history;
 pub mod mysql;
 mod names;
 mod parameters;
@@ -43,6 +44,7 @@ pub use download::{
     DOWNLOAD_BATCH_ROWS, DOWNLOAD_CHANNEL_CHUNKS,
 };
 pub use error::{DbError, SyncError};
+pub use history::HistoryRecord;
 pub use names::quote_identifier;
 /// Named parameters as a tool binds them outside a sync (`rowsync profile` runs single
 /// scripts with the values a sync would give them).
@@ -71,6 +73,20 @@ pub trait ConsolidatedConnection: Send + 'static {
         name: &str,
         password_hash: &str,
     ) -> impl Future<Output = Result<(), DbError>> + Send;
+
+    /// Appends ended syncs to the monitor's history table (`rs_sync_history`), then
+    /// drops its oldest rows beyond `rows_max`.
+    fn append_sync_history(
+        &mut self,
+        records: &[HistoryRecord],
+        rows_max: u64,
+    ) -> impl Future<Output = Result<(), DbError>> + Send;
+
+    /// The newest `limit` records of the history table, oldest first.
+    fn sync_history(
+        &mut self,
+        limit: u64,
+    ) -> impl Future<Output = Result<Vec<HistoryRecord>, DbError>> + Send;
 
     /// The stored password hash of a user, `None` if there is no such user.
     fn password_hash(

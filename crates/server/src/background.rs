@@ -6,11 +6,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rowsync_consolidated::{Consolidated, ConsolidatedConnection};
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection, DbError, HistoryRecord};
 
 use crate::config::ServerConfig;
 use crate::controller::{ControllerConfig, Sample, WorkerController};
-use crate::metrics::Outcome;
+use crate::metrics::{Metrics, Outcome};
+use crate::monitor::SyncRecord;
 use crate::pool::WorkerPool;
 use crate::shared::Shared;
 
@@ -134,5 +135,76 @@ pub(crate) async fn clean_up_periodically<B: Consolidated>(
                 tracing::warn!(%error, "tombstone cleanup failed; retrying next interval")
             }
         }
+    }
+}
+
+/// How often the syncs that ended are written to the monitor's history table.
+pub const HISTORY_WRITE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// When the monitor's history is kept in the consolidated database: reads it back at
+/// start, then writes the syncs that ended every `HISTORY_WRITE_INTERVAL`, keeping the
+/// newest `rows_max` rows. A batch the database refuses is logged and left out of the
+/// table (the page still shows it).
+pub(crate) async fn keep_history_in_table<B: Consolidated>(
+    pool: Arc<WorkerPool<B>>,
+    metrics: Arc<Metrics>,
+    rows_max: u64,
+) {
+    let monitor = &metrics.monitor;
+    match read_history(&pool, monitor.settings().history_syncs_max as u64).await {
+        Ok(records) => monitor.restore(records),
+        Err(error) => {
+            tracing::warn!(%error, "reading the monitor's history table failed; starting without it")
+        }
+    }
+    let mut ticks = tokio::time::interval(HISTORY_WRITE_INTERVAL);
+    loop {
+        ticks.tick().await;
+        let rows: Vec<HistoryRecord> = monitor.take_unwritten().iter().map(history_row).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let written = match pool.acquire("").await {
+            Ok(mut worker) => {
+                worker
+                    .connection()
+                    .append_sync_history(&rows, rows_max)
+                    .await
+            }
+            Err(error) => Err(error),
+        };
+        if let Err(error) = written {
+            tracing::warn!(%error, syncs = rows.len(), "writing the monitor's history table failed");
+        }
+    }
+}
+
+async fn read_history<B: Consolidated>(
+    pool: &Arc<WorkerPool<B>>,
+    limit: u64,
+) -> Result<Vec<SyncRecord>, DbError> {
+    let mut worker = pool.acquire("").await?;
+    let rows = worker.connection().sync_history(limit).await?;
+    Ok(rows
+        .iter()
+        .filter_map(|row| match serde_json::from_str(&row.record) {
+            Ok(record) => Some(record),
+            Err(error) => {
+                tracing::warn!(%error, "a row of the monitor's history table is not a sync record; left out");
+                None
+            }
+        })
+        .collect())
+}
+
+fn history_row(record: &SyncRecord) -> HistoryRecord {
+    HistoryRecord {
+        ended_unix_ms: (record.started_unix_ms as f64 + record.duration_ms) as i64,
+        user: record
+            .identity
+            .as_ref()
+            .map(|identity| identity.user.clone()),
+        outcome: record.outcome.to_string(),
+        record: serde_json::to_string(record).expect("a sync record serializes"),
     }
 }

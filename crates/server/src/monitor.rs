@@ -4,13 +4,14 @@
 //! charts. Cheap on the sync path: a sync takes the lock once when it starts and once
 //! when it ends; its phase changes are one atomic store.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::metrics::{Metrics, Outcome, Phase, PHASES};
 
@@ -21,6 +22,9 @@ pub struct MonitorSettings {
     pub history_syncs_max: usize,
     /// Samples kept for the charts (one per `worker_adjust_interval`, 1 s by default).
     pub samples_max: usize,
+    /// Rows of the history kept in the consolidated database (`rs_sync_history`), so
+    /// that it outlives a restart; `None`: in memory only.
+    pub history_table_rows_max: Option<u64>,
 }
 
 impl Default for MonitorSettings {
@@ -28,12 +32,13 @@ impl Default for MonitorSettings {
         MonitorSettings {
             history_syncs_max: 1000,
             samples_max: 900,
+            history_table_rows_max: None,
         }
     }
 }
 
 /// Who a sync is for, once its hello arrived.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Identity {
     pub user: String,
     pub client_id: String,
@@ -74,7 +79,7 @@ pub struct ActiveView {
 }
 
 /// What a sync did, as its stages learn it.
-#[derive(Debug, Default, Clone, Copy, Serialize)]
+#[derive(Debug, Default, Clone, Copy, Serialize, Deserialize)]
 pub struct SyncFacts {
     pub rows_uploaded: u64,
     pub rows_downloaded: u64,
@@ -87,20 +92,20 @@ pub struct SyncFacts {
 }
 
 /// One phase's time in an ended sync.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PhaseTime {
-    pub phase: &'static str,
+    pub phase: Cow<'static, str>,
     pub ms: f64,
 }
 
 /// An ended sync, as `/api/monitor/syncs` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SyncRecord {
     pub id: u64,
     pub started_unix_ms: u64,
     pub duration_ms: f64,
     /// `ok`, `refused` (answered with an error) or `failed` (no answer).
-    pub outcome: &'static str,
+    pub outcome: Cow<'static, str>,
     #[serde(flatten)]
     pub identity: Option<Identity>,
     pub phases: Vec<PhaseTime>,
@@ -141,6 +146,8 @@ pub struct SyncFilter {
 struct State {
     active: BTreeMap<u64, Arc<ActiveSync>>,
     recent: VecDeque<SyncRecord>,
+    /// Ended syncs not yet written to the history table (when it is kept).
+    unwritten: VecDeque<SyncRecord>,
     samples: VecDeque<Sample>,
     /// Phase times summed over the syncs ended since the last sample, and their count.
     phase_micros: [u64; PHASES.len()],
@@ -221,12 +228,12 @@ impl Monitor {
             id: sync.id,
             started_unix_ms: sync.started_unix_ms,
             duration_ms: sync.started.elapsed().as_secs_f64() * 1000.0,
-            outcome: outcome_name(outcome),
+            outcome: Cow::Borrowed(outcome_name(outcome)),
             identity: sync.identity.get().cloned(),
             phases: phases
                 .iter()
                 .map(|(phase, duration)| PhaseTime {
-                    phase: phase_name(*phase),
+                    phase: Cow::Borrowed(phase_name(*phase)),
                     ms: duration.as_secs_f64() * 1000.0,
                 })
                 .collect(),
@@ -240,13 +247,31 @@ impl Monitor {
             state.phase_micros[index] += duration.as_micros() as u64;
             state.phase_counts[index] += 1;
         }
-        if self.settings.history_syncs_max == 0 {
-            return;
+        if self.settings.history_table_rows_max.is_some() {
+            // Bounded as the history is: a database that cannot keep up loses the oldest.
+            while state.unwritten.len() >= self.settings.history_syncs_max.max(1) {
+                state.unwritten.pop_front();
+            }
+            state.unwritten.push_back(record.clone());
         }
-        while state.recent.len() >= self.settings.history_syncs_max {
-            state.recent.pop_front();
+        push_bounded(&mut state.recent, record, self.settings.history_syncs_max);
+    }
+
+    /// The ended syncs not yet written to the history table, taken.
+    pub(crate) fn take_unwritten(&self) -> Vec<SyncRecord> {
+        self.state().unwritten.drain(..).collect()
+    }
+
+    /// Puts the history read back from the table (oldest first) before what this
+    /// server has seen; new syncs are numbered after it.
+    pub(crate) fn restore(&self, records: Vec<SyncRecord>) {
+        let mut state = self.state();
+        let newest_id = records.iter().map(|record| record.id).max().unwrap_or(0);
+        self.next_id.fetch_max(newest_id + 1, Ordering::Relaxed);
+        let seen: Vec<SyncRecord> = state.recent.drain(..).collect();
+        for record in records.into_iter().chain(seen) {
+            push_bounded(&mut state.recent, record, self.settings.history_syncs_max);
         }
-        state.recent.push_back(record);
     }
 
     /// Takes a sample of the counters and gauges (the load monitor calls this once per
@@ -354,6 +379,17 @@ impl Monitor {
     }
 }
 
+/// Appends `record`, dropping the oldest beyond `max` (none kept when `max` is 0).
+fn push_bounded(history: &mut VecDeque<SyncRecord>, record: SyncRecord, max: usize) {
+    if max == 0 {
+        return;
+    }
+    while history.len() >= max {
+        history.pop_front();
+    }
+    history.push_back(record);
+}
+
 pub fn phase_name(phase: Phase) -> &'static str {
     match phase {
         Phase::connect => "connect",
@@ -399,6 +435,7 @@ mod tests {
         let monitor = Monitor::new(MonitorSettings {
             history_syncs_max: 2,
             samples_max: 2,
+            history_table_rows_max: None,
         });
         let first = monitor.started();
         first.identify(identity("ann"));

@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
 pub use crate::background::SUMMARY_INTERVAL;
-use crate::background::{clean_up_periodically, monitor_load};
+use crate::background::{clean_up_periodically, keep_history_in_table, monitor_load};
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
 use crate::reply::reply_and_close;
@@ -115,6 +115,18 @@ pub async fn serve_endpoints_with_metrics<B: Consolidated>(
         shared.config.cleanup_interval,
     ));
     let monitor = tokio::spawn(monitor_load(Arc::clone(&shared)));
+    let history = shared
+        .metrics
+        .monitor
+        .settings()
+        .history_table_rows_max
+        .map(|rows_max| {
+            tokio::spawn(keep_history_in_table(
+                Arc::clone(&shared.pool),
+                Arc::clone(&shared.metrics),
+                rows_max,
+            ))
+        });
     let (stop, stopped) = watch::channel(false);
     let mut accepting = tokio::task::JoinSet::new();
     for endpoint in endpoints {
@@ -133,6 +145,9 @@ pub async fn serve_endpoints_with_metrics<B: Consolidated>(
     while accepting.join_next().await.is_some() {}
     cleanup.abort();
     monitor.abort();
+    if let Some(history) = history {
+        history.abort();
+    }
     let in_flight = shared.config.connections_max as u32;
     if tokio::time::timeout(SHUTDOWN_GRACE, shared.slots.acquire_many(in_flight))
         .await

@@ -86,6 +86,10 @@ pub struct ServeArgs {
     /// Ended syncs the monitor keeps (its history, in memory).
     #[arg(long, default_value_t = MonitorSettings::default().history_syncs_max)]
     monitor_history_syncs_max: usize,
+    /// Keep the monitor's history also in the consolidated database (table
+    /// `rs_sync_history`, read back at start), at most this many rows (the oldest go).
+    #[arg(long, value_name = "ROWS")]
+    monitor_history_table_rows_max: Option<u64>,
     /// Samples the monitor's charts keep (one per second).
     #[arg(long, default_value_t = MonitorSettings::default().samples_max)]
     monitor_samples_max: usize,
@@ -175,6 +179,7 @@ impl OnBackend for ServeArgs {
         let metrics = Arc::new(Metrics::with_monitor(MonitorSettings {
             history_syncs_max: self.monitor_history_syncs_max,
             samples_max: self.monitor_samples_max,
+            history_table_rows_max: self.monitor_history_table_rows_max,
         }));
         if let Some(path) = self.profile_report.clone() {
             metrics.monitor.set_profile_report(path);

@@ -135,6 +135,18 @@ impl ConsolidatedConnection for MysqlConnection {
         schema::set_user(&mut self.connection, name, password_hash).await
     }
 
+    async fn append_sync_history(
+        &mut self,
+        records: &[crate::HistoryRecord],
+        rows_max: u64,
+    ) -> Result<(), DbError> {
+        schema::append_sync_history(&mut self.connection, records, rows_max).await
+    }
+
+    async fn sync_history(&mut self, limit: u64) -> Result<Vec<crate::HistoryRecord>, DbError> {
+        schema::sync_history(&mut self.connection, limit).await
+    }
+
     async fn password_hash(&mut self, name: &str) -> Result<Option<String>, DbError> {
         schema::password_hash(&mut self.connection, name).await
     }

@@ -25,6 +25,11 @@ const LONG_TEXT: &str = "LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
 fn system_tables() -> Vec<String> {
     vec![
         format!(
+            "CREATE TABLE IF NOT EXISTS rs_sync_history (id BIGINT AUTO_INCREMENT PRIMARY KEY,
+             ended_unix_ms BIGINT NOT NULL, user_name {LONG_TEXT}, outcome {NAME} NOT NULL,
+             record {LONG_TEXT} NOT NULL) ENGINE = InnoDB"
+        ),
+        format!(
             "CREATE TABLE IF NOT EXISTS rs_user (name {NAME} PRIMARY KEY, password_hash {LONG_TEXT} NOT NULL,
              created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB"
         ),
@@ -981,4 +986,68 @@ pub async fn script_versions(connection: &mut Conn) -> Result<Vec<(String, Strin
         .query("SELECT name, description FROM rs_script_version ORDER BY name")
         .await
         .map_err(db)
+}
+
+/// Appends to the monitor's history and keeps its newest `rows_max` rows.
+pub async fn append_sync_history(
+    connection: &mut Conn,
+    records: &[crate::HistoryRecord],
+    rows_max: u64,
+) -> Result<(), DbError> {
+    let mut transaction = connection
+        .start_transaction(mysql_async::TxOpts::default())
+        .await
+        .map_err(db)?;
+    transaction
+        .exec_batch(
+            "INSERT INTO rs_sync_history (ended_unix_ms, user_name, outcome, record) VALUES (?, ?, ?, ?)",
+            records.iter().map(|record| {
+                (
+                    record.ended_unix_ms,
+                    record.user.as_deref(),
+                    record.outcome.as_str(),
+                    record.record.as_str(),
+                )
+            }),
+        )
+        .await
+        .map_err(db)?;
+    let newest: Option<i64> = transaction
+        .query_first("SELECT max(id) FROM rs_sync_history")
+        .await
+        .map_err(db)?
+        .flatten();
+    if let Some(first_kept) = crate::history::first_kept(newest, rows_max) {
+        transaction
+            .exec_drop("DELETE FROM rs_sync_history WHERE id < ?", (first_kept,))
+            .await
+            .map_err(db)?;
+    }
+    transaction.commit().await.map_err(db)
+}
+
+/// The newest `limit` rows of the monitor's history, oldest first.
+pub async fn sync_history(
+    connection: &mut Conn,
+    limit: u64,
+) -> Result<Vec<crate::HistoryRecord>, DbError> {
+    let rows: Vec<(i64, Option<String>, String, String)> = connection
+        .exec(
+            "SELECT ended_unix_ms, user_name, outcome, record FROM \
+             (SELECT * FROM rs_sync_history ORDER BY id DESC LIMIT ?) AS newest ORDER BY id",
+            (limit,),
+        )
+        .await
+        .map_err(db)?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(ended_unix_ms, user, outcome, record)| crate::HistoryRecord {
+                ended_unix_ms,
+                user,
+                outcome,
+                record,
+            },
+        )
+        .collect())
 }

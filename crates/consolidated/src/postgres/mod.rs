@@ -163,6 +163,18 @@ impl ConsolidatedConnection for PostgresConnection {
         schema::set_user(&self.client, name, password_hash).await
     }
 
+    async fn append_sync_history(
+        &mut self,
+        records: &[crate::HistoryRecord],
+        rows_max: u64,
+    ) -> Result<(), DbError> {
+        schema::append_sync_history(&mut self.client, records, rows_max).await
+    }
+
+    async fn sync_history(&mut self, limit: u64) -> Result<Vec<crate::HistoryRecord>, DbError> {
+        schema::sync_history(&self.client, limit).await
+    }
+
     async fn password_hash(&mut self, name: &str) -> Result<Option<String>, DbError> {
         let row = self
             .client

@@ -14,6 +14,13 @@ use crate::shape::{unsupported_column_type, Column, TableShape};
 use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
 
 const SYSTEM_TABLES: &str = "
+CREATE TABLE IF NOT EXISTS rs_sync_history (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    ended_unix_ms BIGINT NOT NULL,
+    user_name TEXT,
+    outcome TEXT NOT NULL,
+    record TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS rs_user (
     name TEXT PRIMARY KEY,
     password_hash TEXT NOT NULL,
@@ -812,5 +819,67 @@ pub async fn script_versions(client: &Client) -> Result<Vec<(String, String)>, D
         .await?
         .into_iter()
         .map(|row| (row.get(0), row.get(1)))
+        .collect())
+}
+
+/// Appends to the monitor's history and keeps its newest `rows_max` rows.
+pub async fn append_sync_history(
+    client: &mut tokio_postgres::Client,
+    records: &[crate::HistoryRecord],
+    rows_max: u64,
+) -> Result<(), DbError> {
+    let transaction = client.transaction().await?;
+    let insert = transaction
+        .prepare(
+            "INSERT INTO rs_sync_history (ended_unix_ms, user_name, outcome, record) VALUES ($1, $2, $3, $4)",
+        )
+        .await?;
+    for record in records {
+        transaction
+            .execute(
+                &insert,
+                &[
+                    &record.ended_unix_ms,
+                    &record.user,
+                    &record.outcome,
+                    &record.record,
+                ],
+            )
+            .await?;
+    }
+    let newest: Option<i64> = transaction
+        .query_one("SELECT max(id) FROM rs_sync_history", &[])
+        .await?
+        .get(0);
+    if let Some(first_kept) = crate::history::first_kept(newest, rows_max) {
+        transaction
+            .execute("DELETE FROM rs_sync_history WHERE id < $1", &[&first_kept])
+            .await?;
+    }
+    transaction.commit().await?;
+    Ok(())
+}
+
+/// The newest `limit` rows of the monitor's history, oldest first.
+pub async fn sync_history(
+    client: &tokio_postgres::Client,
+    limit: u64,
+) -> Result<Vec<crate::HistoryRecord>, DbError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = client
+        .query(
+            "SELECT ended_unix_ms, user_name, outcome, record FROM \
+             (SELECT * FROM rs_sync_history ORDER BY id DESC LIMIT $1) AS newest ORDER BY id",
+            &[&limit],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| crate::HistoryRecord {
+            ended_unix_ms: row.get(0),
+            user: row.get(1),
+            outcome: row.get(2),
+            record: row.get(3),
+        })
         .collect())
 }

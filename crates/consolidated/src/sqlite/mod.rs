@@ -176,6 +176,21 @@ impl ConsolidatedConnection for SqliteConnection {
             .await
     }
 
+    async fn append_sync_history(
+        &mut self,
+        records: &[crate::HistoryRecord],
+        rows_max: u64,
+    ) -> Result<(), DbError> {
+        let records = records.to_vec();
+        self.run(move |connection| schema::append_sync_history(connection, &records, rows_max))
+            .await
+    }
+
+    async fn sync_history(&mut self, limit: u64) -> Result<Vec<crate::HistoryRecord>, DbError> {
+        self.run(move |connection| schema::sync_history(connection, limit))
+            .await
+    }
+
     async fn password_hash(&mut self, name: &str) -> Result<Option<String>, DbError> {
         let name = name.to_string();
         self.run(move |connection| schema::password_hash(connection, &name))

@@ -11,6 +11,13 @@ use crate::shape::{Column, TableShape};
 use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
 
 const SYSTEM_TABLES: &str = "
+CREATE TABLE IF NOT EXISTS rs_sync_history (
+    id INTEGER PRIMARY KEY,
+    ended_unix_ms INTEGER NOT NULL,
+    user_name TEXT,
+    outcome TEXT NOT NULL,
+    record TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS rs_user (
     name TEXT PRIMARY KEY,
     password_hash TEXT NOT NULL,
@@ -626,4 +633,54 @@ pub fn cleanup(connection: &mut Connection) -> Result<u64, DbError> {
     }
     transaction.commit()?;
     Ok(removed)
+}
+
+/// Appends to the monitor's history and keeps its newest `rows_max` rows.
+pub fn append_sync_history(
+    connection: &mut Connection,
+    records: &[crate::HistoryRecord],
+    rows_max: u64,
+) -> Result<(), DbError> {
+    let transaction = connection.transaction()?;
+    {
+        let mut insert = transaction.prepare_cached(
+            "INSERT INTO rs_sync_history (ended_unix_ms, user_name, outcome, record) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        for record in records {
+            insert.execute(params![
+                record.ended_unix_ms,
+                record.user,
+                record.outcome,
+                record.record
+            ])?;
+        }
+        let newest: Option<i64> =
+            transaction.query_row("SELECT max(id) FROM rs_sync_history", [], |row| row.get(0))?;
+        if let Some(first_kept) = crate::history::first_kept(newest, rows_max) {
+            transaction.execute("DELETE FROM rs_sync_history WHERE id < ?1", [first_kept])?;
+        }
+    }
+    transaction.commit()?;
+    Ok(())
+}
+
+/// The newest `limit` rows of the monitor's history, oldest first.
+pub fn sync_history(
+    connection: &mut Connection,
+    limit: u64,
+) -> Result<Vec<crate::HistoryRecord>, DbError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut query = connection.prepare_cached(
+        "SELECT ended_unix_ms, user_name, outcome, record FROM \
+         (SELECT * FROM rs_sync_history ORDER BY id DESC LIMIT ?1) ORDER BY id",
+    )?;
+    let rows = query.query_map([limit], |row| {
+        Ok(crate::HistoryRecord {
+            ended_unix_ms: row.get(0)?,
+            user: row.get(1)?,
+            outcome: row.get(2)?,
+            record: row.get(3)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
 }

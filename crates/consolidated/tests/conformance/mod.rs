@@ -113,6 +113,7 @@ macro_rules! conformance_suite {
             a_new_table_goes_into_a_new_version_holding_every_table,
             a_widened_type_syncs_values_past_its_old_range,
             a_cancelled_statement_stops_with_an_error,
+            the_sync_history_keeps_its_newest_rows_in_order,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {
@@ -127,9 +128,11 @@ macro_rules! conformance_suite {
 pub(crate) use conformance_suite;
 
 mod cancel;
+mod history;
 mod schema_changes;
 mod scripts;
 pub use cancel::*;
+pub use history::*;
 pub use schema_changes::*;
 pub use scripts::*;
 
