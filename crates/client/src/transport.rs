@@ -18,7 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rowsync_protocol::{
     encode_frame, Compression, Download, DownloadAck, EndUpload, FrameDecoder, Hello, Inbound,
-    Message, Outbound,
+    Message, Outbound, ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT,
 };
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -183,6 +183,11 @@ pub struct TransportOptions {
     pub http_version: HttpVersion,
     /// Bytes the server's (compressed) download may inflate to.
     pub decompressed_bytes_max: u64,
+    /// The largest value the download may carry in pieces (text or blob bytes).
+    pub value_bytes_max: u64,
+    /// The most bytes of values in pieces held for one downloaded row before its
+    /// message arrives.
+    pub row_pieces_bytes_max: u64,
 }
 
 impl Default for TransportOptions {
@@ -192,6 +197,8 @@ impl Default for TransportOptions {
             tls: TlsOptions::default(),
             http_version: HttpVersion::Auto,
             decompressed_bytes_max: DECOMPRESSED_BYTES_MAX_DEFAULT,
+            value_bytes_max: VALUE_BYTES_MAX_DEFAULT,
+            row_pieces_bytes_max: ROW_PIECES_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -494,7 +501,10 @@ impl<'h> Receiver<'h> {
     ) -> Receiver<'h> {
         Receiver {
             inbound: Inbound::new(request.transport.decompressed_bytes_max),
-            decoder: FrameDecoder::new(request.frame_bytes_max),
+            decoder: FrameDecoder::new(request.frame_bytes_max).with_value_limits(
+                request.transport.value_bytes_max,
+                request.transport.row_pieces_bytes_max,
+            ),
             session: ClientSession::new(),
             handler,
             counters,

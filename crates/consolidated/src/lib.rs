@@ -26,8 +26,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 pub use download::{
-    download_channel, synchronize_collect, CollectedSync, DownloadMessage, DownloadSender,
-    DOWNLOAD_BATCH_ROWS, DOWNLOAD_CHANNEL_CHUNKS,
+    download_channel, synchronize_collect, CollectedSync, CursorBatch, DownloadMessage,
+    DownloadSender, DOWNLOAD_BATCH_BYTES, DOWNLOAD_BATCH_ROWS, DOWNLOAD_CHANNEL_CHUNKS,
 };
 pub use error::{DbError, SyncError};
 pub use names::quote_identifier;

@@ -1,6 +1,7 @@
 //! Message bodies: the bytes of a frame after its length prefix. Big-endian throughout.
 
 use crate::message::*;
+use crate::pieces::WholeValues;
 use crate::{Decimal, DecodeError, Row, Value, DECIMAL_SCALE_MAX};
 
 mod tag {
@@ -11,10 +12,18 @@ mod tag {
     pub const TEXT: u8 = 0x04;
     pub const BLOB: u8 = 0x05;
     pub const TIMESTAMP: u8 = 0x06;
+    /// Protocol v2: the value was sent before the message, in pieces.
+    pub const IN_PIECES: u8 = 0x20;
 }
 
 /// Encodes one message body: its type byte followed by its fields.
 pub fn encode_message(message: &Message) -> Vec<u8> {
+    encode_body(message, &mut Marks::none())
+}
+
+/// Encodes one message body, writing the tag `in_pieces` instead of each value whose
+/// ordinal (its place in the order [`values_mut`] walks) `marks` names.
+pub(crate) fn encode_body(message: &Message, marks: &mut Marks<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
     out.push(message.message_type() as u8);
     match message {
@@ -33,21 +42,21 @@ pub fn encode_message(message: &Message) -> Vec<u8> {
             put_str(&mut out, &upload.table);
             put_names(&mut out, &upload.columns);
             put_names(&mut out, &upload.key_columns);
-            put_rows(&mut out, &upload.inserts);
+            put_rows(&mut out, &upload.inserts, marks);
             put_count(&mut out, upload.updates.len());
             for update in &upload.updates {
-                put_row(&mut out, &update.old);
-                put_row(&mut out, &update.new);
+                put_row(&mut out, &update.old, marks);
+                put_row(&mut out, &update.new, marks);
             }
-            put_rows(&mut out, &upload.deletes);
+            put_rows(&mut out, &upload.deletes, marks);
         }
         Message::EndUpload(end) => out.extend_from_slice(&end.upload_sequence.to_be_bytes()),
         Message::Download(download) => {
             put_str(&mut out, &download.table);
             put_names(&mut out, &download.columns);
             put_names(&mut out, &download.key_columns);
-            put_rows(&mut out, &download.upserts);
-            put_rows(&mut out, &download.deletes);
+            put_rows(&mut out, &download.upserts, marks);
+            put_rows(&mut out, &download.deletes, marks);
         }
         Message::EndDownload(end) => {
             out.extend_from_slice(&end.watermark.to_be_bytes());
@@ -61,8 +70,71 @@ pub fn encode_message(message: &Message) -> Vec<u8> {
         }
         Message::Busy { retry_after_ms } => out.extend_from_slice(&retry_after_ms.to_be_bytes()),
         Message::DownloadAck(ack) => out.extend_from_slice(&ack.watermark.to_be_bytes()),
+        Message::ValueStart(start) => {
+            out.push(start.kind as u8);
+            out.extend_from_slice(&start.length.to_be_bytes());
+        }
+        Message::ValuePiece(piece) => put_bytes(&mut out, &piece.bytes),
     }
     out
+}
+
+/// Which values of a message [`encode_body`] writes as `in_pieces`: their ordinals, in
+/// ascending order.
+pub(crate) struct Marks<'a> {
+    ordinals: &'a [usize],
+    seen: usize,
+}
+
+impl<'a> Marks<'a> {
+    pub(crate) fn new(ordinals: &'a [usize]) -> Marks<'a> {
+        Marks { ordinals, seen: 0 }
+    }
+
+    fn none() -> Marks<'static> {
+        Marks {
+            ordinals: &[],
+            seen: 0,
+        }
+    }
+
+    /// Whether the next value written is one sent in pieces.
+    fn next_in_pieces(&mut self) -> bool {
+        let ordinal = self.seen;
+        self.seen += 1;
+        match self.ordinals.split_first() {
+            Some((&first, rest)) if first == ordinal => {
+                self.ordinals = rest;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Every value of an upload or a download, in the order they are encoded: inserts,
+/// updates (old, then new image), deletes; upserts, deletes.
+pub(crate) fn values_mut(message: &mut Message) -> Vec<&mut Value> {
+    let rows: Vec<&mut Row> = match message {
+        Message::Upload(upload) => upload
+            .inserts
+            .iter_mut()
+            .chain(
+                upload
+                    .updates
+                    .iter_mut()
+                    .flat_map(|update| [&mut update.old, &mut update.new]),
+            )
+            .chain(upload.deletes.iter_mut())
+            .collect(),
+        Message::Download(download) => download
+            .upserts
+            .iter_mut()
+            .chain(download.deletes.iter_mut())
+            .collect(),
+        _ => Vec::new(),
+    };
+    rows.into_iter().flat_map(|row| row.iter_mut()).collect()
 }
 
 /// Encodes values as they appear inside a row, without the count: a compact, exact
@@ -73,9 +145,10 @@ pub fn encode_values(values: &[Value], out: &mut Vec<u8>) {
     }
 }
 
-/// Decodes one message body (a whole frame payload). Trailing bytes are an error.
+/// Decodes one message body (a whole frame payload). Trailing bytes are an error, and
+/// so is a value `in_pieces`: only a [`crate::FrameDecoder`] has the pieces it stands for.
 pub fn decode_message(body: &[u8]) -> Result<Message, DecodeError> {
-    decode(body, Rows::Keep)
+    decode(body, Rows::Keep, None)
 }
 
 /// Checks one message body exactly as [`decode_message`] does (every row and value,
@@ -83,21 +156,30 @@ pub fn decode_message(body: &[u8]) -> Result<Message, DecodeError> {
 /// row lists come back empty, and nothing is allocated per row or value. For a receiver
 /// that needs only a message's shape now and decodes it in full later.
 pub fn check_message(body: &[u8]) -> Result<Message, DecodeError> {
-    decode(body, Rows::CheckOnly)
+    decode(body, Rows::CheckOnly, None)
 }
 
 /// Whether decoding keeps the rows it reads or only checks them.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Rows {
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Rows {
     Keep,
     CheckOnly,
 }
 
-fn decode(body: &[u8], rows: Rows) -> Result<Message, DecodeError> {
+/// Decodes a body; a value `in_pieces` takes the next of `whole` (the values the
+/// frames before it brought), and a message holding one must carry a single row.
+pub(crate) fn decode(
+    body: &[u8],
+    rows: Rows,
+    whole: Option<&mut WholeValues>,
+) -> Result<Message, DecodeError> {
     let mut reader = Reader {
         body,
         offset: 0,
         rows,
+        whole,
+        in_pieces: 0,
+        rows_seen: 0,
     };
     let type_byte = *body.first().ok_or(DecodeError::EmptyFrame)?;
     reader.offset = 1;
@@ -120,6 +202,7 @@ fn decode(body: &[u8], rows: Rows) -> Result<Message, DecodeError> {
             let inserts = reader.rows("insert", columns.len())?;
             let update_count = reader.count("update", 2 * ROW_BYTES_MIN)?;
             let mut updates = Vec::with_capacity(if rows == Rows::Keep { update_count } else { 0 });
+            reader.rows_seen += update_count;
             for _ in 0..update_count {
                 let old = reader.row(columns.len())?;
                 let new = reader.row(columns.len())?;
@@ -172,8 +255,25 @@ fn decode(body: &[u8], rows: Rows) -> Result<Message, DecodeError> {
         0x08 => Message::DownloadAck(DownloadAck {
             watermark: reader.i64("watermark")?,
         }),
+        0x0A => {
+            let offset = reader.offset;
+            let tag = reader.take(1, "value kind")?[0];
+            let kind = PieceKind::from_u8(tag).ok_or(DecodeError::PieceKind { tag, offset })?;
+            Message::ValueStart(ValueStart {
+                kind,
+                length: reader.u64("value length")?,
+            })
+        }
+        0x0B => Message::ValuePiece(ValuePiece {
+            bytes: reader.bytes("value piece")?.to_vec(),
+        }),
         other => return Err(DecodeError::UnknownMessageType(other)),
     };
+    if reader.in_pieces > 0 && reader.rows_seen != 1 {
+        return Err(DecodeError::InPiecesRows {
+            rows: reader.rows_seen,
+        });
+    }
     let trailing = body.len() - reader.offset;
     if trailing != 0 {
         return Err(DecodeError::TrailingBytes {
@@ -212,18 +312,22 @@ fn put_names(out: &mut Vec<u8>, names: &[String]) {
     }
 }
 
-fn put_rows(out: &mut Vec<u8>, rows: &[Row]) {
+fn put_rows(out: &mut Vec<u8>, rows: &[Row], marks: &mut Marks<'_>) {
     put_count(out, rows.len());
     for row in rows {
-        put_row(out, row);
+        put_row(out, row, marks);
     }
 }
 
-fn put_row(out: &mut Vec<u8>, row: &Row) {
+fn put_row(out: &mut Vec<u8>, row: &Row, marks: &mut Marks<'_>) {
     let count = u16::try_from(row.len()).expect("at most 65535 values in a row");
     out.extend_from_slice(&count.to_be_bytes());
     for value in row {
-        put_value(out, value);
+        if marks.next_in_pieces() {
+            out.push(tag::IN_PIECES);
+        } else {
+            put_value(out, value);
+        }
     }
 }
 
@@ -258,10 +362,16 @@ fn put_value(out: &mut Vec<u8>, value: &Value) {
     }
 }
 
-struct Reader<'a> {
+struct Reader<'a, 'w> {
     body: &'a [u8],
     offset: usize,
     rows: Rows,
+    /// The values in pieces received before this message, if any could be.
+    whole: Option<&'w mut WholeValues>,
+    /// Values `in_pieces` read so far.
+    in_pieces: usize,
+    /// Rows read so far (an update counts once).
+    rows_seen: usize,
 }
 
 /// A value as it lies in the body, borrowed: checked without being copied.
@@ -273,11 +383,13 @@ enum ValueRef<'a> {
     Text(&'a str),
     Blob(&'a [u8]),
     Timestamp(i64),
+    /// A value sent in pieces before the message (nothing when only checking).
+    Whole(Option<Value>),
 }
 
 impl ValueRef<'_> {
-    fn to_value(&self) -> Value {
-        match *self {
+    fn into_value(self) -> Value {
+        match self {
             ValueRef::Null => Value::Null,
             ValueRef::Int(number) => Value::Int(number),
             ValueRef::Double(number) => Value::Double(number),
@@ -285,11 +397,12 @@ impl ValueRef<'_> {
             ValueRef::Text(text) => Value::Text(text.to_owned()),
             ValueRef::Blob(bytes) => Value::Blob(bytes.to_vec()),
             ValueRef::Timestamp(micros) => Value::Timestamp(micros),
+            ValueRef::Whole(value) => value.unwrap_or(Value::Null),
         }
     }
 }
 
-impl<'a> Reader<'a> {
+impl<'a> Reader<'a, '_> {
     fn remaining(&self) -> usize {
         self.body.len() - self.offset
     }
@@ -391,6 +504,7 @@ impl<'a> Reader<'a> {
 
     fn rows(&mut self, what: &'static str, width: usize) -> Result<Vec<Row>, DecodeError> {
         let count = self.count(what, ROW_BYTES_MIN)?;
+        self.rows_seen += count;
         let mut rows = Vec::with_capacity(if self.rows == Rows::Keep { count } else { 0 });
         for _ in 0..count {
             let row = self.row(width)?;
@@ -419,7 +533,7 @@ impl<'a> Reader<'a> {
             }
             return Ok(Row::new());
         }
-        (0..found).map(|_| Ok(self.value()?.to_value())).collect()
+        (0..found).map(|_| Ok(self.value()?.into_value())).collect()
     }
 
     fn value(&mut self) -> Result<ValueRef<'a>, DecodeError> {
@@ -443,6 +557,15 @@ impl<'a> Reader<'a> {
             tag::TEXT => ValueRef::Text(self.str("text value")?),
             tag::BLOB => ValueRef::Blob(self.bytes("blob value")?),
             tag::TIMESTAMP => ValueRef::Timestamp(self.i64("timestamp value")?),
+            tag::IN_PIECES => {
+                let whole = self
+                    .whole
+                    .as_mut()
+                    .and_then(|whole| whole.take(self.rows))
+                    .ok_or(DecodeError::InPiecesMissing { offset })?;
+                self.in_pieces += 1;
+                ValueRef::Whole(whole)
+            }
             tag => return Err(DecodeError::UnknownValueTag { tag, offset }),
         })
     }

@@ -1,4 +1,4 @@
-//! rowsync wire protocol, version 1.
+//! rowsync wire protocol, version 2.
 //!
 //! Everything here is pure: messages are encoded into byte vectors and decoded from
 //! byte slices. Reading and writing sockets is the caller's business. The contract
@@ -10,6 +10,7 @@ mod compression;
 mod error;
 mod frame;
 mod message;
+mod pieces;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod value;
@@ -23,10 +24,11 @@ pub use compression::{
 pub use error::{DecodeError, ErrorCode};
 pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES};
 pub use message::{
-    Download, DownloadAck, EndDownload, EndUpload, Hello, Message, MessageType, RowUpdate,
-    SyncSummary, TableUpload, WireError,
+    Download, DownloadAck, EndDownload, EndUpload, Hello, Message, MessageType, PieceKind,
+    RowUpdate, SyncSummary, TableUpload, ValuePiece, ValueStart, WireError,
 };
+pub use pieces::{message_frames, Frames, ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT};
 pub use value::{Decimal, DecimalParseError, Row, Value, DECIMAL_SCALE_MAX};
 
 /// The protocol version this crate speaks. A server refuses a hello with any other.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;

@@ -1,15 +1,60 @@
-//! The download's framing: chunks from the backend encoded into frames no larger than
-//! `download_message_bytes_max` (deletes first), and the frame that ends the download.
+//! The download's framing: chunks from the backend cut into messages no larger than
+//! `download_message_bytes_max` (deletes first; a larger row alone in its message, its
+//! large values sent in pieces by `message_frames`), and the frame that ends the download.
 
 use rowsync_consolidated::SyncOutcome;
 use rowsync_protocol::{encode_frame, Download, EndDownload, Message, Row, Value};
+
+use crate::spool::SpoolError;
 
 fn row_bytes(row: &Row) -> usize {
     2 + row.iter().map(Value::encoded_len).sum::<usize>()
 }
 
-/// Frames of one chunk, split where a message would pass `message_bytes_max`.
+/// Refuses a chunk holding a text or blob value above `value_bytes_max`, naming it.
+pub(crate) fn check_values(chunk: &Download, value_bytes_max: u64) -> Result<(), SpoolError> {
+    let too_large = |row: &Row, columns: &[String]| {
+        row.iter().zip(columns).find_map(|(value, column)| {
+            let length = match value {
+                Value::Text(text) => text.len(),
+                Value::Blob(bytes) => bytes.len(),
+                _ => return None,
+            } as u64;
+            (length > value_bytes_max).then(|| SpoolError::ValueTooLarge {
+                table: chunk.table.clone(),
+                column: column.clone(),
+                length_bytes: length,
+                limit_bytes: value_bytes_max,
+            })
+        })
+    };
+    let found = (chunk
+        .upserts
+        .iter()
+        .map(|row| too_large(row, &chunk.columns)))
+    .chain(
+        chunk
+            .deletes
+            .iter()
+            .map(|row| too_large(row, &chunk.key_columns)),
+    )
+    .flatten()
+    .next();
+    found.map_or(Ok(()), Err)
+}
+
+/// Frames of one chunk, split where a message would pass `message_bytes_max` (tests).
+#[cfg(test)]
 pub(crate) fn chunk_frames(chunk: Download, message_bytes_max: usize) -> Vec<Vec<u8>> {
+    chunk_messages(chunk, message_bytes_max)
+        .into_iter()
+        .map(|message| encode_frame(&Message::Download(message)))
+        .collect()
+}
+
+/// Messages of one chunk, split where a message would pass `message_bytes_max`: a row
+/// larger than that is alone in its message.
+pub(crate) fn chunk_messages(chunk: Download, message_bytes_max: usize) -> Vec<Download> {
     let Download {
         table,
         columns,
@@ -23,7 +68,7 @@ pub(crate) fn chunk_frames(chunk: Download, message_bytes_max: usize) -> Vec<Vec
         key_columns: key_columns.clone(),
         ..Download::default()
     };
-    let mut frames = Vec::new();
+    let mut messages = Vec::new();
     let mut current = empty();
     let mut current_bytes = 0;
     // Deletes first: a receiver applying messages in order must drop before it writes.
@@ -35,10 +80,7 @@ pub(crate) fn chunk_frames(chunk: Download, message_bytes_max: usize) -> Vec<Vec
         // Cut before the row that would pass the size, so no message grows past it.
         let size = row_bytes(&row);
         if current_bytes + size > message_bytes_max && current_bytes > 0 {
-            frames.push(encode_frame(&Message::Download(std::mem::replace(
-                &mut current,
-                empty(),
-            ))));
+            messages.push(std::mem::replace(&mut current, empty()));
             current_bytes = 0;
         }
         current_bytes += size;
@@ -49,9 +91,9 @@ pub(crate) fn chunk_frames(chunk: Download, message_bytes_max: usize) -> Vec<Vec
         }
     }
     if !current.upserts.is_empty() || !current.deletes.is_empty() {
-        frames.push(encode_frame(&Message::Download(current)));
+        messages.push(current);
     }
-    frames
+    messages
 }
 
 /// The frame that ends a download: its watermark and the sync's summary.

@@ -21,6 +21,16 @@ pub enum SpoolError {
     Compression(#[from] CompressionError),
     #[error("{0}")]
     Decode(String),
+    #[error(
+        "the download holds a value of {length_bytes} bytes in column {column:?} of table \
+         {table:?}, above the server's value_bytes_max of {limit_bytes} bytes; nothing was applied"
+    )]
+    ValueTooLarge {
+        table: String,
+        column: String,
+        length_bytes: u64,
+        limit_bytes: u64,
+    },
 }
 
 /// Encoded download frames, compressed as the client asked: in memory up to

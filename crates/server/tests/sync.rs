@@ -510,3 +510,48 @@ async fn large_rows_travel_in_frames_under_the_limit_and_a_row_too_large_is_refu
     );
     server.stop().await;
 }
+
+/// Issue 16: a value larger than a frame travels in pieces both ways, and the server
+/// holds no more of it in memory than the cache allows: counted by the cache's peak,
+/// with the rest spilled to temporary files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_larger_than_a_frame_stays_within_the_cache_both_ways() {
+    let cache_bytes_max = 2 * 1024 * 1024;
+    let config = ServerConfig {
+        cache_bytes_max,
+        upload_spool_memory_bytes_max: 1024 * 1024,
+        download_spool_memory_bytes_max: 1024 * 1024,
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start_with(config).await;
+    let item: String = (0..3_500_000u32)
+        .map(|n| char::from_u32(0x20 + n % 0x2000).unwrap_or('✓'))
+        .collect();
+    assert!(item.len() > 2 * rowsync_protocol::FRAME_BYTES_MAX_DEFAULT);
+    let mut writer = server.client("alice-writer");
+    writer
+        .connection()
+        .execute(
+            "INSERT INTO orders VALUES ('large', 'alice', ?1, 1)",
+            [&item],
+        )
+        .unwrap();
+    writer.sync(&server.options("alice")).await.unwrap();
+    let mut reader = server.client("alice-reader");
+    reader.sync(&server.options("alice")).await.unwrap();
+    assert_eq!(
+        client_orders(&reader),
+        server.consolidated_orders(Some("alice"))
+    );
+    assert!(client_orders(&reader).contains(&row("large", "alice", &item, 1)));
+    let peak = server.metrics.cache_bytes_peak.get() as usize;
+    assert!(peak <= cache_bytes_max, "cache peak {peak}");
+    let spilled = server.metrics.spilled_bytes.get() as usize;
+    // Up and down, the value's bytes beyond what the cache holds went to disk.
+    assert!(
+        spilled >= 2 * (item.len() - cache_bytes_max),
+        "spilled {spilled}"
+    );
+    assert_eq!(server.metrics.cache_bytes.get(), 0, "all released");
+    server.stop().await;
+}

@@ -10,19 +10,22 @@ use rowsync_consolidated::{
     download_channel, Consolidated, ConsolidatedConnection, DownloadAckRequest, DownloadMessage,
     SyncError, SyncOutcome, SyncRequest,
 };
-use rowsync_protocol::{ErrorCode, FrameDecoder, Message, TableUpload, WireError, PREAMBLE_BYTES};
+use rowsync_protocol::{
+    message_frames, ErrorCode, FrameDecoder, Message, TableUpload, WireError, PREAMBLE_BYTES,
+};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::download_frames::chunk_frames;
+use crate::config::ServerConfig;
+use crate::download_frames::{check_values, chunk_messages};
 use crate::failure::Failure;
 use crate::metrics::{Phase, PhaseTimings};
 use crate::pool::Worker;
 use crate::session::MergedTables;
 use crate::shared::Shared;
 use crate::spool::{Spool, SpoolError};
-use crate::stage::stream::{Acknowledgement, CheckedUpload};
+use crate::stage::stream::{upload_decoder, Acknowledgement, CheckedUpload};
 
 /// What the database stage hands on: the committed sync and its whole download, spooled
 /// (the end of the download not yet appended).
@@ -62,7 +65,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
         outbound,
         Arc::clone(&shared.cache),
     );
-    let spooling = spool_download(chunks, spool, config.download_message_bytes_max);
+    let spooling = spool_download(chunks, spool, config);
     let waiting = Instant::now();
     let mut worker = shared
         .pool
@@ -72,7 +75,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
     timings.record(metrics, Phase::worker_wait, waiting.elapsed());
     // The upload is decoded from its spool only now, so syncs waiting for a worker hold
     // it encoded (and spilled when the cache is full), never twice.
-    let tables = assemble_upload(upload_spool, config.frame_bytes_max)
+    let tables = assemble_upload(upload_spool, upload_decoder(config))
         .await
         .map_err(|error| Failure::tell(WireError::new(ErrorCode::Protocol, error.to_string())))?;
     let request = Arc::new(SyncRequest {
@@ -127,14 +130,21 @@ fn record_committed<B: Consolidated>(
 fn spool_download(
     mut chunks: mpsc::Receiver<DownloadMessage>,
     mut spool: Spool,
-    message_bytes_max: usize,
+    config: &ServerConfig,
 ) -> JoinHandle<Result<Spool, SpoolError>> {
+    let message_bytes_max = config.download_message_bytes_max;
+    let value_bytes_max = config.value_bytes_max;
     tokio::spawn(async move {
         while let Some(message) = chunks.recv().await {
             match message {
                 DownloadMessage::Chunk(chunk) => {
-                    for frame in chunk_frames(chunk, message_bytes_max) {
-                        spool.append(&frame).await?;
+                    check_values(&chunk, value_bytes_max)?;
+                    for message in chunk_messages(chunk, message_bytes_max) {
+                        // A row larger than a message is alone in its message; its
+                        // large values go first, in pieces, each freed once sent.
+                        for frame in message_frames(Message::Download(message), message_bytes_max) {
+                            spool.append(&frame).await?;
+                        }
                     }
                 }
                 DownloadMessage::Finish(answer) => {
@@ -176,7 +186,7 @@ fn settle<B: Consolidated>(
                 (
                     SyncError::DownloadAbandoned | SyncError::DownloadRefused(_),
                     Err(spool_error),
-                ) => WireError::new(ErrorCode::Internal, spool_error.to_string()),
+                ) => spool_refusal(spool_error),
                 _ => WireError::new(error.code(), error.to_string()),
             };
             Err(Failure::tell(wire))
@@ -185,20 +195,27 @@ fn settle<B: Consolidated>(
             // Committed, but the download cannot be sent: the client retries, and its
             // upload is then acknowledged as already applied.
             drop(worker);
-            Err(Failure::tell(WireError::new(
-                ErrorCode::Internal,
-                spool_error.to_string(),
-            )))
+            Err(Failure::tell(spool_refusal(spool_error)))
         }
     }
+}
+
+/// What the client hears when the download could not be spooled: a value above
+/// `value_bytes_max` is code 5 (not retriable until the limit or the row changes);
+/// anything else the server's problem.
+fn spool_refusal(error: SpoolError) -> WireError {
+    let code = match error {
+        SpoolError::ValueTooLarge { .. } => ErrorCode::UploadTooLarge,
+        _ => ErrorCode::Internal,
+    };
+    WireError::new(code, error.to_string())
 }
 
 /// Decodes the spooled byte stream again and merges its upload messages by table.
 async fn assemble_upload(
     spool: Spool,
-    frame_bytes_max: usize,
+    mut decoder: FrameDecoder,
 ) -> Result<Vec<TableUpload>, SpoolError> {
-    let mut decoder = FrameDecoder::new(frame_bytes_max);
     let mut tables = MergedTables::default();
     spool
         .drain(|piece| {

@@ -74,7 +74,7 @@ pub(crate) async fn receive<B: Consolidated>(
     let mut reader = UploadReader {
         stream,
         inbound: Inbound::new(config.decompressed_bytes_max),
-        decoder: FrameDecoder::new(config.frame_bytes_max),
+        decoder: upload_decoder(config),
         session: ServerSession::new(config.upload_bytes_max),
         buffer: vec![0u8; READ_CHUNK_BYTES],
         started,
@@ -199,11 +199,15 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
             let before = self.decoder.buffered_bytes();
             // Checked in full but not kept: the worker decodes the rows from the spool.
             let message = match self.decoder.next_message_checked() {
-                Ok(Some(message)) => message,
-                Ok(None) => return Ok(None),
+                Ok(message) => message,
                 Err(error) => return Err(Failure::tell(decode_refusal(error))),
             };
             let frame_bytes = before - self.decoder.buffered_bytes();
+            let Some(message) = message else {
+                // Value pieces taken without a message after them count all the same.
+                self.session.count(frame_bytes).map_err(Failure::tell)?;
+                return Ok(None);
+            };
             match self.session.handle(message, frame_bytes) {
                 Ok(Step::Continue) => {}
                 Ok(step @ Step::Hello(_)) => {
@@ -390,10 +394,29 @@ fn inbound_refusal(error: InboundError) -> Failure {
     Failure::tell(WireError::new(code, error.to_string()))
 }
 
+/// The upload's frame decoder: a value in pieces is refused above `value_bytes_max`
+/// (at its `value_start`, before its bytes arrive); the values in pieces of one row
+/// are bounded by the upload's own limit.
+pub(crate) fn upload_decoder(config: &ServerConfig) -> FrameDecoder {
+    FrameDecoder::new(config.frame_bytes_max)
+        .with_value_limits(config.value_bytes_max, config.upload_bytes_max as u64)
+}
+
 fn decode_refusal(error: DecodeError) -> WireError {
-    let code = match error {
-        DecodeError::FrameTooLarge { .. } => ErrorCode::FrameTooLarge,
-        _ => ErrorCode::Protocol,
-    };
-    WireError::new(code, error.to_string())
+    match error {
+        DecodeError::FrameTooLarge { .. } => {
+            WireError::new(ErrorCode::FrameTooLarge, error.to_string())
+        }
+        DecodeError::ValueTooLarge { length, limit } => WireError::new(
+            ErrorCode::UploadTooLarge,
+            format!(
+                "the upload holds a value of {length} bytes, above the server's \
+                 value_bytes_max of {limit} bytes"
+            ),
+        ),
+        DecodeError::RowPiecesTooLarge { .. } => {
+            WireError::new(ErrorCode::UploadTooLarge, error.to_string())
+        }
+        _ => WireError::new(ErrorCode::Protocol, error.to_string()),
+    }
 }
