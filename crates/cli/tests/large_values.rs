@@ -248,7 +248,7 @@ async fn a_50_mib_blob_and_a_large_text_sync_both_ways_on_sqlite() {
         .execute_batch(SQLITE_FILES)
         .unwrap();
     let path = db.clone();
-    let read = move |id: i64| {
+    let read = move |id: i64| -> Option<(String, Vec<u8>)> {
         rusqlite::Connection::open(&path)
             .unwrap()
             .query_row("SELECT name, data FROM files WHERE id = ?1", [id], |row| {
@@ -269,14 +269,14 @@ async fn a_50_mib_blob_and_a_large_text_sync_both_ways_on_postgres() {
     tokio::spawn(connection);
     client.batch_execute(POSTGRES_FILES).await.unwrap();
     let runtime = tokio::runtime::Handle::current();
-    let read = move |id: i64| {
+    let read = move |id: i64| -> Option<(String, Vec<u8>)> {
         tokio::task::block_in_place(|| {
             runtime.block_on(async {
                 client
                     .query_opt("SELECT name, data FROM files WHERE id = $1", &[&id])
                     .await
                     .unwrap()
-                    .map(|row| (row.get(0), row.get(1)))
+                    .map(|row| (row.get::<_, String>(0), row.get::<_, Vec<u8>>(1)))
             })
         })
     };
