@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
 
-use rowsync_protocol::{decode_message, Download, Message, Row, Value, FRAME_HEADER_BYTES};
+use rowsync_protocol::{Download, FrameDecoder, Message, Row, Value, FRAME_BYTES_MAX_DEFAULT};
 
 use crate::transport::WireBytes;
 use crate::ClientError;
@@ -113,9 +113,18 @@ impl UploadedKeys {
     /// Reads the keys out of the upload frames the client sends.
     pub fn of_frames(frames: &[Vec<u8>]) -> Result<UploadedKeys, ClientError> {
         let mut keys = UploadedKeys::default();
+        // A frame decoder: values sent in pieces come back into their row.
+        let mut decoder =
+            FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT).with_value_limits(u64::MAX, u64::MAX);
+        let mut uploads = Vec::new();
         for frame in frames {
-            let body = frame.get(FRAME_HEADER_BYTES..).unwrap_or_default();
-            let Message::Upload(upload) = decode_message(body)? else {
+            decoder.feed(frame);
+            while let Some(message) = decoder.next_message()? {
+                uploads.push(message);
+            }
+        }
+        for message in uploads {
+            let Message::Upload(upload) = message else {
                 return Err(ClientError::Protocol(
                     "a stored upload frame holds no upload message".into(),
                 ));
