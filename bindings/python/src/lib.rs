@@ -10,8 +10,8 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use rowsync_client::{
-    Client, ClientError, Compression, ConflictedRow, FailureKind, SyncOptions, SyncProgress,
-    SyncReport,
+    Client, ClientError, ClientOptions, Compression, ConflictedRow, Durability, FailureKind,
+    SyncOptions, SyncProgress, SyncReport,
 };
 use rowsync_protocol::{ErrorCode, Value};
 
@@ -62,10 +62,17 @@ fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
 
 /// A client database: a SQLite file whose tracked tables sync with a rowsync server.
 ///
-/// ``Client(path, client_id=None)`` opens or creates the file. ``client_id`` fixes the
-/// id on first open and must match afterwards; by default a random id is made. The
-/// application reads and writes the file with any SQLite library (``sqlite3``); every
-/// change to a tracked table is recorded by triggers.
+/// ``Client(path, client_id=None, durability="full", durable_before_sync=None)`` opens
+/// or creates the file. ``client_id`` fixes the id on first open and must match
+/// afterwards; by default a random id is made. ``durability`` is ``"full"`` (every
+/// commit on disk), ``"normal"`` (on disk at checkpoints), ``"off"`` (the operating
+/// system decides) or ``"memory"`` (the database in memory, copied to the file before
+/// every upload and by :meth:`persist`); ``durable_before_sync`` (default: on in every
+/// mode but full) makes every commit durable before an upload leaves. The application
+/// reads and writes the file with any SQLite library (``sqlite3``), and in the memory
+/// mode through :meth:`execute` only; every change to a tracked table is recorded by
+/// triggers. The mode sets rowsync's own connection: give yours the same ``PRAGMA
+/// synchronous``.
 #[pyclass(module = "rowsync", name = "Client")]
 struct PyClient {
     client: Mutex<Client>,
@@ -93,10 +100,22 @@ impl PyClient {
 #[pymethods]
 impl PyClient {
     #[new]
-    #[pyo3(signature = (path, client_id=None))]
-    fn new(py: Python<'_>, path: PathBuf, client_id: Option<String>) -> PyResult<PyClient> {
+    #[pyo3(signature = (path, client_id=None, durability="full", durable_before_sync=None))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        client_id: Option<String>,
+        durability: &str,
+        durable_before_sync: Option<bool>,
+    ) -> PyResult<PyClient> {
+        let durability = Durability::parse(durability)
+            .map_err(|error| pyo3::exceptions::PyValueError::new_err(error.to_string()))?;
+        let mut options = ClientOptions::new(durability);
+        options.client_id = client_id;
+        options.durable_before_sync =
+            durable_before_sync.unwrap_or(options.durable_before_sync);
         let client = py
-            .allow_threads(|| Client::open_with_id(&path, client_id.as_deref()))
+            .allow_threads(|| Client::open_with(&path, &options))
             .map_err(python_error)?;
         Ok(PyClient {
             client_id: client.client_id().to_string(),
@@ -114,6 +133,24 @@ impl PyClient {
     /// key. Idempotent; call it again after changing the table's unique indexes.
     fn track(&self, py: Python<'_>, table: String) -> PyResult<()> {
         self.with_client(py, |client| client.track(&table))
+    }
+
+    /// The durability mode: ``"full"``, ``"normal"``, ``"off"`` or ``"memory"``.
+    #[getter]
+    fn durability(&self, py: Python<'_>) -> PyResult<&'static str> {
+        self.with_client(py, |client| Ok(client.durability().name()))
+    }
+
+    /// Makes every commit so far durable: syncs the files to disk, or in the memory
+    /// mode replaces the file with a copy of the database.
+    fn persist(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_client(py, |client| client.persist())
+    }
+
+    /// Runs SQL statements (no parameters, no results) on rowsync's own connection:
+    /// the way to write in the memory mode, which no other connection reaches.
+    fn execute(&self, py: Python<'_>, sql: String) -> PyResult<()> {
+        self.with_client(py, |client| Ok(client.connection().execute_batch(&sql)?))
     }
 
     /// Whether changes wait for upload.
@@ -328,7 +365,8 @@ impl PySyncReport {
 }
 
 /// A protocol value as Python: None, int, float, decimal.Decimal, str, bytes; a
-/// timestamp as int microseconds since 1970-01-01 UTC.
+/// timestamp as int microseconds since 1970-01-01 UTC; a v2 value in its v1 form (a
+/// boolean as 0 or 1, a uuid, date, array... as its text form, docs/types.md).
 fn value_to_python(py: Python<'_>, value: &Value) -> PyResult<PyObject> {
     Ok(match value {
         Value::Null => py.None(),
@@ -341,6 +379,7 @@ fn value_to_python(py: Python<'_>, value: &Value) -> PyResult<PyObject> {
             .unbind(),
         Value::Text(v) => v.into_pyobject(py)?.into_any().unbind(),
         Value::Blob(v) => PyBytes::new(py, v).into_any().unbind(),
+        other => return value_to_python(py, &other.to_v1()),
     })
 }
 

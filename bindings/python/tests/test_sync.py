@@ -159,3 +159,24 @@ def test_the_gil_is_released_while_syncing(server, tmp_path):
     # Held for the whole sync, the GIL would let this loop run only between the
     # interpreter's switch intervals of the syncing thread.
     assert spins > 10_000, spins
+
+
+@pytest.mark.parametrize("durability", ["full", "normal", "off", "memory"])
+def test_each_durability_mode_syncs_and_keeps_what_it_promises(server, tmp_path, durability):
+    url, central = server
+    path = tmp_path / f"{durability}.db"
+    client = rowsync.Client(str(path), durability=durability)
+    assert client.durability == durability
+    client.execute(ORDERS.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
+    client.track("orders")
+    client.execute("INSERT INTO orders VALUES ('mode-1', 'alice', 'written', 1)")
+    report = client.sync(url, user="alice", password="alice-password")
+    assert (report.rows_uploaded, report.rows_downloaded) == (1, SEED_ROWS)
+    assert ("mode-1", "alice", "written", 1) in rows(central)
+    client.persist()
+    # The file holds the data in every mode once persisted (the memory mode's copy).
+    assert ("mode-1", "alice", "written", 1) in rows(path)
+    with pytest.raises(ValueError):
+        rowsync.Client(str(tmp_path / "bad.db"), durability="sometimes")
+    with pytest.raises(rowsync.SyncError):
+        rowsync.Client(str(tmp_path / "m.db"), durability="memory", durable_before_sync=False)

@@ -102,7 +102,8 @@ pub async fn run(url: &str, rows: usize, out: &mut dyn Write) -> Result<Vec<Meas
         .init_table(&TableInit {
             table: "bench_rows".into(),
             partition_column: "owner".into(),
-            script_version: "bench".into(),
+            script_version: Some("bench".into()),
+            based_on: None,
         })
         .await?;
     connection

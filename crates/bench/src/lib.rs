@@ -6,10 +6,12 @@
 //! - [`apply`]: `rowsync bench-apply`, each sync type against PostgreSQL's bulk path.
 //! - [`load`]: `rowsync bench-load`, worker settings and the connection limit under load.
 //! - [`transport`]: `rowsync bench-transport`, every transport x compression.
+//! - [`store`]: `rowsync bench-store`, the Berkeley DB study on the client store.
 //! - [`local_server`]: a server in this process on a loopback port (also the demo's).
 
 pub mod apply;
 pub mod load;
 pub mod local_server;
+pub mod store;
 pub mod timing;
 pub mod transport;

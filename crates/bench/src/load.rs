@@ -182,7 +182,8 @@ pub async fn run(url: &str, options: &LoadOptions, out: &mut dyn Write) -> Resul
         .init_table(&TableInit {
             table: "bench_rows".into(),
             partition_column: "owner".into(),
-            script_version: "bench".into(),
+            script_version: Some("bench".into()),
+            based_on: None,
         })
         .await?;
     let frames: Arc<Vec<Vec<Vec<u8>>>> = Arc::new(

@@ -280,7 +280,8 @@ async fn prepare_database(url: &str, admin: &PgClient) -> Result<()> {
         .init_table(&TableInit {
             table: TABLE.into(),
             partition_column: "emp_id".into(),
-            script_version: SET_VERSION.into(),
+            script_version: Some(SET_VERSION.into()),
+            based_on: None,
         })
         .await?;
     connection
@@ -1291,5 +1292,20 @@ mod tests {
             ..standard
         };
         assert_eq!(test4_points(&with_sets).0, vec![(100, 2)]);
+    }
+
+    /// Issue 16: protocol v2 must not make the Purchase table's rows bigger. Every value
+    /// of a Purchase row has the same tag and bytes in v1 and v2, so the figure is the
+    /// one v1 gave: `cargo test -p rowsync-bench --lib purchase_rows -- --nocapture`.
+    #[test]
+    fn purchase_rows_take_as_many_bytes_on_the_v2_wire_as_on_v1() {
+        let v2 = wire_bytes_per_row();
+        let row = workload::row(0, 0, 0);
+        let v1_row_bytes: usize = 2 + row.iter().map(|v| v.to_v1().encoded_len()).sum::<usize>();
+        println!(
+            "Purchase insert row on the wire: {v2:.1} bytes (v2), {v1_row_bytes} bytes (v1 forms)"
+        );
+        assert_eq!(v2, v1_row_bytes as f64);
+        assert_eq!(v2, 125.0);
     }
 }

@@ -231,7 +231,8 @@ pub async fn run(rows: usize, repeat: usize, out: &mut dyn Write) -> Result<Vec<
         .init_table(&TableInit {
             table: "bench_rows".into(),
             partition_column: "owner".into(),
-            script_version: "v1".into(),
+            script_version: Some("v1".into()),
+            based_on: None,
         })
         .await?;
     let names = vec!["127.0.0.1".to_string(), "localhost".to_string()];

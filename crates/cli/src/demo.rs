@@ -327,7 +327,8 @@ async fn prepare_consolidated<B: Consolidated>(backend: &B) -> Result<B::Connect
         .init_table(&TableInit {
             table: "orders".into(),
             partition_column: "rep".into(),
-            script_version: "v1".into(),
+            script_version: Some("v1".into()),
+            based_on: None,
         })
         .await?;
     for user in USERS.iter().chain([&BULK_USER]) {

@@ -3,4 +3,5 @@
 
 pub mod database;
 pub mod demo;
+pub mod replay;
 pub mod sync_command;

@@ -6,8 +6,10 @@ mod command;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use command::bench::{BenchApplyArgs, BenchArgs, BenchLoadArgs, BenchTransportArgs};
-use command::{bench, cert, cleanup, demo, init, script, serve, user, version};
+use command::bench::{
+    BenchApplyArgs, BenchArgs, BenchLoadArgs, BenchStoreArgs, BenchTransportArgs,
+};
+use command::{bench, cert, cleanup, demo, init, replay, script, serve, user, version};
 
 #[derive(Parser)]
 #[command(
@@ -27,6 +29,9 @@ enum Command {
     Sync(rowsync_cli::sync_command::SyncArgs),
     /// Run the sync server.
     Serve(Box<serve::ServeArgs>),
+    /// Play syncs recorded by `serve --record` against a server, or compare two runs
+    /// (--diff RUN_A RUN_B).
+    Replay(replay::ReplayArgs),
     /// Manage the scripts of script versions.
     Script {
         #[command(subcommand)]
@@ -69,11 +74,16 @@ enum Command {
     /// clients above the connection limit against the limit raised. Drops and recreates
     /// bench_rows in the database named.
     BenchLoad(BenchLoadArgs),
+    /// The Berkeley DB performance overview's study on the client store: a key-value
+    /// workload (insert, fetch, update, delete, reinsert) in each durability mode, on a
+    /// tracked and an untracked table, by thread count; TPC-B-like transactions; the
+    /// sync after each. Needs no server. See docs/benchmarks.md.
+    BenchStore(BenchStoreArgs),
     /// Run a complete demonstration (embedded SQLite by default, or --db postgres://... or mysql://...).
     Demo(demo::DemoArgs),
 }
 
-fn main() -> Result<()> {
+pub(crate) fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("ROWSYNC_LOG")
@@ -97,6 +107,10 @@ async fn run(command: Command) -> Result<()> {
             std::process::exit(exit.code().into())
         }
         Command::Serve(args) => serve::run(*args).await,
+        Command::Replay(args) => {
+            let exit = replay::run(args).await?;
+            std::process::exit(exit)
+        }
         Command::Script { command } => script::run(command).await,
         Command::Version { command } => version::run(command).await,
         Command::Init(args) => init::run(args).await,
@@ -107,6 +121,7 @@ async fn run(command: Command) -> Result<()> {
         Command::BenchApply(args) => bench::run_apply(args).await,
         Command::Bench(args) => bench::run_bench(args).await,
         Command::BenchLoad(args) => bench::run_load(args).await,
+        Command::BenchStore(args) => bench::run_store(args).await,
         Command::Demo(args) => demo::run(args).await,
     }
 }

@@ -4,24 +4,26 @@
 //! just above `value_bytes_max` is refused with code 5 in either direction and nothing of
 //! the sync is applied.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+mod support;
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::Stdio;
 
 use rowsync_client::{Client, ClientError, SyncOptions};
 use rowsync_protocol::ErrorCode;
+use support::{rowsync, serve, Server};
 
 const BLOB_BYTES: usize = 50 * 1024 * 1024;
 /// The refusing server's limit: the 50 MiB blob is above it, the text below.
 const SMALL_VALUE_BYTES_MAX: u64 = 8 * 1024 * 1024;
+/// The main server's cache: far below the blob, so its memory bound shows.
+const CACHE_BYTES_MAX: u64 = 4 * 1024 * 1024;
 
 const SQLITE_FILES: &str =
     "CREATE TABLE files (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, name TEXT, data BLOB)";
 const POSTGRES_FILES: &str =
     "CREATE TABLE files (id bigint PRIMARY KEY, owner text NOT NULL, name text, data bytea)";
-
-fn rowsync() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_rowsync"))
-}
 
 /// Bytes no compression shrinks (xorshift), so every one of them crosses the wire.
 fn noise(bytes: usize, seed: u64) -> Vec<u8> {
@@ -42,29 +44,21 @@ fn large_text() -> String {
     "line ✓ of a long text, ünïcödé included\n".repeat(120_000)
 }
 
-/// `rowsync serve` on a free port with `extra` arguments; its address.
-fn serve(db: &str, extra: &[&str]) -> (Child, String) {
-    let mut serve = rowsync()
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--workers",
-            "2",
-            "--db",
-            db,
-        ])
-        .args(extra)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(serve.stderr.take().unwrap());
-    let mut banner = String::new();
-    stderr.read_line(&mut banner).unwrap();
-    assert!(banner.starts_with("rowsync serving"), "{banner}");
-    let address = banner.trim().rsplit(' ').next().unwrap().to_string();
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    (serve, address)
+/// A sample of the server's Prometheus metrics (`GET /metrics` on its admin endpoint).
+fn metric(server: &Server, name: &str) -> f64 {
+    let admin = server.admin.as_ref().expect("served with --admin-listen");
+    let mut stream = std::net::TcpStream::connect(admin).unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {response}"))
 }
 
 fn init(db: &str) {
@@ -138,11 +132,21 @@ async fn large_values_scenario(
     consolidated: ReadConsolidated<'_>,
 ) {
     init(db);
-    let (mut server, address) = serve(db, &[]);
-    let (mut small_server, small_address) = serve(
-        db,
+    let server = serve(
+        Path::new(db),
+        &[
+            "--cache-bytes-max",
+            &CACHE_BYTES_MAX.to_string(),
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let address = server.address.clone();
+    let small_server = serve(
+        Path::new(db),
         &["--value-bytes-max", &SMALL_VALUE_BYTES_MAX.to_string()],
     );
+    let small_address = small_server.address.clone();
 
     // Just above the limit, up: refused with code 5 before any database work.
     let mut uploader = client(dir, "uploader");
@@ -155,7 +159,10 @@ async fn large_values_scenario(
         )
         .unwrap();
     let refused = uploader.sync(&options(&small_address)).await;
-    assert_code_5(refused, "value of 8388609 bytes");
+    assert_code_5(
+        refused,
+        "value of 8388609 bytes in column \"data\" of table \"files\"",
+    );
     assert!(
         consolidated(2).is_none(),
         "nothing of the refused upload was applied"
@@ -198,6 +205,15 @@ async fn large_values_scenario(
     assert!(received.0 == text, "the text changed on its way down");
     assert!(received.1 == blob, "the blob changed on its way down");
     assert!(row_of(&reader, 4).unwrap().1 == at_limit);
+    // Up and down, the server held no more of the blob in memory than its cache allows
+    // (the cache's peak, counted in bytes); the rest went through its spill files.
+    let peak = metric(&server, "rowsync_cache_bytes_peak");
+    assert!(peak <= CACHE_BYTES_MAX as f64, "cache peak {peak}");
+    let spilled = metric(&server, "rowsync_spilled_bytes_total");
+    assert!(
+        spilled >= 2.0 * (BLOB_BYTES as f64 - CACHE_BYTES_MAX as f64),
+        "spilled {spilled}"
+    );
 
     // Above the limit, down: the 50 MiB blob is refused to a new client with code 5, and
     // neither its own upload (row 3) nor any of the download is applied.
@@ -217,11 +233,7 @@ async fn large_values_scenario(
         "nothing of the refused download was applied"
     );
     assert_eq!(late.download_watermark().unwrap(), 0);
-
-    server.kill().unwrap();
-    server.wait().unwrap();
-    small_server.kill().unwrap();
-    small_server.wait().unwrap();
+    drop((server, small_server));
 }
 
 fn assert_code_5<T: std::fmt::Debug>(outcome: Result<T, ClientError>, names: &str) {

@@ -1,10 +1,13 @@
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rowsync_protocol::{Download, EndDownload, Hello, FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION};
+use rowsync_protocol::{
+    Conflicts, Download, EndDownload, Hello, FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION,
+};
 use rusqlite::Connection;
 
-use crate::report::{ConflictedRow, SyncProgress, SyncReport, UploadedKeys};
+use crate::durability::{self, ClientOptions, Durability};
+use crate::report::{ConflictedRow, ConflictedRows, SyncProgress, SyncReport};
 use crate::session::SessionEvent;
 use crate::store::DownloadApply;
 use crate::transport::{
@@ -112,6 +115,9 @@ impl SyncOptions {
 pub struct Client {
     connection: Connection,
     client_id: String,
+    path: PathBuf,
+    durability: Durability,
+    durable_before_sync: bool,
 }
 
 impl Client {
@@ -125,18 +131,53 @@ impl Client {
         path: impl AsRef<Path>,
         client_id: Option<&str>,
     ) -> Result<Client, ClientError> {
-        let connection = Connection::open(path)?;
-        connection.busy_timeout(Duration::from_secs(30))?;
-        connection.pragma_update(None, "journal_mode", "WAL")?;
-        let client_id = store::install(&connection, client_id)?;
+        let options = ClientOptions {
+            client_id: client_id.map(str::to_owned),
+            ..ClientOptions::default()
+        };
+        Client::open_with(path, &options)
+    }
+
+    /// Opens a client database with a durability mode (docs/client.md §10 says what each
+    /// can lose). In [`Durability::Memory`] only [`Client::connection`] reaches the data.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        options: &ClientOptions,
+    ) -> Result<Client, ClientError> {
+        let path = path.as_ref().to_path_buf();
+        let connection = durability::open(&path, options)?;
+        let client_id = store::install(&connection, options.client_id.as_deref())?;
         Ok(Client {
             connection,
             client_id,
+            path,
+            durability: options.durability,
+            durable_before_sync: options.durable_before_sync,
         })
     }
 
     pub fn client_id(&self) -> &str {
         &self.client_id
+    }
+
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// Whether every commit is made durable before an upload is sent (default: in
+    /// every mode but [`Durability::Full`]). [`Durability::Memory`] cannot turn it off.
+    pub fn set_durable_before_sync(&mut self, on: bool) -> Result<(), ClientError> {
+        if !on && self.durability == Durability::Memory {
+            return Err(durability::memory_needs_persist());
+        }
+        self.durable_before_sync = on;
+        Ok(())
+    }
+
+    /// Makes every commit so far durable: syncs the files to disk, or in
+    /// [`Durability::Memory`] replaces the file with a copy of the database.
+    pub fn persist(&self) -> Result<(), ClientError> {
+        durability::persist(&self.connection, &self.path, self.durability)
     }
 
     /// The application's connection to the client database.
@@ -145,8 +186,19 @@ impl Client {
     }
 
     /// Records every later change of `table` for upload. The table needs a primary key.
+    ///
+    /// Called again after the table's columns changed (`ALTER TABLE ... ADD COLUMN`), it
+    /// migrates the table's change log to the new columns, keeping every pending change,
+    /// and rebuilds its triggers (docs/schema-changes.md).
     pub fn track(&mut self, table: &str) -> Result<(), ClientError> {
         store::track(&mut self.connection, table)
+    }
+
+    /// Runs `sql`, a change of a tracked table's schema, and tracks the table again, in
+    /// one transaction. Needed for `ALTER TABLE ... DROP COLUMN`, which SQLite refuses
+    /// while the tracking triggers name the column; fine for any other change too.
+    pub fn alter_tracked_table(&mut self, table: &str, sql: &str) -> Result<(), ClientError> {
+        store::alter_tracked(&mut self.connection, table, sql)
     }
 
     /// Changes recorded and not yet moved into an upload.
@@ -180,7 +232,12 @@ impl Client {
         let started = Instant::now();
         let mut report = SyncReport::default();
         loop {
-            let batch = store::next_batch(&mut self.connection)?;
+            let batch = store::next_batch_for(&mut self.connection, Some(&options.script_version))?;
+            if self.durable_before_sync {
+                // The server may apply this upload once sent: the record of it must
+                // survive whatever the mode can survive (durability.rs says why).
+                self.persist()?;
+            }
             let round = self
                 .sync_round(options, &batch, &mut report, progress)
                 .await;
@@ -189,7 +246,8 @@ impl Client {
             }
             let (completed, rows_applied) = round?;
             if options.download_ack {
-                let hello = self.hello(options, completed.watermark);
+                let mut hello = self.hello(options, completed.watermark);
+                hello.script_version = sent_with(options, &batch).to_string();
                 acknowledge(options, hello, completed.watermark, &mut report).await?;
             }
             let summary = completed.summary;
@@ -203,7 +261,10 @@ impl Client {
             report.conflicts += summary.conflicts;
             report.upload_already_applied |= summary.upload_already_applied;
             report.watermark = completed.watermark;
-            if !(batch.is_retry && store::has_pending_changes(&self.connection)?) {
+            // After a resend: again for the changes made meanwhile, or for the version
+            // asked for when the resend went with the one it was first sent with.
+            let moved_on = sent_with(options, &batch) != options.script_version;
+            if !(batch.is_retry && (moved_on || store::has_pending_changes(&self.connection)?)) {
                 break;
             }
         }
@@ -220,14 +281,23 @@ impl Client {
         report: &mut SyncReport,
         progress: &mut (dyn FnMut(&SyncProgress) + Send),
     ) -> Result<(EndDownload, u64), ClientError> {
-        let last_download_watermark = store::state(&self.connection)?.download_watermark;
-        let uploaded = UploadedKeys::of_frames(&batch.frames)?;
+        let script_version = sent_with(options, batch);
+        let state = store::state(&self.connection)?;
+        // A client moving to another script version downloads its rows in full once:
+        // the new version may carry columns the old one left out of earlier downloads.
+        let last_download_watermark = match &state.script_version {
+            Some(last) if last != script_version => 0,
+            _ => state.download_watermark,
+        };
         loop {
-            let hello = self.hello(options, last_download_watermark);
+            let mut hello = self.hello(options, last_download_watermark);
+            hello.script_version = script_version.to_string();
+            let mut apply = DownloadApply::new();
+            apply.script_version = Some(script_version.to_string());
             let mut handler = ApplyHandler {
                 connection: &mut self.connection,
-                apply: DownloadApply::new(),
-                uploaded: &uploaded,
+                apply,
+                named: ConflictedRows::default(),
                 conflicted_rows: &mut report.conflicted_rows,
                 progress: &mut *progress,
                 wire_before: report.wire,
@@ -298,13 +368,23 @@ impl Client {
     }
 }
 
+/// The script version a batch goes with: the one it was first sent with (a resend of
+/// an upload made before the client moved to another version), else the options'.
+fn sent_with<'a>(options: &'a SyncOptions, batch: &'a store::Batch) -> &'a str {
+    batch
+        .script_version
+        .as_deref()
+        .unwrap_or(&options.script_version)
+}
+
 /// Applies each download message as it arrives, notes the conflicts it answers and
 /// tells progress.
 struct ApplyHandler<'a> {
     /// `&mut`, being `Send` where `&Connection` is not.
     connection: &'a mut Connection,
     apply: DownloadApply,
-    uploaded: &'a UploadedKeys,
+    /// Conflicting keys the server named in this round.
+    named: ConflictedRows,
     conflicted_rows: &'a mut Vec<ConflictedRow>,
     progress: &'a mut (dyn FnMut(&SyncProgress) + Send),
     /// What earlier rounds of this sync moved.
@@ -327,9 +407,14 @@ impl ApplyHandler<'_> {
 
 impl DownloadHandler for ApplyHandler<'_> {
     fn download(&mut self, download: Download, wire: WireBytes) -> Result<(), ClientError> {
-        self.uploaded.conflicts_in(&download, self.conflicted_rows);
+        self.named.answered(&download, self.conflicted_rows);
         self.apply.apply(self.connection, &download)?;
         self.tell(wire, self.rows_to_upload);
+        Ok(())
+    }
+
+    fn conflicts(&mut self, conflicts: Conflicts) -> Result<(), ClientError> {
+        self.named.named(conflicts, self.conflicted_rows);
         Ok(())
     }
 

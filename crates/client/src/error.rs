@@ -38,6 +38,16 @@ pub enum ClientError {
     Protocol(String),
     #[error("{0}")]
     Schema(String),
+    /// Reading, writing or syncing the client database's files outside SQLite (the
+    /// memory mode's copy, the flush before an upload).
+    #[error("the client database file {path}: {source}")]
+    File {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// An option the client cannot work with (a durability mode name, a combination).
+    #[error("invalid client option: {0}")]
+    Option(String),
 }
 
 /// What a failed sync means for whoever called it.
@@ -64,6 +74,7 @@ impl ClientError {
                     | ErrorCode::UnsupportedProtocolVersion
                     | ErrorCode::UnknownScriptVersion
                     | ErrorCode::ClientIdTaken
+                    | ErrorCode::ClientIdsExceeded
                     | ErrorCode::Schema
                     | ErrorCode::UploadTooLarge
                     | ErrorCode::FrameTooLarge,

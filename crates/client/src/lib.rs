@@ -8,6 +8,7 @@
 //! [`transport`] only moves bytes.
 
 mod client;
+mod durability;
 mod error;
 mod report;
 mod session;
@@ -15,6 +16,7 @@ mod store;
 pub mod transport;
 
 pub use client::{BusyRetry, Client, SyncOptions, BUSY_RETRY_ATTEMPTS_MAX_DEFAULT};
+pub use durability::{ClientOptions, Durability};
 pub use error::{ClientError, FailureKind};
 pub use report::{ConflictedRow, SyncProgress, SyncReport, CONFLICTED_ROWS_REPORTED_MAX};
 pub use rowsync_protocol::Compression;

@@ -1,14 +1,12 @@
 //! What a sync tells its caller: progress while it runs, a report when it ends, and the
 //! rows that conflicted.
 
-use std::collections::{HashMap, HashSet};
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::collections::HashMap;
 use std::time::Duration;
 
-use rowsync_protocol::{Download, FrameDecoder, Message, Row, Value, FRAME_BYTES_MAX_DEFAULT};
+use rowsync_protocol::{encode_key_identity, Conflicts, Download, Row};
 
 use crate::transport::WireBytes;
-use crate::ClientError;
 
 /// Conflicted rows a [`SyncReport`] lists at most (the count in `conflicts` is complete).
 pub const CONFLICTED_ROWS_REPORTED_MAX: usize = 10_000;
@@ -20,8 +18,8 @@ pub struct SyncReport {
     pub rows_downloaded: u64,
     /// Upload operations the server did not apply as sent (it kept its own row).
     pub conflicts: u64,
-    /// The rows behind `conflicts` with the server's row that won, as far as the download
-    /// shows them (at most [`CONFLICTED_ROWS_REPORTED_MAX`]).
+    /// The rows behind `conflicts`, as the server names them, with the server's row that
+    /// won (at most [`CONFLICTED_ROWS_REPORTED_MAX`]).
     pub conflicted_rows: Vec<ConflictedRow>,
     /// Round trips made: 2 when an unacknowledged upload had to be resent first.
     pub rounds: u32,
@@ -73,7 +71,7 @@ impl SyncReport {
     }
 }
 
-/// A row this client uploaded that the server did not take as sent: the download of the
+/// A row this client uploaded that the server did not take as sent; the download of the
 /// same sync brought the server's version back.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConflictedRow {
@@ -81,9 +79,10 @@ pub struct ConflictedRow {
     /// Primary-key column names and the row's key values, in the same order.
     pub key_columns: Vec<String>,
     pub key: Row,
-    /// Column names of `server_row`.
+    /// Column names of `server_row` (empty without one).
     pub columns: Vec<String>,
-    /// The server's row that won; `None` when the server has no such row (deleted).
+    /// The server's row that won; `None` when the server has no such row (deleted), or
+    /// the script version does not download the table.
     pub server_row: Option<Row>,
 }
 
@@ -101,113 +100,127 @@ pub struct SyncProgress {
     pub rows_downloaded: u64,
 }
 
-/// The keys an upload carried, by table, as hashes: a downloaded row whose key is among
-/// them is the server's answer to a conflict (the server sends no echo of rows it
-/// applied as uploaded).
+/// The conflicted rows of one sync as the server names them: the keys from its
+/// `Conflicts` messages, and the server's row for each from the download that follows.
 #[derive(Debug, Default)]
-pub(crate) struct UploadedKeys {
-    tables: HashMap<String, HashSet<u64>>,
+pub(crate) struct ConflictedRows {
+    /// Where each named key sits in the report's list, by table and encoded key.
+    positions: HashMap<String, HashMap<Vec<u8>, usize>>,
 }
 
-impl UploadedKeys {
-    /// Reads the keys out of the upload frames the client sends.
-    pub fn of_frames(frames: &[Vec<u8>]) -> Result<UploadedKeys, ClientError> {
-        let mut keys = UploadedKeys::default();
-        // A frame decoder: values sent in pieces come back into their row.
-        let mut decoder =
-            FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT).with_value_limits(u64::MAX, u64::MAX);
-        let mut uploads = Vec::new();
-        for frame in frames {
-            decoder.feed(frame);
-            while let Some(message) = decoder.next_message()? {
-                uploads.push(message);
+impl ConflictedRows {
+    /// Adds the keys the server named to `out`, up to the limit.
+    pub fn named(&mut self, conflicts: Conflicts, out: &mut Vec<ConflictedRow>) {
+        let table = self.positions.entry(conflicts.table.clone()).or_default();
+        for key in conflicts.keys {
+            if out.len() >= CONFLICTED_ROWS_REPORTED_MAX {
+                return;
             }
+            let mut encoded = Vec::new();
+            encode_key_identity(&key, &mut encoded);
+            if table.contains_key(&encoded) {
+                continue;
+            }
+            table.insert(encoded, out.len());
+            out.push(ConflictedRow {
+                table: conflicts.table.clone(),
+                key_columns: conflicts.key_columns.clone(),
+                key,
+                columns: Vec::new(),
+                server_row: None,
+            });
         }
-        for message in uploads {
-            let Message::Upload(upload) = message else {
-                return Err(ClientError::Protocol(
-                    "a stored upload frame holds no upload message".into(),
-                ));
-            };
-            let positions = key_positions(&upload.columns, &upload.key_columns)?;
-            let set = keys.tables.entry(upload.table).or_default();
-            let rows = upload
-                .inserts
-                .iter()
-                .chain(upload.updates.iter().flat_map(|u| [&u.old, &u.new]));
-            for row in rows {
-                if let Some(key) = key_of(row, &positions) {
-                    set.insert(key_hash(key.iter()));
-                }
-            }
-            for key in &upload.deletes {
-                set.insert(key_hash(key.iter()));
-            }
-        }
-        Ok(keys)
     }
 
-    /// Adds the rows of `download` whose keys went up to `out`, up to the limit.
-    pub fn conflicts_in(&self, download: &Download, out: &mut Vec<ConflictedRow>) {
-        let Some(set) = self.tables.get(&download.table) else {
+    /// Fills in the server's row for the named keys that `download` carries: the row it
+    /// upserts, or none for a key it deletes.
+    pub fn answered(&self, download: &Download, out: &mut [ConflictedRow]) {
+        let Some(table) = self.positions.get(&download.table) else {
             return;
         };
-        // A message of deletes only names no columns.
-        let positions = key_positions(&download.columns, &download.key_columns);
-        let mut record = |key: Row, server_row: Option<Row>| {
-            if out.len() < CONFLICTED_ROWS_REPORTED_MAX {
-                out.push(ConflictedRow {
-                    table: download.table.clone(),
-                    key_columns: download.key_columns.clone(),
-                    key,
-                    columns: download.columns.clone(),
-                    server_row,
-                });
-            }
-        };
-        for row in download.upserts.iter().filter(|_| positions.is_ok()) {
-            if let Some(key) = key_of(row, positions.as_deref().unwrap_or_default()) {
-                if set.contains(&key_hash(key.iter())) {
-                    record(key, Some(row.clone()));
-                }
+        let mut encoded = Vec::new();
+        for key in &download.deletes {
+            encoded.clear();
+            encode_key_identity(key, &mut encoded);
+            if let Some(&index) = table.get(&encoded) {
+                out[index].server_row = None;
             }
         }
-        for key in &download.deletes {
-            if set.contains(&key_hash(key.iter())) {
-                record(key.clone(), None);
+        // A message of deletes only names no columns.
+        let Some(positions) = key_positions(&download.columns, &download.key_columns) else {
+            return;
+        };
+        for row in &download.upserts {
+            encoded.clear();
+            for value in positions.iter().filter_map(|&position| row.get(position)) {
+                encode_key_identity(std::slice::from_ref(value), &mut encoded);
+            }
+            if let Some(&index) = table.get(&encoded) {
+                out[index].columns = download.columns.clone();
+                out[index].server_row = Some(row.clone());
             }
         }
     }
 }
 
-fn key_positions(columns: &[String], key_columns: &[String]) -> Result<Vec<usize>, ClientError> {
+fn key_positions(columns: &[String], key_columns: &[String]) -> Option<Vec<usize>> {
     key_columns
         .iter()
-        .map(|key| {
-            columns
-                .iter()
-                .position(|c| c == key)
-                .ok_or_else(|| ClientError::Protocol(format!("rows lack their key column {key:?}")))
-        })
+        .map(|key| columns.iter().position(|c| c == key))
         .collect()
 }
 
-fn key_of(row: &Row, positions: &[usize]) -> Option<Row> {
-    positions.iter().map(|&p| row.get(p).cloned()).collect()
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rowsync_protocol::Value;
 
-fn key_hash<'v>(values: impl Iterator<Item = &'v Value>) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    for value in values {
-        match value {
-            Value::Null => 0u8.hash(&mut hasher),
-            Value::Int(v) => (1u8, v).hash(&mut hasher),
-            Value::Double(v) => (2u8, v.to_bits()).hash(&mut hasher),
-            Value::Decimal(v) => (3u8, v.to_string()).hash(&mut hasher),
-            Value::Text(v) => (4u8, v).hash(&mut hasher),
-            Value::Blob(v) => (5u8, v).hash(&mut hasher),
-            Value::Timestamp(v) => (6u8, v).hash(&mut hasher),
+    fn named(table: &str, keys: &[i64]) -> Conflicts {
+        Conflicts {
+            table: table.into(),
+            key_columns: vec!["id".into()],
+            keys: keys.iter().map(|&k| vec![Value::Int(k)]).collect(),
         }
     }
-    hasher.finish()
+
+    #[test]
+    fn named_keys_take_the_servers_rows_from_the_download() {
+        let mut rows = ConflictedRows::default();
+        let mut out = Vec::new();
+        rows.named(named("orders", &[1, 2, 3, 1]), &mut out);
+        rows.named(named("notes", &[1]), &mut out);
+        assert_eq!(out.len(), 4, "each key once: {out:?}");
+        let download = Download {
+            table: "orders".into(),
+            columns: vec!["item".into(), "id".into()],
+            key_columns: vec!["id".into()],
+            upserts: vec![
+                vec![Value::Text("server's".into()), Value::Int(1)],
+                vec![Value::Text("someone else's".into()), Value::Int(9)],
+            ],
+            deletes: vec![vec![Value::Int(2)]],
+        };
+        rows.answered(&download, &mut out);
+        assert_eq!(
+            out[0].server_row,
+            Some(vec![Value::Text("server's".into()), Value::Int(1)])
+        );
+        assert_eq!(out[0].columns, vec!["item".to_string(), "id".to_string()]);
+        assert_eq!((&out[1].server_row, out[1].columns.len()), (&None, 0));
+        assert_eq!(out[2].server_row, None, "not in the download");
+        assert_eq!(
+            (out[3].table.as_str(), &out[3].server_row),
+            ("notes", &None),
+            "another table's key 1 is not orders' key 1"
+        );
+    }
+
+    #[test]
+    fn the_list_stops_at_its_limit() {
+        let mut rows = ConflictedRows::default();
+        let mut out = Vec::new();
+        let keys: Vec<i64> = (0..CONFLICTED_ROWS_REPORTED_MAX as i64 + 5).collect();
+        rows.named(named("orders", &keys), &mut out);
+        assert_eq!(out.len(), CONFLICTED_ROWS_REPORTED_MAX);
+    }
 }

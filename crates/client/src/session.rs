@@ -1,13 +1,16 @@
 //! The client side of one sync as a state machine: server messages in, events out.
 //! No I/O: the transport feeds it decoded messages.
 
-use rowsync_protocol::{Download, EndDownload, Message};
+use rowsync_protocol::{Conflicts, Download, EndDownload, Message};
 
 use crate::ClientError;
 
 #[derive(Debug, Default)]
 pub struct ClientSession {
     downloads: Vec<Download>,
+    conflicts: Vec<Conflicts>,
+    /// A download message came: conflicting keys may no longer be named.
+    download_started: bool,
     finished: bool,
 }
 
@@ -15,6 +18,8 @@ pub struct ClientSession {
 #[derive(Debug, Clone)]
 pub struct CompletedSync {
     pub downloads: Vec<Download>,
+    /// The keys the server did not apply as uploaded, by table (protocol v2).
+    pub conflicts: Vec<Conflicts>,
     pub end: EndDownload,
 }
 
@@ -45,8 +50,13 @@ impl ClientSession {
                 self.downloads.push(download);
                 Ok(SessionEvent::Continue)
             }
+            Received::Conflicts(conflicts) => {
+                self.conflicts.push(conflicts);
+                Ok(SessionEvent::Continue)
+            }
             Received::Event(SessionEvent::Complete(mut completed)) => {
                 completed.downloads = std::mem::take(&mut self.downloads);
+                completed.conflicts = std::mem::take(&mut self.conflicts);
                 Ok(SessionEvent::Complete(completed))
             }
             Received::Event(event) => Ok(event),
@@ -65,10 +75,16 @@ impl ClientSession {
         let event = match message {
             Message::Download(download) => {
                 check_download(&download)?;
+                self.download_started = true;
                 return Ok(Received::Download(download));
+            }
+            Message::Conflicts(conflicts) => {
+                self.check_conflicts(&conflicts)?;
+                return Ok(Received::Conflicts(conflicts));
             }
             Message::EndDownload(end) => SessionEvent::Complete(CompletedSync {
                 downloads: Vec::new(),
+                conflicts: Vec::new(),
                 end,
             }),
             Message::Busy { retry_after_ms } => SessionEvent::Busy { retry_after_ms },
@@ -89,6 +105,23 @@ impl ClientSession {
         self.finished = true;
         Ok(Received::Event(event))
     }
+
+    /// Conflicting keys come before the first download message and name their key.
+    fn check_conflicts(&self, conflicts: &Conflicts) -> Result<(), ClientError> {
+        if self.download_started {
+            return Err(ClientError::Protocol(format!(
+                "conflicting keys of table {:?} came after the download began",
+                conflicts.table
+            )));
+        }
+        if conflicts.key_columns.is_empty() {
+            return Err(ClientError::Protocol(format!(
+                "conflicting keys of table {:?} name no key columns",
+                conflicts.table
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// One server message as [`ClientSession::receive`] hands it out.
@@ -96,6 +129,8 @@ impl ClientSession {
 pub enum Received {
     /// Rows to apply now.
     Download(Download),
+    /// Keys of the upload the server did not apply as sent.
+    Conflicts(Conflicts),
     /// The session ended (or, never, [`SessionEvent::Continue`]).
     Event(SessionEvent),
 }
@@ -123,7 +158,7 @@ fn check_download(download: &Download) -> Result<(), ClientError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rowsync_protocol::{EndUpload, ErrorCode, SyncSummary, WireError};
+    use rowsync_protocol::{EndUpload, ErrorCode, SyncSummary, Value, WireError};
 
     fn download(table: &str) -> Message {
         Message::Download(Download {
@@ -160,6 +195,43 @@ mod tests {
             session.handle(download("c")).is_err(),
             "nothing may follow the end"
         );
+    }
+
+    fn conflicts(table: &str, key_columns: Vec<String>) -> Message {
+        Message::Conflicts(Conflicts {
+            table: table.into(),
+            key_columns,
+            keys: vec![vec![7.into()]],
+        })
+    }
+
+    #[test]
+    fn conflicting_keys_come_before_the_download_and_name_their_key() {
+        let mut session = ClientSession::new();
+        session.handle(conflicts("a", vec!["id".into()])).unwrap();
+        session.handle(download("a")).unwrap();
+        let late = session
+            .handle(conflicts("b", vec!["id".into()]))
+            .unwrap_err();
+        assert!(
+            late.to_string().contains("after the download began"),
+            "{late}"
+        );
+        let mut session = ClientSession::new();
+        let keyless = session.handle(conflicts("a", Vec::new())).unwrap_err();
+        assert!(keyless.to_string().contains("no key columns"), "{keyless}");
+        let mut session = ClientSession::new();
+        session.handle(conflicts("a", vec!["id".into()])).unwrap();
+        let end = EndDownload {
+            watermark: 3,
+            summary: SyncSummary::default(),
+        };
+        let SessionEvent::Complete(done) = session.handle(Message::EndDownload(end)).unwrap()
+        else {
+            panic!("expected completion");
+        };
+        assert_eq!(done.conflicts.len(), 1);
+        assert_eq!(done.conflicts[0].keys, vec![vec![Value::Int(7)]]);
     }
 
     #[test]

@@ -52,8 +52,23 @@ fn log_table(table: &str) -> String {
     format!("rs_log_{table}")
 }
 
+/// Columns added to the client's tables after their first release: (table, column, type).
+const ADDED_COLUMNS: [(&str, &str, &str); 2] = [
+    // The script version of the last download applied (NULL before it was recorded).
+    ("rs_client_state", "script_version", "TEXT"),
+    // The script version the in-flight upload was first sent with: it is resent with it.
+    ("rs_client_inflight", "script_version", "TEXT"),
+];
+
 pub fn install(connection: &Connection, client_id: Option<&str>) -> Result<String, ClientError> {
     connection.execute_batch(CLIENT_TABLES)?;
+    for (table, column, sql_type) in ADDED_COLUMNS {
+        if !has_column(connection, table, column)? {
+            connection.execute_batch(&format!(
+                "ALTER TABLE {table} ADD COLUMN {column} {sql_type}"
+            ))?;
+        }
+    }
     let existing: Option<String> = connection
         .query_row(
             "SELECT client_id FROM rs_client_state WHERE id = 1",
@@ -79,6 +94,14 @@ pub fn install(connection: &Connection, client_id: Option<&str>) -> Result<Strin
             Ok(client_id)
         }
     }
+}
+
+fn has_column(connection: &Connection, table: &str, column: &str) -> Result<bool, ClientError> {
+    Ok(connection.query_row(
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2)",
+        [table, column],
+        |row| row.get(0),
+    )?)
 }
 
 #[derive(Debug, Clone)]
@@ -130,6 +153,29 @@ pub fn shape(connection: &Connection, table: &str) -> Result<Option<Shape>, Clie
 /// or an upsert) is harmless: the upload reads whether each logged row exists (see
 /// [`next_batch`]).
 pub fn track(connection: &mut Connection, table: &str) -> Result<(), ClientError> {
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    track_in(&transaction, table)?;
+    transaction.commit()?;
+    Ok(())
+}
+
+/// Changes a tracked table's schema with `sql` (`ALTER TABLE ... DROP COLUMN`, which
+/// SQLite refuses while triggers name the column) and tracks it again, in one
+/// transaction: the triggers are dropped first and the change log migrated after.
+pub fn alter_tracked(
+    connection: &mut Connection,
+    table: &str,
+    sql: &str,
+) -> Result<(), ClientError> {
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    drop_triggers(&transaction, table)?;
+    transaction.execute_batch(sql)?;
+    track_in(&transaction, table)?;
+    transaction.commit()?;
+    Ok(())
+}
+
+fn track_in(connection: &Connection, table: &str) -> Result<(), ClientError> {
     if table.starts_with("rs_") {
         return Err(ClientError::Schema(
             "tables named rs_* are rowsync's own".into(),
@@ -146,10 +192,118 @@ pub fn track(connection: &mut Connection, table: &str) -> Result<(), ClientError
         )));
     }
     let unique_sets = unique_column_sets(connection, table)?;
-    let ddl = TriggerSql::new(table, &shape).ddl(&unique_sets);
-    let transaction = connection.transaction()?;
-    transaction.execute_batch(&ddl)?;
-    transaction.commit()?;
+    migrate_log(connection, table, &shape)?;
+    connection.execute_batch(&TriggerSql::new(table, &shape).ddl(&unique_sets))?;
+    Ok(())
+}
+
+/// The suffixes of the triggers `track` installs (`rs_log_<suffix>_<table>`).
+const TRIGGER_SUFFIXES: [&str; 6] = [
+    "displace_insert",
+    "displace_update",
+    "insert",
+    "update",
+    "rekey",
+    "delete",
+];
+
+fn drop_triggers(connection: &Connection, table: &str) -> Result<(), ClientError> {
+    for suffix in TRIGGER_SUFFIXES {
+        connection.execute_batch(&format!(
+            "DROP TRIGGER IF EXISTS {}",
+            q(&format!("rs_log_{suffix}_{table}"))
+        ))?;
+    }
+    Ok(())
+}
+
+/// Brings an existing change log to the table's columns, keeping every entry: a column
+/// added since gets its old image from the row as it is now (what the server has, once
+/// it added the column with the same default), a column dropped since leaves the log.
+/// A changed primary key is refused while changes are pending.
+fn migrate_log(connection: &Connection, table: &str, shape: &Shape) -> Result<(), ClientError> {
+    let log = log_table(table);
+    let Some(logged) = self::shape(connection, &log)? else {
+        return Ok(());
+    };
+    let wanted: Vec<String> = shape
+        .key_columns
+        .iter()
+        .cloned()
+        .chain(std::iter::once("rs_op".to_string()))
+        .chain(shape.columns.iter().map(|c| format!("{OLD_PREFIX}{c}")))
+        .collect();
+    if logged.columns == wanted {
+        return Ok(());
+    }
+    drop_triggers(connection, table)?;
+    if logged.key_columns != shape.key_columns {
+        let pending: i64 =
+            connection.query_row(&format!("SELECT count(*) FROM {}", q(&log)), [], |row| {
+                row.get(0)
+            })?;
+        if pending > 0 {
+            return Err(ClientError::Schema(format!(
+                "the primary key of table {table:?} changed while {pending} changes of it wait \
+                 for upload; sync them before changing the key"
+            )));
+        }
+        connection.execute_batch(&format!("DROP TABLE {}", q(&log)))?;
+        return Ok(());
+    }
+    let sql = TriggerSql::new(table, shape);
+    let migrating = format!("{log}_migrating");
+    let kept: Vec<String> = shape
+        .columns
+        .iter()
+        .map(|c| format!("{OLD_PREFIX}{c}"))
+        .filter(|old| logged.columns.contains(old))
+        .collect();
+    let added: Vec<&String> = shape
+        .columns
+        .iter()
+        .filter(|c| !logged.columns.contains(&format!("{OLD_PREFIX}{c}")))
+        .collect();
+    let moved = join(&shape.key_columns, |k| q(k), ", ")
+        + ", rs_op"
+        + &kept
+            .iter()
+            .map(|c| format!(", {}", q(c)))
+            .collect::<String>();
+    let mut batch = format!(
+        "CREATE TABLE {m} ({keys}, rs_op TEXT NOT NULL, {old}, PRIMARY KEY ({keys})) WITHOUT ROWID;
+         INSERT INTO {m} ({moved}) SELECT {moved} FROM {l};\n",
+        m = q(&migrating),
+        keys = sql.keys,
+        old = sql.old_columns,
+        l = q(&log),
+    );
+    if !added.is_empty() {
+        let row_is_logged = join(
+            &shape.key_columns,
+            |k| format!("t.{k} = {m}.{k}", k = q(k), m = q(&migrating)),
+            " AND ",
+        );
+        let current = join(
+            &added,
+            |c| {
+                format!(
+                    "{} = (SELECT t.{} FROM {} AS t WHERE {row_is_logged})",
+                    q(&format!("{OLD_PREFIX}{c}")),
+                    q(c),
+                    q(table)
+                )
+            },
+            ", ",
+        );
+        batch.push_str(&format!("UPDATE {} SET {current};\n", q(&migrating)));
+    }
+    batch.push_str(&format!(
+        "DROP TABLE {l}; ALTER TABLE {m} RENAME TO {l};",
+        l = q(&log),
+        m = q(&migrating)
+    ));
+    connection.execute_batch(&batch)?;
     Ok(())
 }
 
@@ -362,20 +516,23 @@ pub fn tracked_tables(connection: &Connection) -> Result<Vec<String>, ClientErro
     Ok(tables)
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct State {
     pub upload_sequence_acknowledged: u64,
     pub download_watermark: i64,
+    /// The script version of the last download applied; `None` before one was recorded.
+    pub script_version: Option<String>,
 }
 
 pub fn state(connection: &Connection) -> Result<State, ClientError> {
     Ok(connection.query_row(
-        "SELECT upload_sequence_acknowledged, download_watermark FROM rs_client_state WHERE id = 1",
+        "SELECT upload_sequence_acknowledged, download_watermark, script_version FROM rs_client_state WHERE id = 1",
         [],
         |row| {
             Ok(State {
                 upload_sequence_acknowledged: row.get::<_, i64>(0)? as u64,
                 download_watermark: row.get(1)?,
+                script_version: row.get(2)?,
             })
         },
     )?)
@@ -385,6 +542,9 @@ pub fn state(connection: &Connection) -> Result<State, ClientError> {
 #[derive(Debug)]
 pub struct Batch {
     pub upload_sequence: u64,
+    /// The script version the upload was first sent with (a resend uses it again, so
+    /// the scripts that expect its columns apply it); `None` when not recorded.
+    pub script_version: Option<String>,
     pub frames: Vec<Vec<u8>>,
     pub operations: u64,
     /// This batch was sent before without an answer: the server may have applied it.
@@ -394,7 +554,16 @@ pub struct Batch {
 /// The in-flight upload if one awaits acknowledgement (it is resent unchanged, with
 /// its sequence, so the server can tell it applied it already); otherwise a new one
 /// made by moving the change logs out, in one transaction.
+#[cfg(test)]
 pub fn next_batch(connection: &mut Connection) -> Result<Batch, ClientError> {
+    next_batch_for(connection, None)
+}
+
+/// [`next_batch`], recording that a new upload is sent with `script_version`.
+pub fn next_batch_for(
+    connection: &mut Connection,
+    script_version: Option<&str>,
+) -> Result<Batch, ClientError> {
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let inflight: Option<i64> = transaction.query_row(
         "SELECT max(upload_sequence) FROM rs_client_inflight",
@@ -402,6 +571,11 @@ pub fn next_batch(connection: &mut Connection) -> Result<Batch, ClientError> {
         |row| row.get(0),
     )?;
     if let Some(sequence) = inflight {
+        let sent_with: Option<String> = transaction.query_row(
+            "SELECT script_version FROM rs_client_inflight WHERE upload_sequence = ?1 AND part = 0",
+            [sequence],
+            |row| row.get(0),
+        )?;
         let mut statement = transaction
             .prepare("SELECT frame, operations FROM rs_client_inflight WHERE upload_sequence = ?1 AND part > 0 ORDER BY part")?;
         let mut frames = Vec::new();
@@ -413,6 +587,7 @@ pub fn next_batch(connection: &mut Connection) -> Result<Batch, ClientError> {
         }
         return Ok(Batch {
             upload_sequence: sequence as u64,
+            script_version: sent_with,
             frames,
             operations,
             is_retry: true,
@@ -431,7 +606,11 @@ pub fn next_batch(connection: &mut Connection) -> Result<Batch, ClientError> {
         )?;
         // An empty upload still gets its sequence and this marker row: the sync is then
         // acknowledged like any other.
-        insert.execute(params![sequence as i64, 0, Vec::<u8>::new(), 0])?;
+        transaction.execute(
+            "INSERT INTO rs_client_inflight (upload_sequence, part, frame, operations, script_version)
+             VALUES (?1, 0, x'', 0, ?2)",
+            params![sequence as i64, script_version],
+        )?;
         for upload in messages {
             let operations =
                 (upload.inserts.len() + upload.updates.len() + upload.deletes.len()) as u64;
@@ -459,6 +638,7 @@ pub fn next_batch(connection: &mut Connection) -> Result<Batch, ClientError> {
     transaction.commit()?;
     Ok(Batch {
         upload_sequence: sequence,
+        script_version: script_version.map(str::to_owned),
         frames,
         operations: operations_total,
         is_retry: false,
@@ -640,6 +820,8 @@ pub struct DownloadApply {
     tracked: Option<Vec<String>>,
     shapes: HashMap<String, Shape>,
     pub rows_applied: u64,
+    /// Recorded with the watermark: the script version the download came from.
+    pub script_version: Option<String>,
 }
 
 impl DownloadApply {
@@ -704,8 +886,9 @@ impl DownloadApply {
         self.begin(connection)?;
         connection.execute(
             "UPDATE rs_client_state SET applying_download = 0, download_watermark = ?1,
-                 upload_sequence_acknowledged = max(upload_sequence_acknowledged, ?2) WHERE id = 1",
-            params![watermark, upload_sequence as i64],
+                 upload_sequence_acknowledged = max(upload_sequence_acknowledged, ?2),
+                 script_version = coalesce(?3, script_version) WHERE id = 1",
+            params![watermark, upload_sequence as i64, self.script_version],
         )?;
         connection.execute(
             "DELETE FROM rs_client_inflight WHERE upload_sequence <= ?1",

@@ -17,8 +17,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rowsync_protocol::{
-    encode_frame, Compression, Download, DownloadAck, EndUpload, FrameDecoder, Hello, Inbound,
-    Message, Outbound, ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT,
+    encode_frame, Compression, Conflicts, Download, DownloadAck, EndUpload, FrameDecoder, Hello,
+    Inbound, Message, Outbound, ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT,
 };
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -231,19 +231,33 @@ pub trait DownloadHandler: Send {
     /// A checked download message; `wire` counts the bytes so far. An error ends the
     /// exchange with it.
     fn download(&mut self, download: Download, wire: WireBytes) -> Result<(), ClientError>;
+    /// One table's keys the server did not apply as uploaded; all come before the first
+    /// download message.
+    fn conflicts(&mut self, conflicts: Conflicts) -> Result<(), ClientError> {
+        let _ = conflicts;
+        Ok(())
+    }
     /// Part of the upload was written; `wire` counts the bytes so far.
     fn sent(&mut self, wire: WireBytes) {
         let _ = wire;
     }
 }
 
-/// Keeps every download, for [`exchange`].
+/// Keeps every download and conflicting key, for [`exchange`].
 #[derive(Default)]
-struct Collect(Vec<Download>);
+struct Collect {
+    downloads: Vec<Download>,
+    conflicts: Vec<Conflicts>,
+}
 
 impl DownloadHandler for Collect {
     fn download(&mut self, download: Download, _wire: WireBytes) -> Result<(), ClientError> {
-        self.0.push(download);
+        self.downloads.push(download);
+        Ok(())
+    }
+
+    fn conflicts(&mut self, conflicts: Conflicts) -> Result<(), ClientError> {
+        self.conflicts.push(conflicts);
         Ok(())
     }
 }
@@ -262,7 +276,8 @@ pub async fn exchange_measured(
     let (event, wire) = exchange_streaming(request, &mut collect).await?;
     let event = match event {
         SessionEvent::Complete(mut completed) => {
-            completed.downloads = collect.0;
+            completed.downloads = collect.downloads;
+            completed.conflicts = collect.conflicts;
             SessionEvent::Complete(completed)
         }
         other => other,
@@ -525,6 +540,7 @@ impl<'h> Receiver<'h> {
                     Received::Download(download) => {
                         self.handler.download(download, self.counters.get())?
                     }
+                    Received::Conflicts(conflicts) => self.handler.conflicts(conflicts)?,
                     Received::Event(SessionEvent::Continue) => {}
                     Received::Event(done) => return Ok(Some(done)),
                 }
@@ -583,8 +599,9 @@ async fn exchange_stream<S: AsyncRead + AsyncWrite + Unpin>(
                 timeout_ms,
             })
         }
-        // The server may have refused the sync early (busy, bad credentials) and closed;
-        // its answer, if any, says more than the broken pipe.
+        // The server may have refused the sync early (busy, bad credentials, a value above
+        // its limit) and closed while we were still writing; its answer, if it arrived,
+        // says more than the broken pipe (protocol §1).
         Ok(Err(write_error)) => {
             return match read_until_done(
                 &mut stream,
@@ -595,7 +612,7 @@ async fn exchange_stream<S: AsyncRead + AsyncWrite + Unpin>(
             .await
             {
                 Ok(event) => Ok(event),
-                Err(read_error @ ClientError::Tls { .. }) => Err(read_error),
+                Err(said @ (ClientError::Server(_) | ClientError::Tls { .. })) => Err(said),
                 Err(_) => Err(stream_error(write_error, request.address)),
             }
         }

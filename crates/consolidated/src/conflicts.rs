@@ -22,6 +22,8 @@ pub struct Resolution {
     pub conflict_columns: Vec<String>,
     pub conflict_upserts: Vec<Row>,
     pub conflict_deletes: Vec<Row>,
+    /// Every conflicting key once, in the order found: what the client is told.
+    pub conflict_keys: Vec<Row>,
 }
 
 impl Resolution {
@@ -64,9 +66,13 @@ impl Resolution {
         let mut seen = HashSet::new();
         for key in conflict_keys {
             let bytes = key_bytes(&key, &all);
-            if !found.contains(&bytes) && seen.insert(bytes) {
-                self.conflict_deletes.push(key);
+            if !seen.insert(bytes.clone()) {
+                continue;
             }
+            if !found.contains(&bytes) {
+                self.conflict_deletes.push(key.clone());
+            }
+            self.conflict_keys.push(key);
         }
         self.conflict_columns = columns;
         self.conflict_upserts = rows;

@@ -156,6 +156,10 @@ pub trait Dialect {
     /// The client's subscription, if it has synced before.
     async fn subscription(&mut self, client_id: &str) -> Result<Option<Subscription>, SyncError>;
 
+    /// How many client ids (subscriptions) the user has, counted up to `count_max` (the
+    /// work is bounded by it, not by the user's subscriptions).
+    async fn client_ids_of_user(&mut self, user: &str, count_max: u64) -> Result<u64, SyncError>;
+
     /// Inserts or updates the client's subscription (see [`SubscriptionUpdate`]); also
     /// records this transaction's id where the backend has one.
     async fn record_subscription(
@@ -176,6 +180,15 @@ pub trait Dialect {
 
     /// The table's partition column from `rs_table`, if it has one.
     async fn partition_column(&mut self, table: &str) -> Result<Option<String>, SyncError>;
+
+    /// The columns of `table` that `version`'s scripts carried until the table dropped
+    /// them (`rs_script_column`): uploads of that version may name them, and the driver
+    /// leaves their values out. Asked only when an upload names a column the table lacks.
+    async fn dropped_columns(
+        &mut self,
+        version: &str,
+        table: &str,
+    ) -> Result<Vec<String>, SyncError>;
 
     /// Stages the rows, runs the kind's set script over them (`{upload}` names the
     /// stage) when `run_script`, and returns the keys of the staged rows that did not

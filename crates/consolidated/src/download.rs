@@ -4,10 +4,10 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use rowsync_protocol::{Download, Row, SyncSummary, Value};
+use rowsync_protocol::{Conflicts, Download, Row, SyncSummary, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{ConsolidatedConnection, SyncError, SyncOutcome, SyncRequest};
+use crate::{ConsolidatedConnection, SyncError, SyncRequest};
 
 /// Rows a backend reads from a download cursor at a time, and so the most rows of one
 /// chunk (a few MB: each batch read from PostgreSQL is one round trip).
@@ -60,6 +60,9 @@ pub struct DownloadSender {
 /// What travels from a backend to the download's receiver.
 pub enum DownloadMessage {
     Chunk(Download),
+    /// Keys of one table's upload the server did not apply as sent; all of them come
+    /// before the first chunk.
+    Conflicts(Conflicts),
     /// The download is complete; the receiver answers whether it took all of it (an
     /// error says why not). The backend commits only after a yes.
     Finish(oneshot::Sender<Result<(), String>>),
@@ -73,6 +76,19 @@ impl DownloadSender {
         self.chunks_sent.fetch_add(1, Ordering::Relaxed);
         self.sender
             .send(DownloadMessage::Chunk(chunk))
+            .await
+            .map_err(|_| SyncError::DownloadAbandoned)
+    }
+
+    /// Names one table's conflicting keys to the receiver (nothing when there are none).
+    pub async fn send_conflicts(&self, conflicts: Conflicts) -> Result<(), SyncError> {
+        if conflicts.keys.is_empty() {
+            return Ok(());
+        }
+        // Told keys cannot be taken back: a sync is not retried once they left.
+        self.chunks_sent.fetch_add(1, Ordering::Relaxed);
+        self.sender
+            .send(DownloadMessage::Conflicts(conflicts))
             .await
             .map_err(|_| SyncError::DownloadAbandoned)
     }
@@ -118,6 +134,8 @@ pub fn download_channel() -> (DownloadSender, mpsc::Receiver<DownloadMessage>) {
 #[derive(Debug, Clone, Default)]
 pub struct CollectedSync {
     pub downloads: Vec<Download>,
+    /// The conflicting keys the sync named, as it sent them.
+    pub conflicts: Vec<Conflicts>,
     pub watermark: i64,
     pub summary: SyncSummary,
 }
@@ -139,9 +157,14 @@ pub async fn synchronize_collect<C: ConsolidatedConnection>(
     let (sender, mut receiver) = download_channel();
     let gather = async move {
         let mut downloads: Vec<Download> = Vec::new();
+        let mut conflicts: Vec<Conflicts> = Vec::new();
         while let Some(message) = receiver.recv().await {
             let chunk = match message {
                 DownloadMessage::Chunk(chunk) => chunk,
+                DownloadMessage::Conflicts(table) => {
+                    conflicts.push(table);
+                    continue;
+                }
                 DownloadMessage::Finish(answer) => {
                     let _ = answer.send(Ok(()));
                     continue;
@@ -158,13 +181,14 @@ pub async fn synchronize_collect<C: ConsolidatedConnection>(
                 None => downloads.push(chunk),
             }
         }
-        downloads
+        (downloads, conflicts)
     };
-    let (outcome, downloads): (Result<SyncOutcome, SyncError>, Vec<Download>) =
+    let (outcome, (downloads, conflicts)) =
         tokio::join!(connection.synchronize(request, sender), gather);
     let outcome = outcome?;
     Ok(CollectedSync {
         downloads,
+        conflicts,
         watermark: outcome.watermark,
         summary: outcome.summary,
     })

@@ -27,6 +27,15 @@ pub enum SyncError {
     UnknownScriptVersion(String),
     #[error("client id {client_id:?} is registered to another user")]
     ClientIdTaken { client_id: String },
+    #[error(
+        "user {user:?} already has {limit} client ids, the most the server allows \
+         (client_ids_per_user_max); client id {client_id:?} is refused"
+    )]
+    ClientIdsExceeded {
+        user: String,
+        client_id: String,
+        limit: u64,
+    },
     #[error("{0}")]
     Schema(String),
     #[error(
@@ -151,6 +160,7 @@ impl SyncError {
         match self {
             SyncError::UnknownScriptVersion(_) => ErrorCode::UnknownScriptVersion,
             SyncError::ClientIdTaken { .. } => ErrorCode::ClientIdTaken,
+            SyncError::ClientIdsExceeded { .. } => ErrorCode::ClientIdsExceeded,
             SyncError::Schema(_) => ErrorCode::Schema,
             SyncError::UploadSequence { .. } => ErrorCode::Protocol,
             SyncError::AlreadySynchronizing { .. } => ErrorCode::AlreadySynchronizing,

@@ -5,16 +5,20 @@
 //! implements both and must pass the conformance suite in `tests/conformance`.
 //! The SQLite backend is the embedded default.
 
+mod cancel;
 mod conflicts;
 mod dialect;
 mod download;
 mod driver;
 mod echo;
 mod error;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
 pub mod mysql;
 mod names;
 mod parameters;
 pub mod postgres;
+mod reinit;
 pub mod scripts;
 mod shape;
 pub mod sqlite;
@@ -23,8 +27,17 @@ mod upload_rows;
 mod version_scripts;
 
 use std::future::Future;
+
+/// `failpoint!("name")` does nothing without the `failpoints` feature (see `failpoints`).
+#[cfg(not(feature = "failpoints"))]
+#[macro_export]
+macro_rules! failpoint {
+    ($name:literal) => {};
+    (blocking $name:literal) => {};
+}
 use std::sync::Arc;
 
+pub use cancel::Canceller;
 pub use download::{
     download_channel, synchronize_collect, CollectedSync, CursorBatch, DownloadMessage,
     DownloadSender, DOWNLOAD_BATCH_BYTES, DOWNLOAD_BATCH_ROWS, DOWNLOAD_CHANNEL_CHUNKS,
@@ -32,7 +45,8 @@ pub use download::{
 pub use error::{DbError, SyncError};
 pub use names::quote_identifier;
 pub use types::{
-    AuthCheck, AuthRequest, DownloadAckRequest, ScriptEntry, SyncOutcome, SyncRequest, TableInit,
+    AuthCheck, AuthRequest, DownloadAckRequest, InitOutcome, ScriptEntry, SyncOutcome, SyncRequest,
+    TableInit,
 };
 
 /// A consolidated database: hands out connections. Cheap to clone.
@@ -110,8 +124,15 @@ pub trait ConsolidatedConnection: Send + 'static {
     ) -> impl Future<Output = Result<Vec<(String, String)>, DbError>> + Send;
 
     /// Prepares an existing table for synchronization: change tracking (row versions and
-    /// tombstones kept by triggers) and the default set scripts in the given version.
-    fn init_table(&mut self, init: &TableInit) -> impl Future<Output = Result<(), DbError>> + Send;
+    /// tombstones kept by triggers) and the default set scripts in the given (or derived)
+    /// version, recording the columns they carry. Run again after the table changed, it
+    /// refreshes the tracking, refuses to change a version clients use whose columns for
+    /// the table differ (they would break), and rewrites older versions' default scripts
+    /// that name a dropped column (`reinit`).
+    fn init_table(
+        &mut self,
+        init: &TableInit,
+    ) -> impl Future<Output = Result<InitOutcome, DbError>> + Send;
 
     /// Runs one sync's database work in one transaction: applies the upload unless its
     /// sequence was already applied, records the sequence, and streams the download to
@@ -122,6 +143,10 @@ pub trait ConsolidatedConnection: Send + 'static {
         request: Arc<SyncRequest>,
         download: DownloadSender,
     ) -> impl Future<Output = Result<SyncOutcome, SyncError>> + Send;
+
+    /// What stops this connection's statement from another task (the client of the
+    /// sync it runs went away); the connection is discarded afterwards.
+    fn canceller(&self) -> Canceller;
 
     /// Drops tombstones every subscribed client has passed: those below the lowest
     /// download watermark any client acknowledged (by sending it in its hello). Returns

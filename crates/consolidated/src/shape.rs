@@ -4,12 +4,20 @@ use std::collections::HashSet;
 
 use rowsync_protocol::{TableUpload, Value};
 
-use crate::SyncError;
+use crate::{DbError, SyncError};
 
 /// A column of a consolidated table.
 #[derive(Debug, Clone)]
 pub struct Column {
     pub name: String,
+}
+
+/// `init`'s refusal of a column whose type rowsync cannot carry.
+pub fn unsupported_column_type(table: &str, column: &str, type_name: &str) -> DbError {
+    DbError::Invalid(format!(
+        "table {table:?} column {column:?} has type {type_name}, which rowsync cannot \
+         synchronize; docs/types.md lists the types it can"
+    ))
 }
 
 /// What rowsync needs to know of a consolidated table.
@@ -24,6 +32,13 @@ pub struct TableShape {
 impl TableShape {
     pub fn has_column(&self, name: &str) -> bool {
         self.columns.iter().any(|column| column.name == name)
+    }
+
+    pub fn column_names(&self) -> Vec<String> {
+        self.columns
+            .iter()
+            .map(|column| column.name.clone())
+            .collect()
     }
 }
 

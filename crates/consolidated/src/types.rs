@@ -15,6 +15,9 @@ pub struct SyncRequest {
     pub tables: Vec<TableUpload>,
     /// Custom authentication parameters from the hello (`:auth_1`, ...).
     pub auth_parameters: Vec<String>,
+    /// Client ids (subscriptions) one user may have; a sync of a new client id beyond
+    /// it is refused (`None`: no limit).
+    pub client_ids_per_user_max: Option<u64>,
 }
 
 impl SyncRequest {
@@ -39,14 +42,51 @@ pub struct SyncOutcome {
     pub apply_time: std::time::Duration,
 }
 
-/// `rowsync init`: make an existing table synchronizable in a script version.
+/// `rowsync init`: make an existing table synchronizable in a script version, or run
+/// again after the table's columns changed (see `docs/schema-changes.md`).
 #[derive(Debug, Clone)]
 pub struct TableInit {
     pub table: String,
     /// Rows whose partition column equals the authenticated user name belong to that
     /// user's clients.
     pub partition_column: String,
+    /// The version whose default scripts for the table are written. `None`: derived
+    /// (`reinit::choose_version`): the newest version while no client uses it or the
+    /// table is unchanged in it, else a new one named after it (`v1` → `v2`).
+    pub script_version: Option<String>,
+    /// When the version does not exist yet, it starts as a copy of this one (every
+    /// table's scripts and the connection events), so a client moving to it keeps
+    /// syncing every table. Ignored for a version that exists.
+    pub based_on: Option<String>,
+}
+
+impl TableInit {
+    /// Init of `table` into the named version, created empty if missing.
+    pub fn new(table: &str, partition_column: &str, script_version: &str) -> TableInit {
+        TableInit {
+            table: table.to_string(),
+            partition_column: partition_column.to_string(),
+            script_version: Some(script_version.to_string()),
+            based_on: None,
+        }
+    }
+}
+
+/// What `init_table` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InitOutcome {
+    /// The version whose default scripts for the table were written.
     pub script_version: String,
+    /// The version was created by this init, as a copy of `based_on` if given.
+    pub created: bool,
+    pub based_on: Option<String>,
+    /// Older versions whose default scripts for the table named columns the table no
+    /// longer has, rewritten without them: (version, the dropped columns). Their
+    /// clients' uploads of those columns are ignored from now on.
+    pub rewritten: Vec<(String, Vec<String>)>,
+    /// Scripts of older versions that name a dropped column but are not the defaults
+    /// `init` wrote, left as they are for their author to change: (version, event).
+    pub left_alone: Vec<(String, String)>,
 }
 
 /// A login to check with the version's `authenticate_user` script, if it has one.

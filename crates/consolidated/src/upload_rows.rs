@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use rowsync_protocol::{encode_values, Row, TableUpload, Value};
+use rowsync_protocol::{encode_key_identity, Row, TableUpload, Value};
 
 use crate::parameters::RowImages;
 use crate::scripts::*;
@@ -24,6 +24,7 @@ pub fn describe_key(key: &[Value]) -> String {
                     .collect::<String>()
             ),
             Value::Timestamp(micros) => format!("timestamp {micros}us"),
+            other => format!("{other:?}"),
         })
         .collect();
     format!("({})", parts.join(", "))
@@ -175,7 +176,8 @@ pub fn conflicting_rows(
     found.into_values().collect()
 }
 
-/// An exact, hashable identity of a row's key.
+/// An exact, hashable identity of a row's key (typed values in their identity form, so
+/// a uuid uploaded as text and read as a uuid are one key).
 pub fn key_bytes(row: &[Value], key_positions: &[usize]) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(16 * key_positions.len());
     write_key_bytes(row, key_positions, &mut bytes);
@@ -187,6 +189,6 @@ pub fn key_bytes(row: &[Value], key_positions: &[usize]) -> Vec<u8> {
 pub(crate) fn write_key_bytes(row: &[Value], key_positions: &[usize], bytes: &mut Vec<u8>) {
     bytes.clear();
     for &position in key_positions {
-        encode_values(std::slice::from_ref(&row[position]), bytes);
+        encode_key_identity(std::slice::from_ref(&row[position]), bytes);
     }
 }

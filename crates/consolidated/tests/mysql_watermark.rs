@@ -1,348 +1,77 @@
-//! MySQL/MariaDB guarantees beyond the shared suite, as `postgres_watermark.rs` proves
-//! them for PostgreSQL: no row is missed when transactions commit out of order (the
-//! stamps of `mysql::stamp`), and one sync per client at a time across connections.
-//!
-//! The late-commit property test interleaves writers that hold transactions open, commit
-//! in random order, and clients that sync between their steps, from a seed; after every
-//! sync, the client's copy must equal the committed state of its partition when the sync
-//! began. Seeds: `ROWSYNC_LATE_COMMIT_SEEDS` (default 8; thousands for a long run), or
-//! replay one with `ROWSYNC_LATE_COMMIT_SEED=n`. Steps per seed:
-//! `ROWSYNC_LATE_COMMIT_STEPS` (default 60).
+//! MySQL/MariaDB keep the late-commit guarantees (`late_commit`): no row is missed when
+//! transactions commit out of order (the stamps of `mysql::stamp`), and one sync per
+//! client at a time across connections (a row lock on `rs_sync_lock`).
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+#[macro_use]
+mod late_commit;
 
+use late_commit::{Database, Sql, ITEMS_DDL};
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use rowsync_consolidated::mysql::value::read_row;
-use rowsync_consolidated::mysql::MysqlConsolidated;
-use rowsync_consolidated::{
-    synchronize_collect, Consolidated, ConsolidatedConnection, SyncError, SyncRequest, TableInit,
-};
-use rowsync_protocol::{Row, TableUpload, Value};
+use rowsync_consolidated::mysql::{MysqlConnection, MysqlConsolidated};
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection};
+use rowsync_protocol::Row;
 
-const USERS: [&str; 2] = ["u0", "u1"];
-
-async fn connect(url: &str) -> Conn {
-    Conn::from_url(url).await.unwrap()
+struct Mysql {
+    url: String,
 }
 
-/// A fresh database with `items` partitioned by `owner`; returns its URL.
-async fn fresh_items_database() -> String {
-    let url = rowsync_testkit::fresh_mysql_database("watermark").await;
-    connect(&url)
-        .await
-        .query_drop("CREATE TABLE items (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, value INTEGER NOT NULL)")
-        .await
-        .unwrap();
-    let mut connection = MysqlConsolidated::new(&url)
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    connection
-        .init_table(&TableInit {
-            table: "items".into(),
-            partition_column: "owner".into(),
-            script_version: "v1".into(),
-        })
-        .await
-        .unwrap();
-    url
-}
-
-/// A simulated client: its copy of its partition, kept by applying downloads.
-struct Replica {
-    client_id: String,
-    user: &'static str,
-    rows: BTreeMap<i64, Row>,
-    watermark: i64,
-    upload_sequence: u64,
-}
-
-impl Replica {
-    fn new(client_id: &str, user: &'static str) -> Replica {
-        Replica {
-            client_id: client_id.into(),
-            user,
-            rows: BTreeMap::new(),
-            watermark: 0,
-            upload_sequence: 0,
-        }
+impl Sql for Conn {
+    async fn execute(&mut self, sql: &str) {
+        self.query_drop(sql)
+            .await
+            .unwrap_or_else(|error| panic!("{sql}: {error}"));
     }
 
-    fn request(&mut self, tables: Vec<TableUpload>) -> Arc<SyncRequest> {
-        self.upload_sequence += 1;
-        Arc::new(SyncRequest {
-            client_id: self.client_id.clone(),
-            user: self.user.into(),
-            script_version: "v1".into(),
-            last_download_watermark: self.watermark,
-            upload_sequence: self.upload_sequence,
-            tables,
-            auth_parameters: Vec::new(),
-        })
-    }
-
-    async fn sync(&mut self, backend: &mut impl ConsolidatedConnection) {
-        let request = self.request(vec![]);
-        let outcome = synchronize_collect(backend, request).await.unwrap();
-        for download in outcome.downloads {
-            for key in download.deletes {
-                let Value::Int(id) = key[0] else {
-                    panic!("integer key")
-                };
-                self.rows.remove(&id);
-            }
-            for row in download.upserts {
-                let Value::Int(id) = row[0] else {
-                    panic!("integer key")
-                };
-                self.rows.insert(id, row);
-            }
-        }
-        self.watermark = outcome.watermark;
-    }
-}
-
-/// The committed rows of one partition, as an autocommit reader sees them now.
-async fn committed(reader: &mut Conn, user: &str) -> BTreeMap<i64, Row> {
-    reader
-        .exec::<mysql_async::Row, _, _>(
+    async fn items_of(&mut self, user: &str) -> Vec<Row> {
+        self.exec::<mysql_async::Row, _, _>(
             "SELECT id, owner, value FROM items WHERE owner = ? ORDER BY id",
             (user,),
         )
         .await
         .unwrap()
         .into_iter()
-        .map(|row| {
-            let values: Row = read_row(row).unwrap();
-            let Value::Int(id) = values[0] else {
-                panic!("integer key")
-            };
-            (id, values)
-        })
+        .map(|row| read_row(row).unwrap())
         .collect()
-}
+    }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_row_committed_late_is_downloaded_by_the_next_sync() {
-    let url = fresh_items_database().await;
-    let mut backend = MysqlConsolidated::new(&url)
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut slow = connect(&url).await;
-    let mut fast = connect(&url).await;
-    let mut replica = Replica::new("c1", "u0");
-
-    slow.query_drop("BEGIN; INSERT INTO items VALUES (1, 'u0', 1)")
-        .await
-        .unwrap();
-    fast.query_drop("INSERT INTO items VALUES (2, 'u0', 2)")
-        .await
-        .unwrap();
-    replica.sync(&mut backend).await;
-    assert_eq!(replica.rows.keys().copied().collect::<Vec<_>>(), vec![2]);
-    fast.query_drop("INSERT INTO items VALUES (3, 'u0', 3)")
-        .await
-        .unwrap();
-    replica.sync(&mut backend).await;
-    replica.sync(&mut backend).await;
-    assert_eq!(replica.rows.keys().copied().collect::<Vec<_>>(), vec![2, 3]);
-
-    // Row 1 was written before rows 2 and 3 but commits after the syncs that saw them.
-    slow.query_drop("COMMIT").await.unwrap();
-    replica.sync(&mut backend).await;
-    assert_eq!(
-        replica.rows.keys().copied().collect::<Vec<_>>(),
-        vec![1, 2, 3]
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn late_commits_are_never_missed_property() {
-    let seeds: Vec<u64> = match std::env::var("ROWSYNC_LATE_COMMIT_SEED") {
-        Ok(seed) => vec![seed.parse().expect("a seed number")],
-        Err(_) => {
-            let count = std::env::var("ROWSYNC_LATE_COMMIT_SEEDS")
-                .map_or(8, |n| n.parse().expect("a count"));
-            (0..count).collect()
-        }
-    };
-    let steps: usize =
-        std::env::var("ROWSYNC_LATE_COMMIT_STEPS").map_or(60, |n| n.parse().expect("a count"));
-    let url = fresh_items_database().await;
-    for seed in seeds {
-        run_seed(&url, seed, steps).await;
+    async fn ids(&mut self) -> Vec<i64> {
+        self.query("SELECT id FROM items").await.unwrap()
     }
 }
 
-/// One writer connection: idle, or inside a transaction with uncommitted changes.
-struct Writer {
-    client: Conn,
-    open: bool,
-    /// Ids this writer created (committed or not); writers never touch each other's
-    /// rows, so a held transaction never blocks the test.
-    ids: Vec<i64>,
-}
+impl Database for Mysql {
+    type Sql = Conn;
+    type Backend = MysqlConnection;
+    const HOLD_C1_SYNC_LOCK: &'static str =
+        "BEGIN; INSERT IGNORE INTO rs_sync_lock (client_id) VALUES ('c1'); \
+         SELECT 1 FROM rs_sync_lock WHERE client_id = 'c1' FOR UPDATE";
 
-async fn run_seed(url: &str, seed: u64, steps: usize) {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut reader = connect(url).await;
-    reader.query_drop("DELETE FROM items").await.unwrap();
-    let mut backend = MysqlConsolidated::new(url)
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut writers = Vec::new();
-    for _ in 0..3 {
-        writers.push(Writer {
-            client: connect(url).await,
-            open: false,
-            ids: Vec::new(),
-        });
+    async fn fresh() -> Mysql {
+        let database = Mysql {
+            url: rowsync_testkit::fresh_mysql_database("watermark").await,
+        };
+        database.connect().await.execute(ITEMS_DDL).await;
+        let mut backend = database.backend().await;
+        backend
+            .init_table(&late_commit::items_init())
+            .await
+            .unwrap();
+        database
     }
-    let mut replicas = [
-        Replica::new(&format!("s{seed}-a"), USERS[0]),
-        Replica::new(&format!("s{seed}-b"), USERS[0]),
-        Replica::new(&format!("s{seed}-c"), USERS[1]),
-    ];
-    let mut next_id = (seed as i64) * 1_000_000;
-    let mut trace = Vec::new();
-    for step in 0..steps {
-        let action = rng.gen_range(0..10);
-        let w = rng.gen_range(0..writers.len());
-        match action {
-            // A change, in a transaction that may stay open across later steps.
-            0..=4 => {
-                let writer = &mut writers[w];
-                if !writer.open {
-                    writer.client.query_drop("BEGIN").await.unwrap();
-                    writer.open = true;
-                }
-                let owner = USERS[rng.gen_range(0..USERS.len())];
-                let sql = match (rng.gen_range(0..4), writer.ids.is_empty()) {
-                    (0 | 1, _) | (_, true) => {
-                        next_id += 1;
-                        writer.ids.push(next_id);
-                        format!("INSERT INTO items VALUES ({next_id}, '{owner}', {step})")
-                    }
-                    (2, false) => {
-                        let id = writer.ids[rng.gen_range(0..writer.ids.len())];
-                        format!(
-                            "UPDATE items SET value = {step}, owner = '{owner}' WHERE id = {id}"
-                        )
-                    }
-                    _ => {
-                        let id = writer.ids.swap_remove(rng.gen_range(0..writer.ids.len()));
-                        format!("DELETE FROM items WHERE id = {id}")
-                    }
-                };
-                trace.push(format!("step {step}: writer {w}: {sql}"));
-                writer.client.query_drop(&sql).await.unwrap();
-            }
-            5..=6 => {
-                let writer = &mut writers[w];
-                if writer.open {
-                    let end = if rng.gen_range(0..5) == 0 {
-                        "ROLLBACK"
-                    } else {
-                        "COMMIT"
-                    };
-                    trace.push(format!("step {step}: writer {w}: {end}"));
-                    writer.client.query_drop(end).await.unwrap();
-                    writer.open = false;
-                    if end == "ROLLBACK" {
-                        // Forget ids that never existed (the rollback undid their inserts).
-                        let existing = committed_ids(&mut reader).await;
-                        writer.ids.retain(|id| existing.contains(id));
-                    }
-                }
-            }
-            _ => {
-                let r = rng.gen_range(0..replicas.len());
-                let replica = &mut replicas[r];
-                let expected = committed(&mut reader, replica.user).await;
-                replica.sync(&mut backend).await;
-                trace.push(format!(
-                    "step {step}: replica {r} synced to watermark {}",
-                    replica.watermark
-                ));
-                assert_eq!(
-                    replica.rows, expected,
-                    "seed {seed}, step {step}: replica {r} differs from the committed partition at sync time\n{}",
-                    trace.join("\n")
-                );
-            }
-        }
+
+    async fn connect(&self) -> Conn {
+        Conn::from_url(&self.url).await.unwrap()
     }
-    for writer in &mut writers {
-        if writer.open {
-            writer.client.query_drop("COMMIT").await.unwrap();
-        }
-    }
-    for (r, replica) in replicas.iter_mut().enumerate() {
-        replica.sync(&mut backend).await;
-        assert_eq!(
-            replica.rows,
-            committed(&mut reader, replica.user).await,
-            "seed {seed}: replica {r} after all commits\n{}",
-            trace.join("\n")
-        );
+
+    async fn backend(&self) -> MysqlConnection {
+        MysqlConsolidated::new(&self.url)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
     }
 }
 
-async fn committed_ids(reader: &mut Conn) -> Vec<i64> {
-    reader.query("SELECT id FROM items").await.unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_concurrent_sync_of_one_client_is_refused_and_changes_nothing() {
-    let url = fresh_items_database().await;
-    let mut backend = MysqlConsolidated::new(&url)
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    // Another connection (as another server process would) is syncing client c1.
-    let mut other = connect(&url).await;
-    other
-        .query_drop(
-            "BEGIN; INSERT IGNORE INTO rs_sync_lock (client_id) VALUES ('c1'); \
-             SELECT 1 FROM rs_sync_lock WHERE client_id = 'c1' FOR UPDATE",
-        )
-        .await
-        .unwrap();
-    let mut replica = Replica::new("c1", "u0");
-    let upload = TableUpload {
-        table: "items".into(),
-        columns: vec!["id".into(), "owner".into(), "value".into()],
-        key_columns: vec!["id".into()],
-        inserts: vec![vec![Value::Int(7), "u0".into(), Value::Int(7)]],
-        ..TableUpload::default()
-    };
-    let refused = synchronize_collect(&mut backend, replica.request(vec![upload.clone()])).await;
-    match refused {
-        Err(SyncError::AlreadySynchronizing { client_id }) => assert_eq!(client_id, "c1"),
-        other => panic!("expected already synchronizing, got {other:?}"),
-    }
-    let mut reader = connect(&url).await;
-    assert!(
-        committed(&mut reader, "u0").await.is_empty(),
-        "nothing was applied"
-    );
-    // Another client is not affected, and c1 succeeds once the other sync ended.
-    let mut neighbour = Replica::new("c2", "u0");
-    neighbour.sync(&mut backend).await;
-    other.query_drop("ROLLBACK").await.unwrap();
-    replica.upload_sequence -= 1;
-    synchronize_collect(&mut backend, replica.request(vec![upload]))
-        .await
-        .unwrap();
-    assert_eq!(committed(&mut reader, "u0").await.len(), 1);
-}
+late_commit_tests!(Mysql);

@@ -29,6 +29,19 @@ impl Factory for PostgresFactory {
     type Backend = PostgresConsolidated;
     type Sql = PostgresSql;
 
+    fn widen_to_bigint(table: &str, columns: &[&str]) -> Option<String> {
+        let changes: Vec<String> = columns
+            .iter()
+            .map(|column| format!("ALTER COLUMN {column} TYPE BIGINT"))
+            .collect();
+        // A key column's type cannot change under the trigger whose WHEN names it; init
+        // makes it again (docs/schema-changes.md).
+        Some(format!(
+            "DROP TRIGGER rs_moved_{table} ON {table}; ALTER TABLE {table} {}",
+            changes.join(", ")
+        ))
+    }
+
     async fn create() -> (PostgresConsolidated, PostgresSql) {
         let exclusive = rowsync_testkit::exclusive().await;
         let url = rowsync_testkit::fresh_database("conformance").await;
@@ -141,4 +154,31 @@ async fn an_administrator_shutdown_inside_a_cursor_is_a_database_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_applied_before_is_rechecked_by_key() {
     conformance::an_upload_applied_before_is_rechecked_by_key::<PostgresFactory>().await;
+}
+
+/// Issue 16: a column of a type rowsync cannot carry is named at `init`, never met by a
+/// sync; nothing of the table is registered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_column_of_a_type_rowsync_cannot_carry_is_refused_at_init_by_name() {
+    use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
+    let (backend, mut sql) = PostgresFactory::create().await;
+    sql.execute(
+        "CREATE TABLE places (id INTEGER PRIMARY KEY, owner VARCHAR(64) NOT NULL, spot POINT)",
+    )
+    .await;
+    let mut connection = backend.connect().await.unwrap();
+    connection.install_system_tables().await.unwrap();
+    let error = connection
+        .init_table(&TableInit::new("places", "owner", "v1"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains(
+            "table \"places\" column \"spot\" has type point, which rowsync cannot synchronize"
+        ),
+        "{error}"
+    );
+    let registered = sql.query_rows("SELECT table_name FROM rs_table").await;
+    assert!(registered.is_empty(), "{registered:?}");
 }

@@ -38,6 +38,19 @@ typedef enum rowsync_status {
   ROWSYNC_PANIC = 5,
 } rowsync_status;
 
+// How the client database stores commits (docs/client.md §10 says what each can lose).
+typedef enum rowsync_durability {
+  // Every commit is on disk when it returns (SQLite WAL, synchronous=FULL).
+  ROWSYNC_DURABILITY_FULL = 0,
+  // Commits reach the disk at checkpoints (WAL, synchronous=NORMAL).
+  ROWSYNC_DURABILITY_NORMAL = 1,
+  // The operating system decides when (WAL, synchronous=OFF).
+  ROWSYNC_DURABILITY_OFF = 2,
+  // The database lives in memory; its file gets a copy before every upload and at
+  // `rowsync_persist`. Write through `rowsync_execute`: no other connection reaches it.
+  ROWSYNC_DURABILITY_MEMORY = 3,
+} rowsync_durability;
+
 // A client database (opaque).
 typedef struct rowsync_client rowsync_client;
 
@@ -81,6 +94,39 @@ const char *rowsync_version(void);
 enum rowsync_status rowsync_open(const char *path,
                                  const char *client_id,
                                  struct rowsync_client **out);
+
+// `rowsync_open` with a durability mode. Every mode but FULL makes all commits durable
+// before each upload (`rowsync_set_durable_before_sync` changes that).
+//
+// `durability` is a `rowsync_durability` value; another is ROWSYNC_INVALID_ARGUMENT.
+//
+// # Safety
+// As `rowsync_open`.
+enum rowsync_status rowsync_open_with(const char *path,
+                                      const char *client_id,
+                                      int durability,
+                                      struct rowsync_client **out);
+
+// Whether every commit is made durable before an upload is sent. The memory mode
+// refuses `false` (ROWSYNC_ERROR).
+//
+// # Safety
+// `client` is live.
+enum rowsync_status rowsync_set_durable_before_sync(struct rowsync_client *client, bool on);
+
+// Makes every commit so far durable: syncs the files to disk, or in the memory mode
+// replaces the file with a copy of the database.
+//
+// # Safety
+// `client` is live.
+enum rowsync_status rowsync_persist(struct rowsync_client *client);
+
+// Runs SQL statements (no parameters, no results) on the client's own connection: the
+// way to write in the memory mode, where no other connection reaches the database.
+//
+// # Safety
+// `client` is live; `sql` is NUL-terminated.
+enum rowsync_status rowsync_execute(struct rowsync_client *client, const char *sql);
 
 // Closes a client database. NULL is ignored.
 //

@@ -8,14 +8,15 @@
 #![allow(non_camel_case_types)]
 
 use std::cell::RefCell;
-use std::ffi::{c_char, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use ::rowsync_client::{
-    BusyRetry, Client, ClientError, Compression, FailureKind, SyncOptions, SyncProgress, SyncReport,
+    BusyRetry, Client, ClientError, ClientOptions, Compression, Durability, FailureKind,
+    SyncOptions, SyncProgress, SyncReport,
 };
 
 /// What a call did.
@@ -34,6 +35,37 @@ pub enum rowsync_status {
     ROWSYNC_REFUSED = 4,
     /// A bug in the library; the handle used may be unusable.
     ROWSYNC_PANIC = 5,
+}
+
+/// How the client database stores commits (docs/client.md §10 says what each can lose).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum rowsync_durability {
+    /// Every commit is on disk when it returns (SQLite WAL, synchronous=FULL).
+    ROWSYNC_DURABILITY_FULL = 0,
+    /// Commits reach the disk at checkpoints (WAL, synchronous=NORMAL).
+    ROWSYNC_DURABILITY_NORMAL = 1,
+    /// The operating system decides when (WAL, synchronous=OFF).
+    ROWSYNC_DURABILITY_OFF = 2,
+    /// The database lives in memory; its file gets a copy before every upload and at
+    /// `rowsync_persist`. Write through `rowsync_execute`: no other connection reaches it.
+    ROWSYNC_DURABILITY_MEMORY = 3,
+}
+
+/// The mode a C caller passed (an `int`, so a value outside the enum is an error, not
+/// undefined behaviour).
+fn durability_of(value: c_int) -> Result<Durability, Failure> {
+    use rowsync_durability::*;
+    [
+        (ROWSYNC_DURABILITY_FULL, Durability::Full),
+        (ROWSYNC_DURABILITY_NORMAL, Durability::Normal),
+        (ROWSYNC_DURABILITY_OFF, Durability::Off),
+        (ROWSYNC_DURABILITY_MEMORY, Durability::Memory),
+    ]
+    .into_iter()
+    .find(|(mode, _)| *mode as c_int == value)
+    .map(|(_, durability)| durability)
+    .ok_or_else(|| Failure::invalid(format!("durability {value} is none of rowsync_durability")))
 }
 
 /// A client database (opaque).
@@ -204,13 +236,88 @@ pub unsafe extern "C" fn rowsync_open(
     client_id: *const c_char,
     out: *mut *mut rowsync_client,
 ) -> rowsync_status {
+    rowsync_open_with(
+        path,
+        client_id,
+        rowsync_durability::ROWSYNC_DURABILITY_FULL as c_int,
+        out,
+    )
+}
+
+/// `rowsync_open` with a durability mode. Every mode but FULL makes all commits durable
+/// before each upload (`rowsync_set_durable_before_sync` changes that).
+///
+/// `durability` is a `rowsync_durability` value; another is ROWSYNC_INVALID_ARGUMENT.
+///
+/// # Safety
+/// As `rowsync_open`.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_open_with(
+    path: *const c_char,
+    client_id: *const c_char,
+    durability: c_int,
+    out: *mut *mut rowsync_client,
+) -> rowsync_status {
     guard(|| {
         let out = handle(out, "out")?;
-        let path = text(path, "path")?;
-        let client_id = optional_text(client_id, "client_id")?;
-        let client = Client::open_with_id(path, client_id)?;
+        let mut options = ClientOptions::new(durability_of(durability)?);
+        options.client_id = optional_text(client_id, "client_id")?.map(str::to_owned);
+        let client = Client::open_with(text(path, "path")?, &options)?;
         let client_id = CString::new(client.client_id()).unwrap_or_default();
         *out = Box::into_raw(Box::new(rowsync_client { client, client_id }));
+        Ok(())
+    })
+}
+
+/// Whether every commit is made durable before an upload is sent. The memory mode
+/// refuses `false` (ROWSYNC_ERROR).
+///
+/// # Safety
+/// `client` is live.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_set_durable_before_sync(
+    client: *mut rowsync_client,
+    on: bool,
+) -> rowsync_status {
+    guard(|| {
+        handle(client, "client")?
+            .client
+            .set_durable_before_sync(on)?;
+        Ok(())
+    })
+}
+
+/// Makes every commit so far durable: syncs the files to disk, or in the memory mode
+/// replaces the file with a copy of the database.
+///
+/// # Safety
+/// `client` is live.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_persist(client: *mut rowsync_client) -> rowsync_status {
+    guard(|| {
+        handle(client, "client")?.client.persist()?;
+        Ok(())
+    })
+}
+
+/// Runs SQL statements (no parameters, no results) on the client's own connection: the
+/// way to write in the memory mode, where no other connection reaches the database.
+///
+/// # Safety
+/// `client` is live; `sql` is NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_execute(
+    client: *mut rowsync_client,
+    sql: *const c_char,
+) -> rowsync_status {
+    guard(|| {
+        let client = handle(client, "client")?;
+        let sql = text(sql, "sql")?;
+        client
+            .client
+            .connection()
+            .execute_batch(sql)
+            .map_err(ClientError::from)?;
         Ok(())
     })
 }

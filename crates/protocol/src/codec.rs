@@ -1,8 +1,10 @@
 //! Message bodies: the bytes of a frame after its length prefix. Big-endian throughout.
 
 use crate::message::*;
-use crate::pieces::WholeValues;
-use crate::{Decimal, DecodeError, Row, Value, DECIMAL_SCALE_MAX};
+use crate::pieces::{Whole, WholeValues};
+use crate::{
+    Decimal, DecodeError, Interval, Numeric, Row, Value, ARRAY_DEPTH_MAX, DECIMAL_SCALE_MAX,
+};
 
 mod tag {
     pub const NULL: u8 = 0x00;
@@ -12,9 +14,20 @@ mod tag {
     pub const TEXT: u8 = 0x04;
     pub const BLOB: u8 = 0x05;
     pub const TIMESTAMP: u8 = 0x06;
+    // Protocol v2.
+    pub const BOOL: u8 = 0x07;
+    pub const UUID: u8 = 0x08;
+    pub const DATE: u8 = 0x09;
+    pub const TIME: u8 = 0x0A;
+    pub const INTERVAL: u8 = 0x0B;
+    pub const NUMERIC: u8 = 0x0C;
+    pub const ARRAY: u8 = 0x0D;
     /// Protocol v2: the value was sent before the message, in pieces.
     pub const IN_PIECES: u8 = 0x20;
 }
+
+/// Microseconds in a day: the largest `time` (`24:00:00`).
+const TIME_MICROS_MAX: i64 = 86_400_000_000;
 
 /// Encodes one message body: its type byte followed by its fields.
 pub fn encode_message(message: &Message) -> Vec<u8> {
@@ -73,8 +86,15 @@ pub(crate) fn encode_body(message: &Message, marks: &mut Marks<'_>) -> Vec<u8> {
         Message::ValueStart(start) => {
             out.push(start.kind as u8);
             out.extend_from_slice(&start.length.to_be_bytes());
+            put_str(&mut out, &start.table);
+            put_str(&mut out, &start.column);
         }
         Message::ValuePiece(piece) => put_bytes(&mut out, &piece.bytes),
+        Message::Conflicts(conflicts) => {
+            put_str(&mut out, &conflicts.table);
+            put_names(&mut out, &conflicts.key_columns);
+            put_rows(&mut out, &conflicts.keys, &mut Marks::none());
+        }
     }
     out
 }
@@ -112,29 +132,31 @@ impl<'a> Marks<'a> {
     }
 }
 
-/// Every value of an upload or a download, in the order they are encoded: inserts,
-/// updates (old, then new image), deletes; upserts, deletes.
-pub(crate) fn values_mut(message: &mut Message) -> Vec<&mut Value> {
-    let rows: Vec<&mut Row> = match message {
-        Message::Upload(upload) => upload
-            .inserts
-            .iter_mut()
-            .chain(
-                upload
-                    .updates
-                    .iter_mut()
-                    .flat_map(|update| [&mut update.old, &mut update.new]),
-            )
-            .chain(upload.deletes.iter_mut())
-            .collect(),
-        Message::Download(download) => download
-            .upserts
-            .iter_mut()
-            .chain(download.deletes.iter_mut())
-            .collect(),
-        _ => Vec::new(),
-    };
-    rows.into_iter().flat_map(|row| row.iter_mut()).collect()
+/// Every value of an upload or a download, in the order they are encoded (inserts,
+/// updates (old, then new image), deletes; upserts, deletes), each with its column.
+pub(crate) fn values_mut(message: &mut Message) -> Vec<(&str, &mut Value)> {
+    let rows: Vec<(&[String], &mut Row)> =
+        match message {
+            Message::Upload(upload) => {
+                let (columns, keys) = (&upload.columns[..], &upload.key_columns[..]);
+                (upload.inserts.iter_mut().map(|row| (columns, row)))
+                    .chain(upload.updates.iter_mut().flat_map(|update| {
+                        [(columns, &mut update.old), (columns, &mut update.new)]
+                    }))
+                    .chain(upload.deletes.iter_mut().map(|row| (keys, row)))
+                    .collect()
+            }
+            Message::Download(download) => {
+                let (columns, keys) = (&download.columns[..], &download.key_columns[..]);
+                (download.upserts.iter_mut().map(|row| (columns, row)))
+                    .chain(download.deletes.iter_mut().map(|row| (keys, row)))
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+    rows.into_iter()
+        .flat_map(|(names, row)| names.iter().map(String::as_str).zip(row.iter_mut()))
+        .collect()
 }
 
 /// Encodes values as they appear inside a row, without the count: a compact, exact
@@ -142,6 +164,15 @@ pub(crate) fn values_mut(message: &mut Message) -> Vec<&mut Value> {
 pub fn encode_values(values: &[Value], out: &mut Vec<u8>) {
     for value in values {
         put_value(out, value);
+    }
+}
+
+/// Encodes values in their identity form ([`Value::identity_form`]): a key a SQLite
+/// client uploads as text (a uuid, a date) and the same key a server reads typed encode
+/// alike. For hash sets of keys.
+pub fn encode_key_identity(values: &[Value], out: &mut Vec<u8>) {
+    for value in values {
+        put_value(out, &value.identity_form());
     }
 }
 
@@ -199,18 +230,18 @@ pub(crate) fn decode(
             let table = reader.string("table name")?;
             let columns = reader.names("column")?;
             let key_columns = reader.names("key column")?;
-            let inserts = reader.rows("insert", columns.len())?;
+            let inserts = reader.rows("insert", &table, &columns)?;
             let update_count = reader.count("update", 2 * ROW_BYTES_MIN)?;
             let mut updates = Vec::with_capacity(if rows == Rows::Keep { update_count } else { 0 });
             reader.rows_seen += update_count;
             for _ in 0..update_count {
-                let old = reader.row(columns.len())?;
-                let new = reader.row(columns.len())?;
+                let old = reader.row(&table, &columns)?;
+                let new = reader.row(&table, &columns)?;
                 if rows == Rows::Keep {
                     updates.push(RowUpdate { old, new });
                 }
             }
-            let deletes = reader.rows("delete", key_columns.len())?;
+            let deletes = reader.rows("delete", &table, &key_columns)?;
             Message::Upload(TableUpload {
                 table,
                 columns,
@@ -227,8 +258,8 @@ pub(crate) fn decode(
             let table = reader.string("table name")?;
             let columns = reader.names("column")?;
             let key_columns = reader.names("key column")?;
-            let upserts = reader.rows("upsert", columns.len())?;
-            let deletes = reader.rows("delete", key_columns.len())?;
+            let upserts = reader.rows("upsert", &table, &columns)?;
+            let deletes = reader.rows("delete", &table, &key_columns)?;
             Message::Download(Download {
                 table,
                 columns,
@@ -255,6 +286,16 @@ pub(crate) fn decode(
         0x08 => Message::DownloadAck(DownloadAck {
             watermark: reader.i64("watermark")?,
         }),
+        0x09 => {
+            let table = reader.string("table name")?;
+            let key_columns = reader.names("key column")?;
+            let keys = reader.rows("conflicting key", &table, &key_columns)?;
+            Message::Conflicts(Conflicts {
+                table,
+                key_columns,
+                keys,
+            })
+        }
         0x0A => {
             let offset = reader.offset;
             let tag = reader.take(1, "value kind")?[0];
@@ -262,6 +303,8 @@ pub(crate) fn decode(
             Message::ValueStart(ValueStart {
                 kind,
                 length: reader.u64("value length")?,
+                table: reader.string("value table")?,
+                column: reader.string("value column")?,
             })
         }
         0x0B => Message::ValuePiece(ValuePiece {
@@ -359,6 +402,36 @@ fn put_value(out: &mut Vec<u8>, value: &Value) {
             out.push(tag::TIMESTAMP);
             out.extend_from_slice(&micros.to_be_bytes());
         }
+        Value::Bool(flag) => out.extend_from_slice(&[tag::BOOL, u8::from(*flag)]),
+        Value::Uuid(bytes) => {
+            out.push(tag::UUID);
+            out.extend_from_slice(bytes);
+        }
+        Value::Date(days) => {
+            out.push(tag::DATE);
+            out.extend_from_slice(&days.to_be_bytes());
+        }
+        Value::Time(micros) => {
+            out.push(tag::TIME);
+            out.extend_from_slice(&micros.to_be_bytes());
+        }
+        Value::Interval(interval) => {
+            out.push(tag::INTERVAL);
+            out.extend_from_slice(&interval.months.to_be_bytes());
+            out.extend_from_slice(&interval.days.to_be_bytes());
+            out.extend_from_slice(&interval.micros.to_be_bytes());
+        }
+        Value::Numeric(numeric) => {
+            out.push(tag::NUMERIC);
+            put_str(out, numeric.as_str());
+        }
+        Value::Array(elements) => {
+            out.push(tag::ARRAY);
+            put_count(out, elements.len());
+            for element in elements {
+                put_value(out, element);
+            }
+        }
     }
 }
 
@@ -383,8 +456,10 @@ enum ValueRef<'a> {
     Text(&'a str),
     Blob(&'a [u8]),
     Timestamp(i64),
-    /// A value sent in pieces before the message (nothing when only checking).
-    Whole(Option<Value>),
+    /// A value sent in pieces before the message (no value when only checking).
+    Whole(Whole),
+    /// Any value without borrowed bytes, and an array (empty when only checking).
+    Owned(Value),
 }
 
 impl ValueRef<'_> {
@@ -397,7 +472,8 @@ impl ValueRef<'_> {
             ValueRef::Text(text) => Value::Text(text.to_owned()),
             ValueRef::Blob(bytes) => Value::Blob(bytes.to_vec()),
             ValueRef::Timestamp(micros) => Value::Timestamp(micros),
-            ValueRef::Whole(value) => value.unwrap_or(Value::Null),
+            ValueRef::Whole(whole) => whole.value.unwrap_or(Value::Null),
+            ValueRef::Owned(value) => value,
         }
     }
 }
@@ -502,12 +578,18 @@ impl<'a> Reader<'a, '_> {
         (0..count).map(|_| self.string(what)).collect()
     }
 
-    fn rows(&mut self, what: &'static str, width: usize) -> Result<Vec<Row>, DecodeError> {
+    /// Rows of `table` whose values are those of `names`.
+    fn rows(
+        &mut self,
+        what: &'static str,
+        table: &str,
+        names: &[String],
+    ) -> Result<Vec<Row>, DecodeError> {
         let count = self.count(what, ROW_BYTES_MIN)?;
         self.rows_seen += count;
         let mut rows = Vec::with_capacity(if self.rows == Rows::Keep { count } else { 0 });
         for _ in 0..count {
-            let row = self.row(width)?;
+            let row = self.row(table, names)?;
             if self.rows == Rows::Keep {
                 rows.push(row);
             }
@@ -516,7 +598,9 @@ impl<'a> Reader<'a, '_> {
     }
 
     /// One row: its values, or (checking only) an empty row once every value is checked.
-    fn row(&mut self, width: usize) -> Result<Row, DecodeError> {
+    /// A value sent in pieces must have been announced for its table and column.
+    fn row(&mut self, table: &str, names: &[String]) -> Result<Row, DecodeError> {
+        let width = names.len();
         let offset = self.offset;
         let found = usize::from(self.u16("row value count")?);
         if found != width {
@@ -528,15 +612,41 @@ impl<'a> Reader<'a, '_> {
         }
         self.check_fits("value", found, VALUE_BYTES_MIN, offset)?;
         if self.rows == Rows::CheckOnly {
-            for _ in 0..found {
-                self.value()?;
+            for column in names {
+                self.placed(table, column)?;
             }
             return Ok(Row::new());
         }
-        (0..found).map(|_| Ok(self.value()?.into_value())).collect()
+        names
+            .iter()
+            .map(|column| Ok(self.placed(table, column)?.into_value()))
+            .collect()
+    }
+
+    /// The next value, in `column` of `table`: where a value in pieces must have been
+    /// announced.
+    fn placed(&mut self, table: &str, column: &str) -> Result<ValueRef<'a>, DecodeError> {
+        let offset = self.offset;
+        let value = self.value()?;
+        if let ValueRef::Whole(whole) = &value {
+            if whole.table != table || whole.column != column {
+                return Err(DecodeError::InPiecesMisplaced {
+                    offset,
+                    announced_table: whole.table.clone(),
+                    announced_column: whole.column.clone(),
+                    table: table.to_owned(),
+                    column: column.to_owned(),
+                });
+            }
+        }
+        Ok(value)
     }
 
     fn value(&mut self) -> Result<ValueRef<'a>, DecodeError> {
+        self.value_at_depth(0)
+    }
+
+    fn value_at_depth(&mut self, depth: usize) -> Result<ValueRef<'a>, DecodeError> {
         let offset = self.offset;
         let tag = self.take(1, "value tag")?[0];
         Ok(match tag {
@@ -557,16 +667,81 @@ impl<'a> Reader<'a, '_> {
             tag::TEXT => ValueRef::Text(self.str("text value")?),
             tag::BLOB => ValueRef::Blob(self.bytes("blob value")?),
             tag::TIMESTAMP => ValueRef::Timestamp(self.i64("timestamp value")?),
+            tag::BOOL => ValueRef::Owned(Value::Bool(self.flag("boolean value")?)),
+            tag::UUID => ValueRef::Owned(Value::Uuid(self.array("uuid value")?)),
+            tag::DATE => ValueRef::Owned(Value::Date(
+                self.array("date value").map(i32::from_be_bytes)?,
+            )),
+            tag::TIME => {
+                let micros = self.i64("time value")?;
+                if !(0..=TIME_MICROS_MAX).contains(&micros) {
+                    return Err(self.invalid(
+                        "time value",
+                        offset,
+                        format!("{micros} microseconds is outside 0 to {TIME_MICROS_MAX}"),
+                    ));
+                }
+                ValueRef::Owned(Value::Time(micros))
+            }
+            tag::INTERVAL => ValueRef::Owned(Value::Interval(Interval {
+                months: self.array("interval months").map(i32::from_be_bytes)?,
+                days: self.array("interval days").map(i32::from_be_bytes)?,
+                micros: self.i64("interval microseconds")?,
+            })),
+            tag::NUMERIC => {
+                let text = self.str("numeric value")?;
+                let numeric = Numeric::from_canonical(text).map_err(|error| {
+                    self.invalid("numeric value", offset, error.reason.to_string())
+                })?;
+                ValueRef::Owned(Value::Numeric(numeric))
+            }
+            tag::ARRAY => ValueRef::Owned(self.array_value(depth, offset)?),
+            tag::IN_PIECES if depth > 0 => {
+                return Err(self.invalid(
+                    "array element",
+                    offset,
+                    "a value in pieces cannot be an array element".to_owned(),
+                ))
+            }
             tag::IN_PIECES => {
                 let whole = self
                     .whole
                     .as_mut()
-                    .and_then(|whole| whole.take(self.rows))
+                    .and_then(|whole| whole.take())
                     .ok_or(DecodeError::InPiecesMissing { offset })?;
                 self.in_pieces += 1;
                 ValueRef::Whole(whole)
             }
             tag => return Err(DecodeError::UnknownValueTag { tag, offset }),
         })
+    }
+
+    /// An array's elements (none kept when only checking), at most `ARRAY_DEPTH_MAX` deep.
+    fn array_value(&mut self, depth: usize, offset: usize) -> Result<Value, DecodeError> {
+        if depth >= ARRAY_DEPTH_MAX {
+            return Err(self.invalid(
+                "array value",
+                offset,
+                format!("more than {ARRAY_DEPTH_MAX} levels of arrays"),
+            ));
+        }
+        let count = self.count("array element", VALUE_BYTES_MIN)?;
+        let keep = self.rows == Rows::Keep;
+        let mut elements = Vec::with_capacity(if keep { count } else { 0 });
+        for _ in 0..count {
+            let element = self.value_at_depth(depth + 1)?;
+            if keep {
+                elements.push(element.into_value());
+            }
+        }
+        Ok(Value::Array(elements))
+    }
+
+    fn invalid(&self, what: &'static str, offset: usize, reason: String) -> DecodeError {
+        DecodeError::InvalidValue {
+            what,
+            offset,
+            reason,
+        }
     }
 }

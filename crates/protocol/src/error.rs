@@ -34,6 +34,12 @@ pub enum DecodeError {
         value: u8,
         offset: usize,
     },
+    #[error("{what} at offset {offset} is invalid: {reason}")]
+    InvalidValue {
+        what: &'static str,
+        offset: usize,
+        reason: String,
+    },
     #[error("empty frame: a frame must contain at least the message type byte")]
     EmptyFrame,
     #[error("frame of {length_bytes} bytes exceeds the limit of {limit_bytes} bytes")]
@@ -50,12 +56,22 @@ pub enum DecodeError {
     },
     #[error("value_start at offset {offset} names tag 0x{tag:02x}; only text and blob values travel in pieces")]
     PieceKind { tag: u8, offset: usize },
-    #[error("a value of {length} bytes exceeds the limit of {limit} bytes")]
-    ValueTooLarge { length: u64, limit: u64 },
+    #[error(
+        "the value in column {column:?} of table {table:?} takes {length} bytes, above the \
+         limit of {limit} bytes for a value"
+    )]
+    ValueTooLarge {
+        table: String,
+        column: String,
+        length: u64,
+        limit: u64,
+    },
     #[error(
         "the values in pieces of one row take {bytes} bytes, above the limit of {limit} bytes"
     )]
     RowPiecesTooLarge { bytes: u64, limit: u64 },
+    #[error("a value in pieces from a protocol version 1 peer: values in pieces need version 2")]
+    PiecesRefused,
     #[error("value_piece without a value_start before it")]
     PieceWithoutStart,
     #[error(
@@ -67,6 +83,17 @@ pub enum DecodeError {
         message: &'static str,
         received: u64,
         length: u64,
+    },
+    #[error(
+        "the value in pieces at offset {offset} sits in column {column:?} of table {table:?}, \
+         but was announced for column {announced_column:?} of table {announced_table:?}"
+    )]
+    InPiecesMisplaced {
+        offset: usize,
+        announced_table: String,
+        announced_column: String,
+        table: String,
+        column: String,
     },
     #[error("value in pieces at offset {offset}, but no whole value was sent before the message")]
     InPiecesMissing { offset: usize },
@@ -115,6 +142,9 @@ pub enum ErrorCode {
     Timeout = 11,
     /// Anything else on the server; the upload was rolled back as a whole.
     Internal = 12,
+    /// The user already has as many client ids as the server allows
+    /// (`client_ids_per_user_max`): a new client id is refused.
+    ClientIdsExceeded = 13,
 }
 
 impl ErrorCode {
@@ -133,6 +163,7 @@ impl ErrorCode {
             10 => ClientIdTaken,
             11 => Timeout,
             12 => Internal,
+            13 => ClientIdsExceeded,
             _ => return None,
         })
     }

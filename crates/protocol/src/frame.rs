@@ -58,6 +58,12 @@ impl FrameDecoder {
         self
     }
 
+    /// From now on, refuses `value_start` and `value_piece` frames: the peer's hello said
+    /// protocol version 1, which has no values in pieces.
+    pub fn refuse_pieces(&mut self) {
+        self.pieces.refuse();
+    }
+
     pub fn feed(&mut self, bytes: &[u8]) {
         if self.start > 0 && self.start == self.buffer.len() {
             self.buffer.clear();

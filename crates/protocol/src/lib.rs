@@ -1,4 +1,4 @@
-//! rowsync wire protocol, version 2.
+//! rowsync wire protocol, version 2 (a server also speaks version 1).
 //!
 //! Everything here is pure: messages are encoded into byte vectors and decoded from
 //! byte slices. Reading and writing sockets is the caller's business. The contract
@@ -10,12 +10,16 @@ mod compression;
 mod error;
 mod frame;
 mod message;
+mod numeric;
 mod pieces;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod text_form;
 mod value;
 
-pub use codec::{check_message, decode_message, encode_message, encode_values};
+pub use codec::{
+    check_message, decode_message, encode_key_identity, encode_message, encode_values,
+};
 pub use compression::{
     compress_all, Compression, CompressionError, Compressor, Decompressor, Inbound, InboundError,
     Outbound, Preamble, PreambleError, DECOMPRESS_CHUNK_BYTES, PREAMBLE_BYTES, PREAMBLE_MAGIC,
@@ -24,11 +28,31 @@ pub use compression::{
 pub use error::{DecodeError, ErrorCode};
 pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES};
 pub use message::{
-    Download, DownloadAck, EndDownload, EndUpload, Hello, Message, MessageType, PieceKind,
-    RowUpdate, SyncSummary, TableUpload, ValuePiece, ValueStart, WireError,
+    Conflicts, Download, DownloadAck, EndDownload, EndUpload, Hello, Message, MessageType,
+    PieceKind, RowUpdate, SyncSummary, TableUpload, ValuePiece, ValueStart, WireError,
 };
+pub use numeric::{parse_decimal_value, Numeric, NUMERIC_SCALE_MAX, NUMERIC_WHOLE_DIGITS_MAX};
 pub use pieces::{message_frames, Frames, ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT};
-pub use value::{Decimal, DecimalParseError, Row, Value, DECIMAL_SCALE_MAX};
+pub use text_form::{
+    format_date, format_interval, format_time, format_timestamp, format_uuid, parse_date,
+    parse_interval, parse_text_form, parse_time, parse_timestamp, parse_uuid, TextFormError,
+    ValueKind,
+};
+pub use value::{
+    Decimal, DecimalParseError, Interval, Row, Value, ARRAY_DEPTH_MAX, DECIMAL_SCALE_MAX,
+};
 
-/// The protocol version this crate speaks. A server refuses a hello with any other.
+/// The protocol version this crate speaks. A server accepts a hello of this version or
+/// any down to [`PROTOCOL_VERSION_MIN`] and refuses others.
 pub const PROTOCOL_VERSION: u16 = 2;
+
+/// The oldest protocol version a server still serves: a v1 session gets every v2 value
+/// in its v1 form ([`Value::to_v1`]), and never a value in pieces.
+pub const PROTOCOL_VERSION_MIN: u16 = 1;
+
+/// The first protocol version whose server names conflicting keys in `Conflicts`.
+pub const CONFLICTS_SINCE_VERSION: u16 = 2;
+
+/// The first protocol version that sends values larger than a frame in pieces
+/// (`ValueStart`, `ValuePiece`).
+pub const PIECES_SINCE_VERSION: u16 = 2;

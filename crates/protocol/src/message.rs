@@ -2,11 +2,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::{ErrorCode, Row};
 
-/// Every message of protocol v1. The numeric type byte of each is in [`MessageType`].
+/// Every message of the protocol. The numeric type byte of each is in [`MessageType`].
 ///
 /// A sync is: client sends `Hello`, zero or more `Upload`, one `EndUpload`; server
-/// answers with zero or more `Download` and one `EndDownload`, or with `Error` or
-/// `Busy` at any point, after which the connection closes.
+/// answers with zero or more `Conflicts` (protocol v2), zero or more `Download` and one
+/// `EndDownload`, or with `Error` or `Busy` at any point, after which the connection
+/// closes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Message {
@@ -20,6 +21,7 @@ pub enum Message {
         retry_after_ms: u32,
     },
     DownloadAck(DownloadAck),
+    Conflicts(Conflicts),
     /// Protocol v2: a value too large for one frame follows in `ValuePiece` messages.
     ValueStart(ValueStart),
     /// Protocol v2: the next bytes of the value announced by `ValueStart`.
@@ -37,6 +39,7 @@ pub enum MessageType {
     Error = 0x06,
     Busy = 0x07,
     DownloadAck = 0x08,
+    Conflicts = 0x09,
     ValueStart = 0x0A,
     ValuePiece = 0x0B,
 }
@@ -52,6 +55,7 @@ impl Message {
             Message::Error(_) => MessageType::Error,
             Message::Busy { .. } => MessageType::Busy,
             Message::DownloadAck(_) => MessageType::DownloadAck,
+            Message::Conflicts(_) => MessageType::Conflicts,
             Message::ValueStart(_) => MessageType::ValueStart,
             Message::ValuePiece(_) => MessageType::ValuePiece,
         }
@@ -59,6 +63,28 @@ impl Message {
 }
 
 impl MessageType {
+    /// Every message type, in type byte order.
+    pub const ALL: [MessageType; 11] = [
+        MessageType::Hello,
+        MessageType::Upload,
+        MessageType::EndUpload,
+        MessageType::Download,
+        MessageType::EndDownload,
+        MessageType::Error,
+        MessageType::Busy,
+        MessageType::DownloadAck,
+        MessageType::Conflicts,
+        MessageType::ValueStart,
+        MessageType::ValuePiece,
+    ];
+
+    /// The message type of a type byte, if there is one.
+    pub fn from_u8(byte: u8) -> Option<MessageType> {
+        MessageType::ALL
+            .into_iter()
+            .find(|message_type| *message_type as u8 == byte)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             MessageType::Hello => "hello",
@@ -69,6 +95,7 @@ impl MessageType {
             MessageType::Error => "error",
             MessageType::Busy => "busy",
             MessageType::DownloadAck => "download_ack",
+            MessageType::Conflicts => "conflicts",
             MessageType::ValueStart => "value_start",
             MessageType::ValuePiece => "value_piece",
         }
@@ -109,6 +136,11 @@ pub struct ValueStart {
     pub kind: PieceKind,
     /// The value's bytes in all (text: UTF-8 bytes; blob: raw bytes).
     pub length: u64,
+    /// The table of the row that holds the value, so a receiver can name it when it
+    /// refuses the value at its announcement.
+    pub table: String,
+    /// The column the value belongs to.
+    pub column: String,
 }
 
 /// The types a value in pieces may have: those whose payload is a byte string. The
@@ -174,6 +206,19 @@ pub struct Download {
     pub key_columns: Vec<String>,
     pub upserts: Vec<Row>,
     pub deletes: Vec<Row>,
+}
+
+/// Keys of one table's uploaded rows the server did not apply as sent (protocol v2):
+/// the server's row for each follows in this sync's download (as an upsert, or as a
+/// delete when the server has none). Sent before the download's first `Download`; a
+/// table's keys may span several messages. Their number over all messages is at most
+/// `EndDownload.summary.conflicts`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Conflicts {
+    pub table: String,
+    pub key_columns: Vec<String>,
+    /// Values of `key_columns`, in that order, one row per conflicting key.
+    pub keys: Vec<Row>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -18,31 +18,33 @@ pub const VALUE_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
 /// row's message arrives: 256 MiB (a few large values, or an update's two images).
 pub const ROW_PIECES_BYTES_MAX_DEFAULT: u64 = 256 * 1024 * 1024;
 
-/// Values received whole in pieces, not yet taken by the message that holds them: the
-/// values themselves when decoding, only their count when checking.
+/// A value received whole in pieces, with the table and column it was announced for.
+#[derive(Debug)]
+pub(crate) struct Whole {
+    pub(crate) table: String,
+    pub(crate) column: String,
+    /// The value when decoding; `None` when only checking.
+    pub(crate) value: Option<Value>,
+}
+
+/// Values received whole in pieces, not yet taken by the message that holds them.
 #[derive(Debug, Default)]
 pub(crate) struct WholeValues {
-    values: VecDeque<Value>,
-    count: usize,
+    values: VecDeque<Whole>,
 }
 
 impl WholeValues {
-    /// The next whole value (`Some(None)` when only checking), `None` if there is none.
-    pub(crate) fn take(&mut self, rows: Rows) -> Option<Option<Value>> {
-        if self.count == 0 {
-            return None;
-        }
-        self.count -= 1;
-        Some(match rows {
-            Rows::Keep => Some(self.values.pop_front()?),
-            Rows::CheckOnly => None,
-        })
+    /// The next whole value, `None` if there is none.
+    pub(crate) fn take(&mut self) -> Option<Whole> {
+        self.values.pop_front()
     }
 }
 
 /// A value whose pieces are arriving.
 #[derive(Debug)]
 struct Incoming {
+    table: String,
+    column: String,
     kind: PieceKind,
     length: u64,
     received: u64,
@@ -57,6 +59,8 @@ struct Incoming {
 /// The receiving side of values in pieces, within one frame stream.
 #[derive(Debug)]
 pub(crate) struct Pieces {
+    /// False for a peer of protocol version 1, which sends no value in pieces.
+    allowed: bool,
     value_bytes_max: u64,
     row_bytes_max: u64,
     incoming: Option<Incoming>,
@@ -68,6 +72,7 @@ pub(crate) struct Pieces {
 impl Pieces {
     pub(crate) fn new(value_bytes_max: u64, row_bytes_max: u64) -> Pieces {
         Pieces {
+            allowed: true,
             value_bytes_max,
             row_bytes_max,
             incoming: None,
@@ -76,9 +81,21 @@ impl Pieces {
         }
     }
 
+    /// From now on, refuses values in pieces (the peer speaks protocol version 1).
+    pub(crate) fn refuse(&mut self) {
+        self.allowed = false;
+    }
+
     /// Takes a `value_start` or `value_piece` body; false for any other message.
     pub(crate) fn take_frame(&mut self, body: &[u8], rows: Rows) -> Result<bool, DecodeError> {
-        match body.first().copied() {
+        let first = body.first().copied();
+        if !self.allowed
+            && (first == Some(MessageType::ValueStart as u8)
+                || first == Some(MessageType::ValuePiece as u8))
+        {
+            return Err(DecodeError::PiecesRefused);
+        }
+        match first {
             Some(byte) if byte == MessageType::ValueStart as u8 => {
                 let Message::ValueStart(start) = crate::codec::decode(body, rows, None)? else {
                     unreachable!("a value_start body decodes as one");
@@ -90,7 +107,13 @@ impl Pieces {
                 self.piece(piece_bytes(body)?)?;
                 Ok(true)
             }
-            _ => Ok(false),
+            // Any other message while a value is incomplete is refused before decoding it.
+            other => {
+                if let Some(message_type) = other.and_then(MessageType::from_u8) {
+                    self.check_between_values(message_type.name())?;
+                }
+                Ok(false)
+            }
         }
     }
 
@@ -98,6 +121,8 @@ impl Pieces {
         self.check_between_values("value_start")?;
         if start.length > self.value_bytes_max {
             return Err(DecodeError::ValueTooLarge {
+                table: start.table,
+                column: start.column,
                 length: start.length,
                 limit: self.value_bytes_max,
             });
@@ -111,6 +136,8 @@ impl Pieces {
         }
         let capacity = if rows == Rows::Keep { start.length } else { 0 };
         self.incoming = Some(Incoming {
+            table: start.table,
+            column: start.column,
             kind: start.kind,
             length: start.length,
             received: 0,
@@ -151,18 +178,23 @@ impl Pieces {
         else {
             return Ok(());
         };
-        self.whole.count += 1;
-        if incoming.keep {
-            let value = match incoming.kind {
+        let value = if incoming.keep {
+            Some(match incoming.kind {
                 PieceKind::Blob => Value::Blob(incoming.bytes),
                 PieceKind::Text => {
                     Value::Text(String::from_utf8(incoming.bytes).map_err(|_| text_not_utf8())?)
                 }
-            };
-            self.whole.values.push_back(value);
+            })
         } else if !incoming.utf8.is_complete() {
             return Err(text_not_utf8());
-        }
+        } else {
+            None
+        };
+        self.whole.values.push_back(Whole {
+            table: incoming.table,
+            column: incoming.column,
+            value,
+        });
         Ok(())
     }
 
@@ -183,9 +215,9 @@ impl Pieces {
     pub(crate) fn after_message(&mut self, message: MessageType) -> Result<(), DecodeError> {
         self.check_between_values(message.name())?;
         self.row_bytes = 0;
-        if self.whole.count > 0 {
+        if !self.whole.values.is_empty() {
             return Err(DecodeError::InPiecesUnused {
-                count: self.whole.count,
+                count: self.whole.values.len(),
                 message: message.name(),
             });
         }
@@ -273,10 +305,15 @@ impl Utf8Check {
 pub fn message_frames(mut message: Message, message_bytes_max: usize) -> Frames {
     let mut values = VecDeque::new();
     let mut ordinals = Vec::new();
+    let table = match &message {
+        Message::Upload(upload) => upload.table.clone(),
+        Message::Download(download) => download.table.clone(),
+        _ => String::new(),
+    };
     if single_row_bytes(&message).is_some_and(|bytes| bytes > message_bytes_max) {
         let inline_bytes_max = message_bytes_max / 16;
-        for (ordinal, value) in values_mut(&mut message).into_iter().enumerate() {
-            let taken = match value {
+        for (ordinal, (column, value)) in values_mut(&mut message).into_iter().enumerate() {
+            let (kind, bytes) = match value {
                 Value::Text(text) if text.len() > inline_bytes_max => {
                     (PieceKind::Text, std::mem::take(text).into_bytes())
                 }
@@ -286,16 +323,28 @@ pub fn message_frames(mut message: Message, message_bytes_max: usize) -> Frames 
                 _ => continue,
             };
             ordinals.push(ordinal);
-            values.push_back(taken);
+            values.push_back(Outgoing {
+                kind,
+                bytes,
+                column: column.to_owned(),
+            });
         }
     }
     Frames {
+        table,
         values,
         offset: None,
         piece_bytes: message_bytes_max.max(1),
         message: Some(message),
         ordinals,
     }
+}
+
+/// A value to send in pieces.
+struct Outgoing {
+    kind: PieceKind,
+    bytes: Vec<u8>,
+    column: String,
 }
 
 /// The bytes of a message's rows, when it is an upload or a download of exactly one row.
@@ -333,8 +382,10 @@ fn single_row_bytes(message: &Message) -> Option<usize> {
 
 /// The frames of one message, see [`message_frames`].
 pub struct Frames {
+    /// The table of the message's row.
+    table: String,
     /// Values still to send in pieces, in order.
-    values: VecDeque<(PieceKind, Vec<u8>)>,
+    values: VecDeque<Outgoing>,
     /// Bytes of the first value sent so far; `None` before its `value_start`.
     offset: Option<usize>,
     piece_bytes: usize,
@@ -353,7 +404,12 @@ impl Iterator for Frames {
     type Item = Vec<u8>;
 
     fn next(&mut self) -> Option<Vec<u8>> {
-        let Some((kind, bytes)) = self.values.front() else {
+        let Some(Outgoing {
+            kind,
+            bytes,
+            column,
+        }) = self.values.front()
+        else {
             let message = self.message.take()?;
             if self.ordinals.is_empty() {
                 return Some(encode_frame(&message));
@@ -368,6 +424,8 @@ impl Iterator for Frames {
             return Some(encode_frame(&Message::ValueStart(ValueStart {
                 kind: *kind,
                 length: bytes.len() as u64,
+                table: self.table.clone(),
+                column: column.clone(),
             })));
         };
         let end = (offset + self.piece_bytes).min(bytes.len());

@@ -1,8 +1,12 @@
 //! Conversions between wire values and SQLite values (feature `sqlite`).
 //!
-//! SQLite has five storage classes; decimals and timestamps are stored as text so that
-//! nothing is rounded: decimals in their exact digits, timestamps as
-//! `YYYY-MM-DD HH:MM:SS.ffffff` (UTC). Reading gives back the storage class.
+//! SQLite has five storage classes; booleans are stored as integers 0 and 1, a NaN
+//! double as the text `NaN` (a NaN REAL would become NULL), and every
+//! other value that has a text form (decimals, timestamps, uuids, dates, times,
+//! intervals, arrays; see `text_form`) as that text, so that nothing is rounded:
+//! timestamps as `YYYY-MM-DD HH:MM:SS.ffffff` (UTC), uuids lowercase, arrays as JSON.
+//! Reading gives back the storage class; a server parses the text back into its
+//! column's type.
 
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 
@@ -13,11 +17,20 @@ impl ToSql for Value {
         Ok(match self {
             Value::Null => ToSqlOutput::Borrowed(ValueRef::Null),
             Value::Int(number) => ToSqlOutput::Borrowed(ValueRef::Integer(*number)),
+            // SQLite stores a NaN REAL as NULL: NaN is kept as its text form.
+            Value::Double(number) if number.is_nan() => ToSqlOutput::from("NaN".to_string()),
             Value::Double(number) => ToSqlOutput::Borrowed(ValueRef::Real(*number)),
-            Value::Decimal(decimal) => ToSqlOutput::from(decimal.to_string()),
+            Value::Bool(flag) => ToSqlOutput::Borrowed(ValueRef::Integer(i64::from(*flag))),
             Value::Text(text) => ToSqlOutput::Borrowed(ValueRef::Text(text.as_bytes())),
             Value::Blob(bytes) => ToSqlOutput::Borrowed(ValueRef::Blob(bytes)),
-            Value::Timestamp(micros) => ToSqlOutput::from(format_timestamp(*micros)?),
+            Value::Decimal(_)
+            | Value::Timestamp(_)
+            | Value::Uuid(_)
+            | Value::Date(_)
+            | Value::Time(_)
+            | Value::Interval(_)
+            | Value::Numeric(_)
+            | Value::Array(_) => ToSqlOutput::from(self.text_form().expect("has a text form")),
         })
     }
 }
@@ -37,15 +50,6 @@ impl FromSql for Value {
     }
 }
 
-fn format_timestamp(micros: i64) -> rusqlite::Result<String> {
-    let time = chrono::DateTime::from_timestamp_micros(micros).ok_or_else(|| {
-        rusqlite::Error::ToSqlConversionFailure(
-            format!("timestamp of {micros} microseconds is outside the representable range").into(),
-        )
-    })?;
-    Ok(time.format("%Y-%m-%d %H:%M:%S%.6f").to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,12 +61,24 @@ mod tests {
             (Value::Null, Value::Null),
             (Value::Int(-7), Value::Int(-7)),
             (Value::Double(0.25), Value::Double(0.25)),
+            (Value::Double(f64::NAN), Value::Text("NaN".into())),
             (
                 Value::Decimal("999999999999999999999999.999999".parse().unwrap()),
                 Value::Text("999999999999999999999999.999999".into()),
             ),
             (Value::Text("é".into()), Value::Text("é".into())),
             (Value::Blob(vec![0, 1]), Value::Blob(vec![0, 1])),
+            (Value::Bool(true), Value::Int(1)),
+            (
+                Value::Uuid([0x0f; 16]),
+                Value::Text("0f0f0f0f-0f0f-0f0f-0f0f-0f0f0f0f0f0f".into()),
+            ),
+            (Value::Date(-1), Value::Text("1969-12-31".into())),
+            (Value::Time(1), Value::Text("00:00:00.000001".into())),
+            (
+                Value::Array(vec![Value::Int(1), Value::Null]),
+                Value::Text("[1,null]".into()),
+            ),
             (
                 Value::Timestamp(1_700_000_000_123_456),
                 Value::Text("2023-11-14 22:13:20.123456".into()),

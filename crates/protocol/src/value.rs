@@ -4,6 +4,8 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::Numeric;
+
 /// The largest number of digits after the decimal point a [`Decimal`] may carry.
 /// An `i128` mantissa holds 38 full decimal digits.
 pub const DECIMAL_SCALE_MAX: u8 = 38;
@@ -22,8 +24,24 @@ pub enum Value {
     Decimal(Decimal),
     Text(String),
     Blob(#[serde(with = "hex::serde")] Vec<u8>),
-    /// Microseconds since 1970-01-01T00:00:00Z.
+    /// Microseconds since 1970-01-01T00:00:00Z; `i64::MAX` and `i64::MIN` are
+    /// PostgreSQL's `infinity` and `-infinity`.
     Timestamp(i64),
+    // Protocol v2 (a v1 session carries each of these in its v1 form, [`Value::to_v1`]).
+    Bool(bool),
+    /// A UUID's 16 bytes, in the order of its text form.
+    Uuid(#[serde(with = "hex::serde")] [u8; 16]),
+    /// Days since 1970-01-01; `i32::MAX` and `i32::MIN` are `infinity` and `-infinity`.
+    Date(i32),
+    /// Microseconds since midnight, 0 to 86,400,000,000 (`24:00:00`) inclusive.
+    Time(i64),
+    Interval(Interval),
+    /// An exact decimal a [`Decimal`] cannot hold (more than 38 digits, a scale above
+    /// 38, `NaN`, `Infinity`, `-Infinity`), as its canonical digits.
+    Numeric(Numeric),
+    /// An array; nested arrays of equal length for each dimension are a multidimensional
+    /// one. At most [`ARRAY_DEPTH_MAX`] levels.
+    Array(Vec<Value>),
 }
 
 impl Value {
@@ -35,8 +53,46 @@ impl Value {
             Value::Decimal(_) => 17,
             Value::Text(text) => 4 + text.len(),
             Value::Blob(bytes) => 4 + bytes.len(),
+            Value::Bool(_) => 1,
+            Value::Uuid(_) | Value::Interval(_) => 16,
+            Value::Date(_) => 4,
+            Value::Time(_) => 8,
+            Value::Numeric(numeric) => 4 + numeric.as_str().len(),
+            Value::Array(elements) => 4 + elements.iter().map(Value::encoded_len).sum::<usize>(),
         }
     }
+
+    /// The value's name in errors: `integer`, `uuid`, ...
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Value::Null => "null",
+            Value::Int(_) => "integer",
+            Value::Double(_) => "double",
+            Value::Decimal(_) => "decimal",
+            Value::Text(_) => "text",
+            Value::Blob(_) => "blob",
+            Value::Timestamp(_) => "timestamp",
+            Value::Bool(_) => "boolean",
+            Value::Uuid(_) => "uuid",
+            Value::Date(_) => "date",
+            Value::Time(_) => "time",
+            Value::Interval(_) => "interval",
+            Value::Numeric(_) => "numeric",
+            Value::Array(_) => "array",
+        }
+    }
+}
+
+/// Nesting levels an array value may have (PostgreSQL's limit on dimensions).
+pub const ARRAY_DEPTH_MAX: usize = 6;
+
+/// A time span as PostgreSQL keeps it: months, days and microseconds, each with its own
+/// sign, none converted into another (a month is not 30 days).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Interval {
+    pub months: i32,
+    pub days: i32,
+    pub micros: i64,
 }
 
 impl From<&str> for Value {

@@ -15,6 +15,20 @@ fn value_strategy() -> impl Strategy<Value = Value> + Clone {
         ".{0,20}".prop_map(Value::Text),
         proptest::collection::vec(any::<u8>(), 0..20).prop_map(Value::Blob),
         any::<i64>().prop_map(Value::Timestamp),
+        any::<bool>().prop_map(Value::Bool),
+        any::<[u8; 16]>().prop_map(Value::Uuid),
+        any::<i32>().prop_map(Value::Date),
+        (0..=86_400_000_000i64).prop_map(Value::Time),
+        (any::<i32>(), any::<i32>(), any::<i64>()).prop_map(|(months, days, micros)| {
+            Value::Interval(Interval {
+                months,
+                days,
+                micros,
+            })
+        }),
+        "-?[1-9][0-9]{39,60}\\.[0-9]{0,3}[1-9]"
+            .prop_map(|text| { Value::Numeric(Numeric::from_canonical(&text).unwrap()) }),
+        proptest::collection::vec(any::<i64>().prop_map(Value::Int), 0..4).prop_map(Value::Array),
     ]
 }
 
@@ -226,4 +240,58 @@ fn flags_have_one_encoding() {
             offset: flag_offset
         })
     );
+}
+
+/// A download of one value, encoded, with the offset of that value's tag.
+fn one_value_body(value: Value) -> (Vec<u8>, usize) {
+    let body = encode_message(&Message::Download(Download {
+        table: "t".into(),
+        columns: vec!["a".into()],
+        key_columns: vec!["a".into()],
+        upserts: vec![vec![value.clone()]],
+        deletes: vec![],
+    }));
+    let offset = body.len() - 4 - value.encoded_len();
+    (body, offset)
+}
+
+#[test]
+fn v2_values_have_one_encoding_and_bounded_nesting() {
+    let (mut body, offset) = one_value_body(Value::Bool(true));
+    body[offset + 1] = 2;
+    assert!(matches!(
+        decode_message(&body),
+        Err(DecodeError::InvalidFlag {
+            what: "boolean value",
+            value: 2,
+            ..
+        })
+    ));
+    let (mut body, offset) = one_value_body(Value::Time(0));
+    body[offset + 1..offset + 9].copy_from_slice(&86_400_000_001i64.to_be_bytes());
+    assert!(matches!(
+        decode_message(&body),
+        Err(DecodeError::InvalidValue {
+            what: "time value",
+            ..
+        })
+    ));
+    // A numeric that a decimal holds must travel as a decimal.
+    let (mut body, offset) = one_value_body(Value::Text("12.5".into()));
+    body[offset] = 0x0C;
+    let error = decode_message(&body).unwrap_err().to_string();
+    assert!(
+        error.contains("fits a decimal, which must carry it"),
+        "{error}"
+    );
+    let mut nested = Value::Int(1);
+    for _ in 0..6 {
+        nested = Value::Array(vec![nested]);
+    }
+    let (body, _) = one_value_body(nested.clone());
+    assert!(decode_message(&body).is_ok());
+    let (body, _) = one_value_body(Value::Array(vec![nested]));
+    let error = decode_message(&body).unwrap_err().to_string();
+    assert!(error.contains("more than 6 levels of arrays"), "{error}");
+    assert_eq!(check_message(&body).unwrap_err().to_string(), error);
 }

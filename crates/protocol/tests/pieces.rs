@@ -94,6 +94,8 @@ fn a_value_above_the_limit_is_refused_at_its_value_start() {
     assert_eq!(
         decoder.next_message_checked().unwrap_err(),
         DecodeError::ValueTooLarge {
+            table: "files".into(),
+            column: "c1".into(),
             length: 1001,
             limit: 1000
         }
@@ -124,8 +126,14 @@ fn the_values_of_one_row_are_bounded_together() {
     );
 }
 
+/// A `value_start` for column `c1` of `files`, where [`download_of`]'s second value sits.
 fn value_start(kind: PieceKind, length: u64) -> Vec<u8> {
-    encode_frame(&Message::ValueStart(ValueStart { kind, length }))
+    encode_frame(&Message::ValueStart(ValueStart {
+        kind,
+        length,
+        table: "files".into(),
+        column: "c1".into(),
+    }))
 }
 
 fn value_piece(bytes: &[u8]) -> Vec<u8> {
@@ -235,4 +243,40 @@ fn broken_sequences_are_refused_in_both_modes() {
         decode_message(&row_message(1)[FRAME_HEADER_BYTES..]),
         Err(DecodeError::InPiecesMissing { .. })
     ));
+}
+
+#[test]
+fn a_value_in_pieces_sits_where_it_was_announced() {
+    // Announced for c1 of files, but the download names another table.
+    let mut elsewhere = download_of(vec![Value::Int(1), Value::Blob(vec![5; 300])]);
+    if let Message::Download(download) = &mut elsewhere {
+        download.table = "other".into();
+    }
+    let mut sent = frames(&elsewhere, 100);
+    sent[0] = value_start(PieceKind::Blob, 300);
+    for check_only in [false, true] {
+        assert_eq!(
+            first_error(&sent, check_only),
+            DecodeError::InPiecesMisplaced {
+                offset: 47,
+                announced_table: "files".into(),
+                announced_column: "c1".into(),
+                table: "other".into(),
+                column: "c1".into(),
+            }
+        );
+    }
+}
+
+#[test]
+fn a_decoder_that_refuses_pieces_refuses_value_start_and_value_piece() {
+    for frame in [value_start(PieceKind::Blob, 2), value_piece(b"ab")] {
+        let mut decoder = FrameDecoder::new(1 << 20);
+        decoder.refuse_pieces();
+        decoder.feed(&frame);
+        assert_eq!(
+            decoder.next_message_checked().unwrap_err(),
+            DecodeError::PiecesRefused
+        );
+    }
 }

@@ -99,6 +99,75 @@ fn vectors() -> Vec<(&'static str, Message)> {
             }),
         ),
         (
+            "upload_v2_value_types",
+            Message::Upload(TableUpload {
+                table: "things".into(),
+                columns: vec![
+                    "id".into(),
+                    "flag".into(),
+                    "day".into(),
+                    "at".into(),
+                    "span".into(),
+                    "amount".into(),
+                    "tags".into(),
+                ],
+                key_columns: vec!["id".into()],
+                inserts: vec![
+                    vec![
+                        Value::Uuid([
+                            0x0e, 0x3f, 0x5f, 0x6a, 0x2b, 0x8c, 0x4e, 0x1d, 0x9f, 0x3a, 0x5c, 0x6d,
+                            0x7e, 0x8f, 0x9a, 0x0b,
+                        ]),
+                        Value::Bool(true),
+                        Value::Date(19_782),
+                        Value::Time(47_109_000_250),
+                        Value::Interval(Interval {
+                            months: 14,
+                            days: -3,
+                            micros: 14_706_500_000,
+                        }),
+                        Value::Numeric(
+                            Numeric::from_canonical("-123456789012345678901234567890123456789.5")
+                                .unwrap(),
+                        ),
+                        Value::Array(vec![
+                            Value::Array(vec![Value::Int(1), Value::Null]),
+                            Value::Array(vec![Value::Int(2), Value::Int(3)]),
+                        ]),
+                    ],
+                    vec![
+                        Value::Uuid([0; 16]),
+                        Value::Bool(false),
+                        Value::Date(i32::MAX),
+                        Value::Time(86_400_000_000),
+                        Value::Interval(Interval {
+                            months: 0,
+                            days: 0,
+                            micros: -1,
+                        }),
+                        Value::Numeric(Numeric::from_canonical("NaN").unwrap()),
+                        Value::Array(Vec::new()),
+                    ],
+                ],
+                updates: Vec::new(),
+                deletes: Vec::new(),
+            }),
+        ),
+        (
+            "hello_v1",
+            Message::Hello(Hello {
+                protocol_version: 1,
+                client_id: "device-1".into(),
+                user: "alice".into(),
+                password: "s3cret".into(),
+                script_version: "v1".into(),
+                last_download_watermark: 0,
+                token: String::new(),
+                auth_parameters: Vec::new(),
+                download_ack: false,
+            }),
+        ),
+        (
             "end_upload",
             Message::EndUpload(EndUpload { upload_sequence: 7 }),
         ),
@@ -154,10 +223,23 @@ fn vectors() -> Vec<(&'static str, Message)> {
             }),
         ),
         (
+            "conflicts",
+            Message::Conflicts(Conflicts {
+                table: "order_lines".into(),
+                key_columns: vec!["order_id".into(), "line".into()],
+                keys: vec![
+                    vec![Value::Int(1001), Value::Int(1)],
+                    vec![Value::Int(1002), Value::Int(3)],
+                ],
+            }),
+        ),
+        (
             "value_start",
             Message::ValueStart(ValueStart {
                 kind: PieceKind::Blob,
                 length: 70_000_000,
+                table: "files".into(),
+                column: "data".into(),
             }),
         ),
         (

@@ -1,5 +1,7 @@
-//! The admin endpoint: `GET /metrics` in Prometheus' text format. Plain HTTP/1.1 on its
-//! own listener, meant for loopback or a monitoring network, never for clients.
+//! The admin endpoint: `GET /metrics` in Prometheus' text format, the live monitor page
+//! (`GET /monitor`, its assets embedded in the binary) and its JSON API
+//! (`/api/monitor/active`, `/api/monitor/syncs`, `/api/monitor/series`). Plain HTTP/1.1
+//! on its own listener, meant for loopback or a monitoring network, never for clients.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -15,37 +17,134 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use crate::metrics::Metrics;
+use crate::monitor::SyncFilter;
 
 /// A scrape's request headers must arrive within this long.
 pub const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Admin connections served at once; more wait in the listen queue.
 pub const ADMIN_CONNECTIONS_MAX: usize = 16;
 
+/// The monitor page and its assets, embedded in the binary (no network at run time).
+const MONITOR_HTML: &str = include_str!("../assets/monitor/monitor.html");
+const MONITOR_JS: &str = include_str!("../assets/monitor/monitor.js");
+/// uPlot 1.6.32 (MIT licence, `assets/monitor/uPlot.LICENSE`), from its npm package.
+const UPLOT_JS: &str = include_str!("../assets/monitor/uPlot.iife.min.js");
+const UPLOT_CSS: &str = include_str!("../assets/monitor/uPlot.min.css");
+
+const JSON: &str = "application/json";
+const TEXT: &str = "text/plain; charset=utf-8";
+
 fn respond(request: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
-    let (status, content_type, body) = match (request.method(), request.uri().path()) {
-        (&Method::GET, "/metrics") => (
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            metrics.encode(),
-        ),
-        (&Method::GET, _) => (
-            StatusCode::NOT_FOUND,
-            "text/plain; charset=utf-8",
-            "rowsync's admin endpoint serves GET /metrics\n".to_string(),
-        ),
-        _ => (
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain; charset=utf-8",
-            "only GET\n".to_string(),
-        ),
-    };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+    let query = request.uri().query().unwrap_or("");
+    let monitor = &metrics.monitor;
+    let (status, content_type, body): (_, &'static str, Bytes) =
+        match (request.method(), request.uri().path()) {
+            (&Method::GET, "/metrics") => (
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                Bytes::from(metrics.encode()),
+            ),
+            (&Method::GET, "/" | "/monitor") => (
+                StatusCode::OK,
+                "text/html; charset=utf-8",
+                Bytes::from_static(MONITOR_HTML.as_bytes()),
+            ),
+            (&Method::GET, "/monitor/monitor.js") => (
+                StatusCode::OK,
+                "text/javascript; charset=utf-8",
+                Bytes::from_static(MONITOR_JS.as_bytes()),
+            ),
+            (&Method::GET, "/monitor/uPlot.iife.min.js") => (
+                StatusCode::OK,
+                "text/javascript; charset=utf-8",
+                Bytes::from_static(UPLOT_JS.as_bytes()),
+            ),
+            (&Method::GET, "/monitor/uPlot.min.css") => (
+                StatusCode::OK,
+                "text/css; charset=utf-8",
+                Bytes::from_static(UPLOT_CSS.as_bytes()),
+            ),
+            (&Method::GET, "/api/monitor/active") => (StatusCode::OK, JSON, json(&monitor.active())),
+            (&Method::GET, "/api/monitor/syncs") => {
+                (StatusCode::OK, JSON, json(&monitor.recent(&sync_filter(query))))
+            }
+            (&Method::GET, "/api/monitor/series") => {
+                let since = query_value(query, "since_unix_ms")
+                    .and_then(|since| since.parse().ok())
+                    .unwrap_or(0);
+                (StatusCode::OK, JSON, json(&monitor.samples(since)))
+            }
+            (&Method::GET, _) => (
+                StatusCode::NOT_FOUND,
+                TEXT,
+                Bytes::from_static(
+                    b"rowsync's admin endpoint serves GET /metrics, /monitor and /api/monitor/{active,syncs,series}\n",
+                ),
+            ),
+            _ => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                TEXT,
+                Bytes::from_static(b"only GET\n"),
+            ),
+        };
+    let mut response = Response::new(Full::new(body));
     *response.status_mut() = status;
-    response.headers_mut().insert(
+    let headers = response.headers_mut();
+    headers.insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static(content_type),
     );
+    headers.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
     response
+}
+
+fn json(value: &impl serde::Serialize) -> Bytes {
+    Bytes::from(serde_json::to_vec(value).unwrap_or_else(|_| b"null".to_vec()))
+}
+
+/// `/api/monitor/syncs?user=NAME&outcome=ok|refused|failed&limit=N`.
+fn sync_filter(query: &str) -> SyncFilter {
+    let non_empty = |name| query_value(query, name).filter(|value| !value.is_empty());
+    SyncFilter {
+        user: non_empty("user"),
+        outcome: non_empty("outcome"),
+        limit: query_value(query, "limit").and_then(|limit| limit.parse().ok()),
+    }
+}
+
+/// The value of `name` in a URL query, percent-decoded (`+` is a space).
+fn query_value(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (key == name).then(|| percent_decode(value))
+    })
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let byte = bytes[index];
+        let hex = || {
+            let pair = std::str::from_utf8(bytes.get(index + 1..index + 3)?).ok()?;
+            u8::from_str_radix(pair, 16).ok()
+        };
+        match (byte, hex()) {
+            (b'%', Some(value)) => {
+                decoded.push(value);
+                index += 3;
+            }
+            _ => {
+                decoded.push(if byte == b'+' { b' ' } else { byte });
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&decoded).into_owned()
 }
 
 /// Serves the admin endpoint on `listener` until `shutdown` completes.
@@ -80,5 +179,20 @@ pub async fn serve_admin(
             }
             drop(permit);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_percent_encoded_filter() {
+        let filter = sync_filter("user=ann%20b+c%C3%A9&outcome=ok&limit=5&x");
+        assert_eq!(filter.user.as_deref(), Some("ann b cé"));
+        assert_eq!(filter.outcome.as_deref(), Some("ok"));
+        assert_eq!(filter.limit, Some(5));
+        assert!(sync_filter("user=&outcome=").user.is_none());
+        assert_eq!(percent_decode("%zz%4"), "%zz%4");
     }
 }

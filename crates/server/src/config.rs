@@ -4,6 +4,9 @@ use rowsync_protocol::{FRAME_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT};
 
 use crate::token::TokenConfig;
 
+/// The default of `client_ids_per_user_max`.
+pub const CLIENT_IDS_PER_USER_MAX_DEFAULT: u64 = 10_000;
+
 /// Every bound of the server, with its unit in its name.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -30,6 +33,10 @@ pub struct ServerConfig {
     pub login_failures_per_user_max: u32,
     /// The window the login failure limits count in.
     pub login_failure_window: Duration,
+    /// Client ids (subscriptions) one user may have: the first sync of a new client id
+    /// beyond it is refused with code 13 (`None`: no limit). Each subscription holds
+    /// tombstones back for everyone until it syncs again.
+    pub client_ids_per_user_max: Option<u64>,
     /// Upload and download bytes all syncs in flight may keep in memory; beyond, they
     /// go to temporary files.
     pub cache_bytes_max: usize,
@@ -74,6 +81,8 @@ pub struct ServerConfig {
     pub write_timeout: Duration,
     /// Signed tokens accepted instead of passwords.
     pub tokens: TokenConfig,
+    /// Records each sync for replay (`--record DIR`), when set.
+    pub recorder: Option<std::sync::Arc<crate::record::Recorder>>,
 }
 
 impl Default for ServerConfig {
@@ -88,6 +97,7 @@ impl Default for ServerConfig {
             password_checks_max: std::thread::available_parallelism().map_or(2, |n| n.get()),
             login_failures_per_address_max: 30,
             login_failures_per_user_max: 10,
+            client_ids_per_user_max: Some(CLIENT_IDS_PER_USER_MAX_DEFAULT),
             login_failure_window: Duration::from_secs(60),
             cache_bytes_max: crate::cache::default_cache_bytes_max(),
             upload_spool_memory_bytes_max: 16 * 1024 * 1024,
@@ -107,6 +117,7 @@ impl Default for ServerConfig {
             decompressed_bytes_max: 512 * 1024 * 1024 + 1024 * 1024,
             write_timeout: Duration::from_secs(60),
             tokens: TokenConfig::default(),
+            recorder: None,
         }
     }
 }

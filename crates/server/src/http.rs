@@ -21,7 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::io::{ReaderStream, StreamReader};
 
 use crate::shared::Shared;
-use crate::sync::handle_connection;
+use crate::sync::{handle_connection, ClientClose};
 
 /// The media type of request and response bodies.
 pub const CONTENT_TYPE_ROWSYNC: &str = "application/x-rowsync";
@@ -158,7 +158,9 @@ fn handle_request<B: Consolidated>(
     let reader = StreamReader::new(Box::pin(body));
     let (ours, theirs) = tokio::io::duplex(RESPONSE_PIPE_BYTES);
     tokio::spawn(async move {
-        handle_connection(tokio::io::join(reader, ours), peer, &shared, permit).await;
+        // The request body ends before the download: its end says nothing of the client.
+        let stream = tokio::io::join(reader, ours);
+        handle_connection(stream, peer, &shared, permit, ClientClose::Unseen).await;
     });
     let body = StreamBody::new(ReaderStream::new(theirs).map_ok(Frame::data)).boxed();
     let mut response = Response::new(body);

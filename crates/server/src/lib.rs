@@ -23,10 +23,13 @@ mod config;
 pub mod controller;
 mod download_frames;
 mod failure;
+pub mod fuzzing;
 pub mod http;
 pub mod metrics;
+pub mod monitor;
 mod pending;
 pub mod pool;
+pub mod record;
 mod reply;
 pub mod server;
 pub mod session;
@@ -38,8 +41,10 @@ mod throttle;
 pub mod tls;
 mod tls_accept;
 pub mod token;
+pub mod upload_stream;
+mod version_tables;
 
-pub use config::ServerConfig;
+pub use config::{ServerConfig, CLIENT_IDS_PER_USER_MAX_DEFAULT};
 pub use server::{
     serve, serve_endpoints, serve_endpoints_with_metrics, Endpoint, ServerError, Transport,
 };

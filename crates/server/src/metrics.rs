@@ -11,6 +11,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::monitor::{ActiveSync, Monitor, MonitorSettings, SyncFacts};
+use crate::record::SyncRecording;
+
 /// The phases of one sync, in order.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
@@ -94,12 +97,16 @@ pub struct Metrics {
     pub upload_decompressed_bytes: Counter,
     /// Upload bytes appended to upload spools (memory or temporary file).
     pub upload_spooled_bytes: Counter,
+    /// Script versions' table lists loaded from the database by the stream stage.
+    pub version_tables_loads: Counter,
     /// Connections holding a slot that have not sent their hello yet.
     pub connections_awaiting_hello: Gauge,
     /// Connections closed without a hello to make room for newer ones.
     pub hello_pending_evictions: Counter,
     /// Logins refused unchecked: too many failures for the address or the user.
     pub logins_throttled: Counter,
+    /// The live monitor (`/monitor` on the admin endpoint).
+    pub monitor: Monitor,
 }
 
 fn phase_histogram() -> Histogram {
@@ -115,6 +122,11 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
+        Metrics::with_monitor(MonitorSettings::default())
+    }
+
+    /// The metrics, with a monitor keeping what `settings` allow.
+    pub fn with_monitor(settings: MonitorSettings) -> Metrics {
         let mut registry = Registry::with_prefix("rowsync");
         let syncs = Family::<OutcomeLabel, Counter>::default();
         registry.register("syncs", "Syncs ended, by outcome", syncs.clone());
@@ -142,9 +154,11 @@ impl Metrics {
             spilled_bytes: Counter::default(),
             upload_decompressed_bytes: Counter::default(),
             upload_spooled_bytes: Counter::default(),
+            version_tables_loads: Counter::default(),
             connections_awaiting_hello: Gauge::default(),
             hello_pending_evictions: Counter::default(),
             logins_throttled: Counter::default(),
+            monitor: Monitor::new(settings),
             registry,
         };
         let mut metrics = metrics;
@@ -215,6 +229,11 @@ impl Metrics {
             metrics.upload_spooled_bytes.clone(),
         );
         registry.register(
+            "version_tables_loads",
+            "Script versions' table lists loaded to refuse unknown tables as they arrive",
+            metrics.version_tables_loads.clone(),
+        );
+        registry.register(
             "connections_awaiting_hello",
             "Connections holding a slot that have not sent their hello yet",
             metrics.connections_awaiting_hello.clone(),
@@ -255,16 +274,25 @@ impl Metrics {
     }
 }
 
-/// Per-sync phase timings, for the sync's log line and the histograms.
-#[derive(Debug, Default, Clone)]
+/// Per-sync phase timings, for the sync's log line and the histograms, and what the
+/// stages learn of the sync on the way (for the monitor and the recording).
+#[derive(Default)]
 pub struct PhaseTimings {
     pub phases: Vec<(Phase, Duration)>,
+    /// The sync as the monitor lists it while it runs.
+    pub(crate) watch: Option<std::sync::Arc<ActiveSync>>,
+    pub(crate) facts: SyncFacts,
+    /// The sync being recorded (`--record`), from its hello on.
+    pub(crate) recording: Option<SyncRecording>,
 }
 
 impl PhaseTimings {
     pub fn record(&mut self, metrics: &Metrics, phase: Phase, duration: Duration) {
         metrics.phase(phase, duration);
         self.phases.push((phase, duration));
+        if let Some(watch) = &self.watch {
+            watch.enter_phase(self.phases.len());
+        }
     }
 }
 

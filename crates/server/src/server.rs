@@ -22,7 +22,7 @@ use crate::config::ServerConfig;
 use crate::metrics::Metrics;
 use crate::reply::reply_and_close;
 use crate::shared::Shared;
-use crate::sync::handle_connection;
+use crate::sync::{handle_connection, ClientClose};
 
 /// How long in-flight syncs may finish after shutdown is requested.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -242,7 +242,7 @@ async fn serve_stream<B: Consolidated, S>(
 {
     match permit {
         Some(permit) => {
-            handle_connection(stream, peer, &shared, permit).await;
+            handle_connection(stream, peer, &shared, permit, ClientClose::Watched).await;
         }
         None => {
             let retry_after_ms = shared.busy_retry_after_ms();

@@ -3,9 +3,12 @@
 //! columns to check that chunks agree, never the rows: those stay in the server's
 //! spool until a worker takes them ([`MergedTables`] assembles them then).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
-use rowsync_protocol::{ErrorCode, Hello, Message, TableUpload, WireError, PROTOCOL_VERSION};
+use rowsync_protocol::{
+    ErrorCode, Hello, Message, TableUpload, WireError, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+};
 
 /// The end of a checked upload.
 #[derive(Debug)]
@@ -32,6 +35,19 @@ pub enum Step {
         hello: Hello,
         watermark: i64,
     },
+    /// With [`ServerSession::check_tables`]: a chunk names a table the tables given so
+    /// far do not hold (the first chunk of any table, before any were given). The chunk
+    /// waits until [`ServerSession::resolve_table`] says whether the version synchronizes
+    /// it; no other message may be handled meanwhile.
+    UnknownTable(String),
+}
+
+/// The tables a script version synchronizes, as the reader of an upload knows them.
+#[derive(Debug, Default)]
+pub struct VersionTables {
+    /// Whether the version exists at all.
+    pub version_exists: bool,
+    pub tables: HashSet<String>,
 }
 
 #[derive(Debug)]
@@ -40,6 +56,8 @@ enum State {
     Uploading {
         hello: Hello,
         tables: HashMap<String, TableSeen>,
+        /// A chunk naming a table not known to be synchronized, until resolved.
+        waiting: Option<TableUpload>,
     },
     AwaitingAcknowledgement {
         hello: Hello,
@@ -55,6 +73,10 @@ pub struct ServerSession {
     /// Tables seen before that the chunks' lookups examined, over the whole upload: a
     /// measure of the bookkeeping's cost (one per chunk when it is linear).
     tables_examined: u64,
+    /// Whether each new table is checked against the version's tables as it arrives.
+    check_tables: bool,
+    /// The version's tables as last given (none given yet: every new table is unknown).
+    known: Option<Arc<VersionTables>>,
 }
 
 impl ServerSession {
@@ -64,7 +86,42 @@ impl ServerSession {
             upload_bytes: 0,
             upload_bytes_max,
             tables_examined: 0,
+            check_tables: false,
+            known: None,
         }
+    }
+
+    /// Checks each table of the upload as its first chunk arrives: a table not among
+    /// the version's tables stops the upload with [`Step::UnknownTable`].
+    pub fn check_tables(&mut self) {
+        self.check_tables = true;
+    }
+
+    /// Resolves the chunk of a [`Step::UnknownTable`] with the version's tables (`None`:
+    /// no newer list than the last one given). A table they do not hold refuses the
+    /// upload, naming it.
+    pub fn resolve_table(&mut self, tables: Option<Arc<VersionTables>>) -> Result<(), WireError> {
+        if tables.is_some() {
+            self.known = tables;
+        }
+        let State::Uploading {
+            hello,
+            tables,
+            waiting,
+        } = &mut self.state
+        else {
+            return Ok(());
+        };
+        let Some(upload) = waiting.take() else {
+            return Ok(());
+        };
+        let known = self.known.as_deref();
+        if known.is_some_and(|known| known.tables.contains(&upload.table)) {
+            return check_chunk(tables, &upload, &mut self.tables_examined);
+        }
+        let error = not_synchronized(&upload.table, &hello.script_version, known);
+        self.state = State::Done;
+        Err(error)
     }
 
     /// Tables seen before that the chunks' lookups examined so far.
@@ -104,6 +161,7 @@ impl ServerSession {
                         State::Uploading {
                             hello,
                             tables: HashMap::new(),
+                            waiting: None,
                         },
                         step,
                     )
@@ -116,11 +174,40 @@ impl ServerSession {
                     watermark: ack.watermark,
                 },
             ),
-            (State::Uploading { hello, mut tables }, Message::Upload(upload)) => {
+            (
+                State::Uploading {
+                    hello,
+                    mut tables,
+                    waiting: None,
+                },
+                Message::Upload(upload),
+            ) => {
+                if self.check_tables
+                    && !tables.contains_key(&upload.table)
+                    && !self.is_known(&upload.table)
+                {
+                    let step = Step::UnknownTable(upload.table.clone());
+                    let waiting = Some(upload);
+                    return self.continue_with(hello, tables, waiting, step);
+                }
                 check_chunk(&mut tables, &upload, &mut self.tables_examined)?;
-                (State::Uploading { hello, tables }, Step::Continue)
+                (
+                    State::Uploading {
+                        hello,
+                        tables,
+                        waiting: None,
+                    },
+                    Step::Continue,
+                )
             }
-            (State::Uploading { hello, .. }, Message::EndUpload(end)) => (
+            (
+                State::Uploading {
+                    hello,
+                    waiting: None,
+                    ..
+                },
+                Message::EndUpload(end),
+            ) => (
                 State::Done,
                 Step::Complete(ReceivedUpload {
                     hello,
@@ -130,6 +217,9 @@ impl ServerSession {
             (state, message) => {
                 let expected = match state {
                     State::AwaitingHello => "hello",
+                    State::Uploading {
+                        waiting: Some(_), ..
+                    } => "nothing before the unknown table is resolved",
                     State::Uploading { .. } => "upload or end_upload",
                     State::AwaitingAcknowledgement { .. } => "download_ack",
                     State::Done => "nothing",
@@ -146,16 +236,53 @@ impl ServerSession {
         self.state = next;
         Ok(step)
     }
+
+    fn is_known(&self, table: &str) -> bool {
+        self.known
+            .as_deref()
+            .is_some_and(|known| known.tables.contains(table))
+    }
+
+    fn continue_with(
+        &mut self,
+        hello: Hello,
+        tables: HashMap<String, TableSeen>,
+        waiting: Option<TableUpload>,
+        step: Step,
+    ) -> Result<Step, WireError> {
+        self.state = State::Uploading {
+            hello,
+            tables,
+            waiting,
+        };
+        Ok(step)
+    }
+}
+
+/// The refusal of a table the script version does not synchronize (code 7, as the
+/// worker's own check), or of a version that does not exist.
+fn not_synchronized(table: &str, version: &str, known: Option<&VersionTables>) -> WireError {
+    if known.is_some_and(|known| !known.version_exists) {
+        return WireError::new(
+            ErrorCode::UnknownScriptVersion,
+            format!("script version {version:?} does not exist"),
+        );
+    }
+    WireError::new(
+        ErrorCode::Schema,
+        format!("table {table:?} is not synchronized by script version {version:?}"),
+    )
 }
 
 /// Refuses a hello of another protocol version, or with an empty client id, script
 /// version, or user (the user may be empty when a token names it).
 fn check_hello(hello: &Hello) -> Result<(), WireError> {
-    if hello.protocol_version != PROTOCOL_VERSION {
+    if !(PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&hello.protocol_version) {
         return Err(WireError::new(
             ErrorCode::UnsupportedProtocolVersion,
             format!(
-                "protocol version {} is not supported; this server speaks version {PROTOCOL_VERSION}",
+                "protocol version {} is not supported; this server speaks versions \
+                 {PROTOCOL_VERSION_MIN} to {PROTOCOL_VERSION}",
                 hello.protocol_version
             ),
         ));
@@ -343,6 +470,98 @@ mod tests {
             session.tables_examined(),
             tables + 100
         );
+    }
+
+    #[test]
+    fn checked_tables_wait_for_the_versions_list_and_unknown_ones_are_refused() {
+        let mut session = ServerSession::new(1 << 20);
+        session.check_tables();
+        session.handle(hello(), 10).unwrap();
+        let Step::UnknownTable(table) = session.handle(chunk(1), 10).unwrap() else {
+            panic!("the first table waits for the version's tables");
+        };
+        assert_eq!(table, "t");
+        // Nothing else is taken while it waits.
+        let error = session.handle(chunk(2), 10).unwrap_err();
+        assert!(
+            error.message.contains("unknown table is resolved"),
+            "{}",
+            error.message
+        );
+
+        let known = |tables: &[&str]| {
+            Some(Arc::new(VersionTables {
+                version_exists: true,
+                tables: tables.iter().map(|table| table.to_string()).collect(),
+            }))
+        };
+        let mut session = ServerSession::new(1 << 20);
+        session.check_tables();
+        session.handle(hello(), 10).unwrap();
+        session.handle(chunk(1), 10).unwrap();
+        session.resolve_table(known(&["t"])).unwrap();
+        assert!(matches!(
+            session.handle(chunk(2), 10).unwrap(),
+            Step::Continue
+        ));
+        let Message::Upload(mut other) = chunk(3) else {
+            unreachable!()
+        };
+        other.table = "u".into();
+        let Step::UnknownTable(_) = session.handle(Message::Upload(other), 10).unwrap() else {
+            panic!("a table the list lacks waits");
+        };
+        let error = session.resolve_table(None).unwrap_err();
+        assert_eq!(error.error_code(), Some(ErrorCode::Schema));
+        assert!(
+            error
+                .message
+                .contains("table \"u\" is not synchronized by script version \"v1\""),
+            "{}",
+            error.message
+        );
+        let end = Message::EndUpload(EndUpload { upload_sequence: 1 });
+        assert!(session.handle(end, 9).is_err(), "refused for good");
+
+        let mut session = ServerSession::new(1 << 20);
+        session.check_tables();
+        session.handle(hello(), 10).unwrap();
+        session.handle(chunk(1), 10).unwrap();
+        let missing = Arc::new(VersionTables::default());
+        let error = session.resolve_table(Some(missing)).unwrap_err();
+        assert_eq!(error.error_code(), Some(ErrorCode::UnknownScriptVersion));
+    }
+
+    #[test]
+    fn accepts_versions_1_and_2_and_refuses_others_by_name() {
+        for version in [1, 2] {
+            let Message::Hello(mut hello) = hello() else {
+                unreachable!()
+            };
+            hello.protocol_version = version;
+            let mut session = ServerSession::new(1 << 20);
+            assert!(matches!(
+                session.handle(Message::Hello(hello), 10).unwrap(),
+                Step::Hello(_)
+            ));
+        }
+        for version in [0, 3] {
+            let Message::Hello(mut hello) = hello() else {
+                unreachable!()
+            };
+            hello.protocol_version = version;
+            let error = ServerSession::new(1 << 20)
+                .handle(Message::Hello(hello), 10)
+                .unwrap_err();
+            assert_eq!(
+                error.error_code(),
+                Some(ErrorCode::UnsupportedProtocolVersion)
+            );
+            assert_eq!(
+                error.message,
+                format!("protocol version {version} is not supported; this server speaks versions 1 to 2")
+            );
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::metrics::{Metrics, Outcome};
 use crate::pending::PendingHellos;
 use crate::pool::WorkerPool;
 use crate::throttle::LoginThrottle;
+use crate::version_tables::VersionTablesCache;
 
 /// Bytes read from a socket at a time.
 pub(crate) const READ_CHUNK_BYTES: usize = 64 * 1024;
@@ -38,6 +39,8 @@ pub(crate) struct Shared<B: Consolidated> {
     pub(crate) pending_hellos: PendingHellos,
     /// Refused logins counted by address and by user.
     pub(crate) login_throttle: LoginThrottle,
+    /// The tables of each script version, for refusing unknown tables as they arrive.
+    pub(crate) version_tables: VersionTablesCache,
 }
 
 impl<B: Consolidated> Shared<B> {
@@ -62,6 +65,7 @@ impl<B: Consolidated> Shared<B> {
                 config.hello_pending_connections_max,
                 Arc::clone(&metrics),
             ),
+            version_tables: VersionTablesCache::default(),
             metrics,
             load: Load::default(),
             slots: Arc::new(Semaphore::new(config.connections_max)),

@@ -31,6 +31,30 @@ pub enum SpoolError {
         length_bytes: u64,
         limit_bytes: u64,
     },
+    #[error(
+        "a row of table {table:?} takes a frame of {frame_bytes} bytes, above the \
+         {limit_bytes} bytes a client takes; its largest value ({value_bytes} bytes) is in \
+         column {column:?}, and a protocol version {protocol_version} client {hint}; nothing \
+         was applied",
+        hint = pieces_hint(.protocol_version)
+    )]
+    RowTooLarge {
+        table: String,
+        column: String,
+        frame_bytes: usize,
+        value_bytes: usize,
+        limit_bytes: usize,
+        protocol_version: u16,
+    },
+}
+
+/// What a client of a protocol version receives in pieces, for [`SpoolError::RowTooLarge`].
+fn pieces_hint(protocol_version: &u16) -> &'static str {
+    if *protocol_version < rowsync_protocol::PIECES_SINCE_VERSION {
+        "receives no value in pieces (a client of version 2 would)"
+    } else {
+        "receives only text and blob values in pieces"
+    }
 }
 
 /// Encoded download frames, compressed as the client asked: in memory up to
@@ -160,6 +184,12 @@ impl Spool {
             )
         };
         while let Some(piece) = self.memory.pop_front() {
+            #[cfg(feature = "failpoints")]
+            if self.memory.is_empty() && self.file.is_none() {
+                // All but the last piece (a download's end frame) is out.
+                out.flush().await?;
+                rowsync_consolidated::failpoint!("mid_download");
+            }
             tokio::time::timeout(write_timeout, out.write_all(&piece))
                 .await
                 .map_err(|_| stalled())??;
@@ -244,7 +274,13 @@ mod tests {
         let mut spool = Spool::new(50_000, 10_000_000, plain(), cache());
         let mut expected = Vec::new();
         for n in 0..20 {
-            for frame in chunk_frames(chunk(n * 100, 100), 4096) {
+            for frame in chunk_frames(
+                chunk(n * 100, 100),
+                4096,
+                rowsync_protocol::PROTOCOL_VERSION,
+            )
+            .unwrap()
+            {
                 expected.extend_from_slice(&frame);
                 spool.append(&frame).await.unwrap();
             }
@@ -268,7 +304,13 @@ mod tests {
             let mut spool = Spool::new(20_000, 10_000_000, outbound, cache());
             let mut expected = Vec::new();
             for n in 0..20 {
-                for frame in chunk_frames(chunk(n * 100, 100), 4096) {
+                for frame in chunk_frames(
+                    chunk(n * 100, 100),
+                    4096,
+                    rowsync_protocol::PROTOCOL_VERSION,
+                )
+                .unwrap()
+                {
                     expected.extend_from_slice(&frame);
                     spool.append(&frame).await.unwrap();
                 }

@@ -7,15 +7,27 @@ use std::net::SocketAddr;
 
 use rowsync_consolidated::Consolidated;
 use rowsync_protocol::Message;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::failure::Failure;
 use crate::metrics::{Outcome, PhaseTimings};
+use crate::record::error_text;
 use crate::reply::reply_and_close;
 use crate::shared::Shared;
 use crate::stage::stream::Received;
 use crate::stage::{database, download, stream};
+
+/// Whether a read tells that the client closed its connection while its sync waits for
+/// the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClientClose {
+    /// TCP and TLS: after its upload a client sends nothing until the download ends, so
+    /// a read that ends or fails means it is gone.
+    Watched,
+    /// HTTP: the request body ends before the download, whether the client stays or not.
+    Unseen,
+}
 
 /// Runs one sync over any byte stream (TCP, TLS, or an HTTP request and its response).
 pub(crate) async fn handle_connection<B: Consolidated, S>(
@@ -23,12 +35,16 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
     peer: SocketAddr,
     shared: &Shared<B>,
     slot: OwnedSemaphorePermit,
+    close: ClientClose,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let mut timings = PhaseTimings::default();
+    let mut timings = PhaseTimings {
+        watch: Some(shared.metrics.monitor.started()),
+        ..PhaseTimings::default()
+    };
     shared.metrics.connections.inc();
-    let result = run_sync(&mut stream, peer, shared, &mut timings).await;
+    let result = run_sync(&mut stream, peer, shared, &mut timings, close).await;
     shared.metrics.connections.dec();
     // The slot is free before the client hears the end of its sync: a client that
     // reconnects at once, after the answer or the close, finds it free (the reply and
@@ -37,6 +53,7 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
     match result {
         Ok(summary) => {
             shared.metrics.sync_ended(Outcome::ok);
+            observe_end(shared, &mut timings, Outcome::ok, None);
             tracing::debug!(%peer, phases = %timings, "{summary}");
             let _ = stream.shutdown().await;
         }
@@ -48,6 +65,11 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
                 Outcome::failed
             };
             shared.metrics.sync_ended(outcome);
+            let error = match &failure.reply {
+                Some(reply) => error_text(reply),
+                None => failure.log.clone(),
+            };
+            observe_end(shared, &mut timings, outcome, Some(error));
             if let Some(error) = failure.reply {
                 reply_and_close(stream, Message::Error(error)).await;
             } else {
@@ -59,6 +81,26 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
     }
 }
 
+/// The sync leaves the monitor's syncs in progress for its history, and its recording
+/// (if any) is written with its outcome.
+fn observe_end<B: Consolidated>(
+    shared: &Shared<B>,
+    timings: &mut PhaseTimings,
+    outcome: Outcome,
+    error: Option<String>,
+) {
+    if let Some(recording) = timings.recording.take() {
+        let outcome = recording.outcome(&timings.facts, error.clone());
+        recording.finish(outcome);
+    }
+    if let Some(watch) = timings.watch.take() {
+        shared
+            .metrics
+            .monitor
+            .ended(&watch, outcome, &timings.phases, timings.facts, error);
+    }
+}
+
 /// The stages of one sync: stream (hello, authentication, the checked upload), database
 /// (a worker runs the transaction, the download is spooled), download (sent once the
 /// worker is released). An acknowledgement of the last download takes the same path.
@@ -67,6 +109,7 @@ async fn run_sync<B: Consolidated>(
     peer: SocketAddr,
     shared: &Shared<B>,
     timings: &mut PhaseTimings,
+    close: ClientClose,
 ) -> Result<String, Failure> {
     match stream::receive(connection, peer, shared, timings).await? {
         Received::Upload(upload) => {
@@ -75,7 +118,8 @@ async fn run_sync<B: Consolidated>(
                 failure.identity.get_or_insert_with(|| identity.clone());
                 failure
             };
-            let synchronized = database::synchronize(shared, *upload, timings)
+            let gone = client_gone(connection, close);
+            let synchronized = database::synchronize(shared, *upload, timings, gone)
                 .await
                 .map_err(with_identity)?;
             download::send_download(connection, shared, synchronized, timings)
@@ -84,12 +128,27 @@ async fn run_sync<B: Consolidated>(
         }
         Received::Acknowledgement(acknowledgement) => {
             let hello = acknowledgement.hello.clone();
+            rowsync_consolidated::failpoint!("before_ack");
             database::record_acknowledgement(shared, &acknowledgement)
                 .await
                 .map_err(|failure| failure.of(&hello))?;
+            rowsync_consolidated::failpoint!("after_ack");
             download::confirm_acknowledgement(connection, shared, *acknowledgement)
                 .await
                 .map_err(|failure| failure.of(&hello))
         }
     }
+}
+
+/// Resolves when the client closed its connection (a read ends or fails), if `close`
+/// says a read can tell; bytes it sends instead are none of the protocol's: they are
+/// dropped and the watch ends.
+async fn client_gone(connection: &mut (impl AsyncRead + Unpin), close: ClientClose) {
+    if close == ClientClose::Watched {
+        let mut byte = [0u8; 1];
+        if matches!(connection.read(&mut byte).await, Ok(0) | Err(_)) {
+            return;
+        }
+    }
+    std::future::pending::<()>().await
 }

@@ -6,8 +6,6 @@ mod support;
 use rowsync_protocol::*;
 use rowsync_server::ServerConfig;
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 fn hello(user: &str) -> Message {
     Message::Hello(Hello {
@@ -33,23 +31,6 @@ fn insert(id: &str) -> Message {
     })
 }
 
-/// Sends raw bytes (then closes our side) and returns every message the server sent back.
-async fn exchange_raw(server: &TestServer, bytes: &[u8]) -> Vec<Message> {
-    let mut stream = TcpStream::connect(server.address).await.unwrap();
-    let _ = stream.write_all(bytes).await;
-    let _ = stream.shutdown().await;
-    let mut received = Vec::new();
-    let _ = stream.read_to_end(&mut received).await;
-    let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
-    decoder.feed(&received);
-    let mut messages = Vec::new();
-    while let Some(message) = decoder.next_message().unwrap() {
-        messages.push(message);
-    }
-    decoder.finish().unwrap();
-    messages
-}
-
 fn expect_error(messages: &[Message], code: ErrorCode, fragment: &str) {
     match messages {
         [Message::Error(error)] => {
@@ -73,7 +54,7 @@ async fn a_well_formed_raw_sync_works() {
     bytes.extend(encode_frame(&Message::EndUpload(EndUpload {
         upload_sequence: 1,
     })));
-    let messages = exchange_raw(&server, &bytes).await;
+    let messages = exchange_raw_open(&server, &bytes).await;
     assert!(
         matches!(messages.last(), Some(Message::EndDownload(_))),
         "{messages:?}"
@@ -251,7 +232,7 @@ async fn a_bad_second_table_rolls_back_the_valid_first_one() {
     bytes.extend(encode_frame(&Message::EndUpload(EndUpload {
         upload_sequence: 1,
     })));
-    let messages = exchange_raw(&server, &bytes).await;
+    let messages = exchange_raw_open(&server, &bytes).await;
     let Some(Message::EndDownload(end)) = messages.last() else {
         panic!("{messages:?}")
     };
@@ -387,6 +368,41 @@ async fn an_oversized_upload_is_code_5_whichever_limit_it_meets_first() {
             "decompressed",
         );
     }
+    assert_eq!(server.snapshot(), before);
+    server.stop().await;
+}
+
+/// Issue 15, finding 4: an upload naming a table its script version does not synchronize
+/// was spooled to its end (and refused by the worker); it is refused as the unknown
+/// table's first chunk arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_table_is_refused_as_its_first_chunk_arrives() {
+    let server = TestServer::start().await;
+    let before = server.snapshot();
+    let mut frames = encode_frame(&hello("alice"));
+    frames.extend(encode_frame(&orders_chunk("orders", "alice", 4)));
+    frames.extend(encode_frame(&orders_chunk("nosuch", "alice", 4)));
+    let refused_after = frames.len();
+    // 8 MiB more of a known table, then the end.
+    for _ in 0..128 {
+        frames.extend(encode_frame(&orders_chunk("orders", "alice", 64)));
+    }
+    frames.extend(encode_frame(&Message::EndUpload(EndUpload {
+        upload_sequence: 1,
+    })));
+    let inflated_before = server.metrics.upload_decompressed_bytes.get();
+    expect_error(
+        &exchange_raw(&server, &zstd_stream(&frames)).await,
+        ErrorCode::Schema,
+        "table \"nosuch\" is not synchronized by script version \"v1\"",
+    );
+    let inflated = server.metrics.upload_decompressed_bytes.get() - inflated_before;
+    assert!(
+        inflated <= refused_after as u64,
+        "{inflated} bytes inflated of {}; the unknown table ends at {refused_after}",
+        frames.len()
+    );
+    assert_eq!(server.metrics.version_tables_loads.get(), 1);
     assert_eq!(server.snapshot(), before);
     server.stop().await;
 }

@@ -9,7 +9,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{encode, EncodingKey, Header};
 use rowsync_client::{ClientError, SyncOptions};
-use rowsync_protocol::{ErrorCode, Value};
+use rowsync_consolidated::sqlite::SqliteConsolidated;
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
+use rowsync_protocol::{
+    encode_frame, EndUpload, ErrorCode, Hello, Message, Value, PROTOCOL_VERSION,
+};
 use rowsync_server::{ServerConfig, TokenConfig};
 use serde::Serialize;
 use support::*;
@@ -417,5 +421,110 @@ async fn a_script_error_reaches_the_client_with_script_table_key_and_message() {
     }
     let after = server.snapshot();
     assert_eq!(before, after, "nothing was applied");
+    server.stop().await;
+}
+
+/// A raw sync logging in with a token, uploading `chunks` with upload sequence
+/// `sequence`, compressed.
+fn token_sync(token: &str, sequence: u64, chunks: &[Message]) -> Vec<u8> {
+    token_sync_in(token, "v1", sequence, chunks)
+}
+
+fn token_sync_in(token: &str, version: &str, sequence: u64, chunks: &[Message]) -> Vec<u8> {
+    let mut frames = encode_frame(&Message::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        client_id: "raw-token".into(),
+        user: String::new(),
+        password: String::new(),
+        script_version: version.into(),
+        last_download_watermark: 0,
+        token: token.into(),
+        auth_parameters: Vec::new(),
+        download_ack: false,
+    }));
+    for chunk in chunks {
+        frames.extend(encode_frame(chunk));
+    }
+    frames.extend(encode_frame(&Message::EndUpload(EndUpload {
+        upload_sequence: sequence,
+    })));
+    zstd_stream(&frames)
+}
+
+fn ends_well(replies: &[Message]) {
+    assert!(
+        matches!(replies.last(), Some(Message::EndDownload(_))),
+        "{replies:?}"
+    );
+}
+
+/// Issue 15, finding 4, for token logins (which never touch the database before the
+/// worker): a table the version does not synchronize is refused as it arrives; the
+/// version's tables are loaded once and cached, and loaded again (once) before a table
+/// is refused, so a table added while the server runs is accepted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_logins_have_unknown_tables_refused_as_they_arrive_from_a_cached_list() {
+    let server = TestServer::start_with(token_config(true, false)).await;
+    let token = hs256(&claims("alice"));
+    let loads = || server.metrics.version_tables_loads.get();
+    let orders = orders_chunk("orders", "alice", 2);
+    ends_well(
+        &exchange_raw_open(
+            &server,
+            &token_sync(&token, 1, std::slice::from_ref(&orders)),
+        )
+        .await,
+    );
+    assert_eq!(loads(), 1, "loaded for the first upload of a table");
+    ends_well(
+        &exchange_raw_open(
+            &server,
+            &token_sync(&token, 2, std::slice::from_ref(&orders)),
+        )
+        .await,
+    );
+    assert_eq!(loads(), 1, "then taken from the cache");
+
+    // An unknown table, followed by 4 MiB of a known one: refused as it arrives.
+    let mut chunks = vec![orders_chunk("nosuch", "alice", 2)];
+    chunks.extend((0..64).map(|_| orders_chunk("orders", "alice", 64)));
+    let inflated_before = server.metrics.upload_decompressed_bytes.get();
+    let replies = exchange_raw(&server, &token_sync(&token, 3, &chunks)).await;
+    let [Message::Error(error)] = replies.as_slice() else {
+        panic!("expected one error, got {replies:?}");
+    };
+    assert_eq!(error.error_code(), Some(ErrorCode::Schema), "{error}");
+    assert!(
+        error.message.contains("\"nosuch\" is not synchronized"),
+        "{error}"
+    );
+    let inflated = server.metrics.upload_decompressed_bytes.get() - inflated_before;
+    assert!(
+        inflated < 16 * 1024,
+        "{inflated} bytes inflated before the refusal"
+    );
+    assert_eq!(loads(), 2, "looked up once more before refusing");
+
+    // A table added to the version while the server runs: the stale cache lacks it.
+    let mut connection = SqliteConsolidated::new(&server.consolidated_path)
+        .connect()
+        .await
+        .unwrap();
+    connection
+        .execute_sql(&TABLE_DDL.replace("orders", "returns"))
+        .await
+        .unwrap();
+    connection
+        .init_table(&TableInit {
+            based_on: Some("v1".into()),
+            ..TableInit::new("returns", "rep", "v2")
+        })
+        .await
+        .unwrap();
+    let returns = orders_chunk("returns", "alice", 2);
+    ends_well(
+        &exchange_raw_open(&server, &token_sync_in(&token, "v2", 3, &[returns, orders])).await,
+    );
+    assert_eq!(loads(), 3);
     server.stop().await;
 }

@@ -3,8 +3,12 @@
 
 mod support;
 
-use rowsync_client::{BusyRetry, ClientError};
-use rowsync_protocol::{ErrorCode, Value};
+use rowsync_client::transport;
+use rowsync_client::{BusyRetry, ClientError, CompletedSync, SessionEvent};
+use rowsync_protocol::{
+    encode_frame, Conflicts, ErrorCode, Hello, Message, RowUpdate, TableUpload, Value,
+    FRAME_BYTES_MAX_DEFAULT,
+};
 use rowsync_server::ServerConfig;
 use support::*;
 
@@ -101,6 +105,88 @@ async fn inserts_updates_and_deletes_flow_both_ways() {
             "downloads are not recorded as local changes"
         );
     }
+    server.stop().await;
+}
+
+/// One raw sync of `client_id` speaking `protocol_version`: an update of alice's first
+/// row from an image the server never had.
+async fn stale_update(
+    server: &TestServer,
+    client_id: &str,
+    protocol_version: u16,
+) -> CompletedSync {
+    let current = server.consolidated_orders(Some("alice"))[0].clone();
+    let mut stale = current.clone();
+    stale[3] = Value::Int(-1);
+    let mut changed = current.clone();
+    changed[3] = Value::Int(7);
+    let upload = encode_frame(&Message::Upload(TableUpload {
+        table: "orders".into(),
+        columns: ["id", "rep", "item", "quantity"].map(String::from).to_vec(),
+        key_columns: vec!["id".into()],
+        updates: vec![RowUpdate {
+            old: stale,
+            new: changed,
+        }],
+        ..TableUpload::default()
+    }));
+    let options = server.options("alice");
+    let event = transport::exchange(transport::Exchange {
+        address: &options.address,
+        transport: &options.transport,
+        hello: Hello {
+            protocol_version,
+            client_id: client_id.into(),
+            user: "alice".into(),
+            password: password("alice"),
+            script_version: "v1".into(),
+            last_download_watermark: 0,
+            token: String::new(),
+            auth_parameters: Vec::new(),
+            download_ack: false,
+        },
+        upload_frames: &[upload],
+        upload_sequence: 1,
+        frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
+        timeout: std::time::Duration::from_secs(30),
+        acknowledge: None,
+    })
+    .await
+    .unwrap();
+    let SessionEvent::Complete(completed) = event else {
+        panic!("expected a completed sync, got {event:?}");
+    };
+    completed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicting_keys_are_named_to_version_2_clients_only() {
+    let server = TestServer::start().await;
+    let key = server.consolidated_orders(Some("alice"))[0][0].clone();
+    let old = stale_update(&server, "speaks-1", 1).await;
+    assert_eq!(old.end.summary.conflicts, 1);
+    assert!(old.conflicts.is_empty(), "a version 1 client: {old:?}");
+    let new = stale_update(&server, "speaks-2", 2).await;
+    assert_eq!(new.end.summary.conflicts, 1);
+    assert_eq!(
+        new.conflicts,
+        vec![Conflicts {
+            table: "orders".into(),
+            key_columns: vec!["id".into()],
+            keys: vec![vec![key.clone()]],
+        }]
+    );
+    let answered: Vec<&Vec<Value>> = new
+        .downloads
+        .iter()
+        .flat_map(|download| &download.upserts)
+        .filter(|row| row[0] == key)
+        .collect();
+    assert_eq!(
+        answered,
+        vec![&server.consolidated_orders(Some("alice"))[0]],
+        "the server's row follows"
+    );
     server.stop().await;
 }
 
@@ -469,7 +555,7 @@ async fn insert_or_replace_on_the_client_uploads_as_an_update() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn large_rows_travel_in_frames_under_the_limit_and_a_row_too_large_is_refused_clearly() {
+async fn large_rows_travel_in_frames_under_the_limit_and_larger_values_in_pieces() {
     let server = TestServer::start().await;
     let options = server.options("alice");
     let mut alice = server.client("alice-1");
@@ -491,6 +577,7 @@ async fn large_rows_travel_in_frames_under_the_limit_and_a_row_too_large_is_refu
         server.consolidated_orders(Some("alice"))
     );
 
+    // Larger than a frame: the text travels in pieces (protocol v2), both ways.
     alice
         .connection()
         .execute(
@@ -498,16 +585,15 @@ async fn large_rows_travel_in_frames_under_the_limit_and_a_row_too_large_is_refu
             [&"z".repeat(5_000_000)],
         )
         .unwrap();
-    let error = alice.sync(&options).await.unwrap_err();
-    assert!(matches!(error, ClientError::Schema(_)), "{error}");
-    assert!(
-        error.to_string().contains("the most one message carries"),
-        "{error}"
+    let report = alice.sync(&options).await.unwrap();
+    assert_eq!((report.rows_uploaded, report.conflicts), (1, 0));
+    let mut other = server.client("alice-2");
+    other.sync(&options).await.unwrap();
+    assert_eq!(
+        client_orders(&other),
+        server.consolidated_orders(Some("alice"))
     );
-    assert!(
-        alice.has_pending_changes().unwrap(),
-        "the change is kept, not lost"
-    );
+    assert!(client_orders(&other).contains(&row("a-3", "alice", &"z".repeat(5_000_000), 3)));
     server.stop().await;
 }
 

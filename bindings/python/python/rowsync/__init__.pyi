@@ -70,10 +70,21 @@ class Client:
     """A client database: a SQLite file whose tracked tables sync with a server."""
 
     def __init__(
-        self, path: Union[str, "os.PathLike[str]"], client_id: Optional[str] = None
+        self,
+        path: Union[str, "os.PathLike[str]"],
+        client_id: Optional[str] = None,
+        durability: str = "full",
+        durable_before_sync: Optional[bool] = None,
     ) -> None: ...
     @property
     def client_id(self) -> str: ...
+    @property
+    def durability(self) -> str:
+        """"full", "normal", "off" or "memory"."""
+    def persist(self) -> None:
+        """Make every commit so far durable (the memory mode: copy it to the file)."""
+    def execute(self, sql: str) -> None:
+        """Run SQL statements on rowsync's connection (the memory mode's only writer)."""
     def track(self, table: str) -> None:
         """Record every later change of `table` for upload (it needs a primary key)."""
     def pending_changes(self) -> bool:

@@ -1,10 +1,12 @@
-//! The benchmark commands, `bench`, `bench-apply`, `bench-load` and `bench-transport`:
+//! The benchmark commands, `bench`, `bench-apply`, `bench-load`, `bench-store` and
+//! `bench-transport`:
 //! their arguments, handed to the `rowsync-bench` crate.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use rowsync_bench::store::{self, Mode, StoreOptions, StoreSize};
 use rowsync_bench::timing::clients::{ClientMode, Retry};
 use rowsync_bench::timing::server::{Protocol, Workers};
 use rowsync_bench::timing::{self, BenchOptions, Size};
@@ -189,5 +191,80 @@ pub async fn run_transport(args: BenchTransportArgs) -> Result<()> {
         bail!("--rows and --repeat must be at least 1");
     }
     transport::run(args.rows, args.repeat, &mut std::io::stdout()).await?;
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct BenchStoreArgs {
+    /// quick (CI: 2,000 records, threads 1-2, a small TPC-B) or full (the seed's sizes:
+    /// 576,000 records, threads 1-16, TPC-B at 1,000 branches).
+    #[arg(long, default_value = "quick")]
+    size: String,
+    /// Durability modes, comma-separated: full, normal, off, memory, ramdisk (full on
+    /// /dev/shm). Default: all there are.
+    #[arg(long, value_delimiter = ',')]
+    modes: Vec<String>,
+    /// Records of the key-value workload (a multiple of 10), instead of the size's.
+    #[arg(long)]
+    records: Option<usize>,
+    /// Thread counts of the key-value workload, instead of the size's.
+    #[arg(long, value_delimiter = ',')]
+    threads: Vec<usize>,
+    /// Thread counts of the TPC-B-like transaction, instead of the size's.
+    #[arg(long, value_delimiter = ',')]
+    tpcb_threads: Vec<usize>,
+    /// TPC-B-like transactions per point, instead of the size's.
+    #[arg(long)]
+    tpcb_transactions: Option<usize>,
+    /// Runs per point (mean and standard deviation).
+    #[arg(long)]
+    repeat: Option<usize>,
+    /// Where the databases of the modes on disk are made.
+    #[arg(long, default_value = ".")]
+    directory: PathBuf,
+    /// Directory for results.json, report.txt and the plots.
+    #[arg(long, default_value = "bench-store-results")]
+    results: PathBuf,
+}
+
+fn parse_mode(name: &str) -> Result<Mode> {
+    Ok(match name {
+        "ramdisk" => Mode {
+            durability: rowsync_client::Durability::Full,
+            ram_disk: true,
+        },
+        other => Mode {
+            durability: rowsync_client::Durability::parse(other)?,
+            ram_disk: false,
+        },
+    })
+}
+
+pub async fn run_store(args: BenchStoreArgs) -> Result<()> {
+    let mut size = StoreSize::parse(&args.size)?;
+    size.records = args.records.unwrap_or(size.records);
+    size.tpcb_transactions = args.tpcb_transactions.unwrap_or(size.tpcb_transactions);
+    size.repeat = args.repeat.unwrap_or(size.repeat);
+    if !args.threads.is_empty() {
+        size.threads = args.threads;
+    }
+    if !args.tpcb_threads.is_empty() {
+        size.tpcb_threads = args.tpcb_threads;
+    }
+    let modes = match args.modes.is_empty() {
+        true => Mode::all(),
+        false => args
+            .modes
+            .iter()
+            .map(|m| parse_mode(m))
+            .collect::<Result<_>>()?,
+    };
+    let options = StoreOptions {
+        size,
+        modes,
+        directory: args.directory,
+        results: Some(args.results),
+    };
+    store::run(&options, &mut std::io::stdout()).await?;
     Ok(())
 }

@@ -1,8 +1,9 @@
-//! `rowsync init`: makes an existing table synchronizable.
+//! `rowsync init`: makes an existing table synchronizable, or brings its scripts up to
+//! date after its columns changed (docs/schema-changes.md).
 
 use anyhow::Result;
 use rowsync_cli::database::{DatabaseArg, OnBackend};
-use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection, InitOutcome, TableInit};
 
 #[derive(clap::Args)]
 pub struct InitArgs {
@@ -13,8 +14,16 @@ pub struct InitArgs {
     /// Rows whose value in this column equals a user's name belong to that user.
     #[arg(long)]
     partition_column: String,
-    #[arg(long, default_value = "v1")]
-    script_version: String,
+    /// The script version to write the table's default scripts into. Default: `v1` on a
+    /// fresh database; else the newest version, unless clients use it and the table
+    /// changed in it (or is new to it): then a new version named after it (`v1` → `v2`)
+    /// that starts as its copy.
+    #[arg(long)]
+    script_version: Option<String>,
+    /// When the script version does not exist yet, it starts as a copy of this one
+    /// (every table's scripts and the connection events).
+    #[arg(long)]
+    based_on: Option<String>,
 }
 
 pub async fn run(args: InitArgs) -> Result<()> {
@@ -26,17 +35,40 @@ impl OnBackend for InitArgs {
     async fn run<B: Consolidated>(self, backend: B) -> Result<()> {
         let mut connection = backend.connect().await?;
         connection.install_system_tables().await?;
-        connection
+        let outcome = connection
             .init_table(&TableInit {
                 table: self.table.clone(),
                 partition_column: self.partition_column,
-                script_version: self.script_version.clone(),
+                script_version: self.script_version,
+                based_on: self.based_on,
             })
             .await?;
-        println!(
-            "table {} is synchronized by script version {}",
-            self.table, self.script_version
-        );
+        print!("{}", describe(&self.table, &outcome));
         Ok(())
     }
+}
+
+/// What `init` did, one line per fact.
+fn describe(table: &str, outcome: &InitOutcome) -> String {
+    let version = &outcome.script_version;
+    let mut text = match (&outcome.created, &outcome.based_on) {
+        (true, Some(base)) => format!("script version {version} created as a copy of {base}\n"),
+        (true, None) => format!("script version {version} created\n"),
+        (false, _) => String::new(),
+    };
+    text.push_str(&format!(
+        "table {table} is synchronized by script version {version}\n"
+    ));
+    for (old, dropped) in &outcome.rewritten {
+        text.push_str(&format!(
+            "script version {old}: default scripts of {table} rewritten without dropped columns {}\n",
+            dropped.join(", ")
+        ));
+    }
+    for (old, event) in &outcome.left_alone {
+        text.push_str(&format!(
+            "warning: script version {old}: the {event} script of {table} is not the default and may name a dropped column; change it with `rowsync script set`\n"
+        ));
+    }
+    text
 }

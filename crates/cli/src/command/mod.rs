@@ -12,6 +12,7 @@ pub mod cert;
 pub mod cleanup;
 pub mod demo;
 pub mod init;
+pub mod replay;
 pub mod script;
 pub mod serve;
 pub mod user;

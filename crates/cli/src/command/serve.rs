@@ -10,6 +10,8 @@ use anyhow::{bail, Context, Result};
 use rowsync_cli::database::{Database, DatabaseArg, OnBackend};
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection};
 use rowsync_server::metrics::Metrics;
+use rowsync_server::monitor::MonitorSettings;
+use rowsync_server::record::{RecordSettings, Recorder};
 use rowsync_server::tls::{self, TlsFiles};
 use rowsync_server::{Endpoint, ServerConfig, TokenConfig, Transport};
 
@@ -63,6 +65,10 @@ pub struct ServeArgs {
     /// --login-failure-window-seconds, after which its logins are refused unchecked.
     #[arg(long, default_value_t = ServerConfig::default().login_failures_per_user_max)]
     login_failures_per_user_max: u32,
+    /// Client ids (subscriptions) one user may have; the first sync of a new client id
+    /// beyond it is refused (error code 13). 0: no limit.
+    #[arg(long, default_value_t = rowsync_server::CLIENT_IDS_PER_USER_MAX_DEFAULT)]
+    client_ids_per_user_max: u64,
     /// The window the login failure limits count in.
     #[arg(long, default_value_t = ServerConfig::default().login_failure_window.as_secs())]
     login_failure_window_seconds: u64,
@@ -73,9 +79,26 @@ pub struct ServeArgs {
     /// The whole upload must arrive within this many seconds of connecting.
     #[arg(long, default_value_t = ServerConfig::default().upload_timeout.as_secs())]
     upload_timeout_seconds: u64,
-    /// Serve Prometheus metrics (GET /metrics) on this address, e.g. 127.0.0.1:9464.
+    /// Serve Prometheus metrics (GET /metrics), the live monitor page (GET /monitor) and
+    /// its JSON API on this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     admin_listen: Option<SocketAddr>,
+    /// Ended syncs the monitor keeps (its history, in memory).
+    #[arg(long, default_value_t = MonitorSettings::default().history_syncs_max)]
+    monitor_history_syncs_max: usize,
+    /// Samples the monitor's charts keep (one per second).
+    #[arg(long, default_value_t = MonitorSettings::default().samples_max)]
+    monitor_samples_max: usize,
+    /// Record each sync (hello without credentials, upload, outcome) into this new
+    /// directory, for `rowsync replay`.
+    #[arg(long)]
+    record: Option<PathBuf>,
+    /// Syncs recorded at most; later ones are not recorded.
+    #[arg(long, default_value_t = 100_000)]
+    record_syncs_max: u64,
+    /// Upload bytes recorded at most, over all syncs.
+    #[arg(long, default_value_t = 1024 * 1024 * 1024)]
+    record_bytes_max: u64,
     /// Largest frame accepted, in bytes.
     #[arg(long, default_value_t = rowsync_protocol::FRAME_BYTES_MAX_DEFAULT)]
     frame_bytes_max: usize,
@@ -138,8 +161,20 @@ impl OnBackend for ServeArgs {
             other => format!("a {} database", other.kind()),
         };
         eprintln!("rowsync serving {shown} on {}", shown_endpoints.join(" "));
-        let config = self.server_config(workers_range, tokens);
-        let metrics = Arc::new(Metrics::new());
+        let mut config = self.server_config(workers_range, tokens);
+        if let Some(dir) = &self.record {
+            let recorder = Recorder::create(RecordSettings {
+                dir: dir.clone(),
+                syncs_max: self.record_syncs_max,
+                bytes_max: self.record_bytes_max,
+            })?;
+            eprintln!("rowsync recording syncs into {}", dir.display());
+            config.recorder = Some(Arc::new(recorder));
+        }
+        let metrics = Arc::new(Metrics::with_monitor(MonitorSettings {
+            history_syncs_max: self.monitor_history_syncs_max,
+            samples_max: self.monitor_samples_max,
+        }));
         if let Some(address) = self.admin_listen {
             serve_metrics(address, Arc::clone(&metrics)).await?;
         }
@@ -264,6 +299,8 @@ impl ServeArgs {
             hello_pending_connections_max: self.hello_pending_connections_max,
             login_failures_per_address_max: self.login_failures_per_address_max,
             login_failures_per_user_max: self.login_failures_per_user_max,
+            client_ids_per_user_max: (self.client_ids_per_user_max > 0)
+                .then_some(self.client_ids_per_user_max),
             login_failure_window: Duration::from_secs(self.login_failure_window_seconds),
             workers: self.workers,
             workers_range,
@@ -288,10 +325,8 @@ async fn serve_metrics(address: SocketAddr, metrics: Arc<Metrics>) -> Result<()>
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .with_context(|| format!("binding the admin endpoint {address}"))?;
-    eprintln!(
-        "rowsync metrics on http://{}/metrics",
-        listener.local_addr()?
-    );
+    let address = listener.local_addr()?;
+    eprintln!("rowsync metrics on http://{address}/metrics, monitor on http://{address}/monitor");
     tokio::spawn(async move {
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;

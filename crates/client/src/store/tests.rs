@@ -567,3 +567,145 @@ fn composite_keys_and_without_rowid_tables_are_tracked() {
         .unwrap();
     assert_eq!(tags, ["green"]);
 }
+
+/// The one upload message of a batch, any columns.
+fn only_upload(batch: &Batch) -> TableUpload {
+    let mut uploads = uploads(batch);
+    assert_eq!(uploads.len(), 1, "{uploads:?}");
+    uploads.remove(0)
+}
+
+#[test]
+fn pending_changes_survive_an_added_column_and_upload_with_it() {
+    let pen = order(1, "alice", "pen", 1);
+    let ink = order(2, "alice", "ink", 2);
+    let mut db = client_with_orders(&[pen.clone(), ink.clone()]);
+    execute(
+        &db.connection,
+        "UPDATE orders SET quantity = 5 WHERE id = 1;
+         DELETE FROM orders WHERE id = 2;
+         INSERT INTO orders (id, rep, item, quantity) VALUES (3, 'alice', 'cup', 1);",
+    );
+    execute(
+        &db.connection,
+        "ALTER TABLE orders ADD COLUMN note TEXT DEFAULT 'none'",
+    );
+    track(&mut db.connection, "orders").unwrap();
+    execute(
+        &db.connection,
+        "UPDATE orders SET note = 'urgent' WHERE id = 3",
+    );
+    let upload = only_upload(&next_batch(&mut db.connection).unwrap());
+    assert_eq!(
+        upload.columns,
+        ["id", "rep", "item", "quantity", "amount", "note"]
+    );
+    let noted = |row: &Row, note: &str| {
+        let mut row = row.clone();
+        row.push(text(note));
+        row
+    };
+    // The old image of the new column is the row's value when tracking moved on.
+    assert_eq!(
+        upload.updates,
+        vec![update(
+            noted(&pen, "none"),
+            noted(&order(1, "alice", "pen", 5), "none")
+        )]
+    );
+    assert_eq!(upload.deletes, vec![key(2)]);
+    assert_eq!(
+        upload.inserts,
+        vec![noted(&order(3, "alice", "cup", 1), "urgent")]
+    );
+    // Later changes are tracked with the new column.
+    execute(
+        &db.connection,
+        "UPDATE orders SET note = 'done' WHERE id = 1",
+    );
+    let later = next_batch(&mut db.connection).unwrap();
+    assert!(later.is_retry, "the first batch is still in flight");
+}
+
+#[test]
+fn an_in_flight_upload_is_resent_unchanged_after_the_table_changed() {
+    let mut db = client_with_orders(&[order(1, "alice", "pen", 1)]);
+    execute(
+        &db.connection,
+        "UPDATE orders SET quantity = 2 WHERE id = 1",
+    );
+    let first = next_batch_for(&mut db.connection, Some("v1")).unwrap();
+    execute(
+        &db.connection,
+        "UPDATE orders SET quantity = 3 WHERE id = 1",
+    );
+    execute(&db.connection, "ALTER TABLE orders ADD COLUMN note TEXT");
+    track(&mut db.connection, "orders").unwrap();
+    let resent = next_batch_for(&mut db.connection, Some("v2")).unwrap();
+    assert!(resent.is_retry);
+    assert_eq!(resent.frames, first.frames);
+    assert_eq!(resent.script_version.as_deref(), Some("v1"));
+    assert!(has_pending_changes(&db.connection).unwrap());
+}
+
+#[test]
+fn a_dropped_column_leaves_the_log_and_a_changed_key_waits_for_pending_changes() {
+    let pen = order(1, "alice", "pen", 1);
+    let mut db = client_with_orders(std::slice::from_ref(&pen));
+    execute(
+        &db.connection,
+        "UPDATE orders SET quantity = 4 WHERE id = 1",
+    );
+    let refused = db
+        .connection
+        .execute_batch("ALTER TABLE orders DROP COLUMN amount");
+    assert!(refused.is_err(), "SQLite refuses while triggers name it");
+    alter_tracked(
+        &mut db.connection,
+        "orders",
+        "ALTER TABLE orders DROP COLUMN amount",
+    )
+    .unwrap();
+    let upload = only_upload(&next_batch(&mut db.connection).unwrap());
+    assert_eq!(upload.columns, ["id", "rep", "item", "quantity"]);
+    assert_eq!(
+        upload.updates,
+        vec![update(
+            pen[..4].to_vec(),
+            order(1, "alice", "pen", 4)[..4].to_vec()
+        )]
+    );
+
+    // A new primary key: refused while a change waits, then fine.
+    execute(&db.connection, "DELETE FROM rs_client_inflight");
+    execute(
+        &db.connection,
+        "UPDATE orders SET quantity = 5 WHERE id = 1",
+    );
+    let rekey = "CREATE TABLE orders_new (id INTEGER, rep TEXT NOT NULL, item TEXT, quantity INTEGER, PRIMARY KEY (id, rep));
+                 INSERT INTO orders_new SELECT id, rep, item, quantity FROM orders;
+                 DROP TABLE orders; ALTER TABLE orders_new RENAME TO orders;";
+    let error = alter_tracked(&mut db.connection, "orders", rekey).unwrap_err();
+    assert!(error.to_string().contains("primary key"), "{error}");
+    assert_eq!(orders_width(&db.connection), 4, "nothing of it applied");
+    assert!(has_pending_changes(&db.connection).unwrap());
+    next_batch(&mut db.connection).unwrap();
+    alter_tracked(&mut db.connection, "orders", rekey).unwrap();
+    execute(
+        &db.connection,
+        "UPDATE orders SET quantity = 6 WHERE id = 1",
+    );
+    execute(&db.connection, "DELETE FROM rs_client_inflight");
+    let upload = only_upload(&next_batch(&mut db.connection).unwrap());
+    assert_eq!(upload.key_columns, ["id", "rep"]);
+}
+
+fn orders_width(connection: &Connection) -> i64 {
+    connection
+        .query_row(
+            "SELECT count(*) FROM pragma_table_info('orders')",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap()
+}

@@ -55,7 +55,8 @@ impl TestServer {
             .init_table(&TableInit {
                 table: "orders".into(),
                 partition_column: "rep".into(),
-                script_version: "v1".into(),
+                script_version: Some("v1".into()),
+                based_on: None,
             })
             .await
             .unwrap();

@@ -4,13 +4,37 @@
 
 use std::collections::HashMap;
 
+use rowsync_protocol::Conflicts;
+
 use crate::conflicts::Resolution;
 use crate::dialect::{CursorScript, CursorSink, Dialect};
 use crate::echo::DownloadFilter;
 use crate::parameters::Parameters;
 use crate::scripts::*;
 use crate::version_scripts::Scripts;
-use crate::{DownloadSender, SyncError};
+use crate::{DownloadSender, SyncError, SyncRequest};
+
+/// Names each table's conflicting keys, in the upload's table order, ahead of the
+/// download that carries the server's rows for them.
+pub async fn send_conflicts(
+    request: &SyncRequest,
+    resolutions: &HashMap<&str, Resolution>,
+    download: &DownloadSender,
+) -> Result<(), SyncError> {
+    for upload in &request.tables {
+        let Some(resolution) = resolutions.get(upload.table.as_str()) else {
+            continue;
+        };
+        download
+            .send_conflicts(Conflicts {
+                table: upload.table.clone(),
+                key_columns: upload.key_columns.clone(),
+                keys: resolution.conflict_keys.clone(),
+            })
+            .await?;
+    }
+    Ok(())
+}
 
 /// Streams every download table; returns the rows sent.
 pub async fn send_download<D: Dialect>(

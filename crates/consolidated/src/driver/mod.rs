@@ -81,6 +81,7 @@ async fn attempt_sync<B: SyncBackend>(
     match run_events(&mut transaction, scripts, request, download, started).await {
         Ok(outcome) => {
             transaction.commit().await?;
+            crate::failpoint!("after_commit");
             Ok(outcome)
         }
         Err(error) => {
@@ -108,6 +109,9 @@ async fn run_events<D: Dialect>(
         });
     }
     let subscription = transaction.subscription(&request.client_id).await?;
+    if subscription.is_none() {
+        check_client_ids_of_user(transaction, request).await?;
+    }
     let applied_sequence = applied_sequence(request, subscription.as_ref())?;
     let mut parameters = Parameters::for_request(request)?;
     parameters.last_sync_xid = last_sync_xid(request, subscription.as_ref());
@@ -120,7 +124,11 @@ async fn run_events<D: Dialect>(
     transaction
         .run_event(scripts, BEGIN_SYNCHRONIZATION, &parameters)
         .await?;
+    crate::failpoint!("before_apply");
     let uploaded = upload::apply_upload(transaction, &sync, request).await?;
+    if sync.apply {
+        download::send_conflicts(request, &uploaded.resolutions, download).await?;
+    }
     let apply_time = started.elapsed();
     let watermark = next_watermark(transaction, scripts, &parameters).await?;
     transaction
@@ -202,6 +210,28 @@ fn applied_sequence(
         });
     }
     Ok(applied)
+}
+
+/// Refuses a new client id of a user who already has `client_ids_per_user_max` (each
+/// subscription holds tombstones back for everyone until it syncs again). Syncs of new
+/// client ids of one user running at the same moment may each pass, so the limit can be
+/// exceeded by at most the number of such syncs at once.
+async fn check_client_ids_of_user<D: Dialect>(
+    transaction: &mut D,
+    request: &SyncRequest,
+) -> Result<(), SyncError> {
+    let Some(limit) = request.client_ids_per_user_max else {
+        return Ok(());
+    };
+    let count = transaction.client_ids_of_user(&request.user, limit).await?;
+    if count >= limit {
+        return Err(SyncError::ClientIdsExceeded {
+            user: request.user.clone(),
+            client_id: request.client_id.clone(),
+            limit,
+        });
+    }
+    Ok(())
 }
 
 /// A client that comes back with exactly the watermark of its previous sync applied

@@ -1,16 +1,17 @@
 //! Applying an upload: each table's inserts, updates and deletes with its set or row
 //! scripts, the conflicts found set-wise, `resolve_conflict` and `upload_fetch`.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
-use rowsync_protocol::{Row, TableUpload, Value};
+use rowsync_protocol::{Row, RowUpdate, TableUpload, Value};
 
 use super::rows::run_row_script;
 use crate::conflicts::Resolution;
 use crate::dialect::{Dialect, RowStatement, StagedRows, TableApply};
 use crate::parameters::Parameters;
 use crate::scripts::*;
-use crate::shape::{refuse_null_keys, validate_upload_shape};
+use crate::shape::{refuse_null_keys, validate_upload_shape, TableShape};
 use crate::upload_rows::{conflicting_rows, describe_key, uploaded_rows, ImageLayout, UploadedRow};
 use crate::version_scripts::Scripts;
 use crate::{SyncError, SyncRequest};
@@ -72,6 +73,7 @@ async fn apply_table<D: Dialect>(
     let table = upload.table.as_str();
     sync.scripts.check_synchronizes(table)?;
     let shape = transaction.table_shape(table).await?;
+    let upload = &*without_dropped_columns(transaction, sync, upload, &shape).await?;
     let key_positions = validate_upload_shape(upload, &shape)?;
     refuse_null_keys(upload, &key_positions)?;
     let partition_column = transaction.partition_column(table).await?;
@@ -90,6 +92,7 @@ async fn apply_table<D: Dialect>(
             layout: &layout,
         };
         conflict_keys.extend(apply_kind(transaction, &context, sync.apply, &kind).await?);
+        crate::failpoint!("mid_apply");
     }
     let mut resolution = Resolution::default();
     resolution.record_upload(upload, &key_positions);
@@ -103,6 +106,51 @@ async fn apply_table<D: Dialect>(
         resolution.resolve(&shape, conflict_keys, columns, rows)?;
     }
     Ok(resolution)
+}
+
+/// The upload as the table can take it: a client older than a column's drop still
+/// sends that column; its version's scripts no longer name it (`init` rewrote them), so
+/// its values are left out.
+async fn without_dropped_columns<'u, D: Dialect>(
+    transaction: &mut D,
+    sync: &SyncContext<'_>,
+    upload: &'u TableUpload,
+    shape: &TableShape,
+) -> Result<Cow<'u, TableUpload>, SyncError> {
+    if upload.columns.iter().all(|column| shape.has_column(column)) {
+        return Ok(Cow::Borrowed(upload));
+    }
+    let dropped = transaction
+        .dropped_columns(&sync.scripts.version, &shape.name)
+        .await?;
+    Ok(Cow::Owned(without_columns(upload, shape, &dropped)))
+}
+
+/// The upload without the columns in `dropped` that the table no longer has (any
+/// other unknown column stays, for `validate_upload_shape` to refuse by name).
+fn without_columns(upload: &TableUpload, shape: &TableShape, dropped: &[String]) -> TableUpload {
+    let kept: Vec<usize> = (0..upload.columns.len())
+        .filter(|&index| {
+            let column = &upload.columns[index];
+            shape.has_column(column) || !dropped.contains(column)
+        })
+        .collect();
+    let project = |row: &Row| -> Row { kept.iter().filter_map(|&i| row.get(i).cloned()).collect() };
+    TableUpload {
+        table: upload.table.clone(),
+        columns: kept.iter().map(|&i| upload.columns[i].clone()).collect(),
+        key_columns: upload.key_columns.clone(),
+        inserts: upload.inserts.iter().map(project).collect(),
+        updates: upload
+            .updates
+            .iter()
+            .map(|update| RowUpdate {
+                old: project(&update.old),
+                new: project(&update.new),
+            })
+            .collect(),
+        deletes: upload.deletes.clone(),
+    }
 }
 
 /// One kind of operation of a table's upload.

@@ -7,7 +7,7 @@
 //! one statement per operation. The download watermark comes from stamps given in
 //! commit order by a short stamper transaction before each sync: see `stamp`.
 
-mod error;
+pub(crate) mod error;
 mod events;
 mod query;
 mod schema;
@@ -26,7 +26,7 @@ use rowsync_protocol::Row;
 use crate::version_scripts::ScriptCache;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
-    DownloadSender, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
+    DownloadSender, InitOutcome, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
 };
 use error::db;
 
@@ -62,6 +62,7 @@ impl Consolidated for MysqlConsolidated {
     async fn connect(&self) -> Result<MysqlConnection, DbError> {
         let connection = Conn::new(self.opts.clone()).await.map_err(db)?;
         Ok(MysqlConnection {
+            opts: self.opts.clone(),
             connection,
             cache: ScriptCache::default(),
             stamping: HashMap::new(),
@@ -71,6 +72,8 @@ impl Consolidated for MysqlConsolidated {
 }
 
 pub struct MysqlConnection {
+    /// For the connection `canceller` opens.
+    opts: Opts,
     connection: Conn,
     cache: ScriptCache,
     /// Each synchronized table's primary key, for the stamper (see `stamp`).
@@ -136,7 +139,7 @@ impl ConsolidatedConnection for MysqlConnection {
         schema::password_hash(&mut self.connection, name).await
     }
 
-    async fn init_table(&mut self, init: &TableInit) -> Result<(), DbError> {
+    async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {
         schema::init_table(&mut self.connection, init).await
     }
 
@@ -191,6 +194,10 @@ impl ConsolidatedConnection for MysqlConnection {
 
     async fn script_versions(&mut self) -> Result<Vec<(String, String)>, DbError> {
         schema::script_versions(&mut self.connection).await
+    }
+
+    fn canceller(&self) -> crate::Canceller {
+        crate::Canceller::mysql(self.opts.clone(), self.connection.id())
     }
 
     async fn cleanup(&mut self) -> Result<u64, DbError> {

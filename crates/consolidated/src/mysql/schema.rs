@@ -5,15 +5,18 @@
 //! generated SQL quotes identifiers as the other backends do and scripts concatenate
 //! with `||`.
 
+use std::collections::HashMap;
+
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, TxOpts};
+use mysql_async::{Conn, Transaction, TxOpts};
 
 use super::error::db;
 use super::stamp;
 use crate::names::{column_list, key_match};
+use crate::reinit::{self, Rewrite, Target, VersionFacts};
 use crate::scripts::*;
-use crate::shape::{Column, TableShape};
-use crate::{quote_identifier as q, DbError, ScriptEntry, TableInit};
+use crate::shape::{unsupported_column_type, Column, TableShape};
+use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
 
 /// Text columns of system tables compare byte for byte, as on the other backends.
 const NAME: &str = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
@@ -38,10 +41,16 @@ fn system_tables() -> Vec<String> {
             "CREATE TABLE IF NOT EXISTS rs_subscription (client_id {NAME} PRIMARY KEY, user_name {NAME} NOT NULL,
              script_version {NAME} NOT NULL, upload_sequence BIGINT NOT NULL DEFAULT 0,
              download_watermark BIGINT NOT NULL DEFAULT 0, download_acknowledged BIGINT NOT NULL DEFAULT 0,
-             last_sync_xid BIGINT NOT NULL DEFAULT 0, last_sync_at TIMESTAMP(6) NULL) ENGINE = InnoDB"
+             last_sync_xid BIGINT NOT NULL DEFAULT 0, last_sync_at TIMESTAMP(6) NULL,
+             INDEX rs_subscription_user (user_name)) ENGINE = InnoDB"
         ),
         format!(
             "CREATE TABLE IF NOT EXISTS rs_table (table_name {NAME} PRIMARY KEY, partition_column {NAME} NOT NULL) ENGINE = InnoDB"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS rs_script_column (script_version {NAME} NOT NULL, table_name {NAME} NOT NULL,
+             column_name {NAME} NOT NULL, position INT NOT NULL, dropped TINYINT NOT NULL DEFAULT 0,
+             PRIMARY KEY (script_version, table_name, column_name)) ENGINE = InnoDB"
         ),
         // Named counters: `clock` (the stamps, see `stamp`) and `revision` (script
         // versions). MySQL has no sequences; a row each is what both servers have.
@@ -258,7 +267,7 @@ const TABLE_NAME_CHARS_MAX: usize = 64 - "rs_tombstone__partition".len();
 /// under InnoDB's 3072-byte key).
 const PARTITION_INDEX_PREFIX_CHARS: u32 = 191;
 
-pub async fn init_table(connection: &mut Conn, init: &TableInit) -> Result<(), DbError> {
+pub async fn init_table(connection: &mut Conn, init: &TableInit) -> Result<InitOutcome, DbError> {
     if init.table.starts_with("rs_") {
         return Err(DbError::Invalid(
             "tables named rs_* are rowsync's own".into(),
@@ -288,23 +297,232 @@ pub async fn init_table(connection: &mut Conn, init: &TableInit) -> Result<(), D
                 init.table, init.partition_column
             )));
         };
+        if let Some(info) = infos
+            .iter()
+            .find(|info| !super::value::SUPPORTED_DATA_TYPES.contains(&info.data_type.as_str()))
+        {
+            return Err(unsupported_column_type(
+                &init.table,
+                &info.name,
+                &info.column_type,
+            ));
+        }
+        let versions = version_facts(connection, &init.table).await?;
+        let target = reinit::choose_version(&init, &versions, &shape.column_names())?;
         // DDL commits as it goes in MySQL: each statement below is idempotent, and the
         // table is registered (with its scripts) only once all of them ran.
         for statement in tracking_ddl(connection, &shape, &infos, partition).await? {
             connection.query_drop(statement).await.map_err(db)?;
         }
-        register(connection, &shape, &init).await
+        let registration = Registration {
+            shape: &shape,
+            init: &init,
+            target: &target,
+            versions: &versions,
+        };
+        register(connection, registration).await
     })
     .await
+}
+
+/// Every script version, oldest first, with what it holds of `table`.
+async fn version_facts(connection: &mut Conn, table: &str) -> Result<Vec<VersionFacts>, DbError> {
+    let rows: Vec<(String, i64, i64)> = connection
+        .exec(
+            "SELECT v.name,
+                    EXISTS (SELECT 1 FROM rs_subscription AS s WHERE s.script_version = v.name),
+                    EXISTS (SELECT 1 FROM rs_script AS s WHERE s.script_version = v.name AND s.table_name = ?)
+             FROM rs_script_version AS v ORDER BY v.created_at, v.name",
+            (table,),
+        )
+        .await
+        .map_err(db)?;
+    let mut versions = Vec::with_capacity(rows.len());
+    for (name, in_use, synchronizes_table) in rows {
+        let columns: Vec<String> = connection
+            .exec(
+                "SELECT column_name FROM rs_script_column
+                 WHERE script_version = ? AND table_name = ? AND dropped = 0 ORDER BY position",
+                (&name, table),
+            )
+            .await
+            .map_err(db)?;
+        versions.push(VersionFacts {
+            name,
+            in_use: in_use != 0,
+            synchronizes_table: synchronizes_table != 0,
+            columns: (!columns.is_empty()).then_some(columns),
+        });
+    }
+    Ok(versions)
+}
+
+/// What `register` writes.
+struct Registration<'a> {
+    shape: &'a TableShape,
+    init: &'a TableInit,
+    target: &'a Target,
+    versions: &'a [VersionFacts],
+}
+
+/// Creates the target version, as a copy of its base (scripts and recorded columns).
+async fn create_version(transaction: &mut Transaction<'_>, target: &Target) -> Result<(), DbError> {
+    if !target.create {
+        return Ok(());
+    }
+    transaction
+        .exec_drop(
+            "INSERT INTO rs_script_version (name, description) VALUES (?, '')",
+            (&target.name,),
+        )
+        .await
+        .map_err(db)?;
+    if let Some(base) = &target.based_on {
+        transaction
+            .exec_drop(
+                "INSERT INTO rs_script (script_version, table_name, event, script)
+                 SELECT ?, table_name, event, script FROM rs_script WHERE script_version = ?",
+                (&target.name, base),
+            )
+            .await
+            .map_err(db)?;
+        transaction
+            .exec_drop(
+                "INSERT INTO rs_script_column (script_version, table_name, column_name, position, dropped)
+                 SELECT ?, table_name, column_name, position, dropped FROM rs_script_column WHERE script_version = ?",
+                (&target.name, base),
+            )
+            .await
+            .map_err(db)?;
+    }
+    Ok(())
+}
+
+async fn write_script(
+    transaction: &mut Transaction<'_>,
+    version: &str,
+    table: &str,
+    event: &str,
+    script: &str,
+) -> Result<(), DbError> {
+    transaction
+        .exec_drop(
+            "INSERT INTO rs_script (script_version, table_name, event, script) VALUES (?, ?, ?, ?)
+             ON DUPLICATE KEY UPDATE script = VALUES(script)",
+            (version, table, event, script),
+        )
+        .await
+        .map_err(db)
+}
+
+/// The table's default scripts in `version`, and the columns they carry.
+async fn write_default_scripts(
+    transaction: &mut Transaction<'_>,
+    version: &str,
+    shape: &TableShape,
+    partition_column: &str,
+) -> Result<(), DbError> {
+    for (event, script) in default_scripts(shape, partition_column) {
+        write_script(transaction, version, &shape.name, event, &script).await?;
+    }
+    transaction
+        .exec_drop(
+            "DELETE FROM rs_script_column WHERE script_version = ? AND table_name = ?",
+            (version, &shape.name),
+        )
+        .await
+        .map_err(db)?;
+    for (position, column) in shape.columns.iter().enumerate() {
+        transaction
+            .exec_drop(
+                "INSERT INTO rs_script_column (script_version, table_name, column_name, position) VALUES (?, ?, ?, ?)",
+                (version, &shape.name, &column.name, position as i64),
+            )
+            .await
+            .map_err(db)?;
+    }
+    Ok(())
+}
+
+/// Rewrites an older version's default scripts without the columns the table lost,
+/// and marks those dropped (its clients' values for them are ignored from now on).
+async fn rewrite_dropped(
+    transaction: &mut Transaction<'_>,
+    rewrite: &Rewrite,
+    shape: &TableShape,
+    partition_column: &str,
+    outcome: &mut InitOutcome,
+) -> Result<(), DbError> {
+    let stored: HashMap<String, String> = transaction
+        .exec::<(String, String), _, _>(
+            "SELECT event, script FROM rs_script WHERE script_version = ? AND table_name = ?",
+            (&rewrite.version, &shape.name),
+        )
+        .await
+        .map_err(db)?
+        .into_iter()
+        .collect();
+    let (write, left_alone) = reinit::rewritten_scripts(
+        &stored,
+        default_scripts(
+            &reinit::shape_with_columns(shape, &rewrite.recorded),
+            partition_column,
+        ),
+        default_scripts(
+            &reinit::shape_with_columns(shape, &rewrite.remaining),
+            partition_column,
+        ),
+    );
+    for (event, script) in write {
+        write_script(transaction, &rewrite.version, &shape.name, event, &script).await?;
+    }
+    for column in &rewrite.dropped {
+        transaction
+            .exec_drop(
+                "UPDATE rs_script_column SET dropped = 1 WHERE script_version = ? AND table_name = ? AND column_name = ?",
+                (&rewrite.version, &shape.name, column),
+            )
+            .await
+            .map_err(db)?;
+    }
+    outcome
+        .rewritten
+        .push((rewrite.version.clone(), rewrite.dropped.clone()));
+    outcome.left_alone.extend(
+        left_alone
+            .into_iter()
+            .map(|event| (rewrite.version.clone(), event)),
+    );
+    Ok(())
+}
+
+/// The columns of `table` that `version` records as dropped (see `Dialect::dropped_columns`).
+pub async fn dropped_columns(
+    connection: &mut impl Queryable,
+    version: &str,
+    table: &str,
+) -> Result<Vec<String>, DbError> {
+    connection
+        .exec(
+            "SELECT column_name FROM rs_script_column WHERE script_version = ? AND table_name = ? AND dropped = 1",
+            (version, table),
+        )
+        .await
+        .map_err(db)
 }
 
 /// Stamps the rows already in the table and registers it with its default scripts, in one
 /// transaction: a sync that sees the scripts has a watermark at or below the stamp.
 async fn register(
     connection: &mut Conn,
-    shape: &TableShape,
-    init: &TableInit,
-) -> Result<(), DbError> {
+    registration: Registration<'_>,
+) -> Result<InitOutcome, DbError> {
+    let Registration {
+        shape,
+        init,
+        target,
+        versions,
+    } = registration;
     let mut transaction = connection
         .start_transaction(TxOpts::default())
         .await
@@ -339,24 +557,20 @@ async fn register(
         )
         .await
         .map_err(db)?;
-    transaction
-        .exec_drop(
-            "INSERT IGNORE INTO rs_script_version (name, description) VALUES (?, '')",
-            (&init.script_version,),
-        )
-        .await
-        .map_err(db)?;
-    for (event, script) in default_scripts(shape, &init.partition_column) {
-        transaction
-            .exec_drop(
-                "INSERT INTO rs_script (script_version, table_name, event, script) VALUES (?, ?, ?, ?)
-                 ON DUPLICATE KEY UPDATE script = VALUES(script)",
-                (&init.script_version, &init.table, event, script),
-            )
-            .await
-            .map_err(db)?;
+    create_version(&mut transaction, target).await?;
+    let mut outcome = InitOutcome {
+        script_version: target.name.clone(),
+        created: target.create,
+        based_on: target.based_on.clone(),
+        ..InitOutcome::default()
+    };
+    let partition = &init.partition_column;
+    write_default_scripts(&mut transaction, &target.name, shape, partition).await?;
+    for rewrite in reinit::dropped_column_rewrites(versions, &target.name, shape) {
+        rewrite_dropped(&mut transaction, &rewrite, shape, partition, &mut outcome).await?;
     }
-    transaction.commit().await.map_err(db)
+    transaction.commit().await.map_err(db)?;
+    Ok(outcome)
 }
 
 /// `col` or `col(191)`: a column as an index takes it (text and blob types need a prefix).
@@ -449,8 +663,37 @@ async fn tracking_ddl(
         stamp_index = q(&format!("{}_stamp", tombstone_table(name))),
         partition_index = q(&format!("{}_partition", tombstone_table(name))),
     ));
+    statements.extend(widened_tombstone_keys(connection, shape, infos).await?);
     statements.extend(tracking_triggers(shape, &partition.name));
     Ok(statements)
+}
+
+/// A key column whose type changed since (widened): its tombstones' column follows.
+async fn widened_tombstone_keys(
+    connection: &mut Conn,
+    shape: &TableShape,
+    infos: &[ColumnInfo],
+) -> Result<Vec<String>, DbError> {
+    let tombstones = tombstone_table(&shape.name);
+    let Some((_, kept)) = table_shape(connection, &tombstones).await? else {
+        return Ok(Vec::new());
+    };
+    Ok(shape
+        .key_columns
+        .iter()
+        .filter_map(|key| {
+            let now = infos.iter().find(|info| &info.name == key)?;
+            let before = kept.iter().find(|info| &info.name == key)?;
+            (now.column_type != before.column_type).then(|| {
+                format!(
+                    "ALTER TABLE {} MODIFY {} {}",
+                    q(&tombstones),
+                    q(key),
+                    now.column_type
+                )
+            })
+        })
+        .collect())
 }
 
 /// The four row triggers of `tracking_ddl`, each dropped and created again.
@@ -629,6 +872,7 @@ pub async fn cleanup(connection: &mut Conn) -> Result<u64, DbError> {
             .await
             .map_err(db)?;
         removed += connection.affected_rows();
+        crate::failpoint!("mid_cleanup");
     }
     Ok(removed)
 }

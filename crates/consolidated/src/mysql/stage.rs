@@ -116,16 +116,28 @@ impl Stage {
         for row in rows {
             for (value, column) in row.iter().zip(&self.columns) {
                 let column = column.strip_prefix(OLD_IMAGE_PREFIX).unwrap_or(column);
-                if matches!(value, Value::Text(_)) && scales.numeric.contains(column) {
-                    return Err(SyncError::Schema(format!(
-                        "upload of table {table:?} holds a value its column cannot take: column {column:?} is numeric, the value {value:?} is text"
-                    )));
-                }
+                // A decimal's exact digits, as a SQLite client stores them, are that
+                // decimal; other text in a numeric column would be converted.
+                let digits = match value {
+                    Value::Text(text) if scales.numeric.contains(column) => {
+                        match decimal_digits(text) {
+                            Some(scale) if scales.scales.contains_key(column) => Some(scale),
+                            _ => return Err(SyncError::Schema(format!(
+                                "upload of table {table:?} holds a value its column cannot take: column {column:?} is numeric, the value {value:?} is text"
+                            ))),
+                        }
+                    }
+                    _ => None,
+                };
                 let Some(&scale) = scales.scales.get(column) else {
                     continue;
                 };
                 let fits = match value {
+                    Value::Text(_) => digits.is_some_and(|digits| digits <= scale),
                     Value::Decimal(decimal) => u32::from(decimal.scale) <= scale,
+                    Value::Numeric(numeric) => {
+                        !numeric.is_special() && numeric.scale() as u32 <= scale
+                    }
                     Value::Timestamp(micros) => scale >= 6 || micros % 10_i64.pow(6 - scale) == 0,
                     _ => true,
                 };
@@ -246,4 +258,14 @@ async fn unlanded_keys(
     );
     let ((_, keys), _) = run(transaction, &sql, &values, context.table(), event).await?;
     Ok(keys)
+}
+
+/// The scale of `text` if it is exactly a decimal's text form (as a SQLite client
+/// stores decimals), `None` for any other text.
+fn decimal_digits(text: &str) -> Option<u32> {
+    let value = rowsync_protocol::parse_decimal_value(text).ok()?;
+    (value.text_form().as_deref() == Some(text)).then(|| {
+        text.split_once('.')
+            .map_or(0, |(_, fraction)| fraction.len() as u32)
+    })
 }

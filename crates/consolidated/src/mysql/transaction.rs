@@ -143,6 +143,18 @@ impl Dialect for MysqlTransaction<'_> {
         ))
     }
 
+    async fn client_ids_of_user(&mut self, user: &str, count_max: u64) -> Result<u64, SyncError> {
+        let count: Option<i64> = self
+            .transaction
+            .exec_first(
+                "SELECT count(*) FROM (SELECT 1 FROM rs_subscription WHERE user_name = ? LIMIT ?) AS s",
+                (user, count_max),
+            )
+            .await
+            .map_err(db)?;
+        Ok(count.unwrap_or(0) as u64)
+    }
+
     async fn record_subscription(
         &mut self,
         update: &SubscriptionUpdate<'_>,
@@ -201,6 +213,14 @@ impl Dialect for MysqlTransaction<'_> {
             )
             .await
             .map_err(db)?)
+    }
+
+    async fn dropped_columns(
+        &mut self,
+        version: &str,
+        table: &str,
+    ) -> Result<Vec<String>, SyncError> {
+        Ok(super::schema::dropped_columns(&mut self.transaction, version, table).await?)
     }
 
     async fn apply_staged(

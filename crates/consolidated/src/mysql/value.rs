@@ -7,7 +7,7 @@
 use chrono::{Datelike, NaiveDate, Timelike};
 use mysql_async::consts::ColumnType;
 use mysql_async::{Column, Value as MyValue};
-use rowsync_protocol::{Decimal, Row, Value};
+use rowsync_protocol::{parse_decimal_value, Decimal, Row, Value};
 
 /// MySQL's number for the `binary` character set: the column holds bytes, not text.
 const BINARY_CHARSET: u16 = 63;
@@ -18,12 +18,66 @@ pub fn bind(value: &Value) -> MyValue {
         Value::Null => MyValue::NULL,
         Value::Int(number) => MyValue::Int(*number),
         Value::Double(number) => MyValue::Double(*number),
-        Value::Decimal(decimal) => MyValue::Bytes(decimal.to_string().into_bytes()),
         Value::Text(text) => MyValue::Bytes(text.clone().into_bytes()),
         Value::Blob(bytes) => MyValue::Bytes(bytes.clone()),
         Value::Timestamp(micros) => timestamp_to_date(*micros),
+        Value::Bool(flag) => MyValue::Int(i64::from(*flag)),
+        Value::Date(days) => timestamp_to_date(i64::from(*days).saturating_mul(MICROS_PER_DAY)),
+        Value::Time(micros) => MyValue::Time(
+            false,
+            (micros / MICROS_PER_DAY) as u32,
+            (micros / 3_600_000_000 % 24) as u8,
+            (micros / 60_000_000 % 60) as u8,
+            (micros / 1_000_000 % 60) as u8,
+            (micros % 1_000_000) as u32,
+        ),
+        // Decimals as their digits; uuids, intervals and arrays in their text form
+        // (MariaDB's UUID type reads it; it has no interval or array type).
+        Value::Decimal(_)
+        | Value::Numeric(_)
+        | Value::Uuid(_)
+        | Value::Interval(_)
+        | Value::Array(_) => MyValue::Bytes(value.text_form().unwrap_or_default().into_bytes()),
     }
 }
+
+const MICROS_PER_DAY: i64 = 86_400_000_000;
+
+/// The MySQL/MariaDB types rowsync carries (`information_schema.COLUMNS.DATA_TYPE`);
+/// `init` refuses a table with a column of any other (spatial types, `inet4`, ...).
+pub const SUPPORTED_DATA_TYPES: &[&str] = &[
+    "tinyint",
+    "smallint",
+    "mediumint",
+    "int",
+    "integer",
+    "bigint",
+    "float",
+    "double",
+    "decimal",
+    "bit",
+    "year",
+    "char",
+    "varchar",
+    "tinytext",
+    "text",
+    "mediumtext",
+    "longtext",
+    "binary",
+    "varbinary",
+    "tinyblob",
+    "blob",
+    "mediumblob",
+    "longblob",
+    "date",
+    "time",
+    "datetime",
+    "timestamp",
+    "enum",
+    "set",
+    "json",
+    "uuid",
+];
 
 /// Parameters for a statement, in order.
 pub fn bind_all<'v>(values: impl IntoIterator<Item = &'v Value>) -> mysql_async::Params {
@@ -49,9 +103,26 @@ pub fn read(column: &Column, value: MyValue) -> Result<Value, String> {
         },
         MyValue::Float(number) => Value::Double(f64::from(number)),
         MyValue::Double(number) => Value::Double(number),
+        MyValue::Date(year, month, day, ..) if is_date(column) => {
+            date_only(&format!("{year:04}-{month:02}-{day:02}"))?
+        }
         MyValue::Date(year, month, day, hour, minute, second, micros) => {
             date_to_timestamp(year, month, day, hour, minute, second, micros)?
         }
+        MyValue::Time(false, days, hours, minutes, seconds, micros)
+            if u32::from(hours) + days * 24 < 24
+                || (days * 24 + u32::from(hours) == 24
+                    && minutes == 0
+                    && seconds == 0
+                    && micros == 0) =>
+        {
+            Value::Time(
+                ((i64::from(days) * 24 + i64::from(hours)) * 60 + i64::from(minutes)) * 60_000_000
+                    + i64::from(seconds) * 1_000_000
+                    + i64::from(micros),
+            )
+        }
+        // A duration beyond a day (MySQL's TIME spans ±838 hours) stays text.
         MyValue::Time(negative, days, hours, minutes, seconds, micros) => Value::Text(format!(
             "{}{:02}:{minutes:02}:{seconds:02}{}",
             if negative { "-" } else { "" },
@@ -95,10 +166,10 @@ fn read_bytes(column: &Column, bytes: Vec<u8>) -> Result<Value, String> {
             let digits = text(bytes)?;
             match digits.parse::<i64>() {
                 Ok(number) => Value::Int(number),
-                Err(_) => Value::Decimal(parse_decimal(&digits)?),
+                Err(_) => parse_decimal(&digits)?,
             }
         }
-        MYSQL_TYPE_DECIMAL | MYSQL_TYPE_NEWDECIMAL => Value::Decimal(parse_decimal(&text(bytes)?)?),
+        MYSQL_TYPE_DECIMAL | MYSQL_TYPE_NEWDECIMAL => parse_decimal(&text(bytes)?)?,
         MYSQL_TYPE_FLOAT | MYSQL_TYPE_DOUBLE => {
             let digits = text(bytes)?;
             Value::Double(
@@ -107,20 +178,40 @@ fn read_bytes(column: &Column, bytes: Vec<u8>) -> Result<Value, String> {
                     .map_err(|error| format!("column {}: {error}", column.name_str()))?,
             )
         }
-        MYSQL_TYPE_DATE
-        | MYSQL_TYPE_DATETIME
+        MYSQL_TYPE_DATE | MYSQL_TYPE_NEWDATE => date_only(&text(bytes)?)?,
+        MYSQL_TYPE_TIME | MYSQL_TYPE_TIME2 => {
+            let clock = text(bytes)?;
+            match rowsync_protocol::parse_time(&clock) {
+                Ok(micros) => Value::Time(micros),
+                Err(_) => Value::Text(clock),
+            }
+        }
+        MYSQL_TYPE_DATETIME
         | MYSQL_TYPE_TIMESTAMP
         | MYSQL_TYPE_DATETIME2
-        | MYSQL_TYPE_TIMESTAMP2
-        | MYSQL_TYPE_NEWDATE => parse_date(&text(bytes)?)?,
+        | MYSQL_TYPE_TIMESTAMP2 => parse_date(&text(bytes)?)?,
         MYSQL_TYPE_BIT | MYSQL_TYPE_GEOMETRY => Value::Blob(bytes),
         _ if column.character_set() == BINARY_CHARSET => Value::Blob(bytes),
         _ => Value::Text(text(bytes)?),
     })
 }
 
-fn parse_decimal(digits: &str) -> Result<Decimal, String> {
-    digits.parse::<Decimal>().map_err(|error| error.to_string())
+fn parse_decimal(digits: &str) -> Result<Value, String> {
+    parse_decimal_value(digits).map_err(|error| error.to_string())
+}
+
+fn is_date(column: &Column) -> bool {
+    matches!(
+        column.column_type(),
+        ColumnType::MYSQL_TYPE_DATE | ColumnType::MYSQL_TYPE_NEWDATE
+    )
+}
+
+/// A `DATE` as days since 1970.
+fn date_only(text: &str) -> Result<Value, String> {
+    rowsync_protocol::parse_date(text)
+        .map(Value::Date)
+        .map_err(|error| format!("date {text:?}: {error}"))
 }
 
 /// `YYYY-MM-DD[ hh:mm:ss[.ffffff]]` as microseconds since the epoch (UTC).

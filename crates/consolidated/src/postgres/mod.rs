@@ -16,6 +16,16 @@
 //! download; the next sync asks for everything at or above it. Rows of a transaction
 //! that commits late carry an id at or above every watermark taken while it ran.
 
+/// The lowest transaction id still running in the statement's snapshot, or the
+/// snapshot's `xmax` when none is: a sync's watermark (see `transaction`), and the
+/// horizon cleanup keeps below (see `schema::cleanup`).
+macro_rules! snapshot_horizon {
+    () => {
+        "(COALESCE((SELECT min(x) FROM pg_snapshot_xip(pg_current_snapshot()) AS x), \
+         pg_snapshot_xmax(pg_current_snapshot()))::text)::bigint"
+    };
+}
+
 mod array_stage;
 mod error;
 mod events;
@@ -28,6 +38,7 @@ mod transaction;
 
 pub use rows::ROW_SCRIPT_PIPELINE_DEPTH;
 pub use statements::PREPARED_STATEMENTS_MAX;
+mod numeric;
 pub mod value;
 
 use std::collections::HashMap;
@@ -41,7 +52,7 @@ pub use crate::driver::SYNC_ATTEMPTS_MAX;
 use crate::version_scripts::ScriptCache;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
-    DownloadSender, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
+    DownloadSender, InitOutcome, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
 };
 pub use error::describe_postgres;
 use statements::Statements;
@@ -163,7 +174,7 @@ impl ConsolidatedConnection for PostgresConnection {
         Ok(row.map(|row| row.get(0)))
     }
 
-    async fn init_table(&mut self, init: &TableInit) -> Result<(), DbError> {
+    async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {
         schema::init_table(&mut self.client, init).await
     }
 
@@ -217,6 +228,10 @@ impl ConsolidatedConnection for PostgresConnection {
 
     async fn script_versions(&mut self) -> Result<Vec<(String, String)>, DbError> {
         schema::script_versions(&self.client).await
+    }
+
+    fn canceller(&self) -> crate::Canceller {
+        crate::Canceller::postgres(self.client.cancel_token())
     }
 
     async fn cleanup(&mut self) -> Result<u64, DbError> {

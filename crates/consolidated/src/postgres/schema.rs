@@ -1,13 +1,17 @@
 //! System tables, users, table shapes and `init` (change tracking plus default
 //! scripts) for PostgreSQL.
 
-use tokio_postgres::{Client, GenericClient};
+use std::collections::HashMap;
+
+use tokio_postgres::{Client, GenericClient, Transaction};
 
 use super::statements::Statements;
+use super::value::kind_of;
 use crate::names::{column_list, key_match};
+use crate::reinit::{self, Rewrite, Target, VersionFacts};
 use crate::scripts::*;
-use crate::shape::{Column, TableShape};
-use crate::{quote_identifier as q, DbError, ScriptEntry, TableInit};
+use crate::shape::{unsupported_column_type, Column, TableShape};
+use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
 
 const SYSTEM_TABLES: &str = "
 CREATE TABLE IF NOT EXISTS rs_user (
@@ -40,9 +44,18 @@ CREATE TABLE IF NOT EXISTS rs_subscription (
 -- Columns added after a table's first release.
 ALTER TABLE rs_subscription ADD COLUMN IF NOT EXISTS download_acknowledged BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE rs_subscription ADD COLUMN IF NOT EXISTS last_sync_xid BIGINT NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS rs_subscription_user ON rs_subscription (user_name);
 CREATE TABLE IF NOT EXISTS rs_table (
     table_name TEXT PRIMARY KEY,
     partition_column TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rs_script_column (
+    script_version TEXT NOT NULL,
+    table_name TEXT NOT NULL,
+    column_name TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    dropped BOOLEAN NOT NULL DEFAULT false,
+    PRIMARY KEY (script_version, table_name, column_name)
 );
 -- Every change of a script gives its version a new revision, so servers reload it at
 -- their next sync of that version (never during one). A sequence never repeats a
@@ -152,7 +165,7 @@ pub fn tombstone_table(table: &str) -> String {
 /// `rs_tombstone_<T>_xid`) fit PostgreSQL's 63-byte identifiers.
 pub const TABLE_NAME_BYTES_MAX: usize = 46;
 
-pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<(), DbError> {
+pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<InitOutcome, DbError> {
     if init.table.len() > TABLE_NAME_BYTES_MAX {
         return Err(DbError::Invalid(format!(
             "table name {:?} is {} bytes; the names rowsync derives from it would pass \
@@ -177,6 +190,7 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<(), DbE
             init.table
         )));
     }
+    refuse_unsupported_types(&transaction, &shape, &types).await?;
     let Some(partition_type) = shape
         .columns
         .iter()
@@ -200,6 +214,8 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<(), DbE
             types[index].as_str()
         })
         .collect();
+    let versions = version_facts(&transaction, &init.table).await?;
+    let target = reinit::choose_version(init, &versions, &shape.column_names())?;
     transaction
         .batch_execute(&tracking_ddl(&shape, &key_types, &init.partition_column))
         .await?;
@@ -210,23 +226,237 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<(), DbE
             &[&init.table, &init.partition_column],
         )
         .await?;
-    transaction
-        .execute(
-            "INSERT INTO rs_script_version (name) VALUES ($1) ON CONFLICT DO NOTHING",
-            &[&init.script_version],
+    create_version(&transaction, &target).await?;
+    let mut outcome = InitOutcome {
+        script_version: target.name.clone(),
+        created: target.create,
+        based_on: target.based_on.clone(),
+        ..InitOutcome::default()
+    };
+    // A part of the table's columns (an older version's) with their types; a column the
+    // table lost has none, which only means it is compared as it is.
+    let defaults = |part: &TableShape| {
+        let part_types: Vec<String> = part
+            .columns
+            .iter()
+            .map(|column| {
+                shape
+                    .columns
+                    .iter()
+                    .position(|c| c.name == column.name)
+                    .map_or_else(String::new, |index| types[index].clone())
+            })
+            .collect();
+        default_scripts(part, &part_types, &init.partition_column, &partition_type)
+    };
+    write_default_scripts(&transaction, &target.name, &shape, defaults(&shape)).await?;
+    for rewrite in reinit::dropped_column_rewrites(&versions, &target.name, &shape) {
+        let recorded = defaults(&reinit::shape_with_columns(&shape, &rewrite.recorded));
+        let remaining = defaults(&reinit::shape_with_columns(&shape, &rewrite.remaining));
+        rewrite_dropped(
+            &transaction,
+            &rewrite,
+            &shape.name,
+            (recorded, remaining),
+            &mut outcome,
         )
         .await?;
-    for (event, script) in default_scripts(&shape, &init.partition_column, &partition_type) {
+    }
+    transaction.commit().await?;
+    Ok(outcome)
+}
+
+/// Refuses, naming it, a column of a type rowsync cannot carry ([`kind_of`]), so that
+/// no sync ever meets one.
+async fn refuse_unsupported_types(
+    client: &impl GenericClient,
+    shape: &TableShape,
+    types: &[String],
+) -> Result<(), DbError> {
+    let names: Vec<String> = shape.columns.iter().map(|c| c.name.clone()).collect();
+    let statement = client
+        .prepare(&format!(
+            "SELECT {} FROM {}",
+            column_list(&names, ""),
+            q(&shape.name)
+        ))
+        .await?;
+    for ((column, name), type_name) in statement.columns().iter().zip(&names).zip(types) {
+        if kind_of(column.type_()).is_none() {
+            return Err(unsupported_column_type(&shape.name, name, type_name));
+        }
+    }
+    Ok(())
+}
+
+/// `expression` in a form `IS NOT DISTINCT FROM` can compare: `json` has no equality
+/// operator, so json columns compare as their text (exactly as stored).
+pub fn comparable(expression: &str, sql_type: &str) -> String {
+    if sql_type == "json" || sql_type.starts_with("json[") {
+        format!("{expression}::text")
+    } else {
+        expression.to_string()
+    }
+}
+
+/// Every script version, oldest first, with what it holds of `table`.
+async fn version_facts(
+    transaction: &Transaction<'_>,
+    table: &str,
+) -> Result<Vec<VersionFacts>, DbError> {
+    let rows = transaction
+        .query(
+            "SELECT v.name,
+                    EXISTS (SELECT 1 FROM rs_subscription AS s WHERE s.script_version = v.name),
+                    EXISTS (SELECT 1 FROM rs_script AS s WHERE s.script_version = v.name AND s.table_name = $1),
+                    (SELECT array_agg(c.column_name ORDER BY c.position) FROM rs_script_column AS c
+                     WHERE c.script_version = v.name AND c.table_name = $1 AND NOT c.dropped)
+             FROM rs_script_version AS v ORDER BY v.created_at, v.name",
+            &[&table],
+        )
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| VersionFacts {
+            name: row.get(0),
+            in_use: row.get(1),
+            synchronizes_table: row.get(2),
+            columns: row.get(3),
+        })
+        .collect())
+}
+
+/// Creates the target version, as a copy of its base (scripts and recorded columns).
+async fn create_version(transaction: &Transaction<'_>, target: &Target) -> Result<(), DbError> {
+    if !target.create {
+        return Ok(());
+    }
+    transaction
+        .execute(
+            "INSERT INTO rs_script_version (name, revision) VALUES ($1, nextval('rs_script_revision'))",
+            &[&target.name],
+        )
+        .await?;
+    if let Some(base) = &target.based_on {
         transaction
             .execute(
-                "INSERT INTO rs_script (script_version, table_name, event, script) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (script_version, table_name, event) DO UPDATE SET script = excluded.script",
-                &[&init.script_version, &init.table, &event, &script],
+                "INSERT INTO rs_script (script_version, table_name, event, script)
+                 SELECT $1, table_name, event, script FROM rs_script WHERE script_version = $2",
+                &[&target.name, base],
+            )
+            .await?;
+        transaction
+            .execute(
+                "INSERT INTO rs_script_column (script_version, table_name, column_name, position, dropped)
+                 SELECT $1, table_name, column_name, position, dropped FROM rs_script_column WHERE script_version = $2",
+                &[&target.name, base],
             )
             .await?;
     }
-    transaction.commit().await?;
     Ok(())
+}
+
+async fn write_script(
+    transaction: &Transaction<'_>,
+    version: &str,
+    table: &str,
+    event: &str,
+    script: &str,
+) -> Result<(), DbError> {
+    transaction
+        .execute(
+            "INSERT INTO rs_script (script_version, table_name, event, script) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (script_version, table_name, event) DO UPDATE SET script = excluded.script",
+            &[&version, &table, &event, &script],
+        )
+        .await?;
+    Ok(())
+}
+
+/// The table's default scripts in `version`, and the columns they carry.
+async fn write_default_scripts(
+    transaction: &Transaction<'_>,
+    version: &str,
+    shape: &TableShape,
+    scripts: Vec<(&'static str, String)>,
+) -> Result<(), DbError> {
+    for (event, script) in scripts {
+        write_script(transaction, version, &shape.name, event, &script).await?;
+    }
+    let columns = shape.column_names();
+    transaction
+        .execute(
+            "DELETE FROM rs_script_column WHERE script_version = $1 AND table_name = $2",
+            &[&version, &shape.name],
+        )
+        .await?;
+    transaction
+        .execute(
+            "INSERT INTO rs_script_column (script_version, table_name, column_name, position)
+             SELECT $1, $2, c.name, c.position::int FROM unnest($3::text[]) WITH ORDINALITY AS c (name, position)",
+            &[&version, &shape.name, &columns],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Rewrites an older version's default scripts without the columns the table lost
+/// (`defaults`: for the recorded columns, for the remaining ones), and marks those
+/// dropped (its clients' values for them are ignored from now on).
+async fn rewrite_dropped(
+    transaction: &Transaction<'_>,
+    rewrite: &Rewrite,
+    table: &str,
+    defaults: (reinit::DefaultScripts, reinit::DefaultScripts),
+    outcome: &mut InitOutcome,
+) -> Result<(), DbError> {
+    let stored: HashMap<String, String> = transaction
+        .query(
+            "SELECT event, script FROM rs_script WHERE script_version = $1 AND table_name = $2",
+            &[&rewrite.version, &table],
+        )
+        .await?
+        .into_iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let (write, left_alone) = reinit::rewritten_scripts(&stored, defaults.0, defaults.1);
+    for (event, script) in write {
+        write_script(transaction, &rewrite.version, table, event, &script).await?;
+    }
+    transaction
+        .execute(
+            "UPDATE rs_script_column SET dropped = true
+             WHERE script_version = $1 AND table_name = $2 AND column_name = ANY($3)",
+            &[&rewrite.version, &table, &rewrite.dropped],
+        )
+        .await?;
+    outcome
+        .rewritten
+        .push((rewrite.version.clone(), rewrite.dropped.clone()));
+    outcome.left_alone.extend(
+        left_alone
+            .into_iter()
+            .map(|event| (rewrite.version.clone(), event)),
+    );
+    Ok(())
+}
+
+/// The columns of `table` that `version` records as dropped (see `Dialect::dropped_columns`).
+pub async fn dropped_columns(
+    client: &impl GenericClient,
+    version: &str,
+    table: &str,
+) -> Result<Vec<String>, DbError> {
+    Ok(client
+        .query(
+            "SELECT column_name FROM rs_script_column
+             WHERE script_version = $1 AND table_name = $2 AND dropped",
+            &[&version, &table],
+        )
+        .await?
+        .into_iter()
+        .map(|row| row.get(0))
+        .collect())
 }
 
 /// Change tracking: an `rs_xid` column stamped with the writing transaction's id (by
@@ -263,6 +493,7 @@ ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {xid} BIGINT NOT NULL DEFAULT {CURR
 CREATE INDEX IF NOT EXISTS {xid_index} ON {table} ({partition}, {xid});
 CREATE TABLE IF NOT EXISTS {tombstones} ({key_definitions}, rs_partition TEXT NOT NULL, xid BIGINT NOT NULL);
 CREATE INDEX IF NOT EXISTS {tombstones_index} ON {tombstones} (rs_partition, xid);
+{widen_keys}
 
 CREATE OR REPLACE FUNCTION {stamp_function}() RETURNS trigger LANGUAGE plpgsql AS $rs$
 BEGIN
@@ -303,6 +534,13 @@ CREATE TRIGGER {delete_trigger} AFTER DELETE ON {table} REFERENCING OLD TABLE AS
         delete_trigger = trigger("delete"),
         old_keys = column_list(keys, "OLD."),
         old_keys_set = column_list(keys, "o."),
+        // A key column whose type was widened since: its tombstones widen with it.
+        widen_keys = keys
+            .iter()
+            .zip(key_types)
+            .map(|(key, ty)| format!("ALTER TABLE {tombstones} ALTER COLUMN {} TYPE {ty};", q(key)))
+            .collect::<Vec<_>>()
+            .join("\n"),
     )
 }
 
@@ -310,6 +548,7 @@ CREATE TRIGGER {delete_trigger} AFTER DELETE ON {table} REFERENCING OLD TABLE AS
 /// finds conflicts (staged keys not returned) in the same statement.
 pub fn default_scripts(
     shape: &TableShape,
+    types: &[String],
     partition_column: &str,
     partition_type: &str,
 ) -> Vec<(&'static str, String)> {
@@ -342,11 +581,15 @@ pub fn default_scripts(
         .join(", ");
     let old_matches = all
         .iter()
-        .map(|name| {
+        .zip(types)
+        .map(|(name, sql_type)| {
             format!(
-                "{table}.{c} IS NOT DISTINCT FROM u.{old}",
-                c = q(name),
-                old = q(&format!("{OLD_IMAGE_PREFIX}{name}"))
+                "{} IS NOT DISTINCT FROM {}",
+                comparable(&format!("{table}.{}", q(name)), sql_type),
+                comparable(
+                    &format!("u.{}", q(&format!("{OLD_IMAGE_PREFIX}{name}"))),
+                    sql_type
+                ),
             )
         })
         .collect::<Vec<_>>()
@@ -415,25 +658,50 @@ pub fn default_scripts(
     ]
 }
 
+/// The lowest of this statement's snapshot horizon and every watermark a sync in flight
+/// announced (`transaction::LOCK_CLIENT_QUERY`: the low 32 bits of a transaction id
+/// near this snapshot's `xmax`, widened back to 64 here).
+const IN_FLIGHT_HORIZON_QUERY: &str = concat!(
+    "WITH s AS (SELECT ",
+    snapshot_horizon!(),
+    " AS horizon, (pg_snapshot_xmax(pg_current_snapshot())::text)::bigint + 2147483648 AS reference) \
+     SELECT least(s.horizon, \
+       min(s.reference - (((s.reference - l.objid::text::bigint) % 4294967296) + 4294967296) % 4294967296)) \
+     FROM s LEFT JOIN pg_locks AS l ON l.locktype = 'advisory' AND l.classid = 7264 AND l.objsubid = 2 \
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+     GROUP BY s.horizon"
+);
+
 /// See `ConsolidatedConnection::cleanup`. The delete cursor asks for ids at or above the
 /// client's watermark, so tombstones below every acknowledged watermark are done.
+///
+/// No sync waits for cleanup, and cleanup waits for no sync. A client's next sync brings
+/// a watermark at or above the one its subscription records as acknowledged, so only a
+/// client's first sync, whose subscription is invisible until it commits, could lose a
+/// tombstone: one written by a transaction that was running when the sync took its
+/// watermark and committed before cleanup. Every sync announces, before it takes its
+/// watermark, a value at or below it (a shared advisory lock, seen in `pg_locks` at
+/// once). The first statement here takes its snapshot, then reads the announcements: a
+/// sync not announced yet takes its watermark later, at or above this snapshot's horizon
+/// (the lowest running id never decreases). The second statement's snapshot is taken
+/// after that read, so a sync whose announcement was gone had committed and its
+/// subscription is seen.
 pub async fn cleanup(client: &mut Client) -> Result<u64, DbError> {
     let transaction = client.transaction().await?;
-    // Syncs hold this lock shared: cleanup waits for those in flight, whose subscription
-    // (and the watermark it will acknowledge) is not visible before they commit.
-    transaction
-        .batch_execute("SELECT pg_advisory_xact_lock(7263, 0)")
-        .await?;
-    // With no subscription at all, every future client starts empty: all tombstones go.
-    let threshold: i64 = transaction
+    let in_flight: i64 = transaction
+        .query_one(IN_FLIGHT_HORIZON_QUERY, &[])
+        .await?
+        .get(0);
+    // With no subscription at all, every future client starts empty: all tombstones
+    // below the horizon go.
+    let acknowledged: Option<i64> = transaction
         .query_one(
-            &format!(
-                "SELECT coalesce(min(download_acknowledged), {CURRENT_XID}) FROM rs_subscription"
-            ),
+            "SELECT min(download_acknowledged) FROM rs_subscription",
             &[],
         )
         .await?
         .get(0);
+    let threshold = acknowledged.map_or(in_flight, |acknowledged| acknowledged.min(in_flight));
     let tables: Vec<String> = transaction
         .query("SELECT table_name FROM rs_table", &[])
         .await?
@@ -448,6 +716,7 @@ pub async fn cleanup(client: &mut Client) -> Result<u64, DbError> {
                 &[&threshold],
             )
             .await?;
+        crate::failpoint!("mid_cleanup");
     }
     transaction.commit().await?;
     Ok(removed)

@@ -11,6 +11,7 @@ use tokio_postgres::Transaction;
 use super::array_stage::{refusal, takes_cte, ArrayStage, ColumnRefusal, UPLOAD_CTE};
 use super::error::{describe_postgres, script_failure};
 use super::query::{bind_script, binds_of, query_bound};
+use super::schema::comparable;
 use super::statements::Statements;
 use super::value::Bind;
 use crate::dialect::{StagedRows, TableApply};
@@ -330,7 +331,10 @@ pub(super) async fn apply_staged(
     let script = context.scripts.require(table, event)?;
     // A row script's unchanged rows are compared by rowsync's own SELECT, which reads
     // arrays too.
-    let arrays = staged.after_row_script || takes_cte(script);
+    // An array column cannot be staged as an array of arrays (`unnest` would flatten
+    // it), so a table with one stages in a temporary table.
+    let arrays = (staged.after_row_script || takes_cte(script))
+        && !target.types.iter().any(|ty| ty.ends_with(']'));
     let (run_script, staged_rows) = (staged.run_script, staged.rows.len());
     let stage = UploadStage::create(target, context.shape, staged, arrays).await?;
     let script = context
@@ -400,13 +404,27 @@ async fn unlanded_keys(
         // so the primary key index finds the one row to compare with; the other columns
         // then by IS NOT DISTINCT FROM, which no index serves.
         let keys = &context.shape.key_columns;
+        let type_of = |column: &str| {
+            let index = context.shape.columns.iter().position(|c| c.name == column);
+            index
+                .and_then(|index| target.types.get(index))
+                .map_or("", String::as_str)
+        };
         let mut matches = vec![stage.key_match("t", "s")];
         matches.extend(
             stage
                 .columns()
                 .iter()
                 .filter(|column| !column.starts_with(OLD_IMAGE_PREFIX) && !keys.contains(column))
-                .map(|column| format!("t.{c} IS NOT DISTINCT FROM s.{c}", c = q(column))),
+                .map(|column| {
+                    let c = q(column);
+                    let ty = type_of(column);
+                    format!(
+                        "{} IS NOT DISTINCT FROM {}",
+                        comparable(&format!("t.{c}"), ty),
+                        comparable(&format!("s.{c}"), ty)
+                    )
+                }),
         );
         if let Some(partition) = context.partition_column {
             matches.push(format!("t.{}::text = $1", q(partition)));

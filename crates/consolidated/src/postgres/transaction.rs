@@ -32,9 +32,21 @@ use crate::{quote_identifier as q, SyncError};
 /// instance while it waits for synchronous replication) would read as committed. Our
 /// own id is at or above `xmax`, so the rows this sync wrote come down once more in the
 /// client's next sync: a harmless duplicate.
-const WATERMARK_QUERY: &str =
-    "SELECT (COALESCE((SELECT min(x) FROM pg_snapshot_xip(pg_current_snapshot()) AS x), \
-     pg_snapshot_xmax(pg_current_snapshot()))::text)::bigint";
+const WATERMARK_QUERY: &str = concat!("SELECT ", snapshot_horizon!());
+
+/// The client's lock (never waited for: a second sync of the client is refused), and the
+/// announcement of a watermark at or below the one this sync will take: a shared
+/// advisory lock on (`ANNOUNCED_WATERMARK_LOCK`, the horizon's low 32 bits), visible in
+/// `pg_locks` at once, which cleanup reads and nobody ever takes exclusively, so no sync
+/// waits for cleanup (see `schema::cleanup`).
+const LOCK_CLIENT_QUERY: &str = concat!(
+    "SELECT pg_try_advisory_xact_lock(7262, hashtext($1)), \
+     pg_advisory_xact_lock_shared(7264, ((h.horizon & 4294967295) \
+       - CASE WHEN (h.horizon & 4294967295) >= 2147483648 THEN 4294967296 ELSE 0 END)::int4) \
+     FROM (SELECT ",
+    snapshot_horizon!(),
+    " AS horizon) AS h"
+);
 
 const SUBSCRIPTION_QUERY: &str =
     "SELECT user_name, upload_sequence, download_watermark, last_sync_xid \
@@ -74,16 +86,7 @@ impl PgTransaction<'_> {
 
 impl Dialect for PgTransaction<'_> {
     async fn lock_client(&mut self, client_id: &str) -> Result<bool, SyncError> {
-        // Held shared by every sync, exclusively by cleanup: see `schema::cleanup`.
-        self.transaction
-            .batch_execute("SELECT pg_advisory_xact_lock_shared(7263, 0)")
-            .await?;
-        let locked = self
-            .query_one(
-                "SELECT pg_try_advisory_xact_lock(7262, hashtext($1))",
-                &[&client_id],
-            )
-            .await?;
+        let locked = self.query_one(LOCK_CLIENT_QUERY, &[&client_id]).await?;
         Ok(locked.get(0))
     }
 
@@ -102,6 +105,18 @@ impl Dialect for PgTransaction<'_> {
             download_watermark: row.get(2),
             last_sync_xid: row.get(3),
         }))
+    }
+
+    async fn client_ids_of_user(&mut self, user: &str, count_max: u64) -> Result<u64, SyncError> {
+        let count_max = i64::try_from(count_max).unwrap_or(i64::MAX);
+        let row = self
+            .transaction
+            .query_one(
+                "SELECT count(*) FROM (SELECT 1 FROM rs_subscription WHERE user_name = $1 LIMIT $2) AS s",
+                &[&user, &count_max],
+            )
+            .await?;
+        Ok(row.get::<_, i64>(0) as u64)
     }
 
     async fn record_subscription(
@@ -166,6 +181,14 @@ impl Dialect for PgTransaction<'_> {
             .await?;
         let row = self.transaction.query_opt(&statement, &[&table]).await?;
         Ok(row.and_then(|row| row.get(0)))
+    }
+
+    async fn dropped_columns(
+        &mut self,
+        version: &str,
+        table: &str,
+    ) -> Result<Vec<String>, SyncError> {
+        Ok(super::schema::dropped_columns(&self.transaction, version, table).await?)
     }
 
     async fn apply_staged(

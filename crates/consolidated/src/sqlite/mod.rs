@@ -22,7 +22,7 @@ use rusqlite::{Connection, OpenFlags};
 use crate::version_scripts::ScriptCache;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
-    DownloadSender, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
+    DownloadSender, InitOutcome, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
 };
 use transaction::SqliteBackend;
 
@@ -109,6 +109,7 @@ impl Consolidated for SqliteConsolidated {
             .await
             .map_err(|error| DbError::Task(error.to_string()))??;
         Ok(SqliteConnection {
+            interrupt: Arc::new(connection.get_interrupt_handle()),
             session: Arc::new(Mutex::new(Session {
                 connection,
                 cache: ScriptCache::default(),
@@ -120,6 +121,8 @@ impl Consolidated for SqliteConsolidated {
 /// A pooled SQLite connection. Its blocking calls run on tokio's blocking threads.
 pub struct SqliteConnection {
     session: Arc<Mutex<Session>>,
+    /// Interrupts the statement the session runs, while a blocking thread holds it.
+    interrupt: Arc<rusqlite::InterruptHandle>,
 }
 
 /// A connection with the scripts it has loaded.
@@ -179,7 +182,7 @@ impl ConsolidatedConnection for SqliteConnection {
             .await
     }
 
-    async fn init_table(&mut self, init: &TableInit) -> Result<(), DbError> {
+    async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {
         let init = init.clone();
         self.run(move |connection| schema::init_table(connection, &init))
             .await
@@ -263,6 +266,10 @@ impl ConsolidatedConnection for SqliteConnection {
     async fn script_versions(&mut self) -> Result<Vec<(String, String)>, DbError> {
         self.run(|connection| schema::script_versions(connection))
             .await
+    }
+
+    fn canceller(&self) -> crate::Canceller {
+        crate::Canceller::sqlite(Arc::clone(&self.interrupt))
     }
 
     async fn cleanup(&mut self) -> Result<u64, DbError> {

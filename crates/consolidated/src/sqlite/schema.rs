@@ -2,10 +2,13 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use std::collections::HashMap;
+
 use crate::names::{column_list, key_match};
+use crate::reinit::{self, Rewrite, Target, VersionFacts};
 use crate::scripts::*;
 use crate::shape::{Column, TableShape};
-use crate::{quote_identifier as q, DbError, ScriptEntry, TableInit};
+use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
 
 const SYSTEM_TABLES: &str = "
 CREATE TABLE IF NOT EXISTS rs_user (
@@ -34,9 +37,18 @@ CREATE TABLE IF NOT EXISTS rs_subscription (
     download_acknowledged INTEGER NOT NULL DEFAULT 0,
     last_sync_at TEXT
 );
+CREATE INDEX IF NOT EXISTS rs_subscription_user ON rs_subscription (user_name);
 CREATE TABLE IF NOT EXISTS rs_table (
     table_name TEXT PRIMARY KEY,
     partition_column TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rs_script_column (
+    script_version TEXT NOT NULL,
+    table_name TEXT NOT NULL,
+    column_name TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    dropped INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (script_version, table_name, column_name)
 );
 CREATE TABLE IF NOT EXISTS rs_clock (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -226,7 +238,7 @@ pub fn tombstone_table(table: &str) -> String {
     format!("rs_tombstone_{table}")
 }
 
-pub fn init_table(connection: &mut Connection, init: &TableInit) -> Result<(), DbError> {
+pub fn init_table(connection: &mut Connection, init: &TableInit) -> Result<InitOutcome, DbError> {
     let transaction = connection.transaction()?;
     install_system_tables(&transaction)?;
     let shape = table_shape(&transaction, &init.table)?
@@ -248,25 +260,185 @@ pub fn init_table(connection: &mut Connection, init: &TableInit) -> Result<(), D
             "tables named rs_* are rowsync's own".into(),
         ));
     }
+    let versions = version_facts(&transaction, &init.table)?;
+    let current = shape.column_names();
+    let target = reinit::choose_version(init, &versions, &current)?;
     transaction.execute_batch(&tracking_ddl(&shape, &init.partition_column))?;
     transaction.execute(
         "INSERT INTO rs_table (table_name, partition_column) VALUES (?1, ?2)
          ON CONFLICT (table_name) DO UPDATE SET partition_column = excluded.partition_column",
         params![init.table, init.partition_column],
     )?;
-    transaction.execute(
-        "INSERT OR IGNORE INTO rs_script_version (name) VALUES (?1)",
-        [&init.script_version],
-    )?;
-    for (event, script) in default_scripts(&shape, &init.partition_column) {
-        transaction.execute(
-            "INSERT INTO rs_script (script_version, table_name, event, script) VALUES (?1, ?2, ?3, ?4)
-             ON CONFLICT (script_version, table_name, event) DO UPDATE SET script = excluded.script",
-            params![init.script_version, init.table, event, script],
-        )?;
+    create_version(&transaction, &target)?;
+    let mut outcome = InitOutcome {
+        script_version: target.name.clone(),
+        created: target.create,
+        based_on: target.based_on.clone(),
+        ..InitOutcome::default()
+    };
+    write_default_scripts(&transaction, &target.name, &shape, &init.partition_column)?;
+    for rewrite in reinit::dropped_column_rewrites(&versions, &target.name, &shape) {
+        rewrite_dropped(&transaction, &rewrite, &shape, init, &mut outcome)?;
     }
     transaction.commit()?;
+    Ok(outcome)
+}
+
+/// Every script version, oldest first, with what it holds of `table`.
+fn version_facts(connection: &Connection, table: &str) -> Result<Vec<VersionFacts>, DbError> {
+    let mut statement = connection.prepare(
+        "SELECT v.name,
+                EXISTS (SELECT 1 FROM rs_subscription AS s WHERE s.script_version = v.name),
+                EXISTS (SELECT 1 FROM rs_script AS s WHERE s.script_version = v.name AND s.table_name = ?1)
+         FROM rs_script_version AS v ORDER BY v.rowid",
+    )?;
+    let mut versions = statement
+        .query_map([table], |row| {
+            Ok(VersionFacts {
+                name: row.get(0)?,
+                in_use: row.get(1)?,
+                synchronizes_table: row.get(2)?,
+                columns: None,
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut columns = connection.prepare(
+        "SELECT column_name FROM rs_script_column
+         WHERE script_version = ?1 AND table_name = ?2 AND dropped = 0 ORDER BY position",
+    )?;
+    for version in &mut versions {
+        let names = columns
+            .query_map([&version.name, table], |row| row.get(0))?
+            .collect::<Result<Vec<String>, _>>()?;
+        version.columns = (!names.is_empty()).then_some(names);
+    }
+    Ok(versions)
+}
+
+/// Creates the target version, as a copy of its base (scripts and recorded columns).
+fn create_version(connection: &Connection, target: &Target) -> Result<(), DbError> {
+    if !target.create {
+        return Ok(());
+    }
+    connection.execute(
+        "INSERT INTO rs_script_version (name) VALUES (?1)",
+        [&target.name],
+    )?;
+    if let Some(base) = &target.based_on {
+        connection.execute(
+            "INSERT INTO rs_script (script_version, table_name, event, script)
+             SELECT ?1, table_name, event, script FROM rs_script WHERE script_version = ?2",
+            [&target.name, base],
+        )?;
+        connection.execute(
+            "INSERT INTO rs_script_column (script_version, table_name, column_name, position, dropped)
+             SELECT ?1, table_name, column_name, position, dropped FROM rs_script_column WHERE script_version = ?2",
+            [&target.name, base],
+        )?;
+    }
     Ok(())
+}
+
+fn write_default_scripts(
+    connection: &Connection,
+    version: &str,
+    shape: &TableShape,
+    partition_column: &str,
+) -> Result<(), DbError> {
+    for (event, script) in default_scripts(shape, partition_column) {
+        write_script(connection, version, &shape.name, event, &script)?;
+    }
+    connection.execute(
+        "DELETE FROM rs_script_column WHERE script_version = ?1 AND table_name = ?2",
+        [version, &shape.name],
+    )?;
+    for (position, column) in shape.columns.iter().enumerate() {
+        connection.execute(
+            "INSERT INTO rs_script_column (script_version, table_name, column_name, position) VALUES (?1, ?2, ?3, ?4)",
+            params![version, shape.name, column.name, position as i64],
+        )?;
+    }
+    Ok(())
+}
+
+fn write_script(
+    connection: &Connection,
+    version: &str,
+    table: &str,
+    event: &str,
+    script: &str,
+) -> Result<(), DbError> {
+    connection.execute(
+        "INSERT INTO rs_script (script_version, table_name, event, script) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (script_version, table_name, event) DO UPDATE SET script = excluded.script",
+        params![version, table, event, script],
+    )?;
+    Ok(())
+}
+
+/// Rewrites an older version's default scripts without the columns the table lost,
+/// and marks those dropped (its clients' values for them are ignored from now on).
+fn rewrite_dropped(
+    connection: &Connection,
+    rewrite: &Rewrite,
+    shape: &TableShape,
+    init: &TableInit,
+    outcome: &mut InitOutcome,
+) -> Result<(), DbError> {
+    let stored: HashMap<String, String> = connection
+        .prepare(
+            "SELECT event, script FROM rs_script WHERE script_version = ?1 AND table_name = ?2",
+        )?
+        .query_map([&rewrite.version, &shape.name], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    let partition = &init.partition_column;
+    let (write, left_alone) = reinit::rewritten_scripts(
+        &stored,
+        default_scripts(
+            &reinit::shape_with_columns(shape, &rewrite.recorded),
+            partition,
+        ),
+        default_scripts(
+            &reinit::shape_with_columns(shape, &rewrite.remaining),
+            partition,
+        ),
+    );
+    for (event, script) in write {
+        write_script(connection, &rewrite.version, &shape.name, event, &script)?;
+    }
+    for column in &rewrite.dropped {
+        connection.execute(
+            "UPDATE rs_script_column SET dropped = 1 WHERE script_version = ?1 AND table_name = ?2 AND column_name = ?3",
+            [&rewrite.version, &shape.name, column],
+        )?;
+    }
+    outcome
+        .rewritten
+        .push((rewrite.version.clone(), rewrite.dropped.clone()));
+    outcome.left_alone.extend(
+        left_alone
+            .into_iter()
+            .map(|event| (rewrite.version.clone(), event)),
+    );
+    Ok(())
+}
+
+/// The columns of `table` that `version` records as dropped: an upload of that version
+/// may still name them (its clients are older than the drop), and they are ignored.
+pub fn dropped_columns(
+    connection: &Connection,
+    version: &str,
+    table: &str,
+) -> Result<Vec<String>, DbError> {
+    Ok(connection
+        .prepare(
+            "SELECT column_name FROM rs_script_column
+             WHERE script_version = ?1 AND table_name = ?2 AND dropped = 1",
+        )?
+        .query_map([version, table], |row| row.get(0))?
+        .collect::<Result<_, _>>()?)
 }
 
 /// Row-version and tombstone tables with the triggers that keep them. Every change to
@@ -450,6 +622,7 @@ pub fn cleanup(connection: &mut Connection) -> Result<u64, DbError> {
             ),
             [threshold],
         )? as u64;
+        crate::failpoint!(blocking "mid_cleanup");
     }
     transaction.commit()?;
     Ok(removed)

@@ -181,7 +181,8 @@ impl Stage {
 
 /// Whether SQLite holds `sent` exactly as `stored`: the same value in the same storage
 /// class (doubles bit for bit), or an integer as its digits in a text column or as the
-/// same number in a real column (PostgreSQL takes both too).
+/// same number in a real column (PostgreSQL takes both too), a boolean as 0 or 1, and a
+/// value with a text form (`Value::text_form`) as that text.
 fn holds_exactly(sent: &Value, stored: ValueRef<'_>) -> bool {
     /// Integers a double holds exactly.
     const EXACT_IN_DOUBLE: i64 = 1 << 53;
@@ -193,8 +194,16 @@ fn holds_exactly(sent: &Value, stored: ValueRef<'_>) -> bool {
             number.abs() <= EXACT_IN_DOUBLE && *number as f64 == held
         }
         (Value::Double(number), ValueRef::Real(held)) => number.to_bits() == held.to_bits(),
-        (Value::Decimal(decimal), ValueRef::Text(held)) => decimal.to_string().as_bytes() == held,
+        (Value::Bool(flag), ValueRef::Integer(held)) => i64::from(*flag) == held,
         (Value::Text(text), ValueRef::Text(held)) => text.as_bytes() == held,
+        // Decimals, uuids, dates, times, intervals, arrays: their text form.
+        (
+            Value::Decimal(_) | Value::Numeric(_) | Value::Uuid(_) | Value::Date(_),
+            ValueRef::Text(held),
+        )
+        | (Value::Time(_) | Value::Interval(_) | Value::Array(_), ValueRef::Text(held)) => {
+            sent.text_form().is_some_and(|form| form.as_bytes() == held)
+        }
         (Value::Blob(bytes), ValueRef::Blob(held)) => bytes.as_slice() == held,
         _ => false,
     }

@@ -84,6 +84,16 @@ impl Dialect for SqliteTransaction<'_> {
             .optional()?)
     }
 
+    async fn client_ids_of_user(&mut self, user: &str, count_max: u64) -> Result<u64, SyncError> {
+        let count_max = i64::try_from(count_max).unwrap_or(i64::MAX);
+        let count: i64 = self.connection.query_row(
+            "SELECT count(*) FROM (SELECT 1 FROM rs_subscription WHERE user_name = ?1 LIMIT ?2)",
+            params![user, count_max],
+            |row| row.get(0),
+        )?;
+        Ok(count as u64)
+    }
+
     async fn record_subscription(
         &mut self,
         update: &SubscriptionUpdate<'_>,
@@ -137,6 +147,18 @@ impl Dialect for SqliteTransaction<'_> {
             )
             .optional()?
             .flatten())
+    }
+
+    async fn dropped_columns(
+        &mut self,
+        version: &str,
+        table: &str,
+    ) -> Result<Vec<String>, SyncError> {
+        Ok(super::schema::dropped_columns(
+            self.connection,
+            version,
+            table,
+        )?)
     }
 
     async fn apply_staged(

@@ -12,10 +12,12 @@ use std::future::Future;
 use std::sync::Arc;
 
 use rowsync_consolidated::{
-    synchronize_collect, CollectedSync, Consolidated, ConsolidatedConnection, DbError, SyncError,
-    SyncRequest, TableInit,
+    synchronize_collect, CollectedSync, Consolidated, ConsolidatedConnection, DbError, InitOutcome,
+    SyncError, SyncRequest, TableInit,
 };
-use rowsync_protocol::{Decimal, Download, ErrorCode, Row, RowUpdate, TableUpload, Value};
+use rowsync_protocol::{
+    Conflicts, Decimal, Download, ErrorCode, Row, RowUpdate, TableUpload, Value,
+};
 
 /// Raw SQL on the consolidated database, for test setup and inspection. Both methods
 /// panic on failure (with the statement in the message).
@@ -50,6 +52,12 @@ pub trait Factory {
         format!("CAST({expression} AS {name})")
     }
 
+    /// The statement that widens `columns` of `table` to BIGINT in place, `None` where
+    /// the database cannot change a column's type (SQLite).
+    fn widen_to_bigint(_table: &str, _columns: &[&str]) -> Option<String> {
+        None
+    }
+
     /// A fresh, empty consolidated database (not even the system tables) and raw SQL
     /// access to it. Whatever must outlive the test (a temporary directory, a server)
     /// is owned by the returned values.
@@ -73,6 +81,7 @@ macro_rules! conformance_suite {
             another_users_rows_cannot_be_touched_or_seen,
             an_upload_sequence_is_applied_at_most_once,
             upload_sequences_start_at_one_and_never_skip,
+            a_new_client_id_beyond_the_users_limit_is_refused,
             refused_syncs_apply_nothing,
             an_error_in_the_second_table_rolls_back_the_first,
             a_failing_upload_insert_script_is_a_script_error,
@@ -93,6 +102,10 @@ macro_rules! conformance_suite {
             hostile_values_in_every_parameter_are_data_not_sql,
             a_row_script_hitting_an_existing_key_fails_by_row_and_can_be_skipped,
             a_table_changed_between_syncs_on_one_connection_is_read_as_it_now_is,
+            an_added_column_goes_into_a_new_version_and_old_clients_keep_syncing,
+            a_dropped_column_leaves_every_version_and_old_uploads_of_it_are_ignored,
+            a_new_table_goes_into_a_new_version_holding_every_table,
+            a_widened_type_syncs_values_past_its_old_range,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {
@@ -106,7 +119,9 @@ macro_rules! conformance_suite {
 }
 pub(crate) use conformance_suite;
 
+mod schema_changes;
 mod scripts;
+pub use schema_changes::*;
 pub use scripts::*;
 
 // ---------------------------------------------------------------------------------
@@ -165,9 +180,11 @@ impl<F: Factory> Fixture<F> {
             .init_table(&TableInit {
                 table: table.into(),
                 partition_column: partition_column.into(),
-                script_version: "v1".into(),
+                script_version: Some("v1".into()),
+                based_on: None,
             })
             .await
+            .map(|_| ())
     }
 
     async fn init_orders(&mut self) {
@@ -329,6 +346,7 @@ fn request(
         upload_sequence,
         tables,
         auth_parameters: Vec::new(),
+        client_ids_per_user_max: None,
     }
 }
 
@@ -1137,6 +1155,51 @@ pub async fn an_upload_sequence_is_applied_at_most_once<F: Factory>() {
 /// rows just sent, and one upload with sequence 2^63-1 made every later upload of the
 /// client id "already applied". A sequence is 1 for a client's first upload and at
 /// most one above the last applied: anything else is refused, nothing applied.
+/// Issue 15, finding 10: a user may hold at most `client_ids_per_user_max` client ids
+/// (each subscription holds tombstones back for everyone); a new one beyond it is
+/// refused with code 13, nothing recorded or applied.
+pub async fn a_new_client_id_beyond_the_users_limit_is_refused<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[]).await;
+    let limited = |client_id: &str, user: &str, sequence: u64, tables: Vec<TableUpload>| {
+        let mut request = request(client_id, user, 0, sequence, tables);
+        request.client_ids_per_user_max = Some(2);
+        request
+    };
+    for client_id in ["alice-1", "alice-2"] {
+        f.sync_ok(limited(client_id, "alice", 1, vec![])).await;
+    }
+    let insert = orders_upload(vec![order(1, "alice", "pen", 1, None)], vec![], vec![]);
+    let error = f
+        .sync(limited("alice-3", "alice", 1, vec![insert]))
+        .await
+        .expect_err("a third client id of alice is refused");
+    assert!(
+        matches!(error, SyncError::ClientIdsExceeded { limit: 2, .. }),
+        "{error:?}"
+    );
+    assert_eq!(error.code(), ErrorCode::ClientIdsExceeded);
+    let message = error.to_string();
+    assert!(
+        message.contains("\"alice\"") && message.contains("\"alice-3\""),
+        "{message}"
+    );
+    let subscriptions = f
+        .sql
+        .query_rows(
+            "SELECT client_id FROM rs_subscription WHERE user_name = 'alice' ORDER BY client_id",
+        )
+        .await;
+    assert_eq!(
+        subscriptions,
+        vec![vec![text("alice-1")], vec![text("alice-2")]],
+        "nothing recorded for the refused client id"
+    );
+    assert_eq!(f.orders().await, Vec::<Row>::new(), "nothing applied");
+    // The user's existing client ids go on; other users have limits of their own.
+    f.sync_ok(limited("alice-1", "alice", 2, vec![])).await;
+    f.sync_ok(limited("bob-1", "bob", 1, vec![])).await;
+}
+
 pub async fn upload_sequences_start_at_one_and_never_skip<F: Factory>() {
     let mut f = Fixture::<F>::with_orders(&[]).await;
     let insert = |id: i64| orders_upload(vec![order(id, "alice", "pen", 1, None)], vec![], vec![]);
@@ -1770,6 +1833,15 @@ pub async fn a_resent_upload_still_delivers_its_conflict_resolution<F: Factory>(
     );
     let answered = f.sync_ok(upload.clone()).await;
     assert_eq!(answered.summary.conflicts, 2);
+    assert_eq!(
+        answered.conflicts,
+        vec![Conflicts {
+            table: "orders".into(),
+            key_columns: vec!["id".into()],
+            keys: vec![key(&[7]), key(&[8])],
+        }],
+        "the conflicting keys, named once each"
+    );
     // The reply is lost; the client resends the same upload from the same watermark.
     let resent = f.sync_ok(upload).await;
     assert!(resent.summary.upload_already_applied);
@@ -1777,6 +1849,7 @@ pub async fn a_resent_upload_still_delivers_its_conflict_resolution<F: Factory>(
         resent.summary.conflicts, 0,
         "conflicts were counted when applied"
     );
+    assert!(resent.conflicts.is_empty(), "and named when applied");
     assert_eq!(
         order_deletes(&resent),
         vec![key(&[7])],

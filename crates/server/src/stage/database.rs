@@ -3,29 +3,32 @@
 //! a task encodes the download into its spool, release the worker. A download
 //! acknowledgement is recorded here too.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rowsync_consolidated::{
-    download_channel, Consolidated, ConsolidatedConnection, DownloadAckRequest, DownloadMessage,
-    SyncError, SyncOutcome, SyncRequest,
+    download_channel, Canceller, Consolidated, ConsolidatedConnection, DownloadAckRequest,
+    DownloadMessage, SyncError, SyncOutcome, SyncRequest,
 };
 use rowsync_protocol::{
-    message_frames, ErrorCode, FrameDecoder, Message, TableUpload, WireError, PREAMBLE_BYTES,
+    ErrorCode, FrameDecoder, Message, TableUpload, WireError, CONFLICTS_SINCE_VERSION,
+    PREAMBLE_BYTES,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::config::ServerConfig;
-use crate::download_frames::{check_values, chunk_messages};
+use crate::download_frames::{check_values, chunk_messages, conflict_frames, message_frames_for};
 use crate::failure::Failure;
 use crate::metrics::{Phase, PhaseTimings};
 use crate::pool::Worker;
+use crate::record::DownloadDigest;
 use crate::session::MergedTables;
 use crate::shared::Shared;
 use crate::spool::{Spool, SpoolError};
-use crate::stage::stream::{upload_decoder, Acknowledgement, CheckedUpload};
+use crate::stage::stream::{Acknowledgement, CheckedUpload};
+use crate::upload_stream::{upload_decoder, UploadLimits};
 
 /// What the database stage hands on: the committed sync and its whole download, spooled
 /// (the end of the download not yet appended).
@@ -45,6 +48,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
     shared: &Shared<B>,
     upload: CheckedUpload,
     timings: &mut PhaseTimings,
+    client_gone: impl Future<Output = ()>,
 ) -> Result<Synchronized, Failure> {
     let config = &shared.config;
     let metrics = &shared.metrics;
@@ -65,7 +69,14 @@ pub(crate) async fn synchronize<B: Consolidated>(
         outbound,
         Arc::clone(&shared.cache),
     );
-    let spooling = spool_download(chunks, spool, config);
+    let framing = DownloadFraming {
+        message_bytes_max: config.download_message_bytes_max,
+        name_conflicts: hello.protocol_version >= CONFLICTS_SINCE_VERSION,
+        digest: timings.recording.is_some(),
+        protocol_version: hello.protocol_version,
+        value_bytes_max: config.value_bytes_max,
+    };
+    let spooling = spool_download(chunks, spool, framing);
     let waiting = Instant::now();
     let mut worker = shared
         .pool
@@ -75,7 +86,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
     timings.record(metrics, Phase::worker_wait, waiting.elapsed());
     // The upload is decoded from its spool only now, so syncs waiting for a worker hold
     // it encoded (and spilled when the cache is full), never twice.
-    let tables = assemble_upload(upload_spool, upload_decoder(config))
+    let tables = assemble_upload(upload_spool, upload_decoder(&UploadLimits::of(config)))
         .await
         .map_err(|error| Failure::tell(WireError::new(ErrorCode::Protocol, error.to_string())))?;
     let request = Arc::new(SyncRequest {
@@ -86,15 +97,31 @@ pub(crate) async fn synchronize<B: Consolidated>(
         upload_sequence,
         tables,
         auth_parameters: hello.auth_parameters,
+        client_ids_per_user_max: config.client_ids_per_user_max,
     });
     let working = Instant::now();
-    let outcome = worker
-        .connection()
-        .synchronize(Arc::clone(&request), sender)
-        .await;
+    let canceller = worker.connection().canceller();
+    let raced = {
+        let transaction = worker
+            .connection()
+            .synchronize(Arc::clone(&request), sender);
+        tokio::select! {
+            outcome = transaction => Some(outcome),
+            () = client_gone => None,
+        }
+    };
+    let Some(outcome) = raced else {
+        return Err(cancelled(worker, canceller).await);
+    };
     let spooled = spooling
         .await
-        .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?;
+        .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?
+        .map(|(spool, digest)| {
+            if let Some(recording) = timings.recording.as_mut() {
+                recording.digest = digest;
+            }
+            spool
+        });
     let (outcome, spool) = settle(worker, outcome, spooled)?;
     record_committed(shared, timings, &outcome, working.elapsed());
     Ok(Synchronized {
@@ -104,6 +131,21 @@ pub(crate) async fn synchronize<B: Consolidated>(
         preamble,
         wire_bytes_received,
     })
+}
+
+/// The client went away while its sync ran: the statement running is cancelled (a
+/// re-check of a large upload applied before, a script waiting for a lock) and the
+/// worker's connection, its transaction never committed, is discarded.
+async fn cancelled<B: Consolidated>(worker: Worker<B>, canceller: Canceller) -> Failure {
+    let cancel = canceller.cancel().await;
+    worker.discard();
+    let how = match cancel {
+        Ok(()) => "its database work was cancelled".to_string(),
+        Err(error) => format!("cancelling its database work failed: {error}"),
+    };
+    Failure::silent(format!(
+        "the client closed the connection before its download; {how}"
+    ))
 }
 
 /// A committed sync's database phases (`database_time` split at the end of the apply),
@@ -125,28 +167,58 @@ fn record_committed<B: Consolidated>(
     metrics.rows_downloaded.inc_by(outcome.download_rows);
 }
 
+/// How the download is framed for one client.
+#[derive(Clone, Copy)]
+struct DownloadFraming {
+    message_bytes_max: usize,
+    /// The client speaks a protocol version that has `Conflicts` messages.
+    name_conflicts: bool,
+    /// A checksum of the download's rows is kept (the sync is recorded).
+    digest: bool,
+    /// The session's version: a v1 client gets v2 values in their v1 form, and no
+    /// value in pieces.
+    protocol_version: u16,
+    /// The largest text or blob value sent (in pieces); a larger one refuses the sync.
+    value_bytes_max: u64,
+}
+
 /// The task that encodes the backend's download chunks into frames and spools them; it
-/// answers the backend's end of download only once the spool holds all of it.
+/// answers the backend's end of download only once the spool holds all of it. With
+/// `digest` (the sync is recorded) it also digests the rows.
 fn spool_download(
     mut chunks: mpsc::Receiver<DownloadMessage>,
     mut spool: Spool,
-    config: &ServerConfig,
-) -> JoinHandle<Result<Spool, SpoolError>> {
-    let message_bytes_max = config.download_message_bytes_max;
-    let value_bytes_max = config.value_bytes_max;
+    framing: DownloadFraming,
+) -> JoinHandle<Result<(Spool, DownloadDigest), SpoolError>> {
     tokio::spawn(async move {
+        let mut rows_digest = DownloadDigest::default();
         while let Some(message) = chunks.recv().await {
             match message {
                 DownloadMessage::Chunk(chunk) => {
-                    check_values(&chunk, value_bytes_max)?;
-                    for message in chunk_messages(chunk, message_bytes_max) {
-                        // A row larger than a message is alone in its message; its
-                        // large values go first, in pieces, each freed once sent.
-                        for frame in message_frames(Message::Download(message), message_bytes_max) {
-                            spool.append(&frame).await?;
+                    if framing.digest {
+                        rows_digest.add(&chunk);
+                    }
+                    check_values(&chunk, framing.value_bytes_max)?;
+                    let messages =
+                        chunk_messages(chunk, framing.message_bytes_max, framing.protocol_version);
+                    for message in messages {
+                        // A row larger than a message is alone in its message; to a v2
+                        // client its large values go first, in pieces, each freed once sent.
+                        for frame in message_frames_for(
+                            message,
+                            framing.message_bytes_max,
+                            framing.protocol_version,
+                        ) {
+                            spool.append(&frame?).await?;
                         }
                     }
                 }
+                DownloadMessage::Conflicts(conflicts) if framing.name_conflicts => {
+                    for frame in conflict_frames(conflicts, framing.message_bytes_max) {
+                        spool.append(&frame).await?;
+                    }
+                }
+                DownloadMessage::Conflicts(_) => {}
                 DownloadMessage::Finish(answer) => {
                     let flushed = spool.flush().await;
                     let verdict = match &flushed {
@@ -158,7 +230,7 @@ fn spool_download(
                 }
             }
         }
-        Ok::<Spool, SpoolError>(spool)
+        Ok::<_, SpoolError>((spool, rows_digest))
     })
 }
 
@@ -205,7 +277,9 @@ fn settle<B: Consolidated>(
 /// anything else the server's problem.
 fn spool_refusal(error: SpoolError) -> WireError {
     let code = match error {
-        SpoolError::ValueTooLarge { .. } => ErrorCode::UploadTooLarge,
+        SpoolError::ValueTooLarge { .. } | SpoolError::RowTooLarge { .. } => {
+            ErrorCode::UploadTooLarge
+        }
         _ => ErrorCode::Internal,
     };
     WireError::new(code, error.to_string())

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use crate::download_frames::end_frame;
 use crate::failure::Failure;
 use crate::metrics::{Phase, PhaseTimings};
+use crate::monitor::SyncFacts;
 use crate::shared::Shared;
 use crate::spool::Spool;
 use crate::stage::database::Synchronized;
@@ -66,6 +67,14 @@ pub(crate) async fn send_download<B: Consolidated>(
             ""
         },
     );
+    timings.facts = SyncFacts {
+        rows_uploaded: outcome.summary.rows_uploaded,
+        rows_downloaded: outcome.download_rows,
+        bytes_received: wire_bytes_received,
+        bytes_sent: spool.wire_bytes(),
+        conflicts: outcome.summary.conflicts,
+        upload_already_applied: outcome.summary.upload_already_applied,
+    };
     let sending = Instant::now();
     let sent = send_spool(stream, shared, preamble, spool).await;
     timings.record(&shared.metrics, Phase::download_sent, sending.elapsed());

@@ -7,10 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use rowsync_consolidated::Consolidated;
-use rowsync_protocol::{
-    Compression, CompressionError, DecodeError, ErrorCode, FrameDecoder, Hello, Inbound,
-    InboundError, Outbound, WireError,
-};
+use rowsync_protocol::{Compression, ErrorCode, Hello, Outbound, WireError};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::Instant;
 
@@ -18,10 +15,13 @@ use crate::auth;
 use crate::config::ServerConfig;
 use crate::failure::Failure;
 use crate::metrics::{Metrics, Phase, PhaseTimings};
+use crate::monitor::Identity;
 use crate::pending::PendingHello;
-use crate::session::{ServerSession, Step};
+use crate::record::SyncRecording;
+use crate::session::Step;
 use crate::shared::{Shared, READ_CHUNK_BYTES};
 use crate::spool::{Spool, SpoolError};
+use crate::upload_stream::{UploadEvent, UploadLimits, UploadStream};
 
 /// What the stream stage hands on: an authenticated client's checked upload, or its
 /// acknowledgement of the last download (boxed: each holds a compressor's state).
@@ -73,20 +73,20 @@ pub(crate) async fn receive<B: Consolidated>(
     );
     let mut reader = UploadReader {
         stream,
-        inbound: Inbound::new(config.decompressed_bytes_max),
-        decoder: upload_decoder(config),
-        session: ServerSession::new(config.upload_bytes_max),
+        upload: UploadStream::new(UploadLimits::of(config)),
         buffer: vec![0u8; READ_CHUNK_BYTES],
         started,
-        hello_seen: false,
         spool: Some(upload_spool),
         metrics,
         pending: Some(shared.pending_hellos.register()),
+        recording: None,
     };
     let Step::Hello(hello) = reader.next_step(config).await? else {
         unreachable!("the session's first step is the hello");
     };
     timings.record(metrics, Phase::connect, started.elapsed());
+    observe_hello(shared, timings, &hello);
+    rowsync_consolidated::failpoint!("after_hello");
 
     // Authentication, before the rest of the upload is read: a refused client costs no
     // more than its hello.
@@ -97,19 +97,25 @@ pub(crate) async fn receive<B: Consolidated>(
     timings.record(metrics, Phase::authenticate, authenticating.elapsed());
 
     let receiving = Instant::now();
-    let step = reader
-        .next_step(config)
-        .await
-        .map_err(|failure| failure.of(&hello))?;
+    reader.recording = timings.recording.take();
+    let step = reader.rest_of_upload(shared, &hello.script_version).await;
+    timings.recording = reader.recording.take();
+    let step = step.map_err(|failure| failure.of(&hello))?;
     let (upload_sequence, acknowledged) = match step {
         Step::Complete(upload) => (upload.upload_sequence, None),
         Step::Acknowledge { watermark, .. } => (0, Some(watermark)),
-        Step::Hello(_) | Step::Continue => unreachable!("one hello, then the upload"),
+        Step::Hello(_) | Step::Continue | Step::UnknownTable(_) => {
+            unreachable!("one hello, then the upload")
+        }
     };
-    let wire_bytes_received = reader.inbound.wire_bytes();
+    let wire_bytes_received = reader.upload.wire_bytes();
     let outbound = reader.outbound()?;
     let spool = reader.spool.take().expect("spooled until complete");
     timings.record(metrics, Phase::upload_received, receiving.elapsed());
+    if acknowledged.is_some() {
+        // An acknowledgement is its own short exchange, not replayed.
+        timings.recording = None;
+    }
     Ok(match acknowledged {
         Some(watermark) => {
             drop(spool);
@@ -131,93 +137,114 @@ pub(crate) async fn receive<B: Consolidated>(
     })
 }
 
+/// The hello names the sync for the monitor and opens its recording (if recording).
+fn observe_hello<B: Consolidated>(shared: &Shared<B>, timings: &mut PhaseTimings, hello: &Hello) {
+    if let Some(watch) = &timings.watch {
+        watch.identify(Identity {
+            user: hello.user.clone(),
+            client_id: hello.client_id.clone(),
+            script_version: hello.script_version.clone(),
+        });
+    }
+    if let Some(recorder) = &shared.config.recorder {
+        timings.recording = recorder.begin(hello);
+    }
+}
+
 /// Bytes in, decompressed, spooled as they are (for the worker to decode again), and
-/// checked message by message through the session.
+/// checked message by message through the session ([`UploadStream`]).
 struct UploadReader<'s, S> {
     stream: &'s mut S,
-    inbound: Inbound,
-    decoder: FrameDecoder,
-    session: ServerSession,
+    upload: UploadStream,
     buffer: Vec<u8>,
     started: Instant,
-    hello_seen: bool,
     /// The decompressed byte stream after the hello.
     spool: Option<Spool>,
     metrics: &'s Metrics,
     /// This connection's place among those waiting for their hello, until it arrives.
     pending: Option<PendingHello<'s>>,
+    /// The sync's recording, which keeps the upload bytes too.
+    recording: Option<SyncRecording>,
 }
 
 impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
     /// Reads until the session takes its next step (hello, complete, acknowledgement).
-    /// Inflates no more than the next frame needs (its header, then the length the
-    /// header announced), so a decompression bomb costs at most one frame; and spools
-    /// nothing before the hello is in (the worker reads only the upload's messages).
+    /// Inflates no more than the next frame needs, and spools nothing before the hello
+    /// is in (the worker reads only the upload's messages).
     async fn next_step(&mut self, config: &ServerConfig) -> Result<Step, Failure> {
         loop {
-            if let Some(step) = self.checked_step()? {
-                return Ok(step);
-            }
-            let needed = self.decoder.bytes_needed();
-            if let Some(chunk) = self
-                .inbound
-                .next_chunk_at_most(needed)
-                .map_err(inbound_refusal)?
-            {
-                self.metrics
-                    .upload_decompressed_bytes
-                    .inc_by(chunk.len() as u64);
-                if let Some(spool) = self.spool.as_mut().filter(|_| self.hello_seen) {
-                    self.metrics.upload_spooled_bytes.inc_by(chunk.len() as u64);
-                    spool
-                        .append(chunk)
-                        .await
-                        .map_err(|error| spool_refusal(error, config))?;
-                }
-                self.decoder.feed(chunk);
-                continue;
-            }
-            let read = self.read(config).await?;
-            if read == 0 {
-                let reason = match self.decoder.finish() {
-                    Err(error) => error.to_string(),
-                    Ok(()) => {
-                        "the client closed the connection before the end of the upload".into()
+            match self.upload.next_event().map_err(Failure::tell)? {
+                UploadEvent::Step(step) => {
+                    if matches!(step, Step::Hello(_)) {
+                        self.pending = None;
                     }
-                };
-                return Err(Failure::silent(reason));
+                    return Ok(step);
+                }
+                UploadEvent::Inflated { bytes, spool } => {
+                    self.metrics
+                        .upload_decompressed_bytes
+                        .inc_by(bytes.len() as u64);
+                    if let Some(upload_spool) = self.spool.as_mut().filter(|_| spool) {
+                        self.metrics.upload_spooled_bytes.inc_by(bytes.len() as u64);
+                        if let Some(recording) = self.recording.as_mut() {
+                            recording.append(bytes);
+                        }
+                        upload_spool
+                            .append(bytes)
+                            .await
+                            .map_err(|error| spool_refusal(error, config))?;
+                        rowsync_consolidated::failpoint!("mid_upload");
+                    }
+                }
+                UploadEvent::NeedInput => {
+                    let read = self.read(config).await?;
+                    if read == 0 {
+                        return Err(Failure::silent(self.upload.ended_early()));
+                    }
+                    self.upload
+                        .feed(&self.buffer[..read])
+                        .map_err(Failure::tell)?;
+                }
             }
-            self.inbound
-                .feed(&self.buffer[..read])
-                .map_err(inbound_refusal)?;
         }
     }
 
-    /// Checks the complete messages decoded so far, until the session takes a step.
-    fn checked_step(&mut self) -> Result<Option<Step>, Failure> {
+    /// Reads the rest of the upload (or the acknowledgement), refusing a table the script
+    /// version does not synchronize as its first chunk arrives: the version's tables come
+    /// from the cache, and are loaded again (once per upload) before a table is refused.
+    async fn rest_of_upload<B: Consolidated>(
+        &mut self,
+        shared: &Shared<B>,
+        version: &str,
+    ) -> Result<Step, Failure> {
+        self.upload.check_tables();
+        let mut loaded = false;
         loop {
-            let before = self.decoder.buffered_bytes();
-            // Checked in full but not kept: the worker decodes the rows from the spool.
-            let message = match self.decoder.next_message_checked() {
-                Ok(message) => message,
-                Err(error) => return Err(Failure::tell(decode_refusal(error))),
+            let table = match self.next_step(&shared.config).await? {
+                Step::UnknownTable(table) => table,
+                step => return Ok(step),
             };
-            let frame_bytes = before - self.decoder.buffered_bytes();
-            let Some(message) = message else {
-                // Value pieces taken without a message after them count all the same.
-                self.session.count(frame_bytes).map_err(Failure::tell)?;
-                return Ok(None);
-            };
-            match self.session.handle(message, frame_bytes) {
-                Ok(Step::Continue) => {}
-                Ok(step @ Step::Hello(_)) => {
-                    self.hello_seen = true;
-                    self.pending = None;
-                    return Ok(Some(step));
+            let cached = shared
+                .version_tables
+                .cached(version)
+                .filter(|tables| tables.tables.contains(&table));
+            let tables = match cached {
+                Some(tables) => Some(tables),
+                None if !loaded => {
+                    loaded = true;
+                    shared.metrics.version_tables_loads.inc();
+                    let tables = shared
+                        .version_tables
+                        .load(&shared.auth_pool, version)
+                        .await
+                        .map_err(|error| {
+                            Failure::tell(WireError::new(error.code(), error.to_string()))
+                        })?;
+                    Some(tables)
                 }
-                Ok(step) => return Ok(Some(step)),
-                Err(error) => return Err(Failure::tell(error)),
-            }
+                None => None,
+            };
+            self.upload.resolve_table(tables).map_err(Failure::tell)?;
         }
     }
 
@@ -226,7 +253,7 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
     /// timeout.
     async fn read(&mut self, config: &ServerConfig) -> Result<usize, Failure> {
         let now = Instant::now();
-        let (deadline, what) = if self.hello_seen {
+        let (deadline, what) = if self.upload.hello_seen() {
             (self.started + config.upload_timeout, "upload timeout")
         } else {
             (
@@ -257,12 +284,12 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
         match read {
             Err(_) => {
                 let reason = if Instant::now() >= deadline {
-                    let limit = if self.hello_seen {
+                    let limit = if self.upload.hello_seen() {
                         config.upload_timeout
                     } else {
                         config.header_read_timeout
                     };
-                    let part = if self.hello_seen {
+                    let part = if self.upload.hello_seen() {
                         "the upload"
                     } else {
                         "the hello"
@@ -288,12 +315,11 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
 
     /// The reply's sender: the client's compression, announced by its preamble.
     fn outbound(&self) -> Result<Outbound, Failure> {
-        let compression = self
-            .inbound
-            .preamble()
+        let preamble = self.upload.preamble();
+        let compression = preamble
             .map(|preamble| preamble.compression)
             .unwrap_or_default();
-        Outbound::new(compression, self.inbound.preamble().is_some())
+        Outbound::new(compression, preamble.is_some())
             .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))
     }
 }
@@ -382,41 +408,4 @@ fn spool_refusal(error: SpoolError, config: &ServerConfig) -> Failure {
         ),
     };
     Failure::tell(wire)
-}
-
-fn inbound_refusal(error: InboundError) -> Failure {
-    let code = match error {
-        InboundError::Compression(CompressionError::DecompressedTooLarge { .. }) => {
-            ErrorCode::UploadTooLarge
-        }
-        _ => ErrorCode::Protocol,
-    };
-    Failure::tell(WireError::new(code, error.to_string()))
-}
-
-/// The upload's frame decoder: a value in pieces is refused above `value_bytes_max`
-/// (at its `value_start`, before its bytes arrive); the values in pieces of one row
-/// are bounded by the upload's own limit.
-pub(crate) fn upload_decoder(config: &ServerConfig) -> FrameDecoder {
-    FrameDecoder::new(config.frame_bytes_max)
-        .with_value_limits(config.value_bytes_max, config.upload_bytes_max as u64)
-}
-
-fn decode_refusal(error: DecodeError) -> WireError {
-    match error {
-        DecodeError::FrameTooLarge { .. } => {
-            WireError::new(ErrorCode::FrameTooLarge, error.to_string())
-        }
-        DecodeError::ValueTooLarge { length, limit } => WireError::new(
-            ErrorCode::UploadTooLarge,
-            format!(
-                "the upload holds a value of {length} bytes, above the server's \
-                 value_bytes_max of {limit} bytes"
-            ),
-        ),
-        DecodeError::RowPiecesTooLarge { .. } => {
-            WireError::new(ErrorCode::UploadTooLarge, error.to_string())
-        }
-        _ => WireError::new(ErrorCode::Protocol, error.to_string()),
-    }
 }

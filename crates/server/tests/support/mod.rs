@@ -100,7 +100,8 @@ impl TestServer {
             .init_table(&TableInit {
                 table: "orders".into(),
                 partition_column: "rep".into(),
-                script_version: "v1".into(),
+                script_version: Some("v1".into()),
+                based_on: None,
             })
             .await
             .unwrap();
@@ -403,4 +404,89 @@ pub fn hello_frame(user: &str) -> Vec<u8> {
         auth_parameters: Vec::new(),
         download_ack: false,
     }))
+}
+
+/// Sends raw bytes (then closes our side) and returns every message the server sent back
+/// (decompressed, if the server compressed its reply).
+pub async fn exchange_raw(server: &TestServer, bytes: &[u8]) -> Vec<rowsync_protocol::Message> {
+    exchange_raw_closing(server, bytes, true).await
+}
+
+/// [`exchange_raw`] for a complete sync, whose client keeps its sending side open until
+/// the download ends (the server takes the end of its stream as the client gone).
+pub async fn exchange_raw_open(
+    server: &TestServer,
+    bytes: &[u8],
+) -> Vec<rowsync_protocol::Message> {
+    exchange_raw_closing(server, bytes, false).await
+}
+
+/// Sends `bytes`, closes the sending side when `close` (so a truncated stream ends), and
+/// decodes every reply until the server closes.
+async fn exchange_raw_closing(
+    server: &TestServer,
+    bytes: &[u8],
+    close: bool,
+) -> Vec<rowsync_protocol::Message> {
+    let mut stream = TcpStream::connect(server.address).await.unwrap();
+    let _ = stream.write_all(bytes).await;
+    if close {
+        let _ = stream.shutdown().await;
+    }
+    let mut received = Vec::new();
+    let _ = stream.read_to_end(&mut received).await;
+    // The reply may come compressed, after a preamble, when the request was.
+    let mut inbound = rowsync_protocol::Inbound::new(u64::MAX);
+    inbound.feed(&received).unwrap();
+    let mut decoder =
+        rowsync_protocol::FrameDecoder::new(rowsync_protocol::FRAME_BYTES_MAX_DEFAULT);
+    while let Some(chunk) = inbound.next_chunk().unwrap() {
+        decoder.feed(chunk);
+    }
+    let mut messages = Vec::new();
+    while let Some(message) = decoder.next_message().unwrap() {
+        messages.push(message);
+    }
+    decoder.finish().unwrap();
+    messages
+}
+
+/// Frames as a zstd-compressed stream with its preamble: a large upload in few wire
+/// bytes, which the server's socket takes in whole whenever it stops reading.
+pub fn zstd_stream(frames: &[u8]) -> Vec<u8> {
+    use rowsync_protocol::{compress_all, Compression, Preamble};
+    let mut bytes = Preamble {
+        compression: Compression::Zstd,
+    }
+    .encode()
+    .to_vec();
+    bytes.extend(compress_all(Compression::Zstd, frames).unwrap());
+    bytes
+}
+
+static CHUNKS: AtomicUsize = AtomicUsize::new(0);
+
+/// An upload chunk of `table` with the columns of `orders`, inserting `rows` rows of a
+/// 1 KiB item each for `rep`, with keys no other chunk has.
+pub fn orders_chunk(table: &str, rep: &str, rows: usize) -> rowsync_protocol::Message {
+    let item = "x".repeat(1024);
+    rowsync_protocol::Message::Upload(rowsync_protocol::TableUpload {
+        table: table.into(),
+        columns: vec!["id".into(), "rep".into(), "item".into(), "quantity".into()],
+        key_columns: vec!["id".into()],
+        inserts: (0..rows)
+            .map(|n| {
+                vec![
+                    Value::Text(format!(
+                        "{table}-{}-{n}",
+                        CHUNKS.fetch_add(1, Ordering::Relaxed)
+                    )),
+                    rep.into(),
+                    item.as_str().into(),
+                    Value::Int(1),
+                ]
+            })
+            .collect(),
+        ..rowsync_protocol::TableUpload::default()
+    })
 }

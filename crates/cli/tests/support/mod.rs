@@ -1,0 +1,152 @@
+//! What the monitor and replay tests share: a consolidated SQLite database with `notes`,
+//! users, a `rowsync serve` process, and client syncs.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use rowsync_client::{Client, SyncOptions, SyncReport};
+
+pub fn rowsync() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rowsync"))
+}
+
+/// Runs `rowsync ARGS` with `stdin`, which must succeed; its standard output.
+pub fn run_ok(args: &[&str], stdin: &str) -> String {
+    run_command_ok(rowsync(), args, Some(stdin))
+}
+
+/// Runs `command ARGS`, with `stdin` if given, which must succeed; its standard output.
+pub fn run_command_ok(mut command: Command, args: &[&str], stdin: Option<&str>) -> String {
+    let mut child = command
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(text) = stdin {
+        // Written and closed before waiting; without input, waiting closes it.
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(text.as_bytes()).unwrap();
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// A consolidated database with `notes`, one row of erin's and one of frank's, set up
+/// for sync by `rowsync init`.
+pub fn init_notes(db: &Path) {
+    rusqlite::Connection::open(db)
+        .unwrap()
+        .execute_batch(
+            "CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT);
+             INSERT INTO notes VALUES (1, 'erin', 'hello'), (2, 'frank', 'hi frank');",
+        )
+        .unwrap();
+    let db = db.to_str().unwrap();
+    run_ok(
+        &[
+            "init",
+            "--db",
+            db,
+            "--table",
+            "notes",
+            "--partition-column",
+            "owner",
+        ],
+        "",
+    );
+}
+
+pub fn add_user(db: &Path, name: &str, password: &str) {
+    let db = db.to_str().unwrap();
+    run_ok(
+        &["user", "add", "--db", db, "--name", name],
+        &format!("{password}\n"),
+    );
+}
+
+/// A `rowsync serve` process, killed when dropped.
+pub struct Server {
+    child: Child,
+    /// tcp://host:port
+    pub address: String,
+    /// host:port of the admin endpoint, when asked for.
+    pub admin: Option<String>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Serves `db` on a free port, with `extra` arguments.
+pub fn serve(db: &Path, extra: &[&str]) -> Server {
+    let mut child = rowsync()
+        .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2", "--db"])
+        .arg(db)
+        .args(extra)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut banner = String::new();
+    stderr.read_line(&mut banner).unwrap();
+    assert!(banner.starts_with("rowsync serving"), "{banner}");
+    let address = banner.trim().rsplit(' ').next().unwrap().to_string();
+    let mut admin = None;
+    if extra.contains(&"--admin-listen") {
+        loop {
+            let mut line = String::new();
+            assert!(stderr.read_line(&mut line).unwrap() > 0, "no admin banner");
+            if let Some(rest) = line.strip_prefix("rowsync metrics on http://") {
+                admin = Some(rest.split('/').next().unwrap().to_string());
+                break;
+            }
+        }
+    }
+    // The log goes on to a reader that drains it, so the server never blocks on it.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    Server {
+        child,
+        address,
+        admin,
+    }
+}
+
+/// Opens (or creates) `user`'s client database in `dir`, tracking `notes`.
+pub fn client(dir: &Path, user: &str) -> Client {
+    let mut client = Client::open(dir.join(format!("{user}.db"))).unwrap();
+    client
+        .connection()
+        .execute_batch(
+            "CREATE TABLE IF NOT EXISTS notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT)",
+        )
+        .unwrap();
+    client.track("notes").unwrap();
+    client
+}
+
+/// One sync of `user`'s client database in `dir`.
+pub async fn sync_client(
+    dir: &tempfile::TempDir,
+    user: &str,
+    address: &str,
+    password: &str,
+) -> SyncReport {
+    let mut client = client(dir.path(), user);
+    client
+        .sync(&SyncOptions::new(address, user, password))
+        .await
+        .unwrap()
+}

@@ -1,0 +1,130 @@
+// The rowsync monitor page: polls the admin endpoint's JSON API once a second and
+// draws what it gets. Every value from the server is put in the page as text, never as
+// HTML (user names and errors come from the network).
+"use strict";
+
+const POLL_MS = 1000;
+const PHASES = ["connect", "authenticate", "upload_received", "worker_wait",
+  "upload_applied", "download_fetched", "download_sent"];
+const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"];
+
+function el(id) { return document.getElementById(id); }
+
+function cell(row, value, className) {
+  const td = row.insertCell();
+  td.textContent = value === null || value === undefined ? "" : String(value);
+  if (className) td.className = className;
+  return td;
+}
+
+function ms(value) { return value === null || value === undefined ? "" : value.toFixed(1); }
+
+function makeChart(target, names, colors) {
+  const series = [{}].concat(names.map((name, i) => ({
+    label: name, stroke: colors[i % colors.length], width: 1.5, spanGaps: false,
+  })));
+  const width = Math.max(380, el(target).parentElement.clientWidth - 12);
+  const data = [[]].concat(names.map(() => []));
+  return { plot: new uPlot({ width, height: 170, series, axes: [{}, { size: 56 }] }, data, el(target)), names };
+}
+
+const charts = {
+  rate: makeChart("chart-rate", ["ok", "refused or failed", "busy answers"], ["#2ca02c", "#d62728", "#ff7f0e"]),
+  phases: makeChart("chart-phases", PHASES, COLORS),
+  workers: makeChart("chart-workers", ["workers", "busy", "waiting for a worker", "connections"], COLORS),
+  cache: makeChart("chart-cache", ["in memory", "limit"], ["#1f77b4", "#999"]),
+};
+
+function drawSeries(samples) {
+  const t = samples.map((s) => s.unix_ms / 1000);
+  const mib = (b) => b / 1048576;
+  charts.rate.plot.setData([t, samples.map((s) => s.syncs_per_second),
+    samples.map((s) => s.failures_per_second), samples.map((s) => s.busy_answers_per_second)]);
+  charts.phases.plot.setData([t].concat(PHASES.map((_, i) => samples.map((s) => s.phase_ms[i]))));
+  charts.workers.plot.setData([t, samples.map((s) => s.workers), samples.map((s) => s.workers_busy),
+    samples.map((s) => s.syncs_waiting_for_worker), samples.map((s) => s.connections)]);
+  charts.cache.plot.setData([t, samples.map((s) => mib(s.cache_bytes)), samples.map((s) => mib(s.cache_bytes_max))]);
+}
+
+function drawActive(active) {
+  el("active-count").textContent = String(active.length);
+  const body = el("active").tBodies[0];
+  body.replaceChildren();
+  for (const sync of active) {
+    const row = body.insertRow();
+    row.dataset.id = String(sync.id);
+    cell(row, sync.id);
+    cell(row, sync.user, "text");
+    cell(row, sync.client_id, "text");
+    cell(row, sync.script_version, "text");
+    const phase = cell(row, "", "text");
+    const badge = document.createElement("span");
+    badge.className = "phase";
+    badge.textContent = sync.phase;
+    phase.appendChild(badge);
+    cell(row, ms(sync.elapsed_ms));
+  }
+  if (active.length === 0) cell(body.insertRow(), "none", "empty").colSpan = 6;
+}
+
+function drawRecent(syncs) {
+  const body = el("recent").tBodies[0];
+  body.replaceChildren();
+  for (const sync of syncs) {
+    const row = body.insertRow();
+    row.className = sync.outcome;
+    row.dataset.id = String(sync.id);
+    row.dataset.user = sync.user || "";
+    cell(row, sync.id);
+    cell(row, new Date(sync.started_unix_ms).toLocaleTimeString(), "text");
+    cell(row, sync.user, "text");
+    cell(row, sync.client_id, "text");
+    cell(row, sync.script_version, "text");
+    cell(row, sync.outcome, "text");
+    cell(row, ms(sync.duration_ms));
+    const byPhase = new Map(sync.phases.map((p) => [p.phase, p.ms]));
+    for (const phase of PHASES) cell(row, ms(byPhase.get(phase)));
+    cell(row, sync.rows_uploaded);
+    cell(row, sync.rows_downloaded);
+    cell(row, sync.bytes_received);
+    cell(row, sync.bytes_sent);
+    cell(row, sync.conflicts);
+    cell(row, sync.error, "error");
+  }
+  if (syncs.length === 0) cell(body.insertRow(), "no syncs yet", "empty").colSpan = 20;
+}
+
+async function getJson(path) {
+  const response = await fetch(path, { cache: "no-store" });
+  if (!response.ok) throw new Error(path + ": HTTP " + response.status);
+  return response.json();
+}
+
+let polls = 0;
+async function poll() {
+  const query = new URLSearchParams({
+    user: el("filter-user").value.trim(),
+    outcome: el("filter-outcome").value,
+    limit: el("filter-limit").value,
+  });
+  try {
+    const [active, syncs, series] = await Promise.all([
+      getJson("/api/monitor/active"),
+      getJson("/api/monitor/syncs?" + query),
+      getJson("/api/monitor/series"),
+    ]);
+    drawActive(active);
+    drawRecent(syncs);
+    drawSeries(series);
+    polls += 1;
+    const status = el("status");
+    status.dataset.polls = String(polls);
+    status.textContent = "updated " + new Date().toLocaleTimeString() + " · " + syncs.length +
+      " recent syncs shown · " + series.length + " samples";
+  } catch (error) {
+    el("status").textContent = "cannot reach the server: " + error.message;
+  }
+  setTimeout(poll, POLL_MS);
+}
+
+poll();

@@ -1,0 +1,435 @@
+//! The live monitor behind the admin endpoint's `/monitor` page (as the MobiLink
+//! Monitor): the syncs in progress with their current phase, a bounded history of the
+//! recent syncs, and a bounded series of samples (one per load measurement) for the
+//! charts. Cheap on the sync path: a sync takes the lock once when it starts and once
+//! when it ends; its phase changes are one atomic store.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::metrics::{Metrics, Outcome, Phase, PHASES};
+
+/// The monitor's bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct MonitorSettings {
+    /// Ended syncs kept for the page and `/api/monitor/syncs` (oldest dropped first).
+    pub history_syncs_max: usize,
+    /// Samples kept for the charts (one per `worker_adjust_interval`, 1 s by default).
+    pub samples_max: usize,
+}
+
+impl Default for MonitorSettings {
+    fn default() -> MonitorSettings {
+        MonitorSettings {
+            history_syncs_max: 1000,
+            samples_max: 900,
+        }
+    }
+}
+
+/// Who a sync is for, once its hello arrived.
+#[derive(Debug, Clone, Serialize)]
+pub struct Identity {
+    pub user: String,
+    pub client_id: String,
+    pub script_version: String,
+}
+
+/// A sync in progress, shared between its handler (which moves its phase) and the
+/// monitor (which lists it).
+#[derive(Debug)]
+pub struct ActiveSync {
+    id: u64,
+    started_unix_ms: u64,
+    started: Instant,
+    /// Index in [`PHASES`] of the phase it is in (`PHASES.len()` once all are done).
+    phase: AtomicUsize,
+    identity: OnceLock<Identity>,
+}
+
+impl ActiveSync {
+    pub(crate) fn enter_phase(&self, index: usize) {
+        self.phase.store(index, Ordering::Relaxed);
+    }
+
+    pub(crate) fn identify(&self, identity: Identity) {
+        let _ = self.identity.set(identity);
+    }
+}
+
+/// A sync in progress as `/api/monitor/active` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ActiveView {
+    pub id: u64,
+    pub started_unix_ms: u64,
+    pub elapsed_ms: f64,
+    pub phase: &'static str,
+    #[serde(flatten)]
+    pub identity: Option<Identity>,
+}
+
+/// What a sync did, as its stages learn it.
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct SyncFacts {
+    pub rows_uploaded: u64,
+    pub rows_downloaded: u64,
+    /// Upload bytes received on the wire (compressed, if the client compressed).
+    pub bytes_received: u64,
+    /// Download bytes sent on the wire.
+    pub bytes_sent: u64,
+    pub conflicts: u64,
+    pub upload_already_applied: bool,
+}
+
+/// One phase's time in an ended sync.
+#[derive(Debug, Clone, Serialize)]
+pub struct PhaseTime {
+    pub phase: &'static str,
+    pub ms: f64,
+}
+
+/// An ended sync, as `/api/monitor/syncs` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SyncRecord {
+    pub id: u64,
+    pub started_unix_ms: u64,
+    pub duration_ms: f64,
+    /// `ok`, `refused` (answered with an error) or `failed` (no answer).
+    pub outcome: &'static str,
+    #[serde(flatten)]
+    pub identity: Option<Identity>,
+    pub phases: Vec<PhaseTime>,
+    #[serde(flatten)]
+    pub facts: SyncFacts,
+    pub error: Option<String>,
+}
+
+/// One point of the charts: rates over the interval since the previous sample, the
+/// gauges as they stand.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    pub unix_ms: u64,
+    pub syncs_per_second: f64,
+    /// Syncs refused or failed, per second.
+    pub failures_per_second: f64,
+    pub busy_answers_per_second: f64,
+    /// Mean time of each phase (in [`PHASES`] order) over the syncs ended in the
+    /// interval; `null` when none ended.
+    pub phase_ms: Vec<Option<f64>>,
+    pub workers: i64,
+    pub workers_busy: i64,
+    pub syncs_waiting_for_worker: i64,
+    pub connections: i64,
+    pub cache_bytes: i64,
+    pub cache_bytes_max: i64,
+}
+
+/// Which ended syncs a query wants.
+#[derive(Debug, Default, Clone)]
+pub struct SyncFilter {
+    pub user: Option<String>,
+    pub outcome: Option<String>,
+    pub limit: Option<usize>,
+}
+
+#[derive(Default)]
+struct State {
+    active: BTreeMap<u64, Arc<ActiveSync>>,
+    recent: VecDeque<SyncRecord>,
+    samples: VecDeque<Sample>,
+    /// Phase times summed over the syncs ended since the last sample, and their count.
+    phase_micros: [u64; PHASES.len()],
+    phase_counts: [u64; PHASES.len()],
+    /// Counters at the last sample: ok, refused + failed, busy, when.
+    last_counts: Option<(u64, u64, u64, Instant)>,
+}
+
+pub struct Monitor {
+    settings: MonitorSettings,
+    next_id: AtomicU64,
+    state: Mutex<State>,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64)
+}
+
+impl Monitor {
+    pub fn new(settings: MonitorSettings) -> Monitor {
+        Monitor {
+            settings,
+            next_id: AtomicU64::new(1),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    pub fn settings(&self) -> MonitorSettings {
+        self.settings
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic elsewhere while holding the lock leaves plain data; keep serving it.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A sync starts (in its first phase, `connect`).
+    pub(crate) fn started(&self) -> Arc<ActiveSync> {
+        let sync = Arc::new(ActiveSync {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            started_unix_ms: unix_ms(),
+            started: Instant::now(),
+            phase: AtomicUsize::new(0),
+            identity: OnceLock::new(),
+        });
+        self.state().active.insert(sync.id, Arc::clone(&sync));
+        sync
+    }
+
+    /// A sync ended: it leaves the syncs in progress and joins the history.
+    pub(crate) fn ended(
+        &self,
+        sync: &ActiveSync,
+        outcome: Outcome,
+        phases: &[(Phase, Duration)],
+        facts: SyncFacts,
+        error: Option<String>,
+    ) {
+        let record = SyncRecord {
+            id: sync.id,
+            started_unix_ms: sync.started_unix_ms,
+            duration_ms: sync.started.elapsed().as_secs_f64() * 1000.0,
+            outcome: outcome_name(outcome),
+            identity: sync.identity.get().cloned(),
+            phases: phases
+                .iter()
+                .map(|(phase, duration)| PhaseTime {
+                    phase: phase_name(*phase),
+                    ms: duration.as_secs_f64() * 1000.0,
+                })
+                .collect(),
+            facts,
+            error,
+        };
+        let mut state = self.state();
+        state.active.remove(&sync.id);
+        for (phase, duration) in phases {
+            let index = phase_index(*phase);
+            state.phase_micros[index] += duration.as_micros() as u64;
+            state.phase_counts[index] += 1;
+        }
+        if self.settings.history_syncs_max == 0 {
+            return;
+        }
+        while state.recent.len() >= self.settings.history_syncs_max {
+            state.recent.pop_front();
+        }
+        state.recent.push_back(record);
+    }
+
+    /// Takes a sample of the counters and gauges (the load monitor calls this once per
+    /// measurement).
+    pub(crate) fn sample(&self, metrics: &Metrics) {
+        let ok = metrics.syncs_ended(Outcome::ok);
+        let failed = metrics.syncs_ended(Outcome::refused) + metrics.syncs_ended(Outcome::failed);
+        let busy = metrics.syncs_ended(Outcome::busy);
+        let now = Instant::now();
+        let mut state = self.state();
+        let (last_ok, last_failed, last_busy, last_at) =
+            state.last_counts.unwrap_or((ok, failed, busy, now));
+        state.last_counts = Some((ok, failed, busy, now));
+        let seconds = now.duration_since(last_at).as_secs_f64();
+        let rate = |count: u64, last: u64| {
+            if seconds > 0.0 {
+                count.saturating_sub(last) as f64 / seconds
+            } else {
+                0.0
+            }
+        };
+        let phase_ms = (0..PHASES.len())
+            .map(|index| {
+                let count = state.phase_counts[index];
+                (count > 0).then(|| state.phase_micros[index] as f64 / count as f64 / 1000.0)
+            })
+            .collect();
+        state.phase_micros = [0; PHASES.len()];
+        state.phase_counts = [0; PHASES.len()];
+        let sample = Sample {
+            unix_ms: unix_ms(),
+            syncs_per_second: rate(ok, last_ok),
+            failures_per_second: rate(failed, last_failed),
+            busy_answers_per_second: rate(busy, last_busy),
+            phase_ms,
+            workers: metrics.workers.get(),
+            workers_busy: metrics.workers_busy.get(),
+            syncs_waiting_for_worker: metrics.syncs_waiting_for_worker.get(),
+            connections: metrics.connections.get(),
+            cache_bytes: metrics.cache_bytes.get(),
+            cache_bytes_max: metrics.cache_bytes_max.get(),
+        };
+        if self.settings.samples_max == 0 {
+            return;
+        }
+        while state.samples.len() >= self.settings.samples_max {
+            state.samples.pop_front();
+        }
+        state.samples.push_back(sample);
+    }
+
+    /// The syncs in progress, oldest first.
+    pub fn active(&self) -> Vec<ActiveView> {
+        let state = self.state();
+        state
+            .active
+            .values()
+            .map(|sync| ActiveView {
+                id: sync.id,
+                started_unix_ms: sync.started_unix_ms,
+                elapsed_ms: sync.started.elapsed().as_secs_f64() * 1000.0,
+                phase: PHASES
+                    .get(sync.phase.load(Ordering::Relaxed))
+                    .map_or("ending", |phase| phase_name(*phase)),
+                identity: sync.identity.get().cloned(),
+            })
+            .collect()
+    }
+
+    /// The ended syncs `filter` wants, newest first.
+    pub fn recent(&self, filter: &SyncFilter) -> Vec<SyncRecord> {
+        let state = self.state();
+        state
+            .recent
+            .iter()
+            .rev()
+            .filter(|record| {
+                filter.user.as_deref().is_none_or(|user| {
+                    record
+                        .identity
+                        .as_ref()
+                        .is_some_and(|identity| identity.user == user)
+                })
+            })
+            .filter(|record| {
+                filter
+                    .outcome
+                    .as_deref()
+                    .is_none_or(|outcome| record.outcome == outcome)
+            })
+            .take(filter.limit.unwrap_or(usize::MAX))
+            .cloned()
+            .collect()
+    }
+
+    /// The samples taken after `since_unix_ms`, oldest first.
+    pub fn samples(&self, since_unix_ms: u64) -> Vec<Sample> {
+        let state = self.state();
+        state
+            .samples
+            .iter()
+            .filter(|sample| sample.unix_ms > since_unix_ms)
+            .cloned()
+            .collect()
+    }
+}
+
+pub fn phase_name(phase: Phase) -> &'static str {
+    match phase {
+        Phase::connect => "connect",
+        Phase::authenticate => "authenticate",
+        Phase::upload_received => "upload_received",
+        Phase::worker_wait => "worker_wait",
+        Phase::upload_applied => "upload_applied",
+        Phase::download_fetched => "download_fetched",
+        Phase::download_sent => "download_sent",
+    }
+}
+
+fn phase_index(phase: Phase) -> usize {
+    PHASES
+        .iter()
+        .position(|candidate| *candidate == phase)
+        .unwrap_or(0)
+}
+
+pub fn outcome_name(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::ok => "ok",
+        Outcome::refused => "refused",
+        Outcome::failed => "failed",
+        Outcome::busy => "busy",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity(user: &str) -> Identity {
+        Identity {
+            user: user.into(),
+            client_id: format!("{user}-phone"),
+            script_version: "v1".into(),
+        }
+    }
+
+    #[test]
+    fn lists_syncs_in_progress_and_keeps_a_bounded_filterable_history() {
+        let monitor = Monitor::new(MonitorSettings {
+            history_syncs_max: 2,
+            samples_max: 2,
+        });
+        let first = monitor.started();
+        first.identify(identity("ann"));
+        first.enter_phase(3);
+        let active = monitor.active();
+        assert_eq!(active.len(), 1);
+        assert_eq!(active[0].phase, "worker_wait");
+        assert_eq!(active[0].identity.as_ref().unwrap().user, "ann");
+        let phases = [(Phase::connect, Duration::from_millis(2))];
+        monitor.ended(&first, Outcome::ok, &phases, SyncFacts::default(), None);
+        for user in ["bob", "cy"] {
+            let sync = monitor.started();
+            sync.identify(identity(user));
+            let error = Some("code 4: no".to_string());
+            monitor.ended(
+                &sync,
+                Outcome::refused,
+                &phases,
+                SyncFacts::default(),
+                error,
+            );
+        }
+        assert!(monitor.active().is_empty());
+        let all = monitor.recent(&SyncFilter::default());
+        let users: Vec<_> = all
+            .iter()
+            .map(|record| record.identity.as_ref().unwrap().user.as_str())
+            .collect();
+        assert_eq!(users, ["cy", "bob"], "newest first, ann dropped beyond 2");
+        let bob = monitor.recent(&SyncFilter {
+            user: Some("bob".into()),
+            ..SyncFilter::default()
+        });
+        assert_eq!(bob.len(), 1);
+        let ok = monitor.recent(&SyncFilter {
+            outcome: Some("ok".into()),
+            ..SyncFilter::default()
+        });
+        assert!(ok.is_empty());
+
+        let metrics = Metrics::new();
+        for _ in 0..3 {
+            monitor.sample(&metrics);
+        }
+        let samples = monitor.samples(0);
+        assert_eq!(samples.len(), 2, "bounded by samples_max");
+        assert!(samples.iter().all(|sample| sample.phase_ms[0].is_none()));
+    }
+}
