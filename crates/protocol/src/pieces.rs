@@ -134,14 +134,14 @@ impl Pieces {
                 limit: self.row_bytes_max,
             });
         }
-        let capacity = if rows == Rows::Keep { start.length } else { 0 };
         self.incoming = Some(Incoming {
             table: start.table,
             column: start.column,
             kind: start.kind,
             length: start.length,
             received: 0,
-            bytes: Vec::with_capacity(capacity as usize),
+            // Grown as the pieces arrive: an announcement alone allocates nothing.
+            bytes: Vec::new(),
             utf8: Utf8Check::default(),
             keep: rows == Rows::Keep,
         });

@@ -129,7 +129,11 @@ pub fn frame_decoder(data: &[u8]) {
                     (Ok(Some(message)), Ok(Some(shape))) => {
                         assert_same_shape(&message, &shape);
                         let frame = encode_frame(&message);
-                        assert_eq!(frame.len(), before - decoding.buffered_bytes());
+                        let consumed = before - decoding.buffered_bytes();
+                        // Values in pieces came in frames of their own before the message.
+                        let in_pieces = consumed > frame.len()
+                            && matches!(message, Message::Upload(_) | Message::Download(_));
+                        assert!(frame.len() == consumed || in_pieces, "{consumed} bytes");
                     }
                     (Ok(None), Ok(None)) => break,
                     (Err(decoded), Err(checked)) => {
