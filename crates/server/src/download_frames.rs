@@ -301,6 +301,43 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_row_above_a_frame_goes_in_pieces_to_v2_and_is_refused_to_v1_naming_its_column() {
+        let large = Download {
+            table: "files".into(),
+            columns: vec!["id".into(), "data".into()],
+            key_columns: vec!["id".into()],
+            upserts: vec![vec![Value::Int(1), Value::Blob(vec![7; 5_000_000])]],
+            deletes: Vec::new(),
+        };
+        let frames = chunk_frames(large.clone(), 1024 * 1024, PROTOCOL_VERSION).unwrap();
+        assert!(frames.len() > 2, "a value_start, pieces, the row");
+        assert!(frames
+            .iter()
+            .all(|frame| frame.len() <= DOWNLOAD_FRAME_BYTES_MAX));
+        let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
+        decoder.feed(&frames.concat());
+        assert_eq!(
+            decoder.next_message().unwrap(),
+            Some(Message::Download(large.clone()))
+        );
+        let refused = chunk_frames(large, 1024 * 1024, 1).unwrap_err();
+        let SpoolError::RowTooLarge {
+            ref table,
+            ref column,
+            protocol_version: 1,
+            ..
+        } = refused
+        else {
+            panic!("{refused:?}")
+        };
+        assert_eq!((table.as_str(), column.as_str()), ("files", "data"));
+        assert!(
+            refused.to_string().contains("a client of version 2 would"),
+            "{refused}"
+        );
+    }
+
+    #[test]
     fn conflicting_keys_split_by_size_keep_every_key_in_order() {
         let keys: Vec<Row> = (0..1000).map(|i| vec![Value::Int(i)]).collect();
         let conflicts = Conflicts {
