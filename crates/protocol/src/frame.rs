@@ -111,6 +111,12 @@ impl FrameDecoder {
             if self.pieces.take_frame(body, rows)? {
                 continue;
             }
+            if rows == Rows::Keep {
+                // Checked whole first, as `decode_message` does, so no count sizes a
+                // vector before it is known to be true.
+                decode(body, Rows::CheckOnly, Some(&mut self.pieces.whole))?;
+                self.pieces.whole.rewind();
+            }
             let message = decode(body, rows, Some(&mut self.pieces.whole))?;
             self.pieces.after_message(message.message_type())?;
             return Ok(Some(message));

@@ -27,16 +27,43 @@ pub(crate) struct Whole {
     pub(crate) value: Option<Value>,
 }
 
-/// Values received whole in pieces, not yet taken by the message that holds them.
+/// Values received whole in pieces, waiting for the message that holds them; taken in
+/// order, and taken again after [`WholeValues::rewind`] (a message is checked whole
+/// before it is decoded, and its values then taken once more).
 #[derive(Debug, Default)]
 pub(crate) struct WholeValues {
     values: VecDeque<Whole>,
+    /// The next value to take.
+    next: usize,
 }
 
 impl WholeValues {
-    /// The next whole value, `None` if there is none.
-    pub(crate) fn take(&mut self) -> Option<Whole> {
-        self.values.pop_front()
+    /// The next whole value (without its bytes when only checking), `None` if there is
+    /// none left.
+    pub(crate) fn take(&mut self, rows: Rows) -> Option<Whole> {
+        let whole = self.values.get_mut(self.next)?;
+        self.next += 1;
+        Some(Whole {
+            table: whole.table.clone(),
+            column: whole.column.clone(),
+            value: match rows {
+                Rows::Keep => whole.value.take(),
+                Rows::CheckOnly => None,
+            },
+        })
+    }
+
+    /// Takes the values from the first again.
+    pub(crate) fn rewind(&mut self) {
+        self.next = 0;
+    }
+
+    /// Forgets every value; returns how many were never taken.
+    fn clear(&mut self) -> usize {
+        let unused = self.values.len() - self.next;
+        self.values.clear();
+        self.next = 0;
+        unused
     }
 }
 
@@ -215,9 +242,10 @@ impl Pieces {
     pub(crate) fn after_message(&mut self, message: MessageType) -> Result<(), DecodeError> {
         self.check_between_values(message.name())?;
         self.row_bytes = 0;
-        if !self.whole.values.is_empty() {
+        let unused = self.whole.clear();
+        if unused > 0 {
             return Err(DecodeError::InPiecesUnused {
-                count: self.whole.values.len(),
+                count: unused,
                 message: message.name(),
             });
         }
