@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use rand::RngCore;
-use rowsync_protocol::{encode_frame, Download, Message, Row, RowUpdate, TableUpload, Value};
+use rowsync_protocol::{message_frames, Download, Message, Row, RowUpdate, TableUpload, Value};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::ClientError;
@@ -15,8 +15,11 @@ pub const CLIENT_ID_BYTES: usize = 16;
 /// Upload messages are cut before they pass this many bytes, far below any frame limit.
 pub const UPLOAD_MESSAGE_BYTES_MAX: usize = 1024 * 1024;
 
-/// The largest single change (both images of an update) an upload can carry: what fits
-/// one default-size frame with room for the message's own header.
+/// The largest single change (both images of an update) an upload can carry in its own
+/// message: what fits one default-size frame with room for the message's own header.
+/// Text and blob values of more than `UPLOAD_MESSAGE_BYTES_MAX / 16` bytes do not count:
+/// in a change larger than a message they travel in pieces before it (protocol v2), each
+/// up to the server's `value_bytes_max`.
 pub const UPLOAD_ROW_BYTES_MAX: usize = rowsync_protocol::FRAME_BYTES_MAX_DEFAULT - 64 * 1024;
 
 const OLD_PREFIX: &str = "rs_old_";
@@ -608,18 +611,28 @@ pub fn next_batch_for(
              VALUES (?1, 0, x'', 0, ?2)",
             params![sequence as i64, script_version],
         )?;
-        for (part, upload) in messages.into_iter().enumerate() {
+        for upload in messages {
             let operations =
                 (upload.inserts.len() + upload.updates.len() + upload.deletes.len()) as u64;
             operations_total += operations;
-            let frame = encode_frame(&Message::Upload(upload));
-            insert.execute(params![
-                sequence as i64,
-                part as i64 + 1,
-                frame,
-                operations as i64
-            ])?;
-            frames.push(frame);
+            // A change larger than a message sends its large values first, in pieces:
+            // each piece is a part of its own; the message's part counts the operations.
+            let mut frames_of =
+                message_frames(Message::Upload(upload), UPLOAD_MESSAGE_BYTES_MAX).peekable();
+            while let Some(frame) = frames_of.next() {
+                let counted = if frames_of.peek().is_none() {
+                    operations
+                } else {
+                    0
+                };
+                insert.execute(params![
+                    sequence as i64,
+                    frames.len() as i64 + 1,
+                    frame,
+                    counted as i64
+                ])?;
+                frames.push(frame);
+            }
         }
     }
     transaction.commit()?;
@@ -708,12 +721,14 @@ fn collect_table_upload(
                 )))
             }
         };
-        let size: usize = match change {
-            Change::Insert => new.iter().map(Value::encoded_len).sum(),
-            Change::Update => old.iter().chain(&new).map(Value::encoded_len).sum(),
-            Change::Delete => key.iter().map(Value::encoded_len).sum(),
+        let images: Vec<&Value> = match change {
+            Change::Insert => new.iter().collect(),
+            Change::Update => old.iter().chain(&new).collect(),
+            Change::Delete => key.iter().collect(),
         };
-        if size > UPLOAD_ROW_BYTES_MAX {
+        let size: usize = images.iter().map(|value| value.encoded_len()).sum();
+        let inline_size: usize = images.iter().map(|value| inline_len(value)).sum();
+        if inline_size > UPLOAD_ROW_BYTES_MAX {
             // The batch is not built and the log is left as it is: nothing is lost.
             return Err(ClientError::Schema(format!(
                 "a change of table {table:?} (key {key:?}) takes {size} bytes; the most one \
@@ -739,6 +754,17 @@ fn collect_table_upload(
     }
     connection.execute(&format!("DELETE FROM {log}"), [])?;
     Ok(())
+}
+
+/// The bytes a value takes in its row's message when the row is larger than a message:
+/// one (the tag `in_pieces`) for a text or blob value that then travels in pieces.
+fn inline_len(value: &Value) -> usize {
+    let in_pieces = UPLOAD_MESSAGE_BYTES_MAX / 16;
+    match value {
+        Value::Text(text) if text.len() > in_pieces => 1,
+        Value::Blob(bytes) if bytes.len() > in_pieces => 1,
+        _ => value.encoded_len(),
+    }
 }
 
 pub fn has_pending_changes(connection: &Connection) -> Result<bool, ClientError> {

@@ -18,7 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rowsync_protocol::{
     encode_frame, Compression, Conflicts, Download, DownloadAck, EndUpload, FrameDecoder, Hello,
-    Inbound, Message, Outbound,
+    Inbound, Message, Outbound, ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT,
 };
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -183,6 +183,11 @@ pub struct TransportOptions {
     pub http_version: HttpVersion,
     /// Bytes the server's (compressed) download may inflate to.
     pub decompressed_bytes_max: u64,
+    /// The largest value the download may carry in pieces (text or blob bytes).
+    pub value_bytes_max: u64,
+    /// The most bytes of values in pieces held for one downloaded row before its
+    /// message arrives.
+    pub row_pieces_bytes_max: u64,
 }
 
 impl Default for TransportOptions {
@@ -192,6 +197,8 @@ impl Default for TransportOptions {
             tls: TlsOptions::default(),
             http_version: HttpVersion::Auto,
             decompressed_bytes_max: DECOMPRESSED_BYTES_MAX_DEFAULT,
+            value_bytes_max: VALUE_BYTES_MAX_DEFAULT,
+            row_pieces_bytes_max: ROW_PIECES_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -509,7 +516,10 @@ impl<'h> Receiver<'h> {
     ) -> Receiver<'h> {
         Receiver {
             inbound: Inbound::new(request.transport.decompressed_bytes_max),
-            decoder: FrameDecoder::new(request.frame_bytes_max),
+            decoder: FrameDecoder::new(request.frame_bytes_max).with_value_limits(
+                request.transport.value_bytes_max,
+                request.transport.row_pieces_bytes_max,
+            ),
             session: ClientSession::new(),
             handler,
             counters,
@@ -589,8 +599,9 @@ async fn exchange_stream<S: AsyncRead + AsyncWrite + Unpin>(
                 timeout_ms,
             })
         }
-        // The server may have refused the sync early (busy, bad credentials) and closed;
-        // its answer, if any, says more than the broken pipe.
+        // The server may have refused the sync early (busy, bad credentials, a value above
+        // its limit) and closed while we were still writing; its answer, if it arrived,
+        // says more than the broken pipe (protocol §1).
         Ok(Err(write_error)) => {
             return match read_until_done(
                 &mut stream,
@@ -601,7 +612,7 @@ async fn exchange_stream<S: AsyncRead + AsyncWrite + Unpin>(
             .await
             {
                 Ok(event) => Ok(event),
-                Err(read_error @ ClientError::Tls { .. }) => Err(read_error),
+                Err(said @ (ClientError::Server(_) | ClientError::Tls { .. })) => Err(said),
                 Err(_) => Err(stream_error(write_error, request.address)),
             }
         }

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use rowsync_protocol::{Conflicts, Download, SyncSummary};
+use rowsync_protocol::{Conflicts, Download, Row, SyncSummary, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{ConsolidatedConnection, SyncError, SyncRequest};
@@ -12,6 +12,38 @@ use crate::{ConsolidatedConnection, SyncError, SyncRequest};
 /// Rows a backend reads from a download cursor at a time, and so the most rows of one
 /// chunk (a few MB: each batch read from PostgreSQL is one round trip).
 pub const DOWNLOAD_BATCH_ROWS: usize = 10_000;
+
+/// Bytes (encoded) at which a backend hands a cursor's rows on before
+/// `DOWNLOAD_BATCH_ROWS` are read: rows holding large values (up to the server's
+/// `value_bytes_max` each) go one chunk at a time, so a download's memory stays a few
+/// such rows, not a batch of them.
+pub const DOWNLOAD_BATCH_BYTES: usize = 4 * 1024 * 1024;
+
+/// Rows read from a cursor, handed on at `DOWNLOAD_BATCH_ROWS` rows or
+/// `DOWNLOAD_BATCH_BYTES` bytes, whichever comes first.
+#[derive(Debug, Default)]
+pub struct CursorBatch {
+    rows: Vec<Row>,
+    bytes: usize,
+}
+
+impl CursorBatch {
+    /// Adds a row; true when the batch is full and should be handed on.
+    pub fn push(&mut self, row: Row) -> bool {
+        self.bytes += 2 + row.iter().map(Value::encoded_len).sum::<usize>();
+        self.rows.push(row);
+        self.rows.len() >= DOWNLOAD_BATCH_ROWS || self.bytes >= DOWNLOAD_BATCH_BYTES
+    }
+
+    pub fn take(&mut self) -> Vec<Row> {
+        self.bytes = 0;
+        std::mem::take(&mut self.rows)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+}
 
 /// Chunks that may wait between the backend and the server's encoder.
 pub const DOWNLOAD_CHANNEL_CHUNKS: usize = 8;

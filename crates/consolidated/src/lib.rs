@@ -40,8 +40,8 @@ use std::sync::Arc;
 
 pub use cancel::Canceller;
 pub use download::{
-    download_channel, synchronize_collect, CollectedSync, DownloadMessage, DownloadSender,
-    DOWNLOAD_BATCH_ROWS, DOWNLOAD_CHANNEL_CHUNKS,
+    download_channel, synchronize_collect, CollectedSync, CursorBatch, DownloadMessage,
+    DownloadSender, DOWNLOAD_BATCH_BYTES, DOWNLOAD_BATCH_ROWS, DOWNLOAD_CHANNEL_CHUNKS,
 };
 pub use error::{DbError, SyncError};
 pub use history::HistoryRecord;

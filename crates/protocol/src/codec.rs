@@ -1,6 +1,7 @@
 //! Message bodies: the bytes of a frame after its length prefix. Big-endian throughout.
 
 use crate::message::*;
+use crate::pieces::{Whole, WholeValues};
 use crate::{
     Decimal, DecodeError, Interval, Numeric, Row, Value, ARRAY_DEPTH_MAX, DECIMAL_SCALE_MAX,
 };
@@ -21,6 +22,8 @@ mod tag {
     pub const INTERVAL: u8 = 0x0B;
     pub const NUMERIC: u8 = 0x0C;
     pub const ARRAY: u8 = 0x0D;
+    /// Protocol v2: the value was sent before the message, in pieces.
+    pub const IN_PIECES: u8 = 0x20;
 }
 
 /// Microseconds in a day: the largest `time` (`24:00:00`).
@@ -28,6 +31,12 @@ const TIME_MICROS_MAX: i64 = 86_400_000_000;
 
 /// Encodes one message body: its type byte followed by its fields.
 pub fn encode_message(message: &Message) -> Vec<u8> {
+    encode_body(message, &mut Marks::none())
+}
+
+/// Encodes one message body, writing the tag `in_pieces` instead of each value whose
+/// ordinal (its place in the order [`values_mut`] walks) `marks` names.
+pub(crate) fn encode_body(message: &Message, marks: &mut Marks<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
     out.push(message.message_type() as u8);
     match message {
@@ -46,21 +55,21 @@ pub fn encode_message(message: &Message) -> Vec<u8> {
             put_str(&mut out, &upload.table);
             put_names(&mut out, &upload.columns);
             put_names(&mut out, &upload.key_columns);
-            put_rows(&mut out, &upload.inserts);
+            put_rows(&mut out, &upload.inserts, marks);
             put_count(&mut out, upload.updates.len());
             for update in &upload.updates {
-                put_row(&mut out, &update.old);
-                put_row(&mut out, &update.new);
+                put_row(&mut out, &update.old, marks);
+                put_row(&mut out, &update.new, marks);
             }
-            put_rows(&mut out, &upload.deletes);
+            put_rows(&mut out, &upload.deletes, marks);
         }
         Message::EndUpload(end) => out.extend_from_slice(&end.upload_sequence.to_be_bytes()),
         Message::Download(download) => {
             put_str(&mut out, &download.table);
             put_names(&mut out, &download.columns);
             put_names(&mut out, &download.key_columns);
-            put_rows(&mut out, &download.upserts);
-            put_rows(&mut out, &download.deletes);
+            put_rows(&mut out, &download.upserts, marks);
+            put_rows(&mut out, &download.deletes, marks);
         }
         Message::EndDownload(end) => {
             out.extend_from_slice(&end.watermark.to_be_bytes());
@@ -74,13 +83,80 @@ pub fn encode_message(message: &Message) -> Vec<u8> {
         }
         Message::Busy { retry_after_ms } => out.extend_from_slice(&retry_after_ms.to_be_bytes()),
         Message::DownloadAck(ack) => out.extend_from_slice(&ack.watermark.to_be_bytes()),
+        Message::ValueStart(start) => {
+            out.push(start.kind as u8);
+            out.extend_from_slice(&start.length.to_be_bytes());
+            put_str(&mut out, &start.table);
+            put_str(&mut out, &start.column);
+        }
+        Message::ValuePiece(piece) => put_bytes(&mut out, &piece.bytes),
         Message::Conflicts(conflicts) => {
             put_str(&mut out, &conflicts.table);
             put_names(&mut out, &conflicts.key_columns);
-            put_rows(&mut out, &conflicts.keys);
+            put_rows(&mut out, &conflicts.keys, &mut Marks::none());
         }
     }
     out
+}
+
+/// Which values of a message [`encode_body`] writes as `in_pieces`: their ordinals, in
+/// ascending order.
+pub(crate) struct Marks<'a> {
+    ordinals: &'a [usize],
+    seen: usize,
+}
+
+impl<'a> Marks<'a> {
+    pub(crate) fn new(ordinals: &'a [usize]) -> Marks<'a> {
+        Marks { ordinals, seen: 0 }
+    }
+
+    fn none() -> Marks<'static> {
+        Marks {
+            ordinals: &[],
+            seen: 0,
+        }
+    }
+
+    /// Whether the next value written is one sent in pieces.
+    fn next_in_pieces(&mut self) -> bool {
+        let ordinal = self.seen;
+        self.seen += 1;
+        match self.ordinals.split_first() {
+            Some((&first, rest)) if first == ordinal => {
+                self.ordinals = rest;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Every value of an upload or a download, in the order they are encoded (inserts,
+/// updates (old, then new image), deletes; upserts, deletes), each with its column.
+pub(crate) fn values_mut(message: &mut Message) -> Vec<(&str, &mut Value)> {
+    let rows: Vec<(&[String], &mut Row)> =
+        match message {
+            Message::Upload(upload) => {
+                let (columns, keys) = (&upload.columns[..], &upload.key_columns[..]);
+                (upload.inserts.iter_mut().map(|row| (columns, row)))
+                    .chain(upload.updates.iter_mut().flat_map(|update| {
+                        [(columns, &mut update.old), (columns, &mut update.new)]
+                    }))
+                    .chain(upload.deletes.iter_mut().map(|row| (keys, row)))
+                    .collect()
+            }
+            Message::Download(download) => {
+                let (columns, keys) = (&download.columns[..], &download.key_columns[..]);
+                (download.upserts.iter_mut().map(|row| (columns, row)))
+                    .chain(download.deletes.iter_mut().map(|row| (keys, row)))
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+    rows.into_iter()
+        .flat_map(|(names, row)| names.iter().map(String::as_str).zip(row.iter_mut()))
+        .collect()
 }
 
 /// Encodes values as they appear inside a row, without the count: a compact, exact
@@ -100,7 +176,8 @@ pub fn encode_key_identity(values: &[Value], out: &mut Vec<u8>) {
     }
 }
 
-/// Decodes one message body (a whole frame payload). Trailing bytes are an error.
+/// Decodes one message body (a whole frame payload). Trailing bytes are an error, and
+/// so is a value `in_pieces`: only a [`crate::FrameDecoder`] has the pieces it stands for.
 ///
 /// The body is checked whole before anything is kept, so that every count it holds is
 /// known to be true when vectors are sized by it: otherwise nested counts that each
@@ -108,8 +185,8 @@ pub fn encode_key_identity(values: &[Value], out: &mut Vec<u8>) {
 /// before the first lie is found (found by fuzzing: 579 bytes reserving 42 KB). A
 /// decoded message then takes at most the memory of its values.
 pub fn decode_message(body: &[u8]) -> Result<Message, DecodeError> {
-    decode(body, Rows::CheckOnly)?;
-    decode(body, Rows::Keep)
+    decode(body, Rows::CheckOnly, None)?;
+    decode(body, Rows::Keep, None)
 }
 
 /// Checks one message body exactly as [`decode_message`] does (every row and value,
@@ -117,21 +194,30 @@ pub fn decode_message(body: &[u8]) -> Result<Message, DecodeError> {
 /// row lists come back empty, and nothing is allocated per row or value. For a receiver
 /// that needs only a message's shape now and decodes it in full later.
 pub fn check_message(body: &[u8]) -> Result<Message, DecodeError> {
-    decode(body, Rows::CheckOnly)
+    decode(body, Rows::CheckOnly, None)
 }
 
 /// Whether decoding keeps the rows it reads or only checks them.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Rows {
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Rows {
     Keep,
     CheckOnly,
 }
 
-fn decode(body: &[u8], rows: Rows) -> Result<Message, DecodeError> {
+/// Decodes a body; a value `in_pieces` takes the next of `whole` (the values the
+/// frames before it brought), and a message holding one must carry a single row.
+pub(crate) fn decode(
+    body: &[u8],
+    rows: Rows,
+    whole: Option<&mut WholeValues>,
+) -> Result<Message, DecodeError> {
     let mut reader = Reader {
         body,
         offset: 0,
         rows,
+        whole,
+        in_pieces: 0,
+        rows_seen: 0,
     };
     let type_byte = *body.first().ok_or(DecodeError::EmptyFrame)?;
     reader.offset = 1;
@@ -151,17 +237,18 @@ fn decode(body: &[u8], rows: Rows) -> Result<Message, DecodeError> {
             let table = reader.string("table name")?;
             let columns = reader.names("column")?;
             let key_columns = reader.names("key column")?;
-            let inserts = reader.rows("insert", columns.len())?;
+            let inserts = reader.rows("insert", &table, &columns)?;
             let update_count = reader.count("update", 2 * ROW_BYTES_MIN)?;
             let mut updates = Vec::with_capacity(if rows == Rows::Keep { update_count } else { 0 });
+            reader.rows_seen += update_count;
             for _ in 0..update_count {
-                let old = reader.row(columns.len())?;
-                let new = reader.row(columns.len())?;
+                let old = reader.row(&table, &columns)?;
+                let new = reader.row(&table, &columns)?;
                 if rows == Rows::Keep {
                     updates.push(RowUpdate { old, new });
                 }
             }
-            let deletes = reader.rows("delete", key_columns.len())?;
+            let deletes = reader.rows("delete", &table, &key_columns)?;
             Message::Upload(TableUpload {
                 table,
                 columns,
@@ -178,8 +265,8 @@ fn decode(body: &[u8], rows: Rows) -> Result<Message, DecodeError> {
             let table = reader.string("table name")?;
             let columns = reader.names("column")?;
             let key_columns = reader.names("key column")?;
-            let upserts = reader.rows("upsert", columns.len())?;
-            let deletes = reader.rows("delete", key_columns.len())?;
+            let upserts = reader.rows("upsert", &table, &columns)?;
+            let deletes = reader.rows("delete", &table, &key_columns)?;
             Message::Download(Download {
                 table,
                 columns,
@@ -209,15 +296,34 @@ fn decode(body: &[u8], rows: Rows) -> Result<Message, DecodeError> {
         0x09 => {
             let table = reader.string("table name")?;
             let key_columns = reader.names("key column")?;
-            let keys = reader.rows("conflicting key", key_columns.len())?;
+            let keys = reader.rows("conflicting key", &table, &key_columns)?;
             Message::Conflicts(Conflicts {
                 table,
                 key_columns,
                 keys,
             })
         }
+        0x0A => {
+            let offset = reader.offset;
+            let tag = reader.take(1, "value kind")?[0];
+            let kind = PieceKind::from_u8(tag).ok_or(DecodeError::PieceKind { tag, offset })?;
+            Message::ValueStart(ValueStart {
+                kind,
+                length: reader.u64("value length")?,
+                table: reader.string("value table")?,
+                column: reader.string("value column")?,
+            })
+        }
+        0x0B => Message::ValuePiece(ValuePiece {
+            bytes: reader.bytes("value piece")?.to_vec(),
+        }),
         other => return Err(DecodeError::UnknownMessageType(other)),
     };
+    if reader.in_pieces > 0 && reader.rows_seen != 1 {
+        return Err(DecodeError::InPiecesRows {
+            rows: reader.rows_seen,
+        });
+    }
     let trailing = body.len() - reader.offset;
     if trailing != 0 {
         return Err(DecodeError::TrailingBytes {
@@ -256,18 +362,22 @@ fn put_names(out: &mut Vec<u8>, names: &[String]) {
     }
 }
 
-fn put_rows(out: &mut Vec<u8>, rows: &[Row]) {
+fn put_rows(out: &mut Vec<u8>, rows: &[Row], marks: &mut Marks<'_>) {
     put_count(out, rows.len());
     for row in rows {
-        put_row(out, row);
+        put_row(out, row, marks);
     }
 }
 
-fn put_row(out: &mut Vec<u8>, row: &Row) {
+fn put_row(out: &mut Vec<u8>, row: &Row, marks: &mut Marks<'_>) {
     let count = u16::try_from(row.len()).expect("at most 65535 values in a row");
     out.extend_from_slice(&count.to_be_bytes());
     for value in row {
-        put_value(out, value);
+        if marks.next_in_pieces() {
+            out.push(tag::IN_PIECES);
+        } else {
+            put_value(out, value);
+        }
     }
 }
 
@@ -332,10 +442,16 @@ fn put_value(out: &mut Vec<u8>, value: &Value) {
     }
 }
 
-struct Reader<'a> {
+struct Reader<'a, 'w> {
     body: &'a [u8],
     offset: usize,
     rows: Rows,
+    /// The values in pieces received before this message, if any could be.
+    whole: Option<&'w mut WholeValues>,
+    /// Values `in_pieces` read so far.
+    in_pieces: usize,
+    /// Rows read so far (an update counts once).
+    rows_seen: usize,
 }
 
 /// A value as it lies in the body, borrowed: checked without being copied.
@@ -347,6 +463,8 @@ enum ValueRef<'a> {
     Text(&'a str),
     Blob(&'a [u8]),
     Timestamp(i64),
+    /// A value sent in pieces before the message (no value when only checking).
+    Whole(Whole),
     /// Any value without borrowed bytes, and an array (empty when only checking).
     Owned(Value),
 }
@@ -361,12 +479,13 @@ impl ValueRef<'_> {
             ValueRef::Text(text) => Value::Text(text.to_owned()),
             ValueRef::Blob(bytes) => Value::Blob(bytes.to_vec()),
             ValueRef::Timestamp(micros) => Value::Timestamp(micros),
+            ValueRef::Whole(whole) => whole.value.unwrap_or(Value::Null),
             ValueRef::Owned(value) => value,
         }
     }
 }
 
-impl<'a> Reader<'a> {
+impl<'a> Reader<'a, '_> {
     fn remaining(&self) -> usize {
         self.body.len() - self.offset
     }
@@ -466,11 +585,18 @@ impl<'a> Reader<'a> {
         (0..count).map(|_| self.string(what)).collect()
     }
 
-    fn rows(&mut self, what: &'static str, width: usize) -> Result<Vec<Row>, DecodeError> {
+    /// Rows of `table` whose values are those of `names`.
+    fn rows(
+        &mut self,
+        what: &'static str,
+        table: &str,
+        names: &[String],
+    ) -> Result<Vec<Row>, DecodeError> {
         let count = self.count(what, ROW_BYTES_MIN)?;
+        self.rows_seen += count;
         let mut rows = Vec::with_capacity(if self.rows == Rows::Keep { count } else { 0 });
         for _ in 0..count {
-            let row = self.row(width)?;
+            let row = self.row(table, names)?;
             if self.rows == Rows::Keep {
                 rows.push(row);
             }
@@ -479,7 +605,9 @@ impl<'a> Reader<'a> {
     }
 
     /// One row: its values, or (checking only) an empty row once every value is checked.
-    fn row(&mut self, width: usize) -> Result<Row, DecodeError> {
+    /// A value sent in pieces must have been announced for its table and column.
+    fn row(&mut self, table: &str, names: &[String]) -> Result<Row, DecodeError> {
+        let width = names.len();
         let offset = self.offset;
         let found = usize::from(self.u16("row value count")?);
         if found != width {
@@ -491,12 +619,34 @@ impl<'a> Reader<'a> {
         }
         self.check_fits("value", found, VALUE_BYTES_MIN, offset)?;
         if self.rows == Rows::CheckOnly {
-            for _ in 0..found {
-                self.value()?;
+            for column in names {
+                self.placed(table, column)?;
             }
             return Ok(Row::new());
         }
-        (0..found).map(|_| Ok(self.value()?.into_value())).collect()
+        names
+            .iter()
+            .map(|column| Ok(self.placed(table, column)?.into_value()))
+            .collect()
+    }
+
+    /// The next value, in `column` of `table`: where a value in pieces must have been
+    /// announced.
+    fn placed(&mut self, table: &str, column: &str) -> Result<ValueRef<'a>, DecodeError> {
+        let offset = self.offset;
+        let value = self.value()?;
+        if let ValueRef::Whole(whole) = &value {
+            if whole.table != table || whole.column != column {
+                return Err(DecodeError::InPiecesMisplaced {
+                    offset,
+                    announced_table: whole.table.clone(),
+                    announced_column: whole.column.clone(),
+                    table: table.to_owned(),
+                    column: column.to_owned(),
+                });
+            }
+        }
+        Ok(value)
     }
 
     fn value(&mut self) -> Result<ValueRef<'a>, DecodeError> {
@@ -553,6 +703,23 @@ impl<'a> Reader<'a> {
                 ValueRef::Owned(Value::Numeric(numeric))
             }
             tag::ARRAY => ValueRef::Owned(self.array_value(depth, offset)?),
+            tag::IN_PIECES if depth > 0 => {
+                return Err(self.invalid(
+                    "array element",
+                    offset,
+                    "a value in pieces cannot be an array element".to_owned(),
+                ))
+            }
+            tag::IN_PIECES => {
+                let rows = self.rows;
+                let whole = self
+                    .whole
+                    .as_mut()
+                    .and_then(|whole| whole.take(rows))
+                    .ok_or(DecodeError::InPiecesMissing { offset })?;
+                self.in_pieces += 1;
+                ValueRef::Whole(whole)
+            }
             tag => return Err(DecodeError::UnknownValueTag { tag, offset }),
         })
     }

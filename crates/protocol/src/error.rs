@@ -54,6 +54,57 @@ pub enum DecodeError {
         offset: usize,
         remaining: usize,
     },
+    #[error("value_start at offset {offset} names tag 0x{tag:02x}; only text and blob values travel in pieces")]
+    PieceKind { tag: u8, offset: usize },
+    #[error(
+        "the value in column {column:?} of table {table:?} takes {length} bytes, above the \
+         limit of {limit} bytes for a value"
+    )]
+    ValueTooLarge {
+        table: String,
+        column: String,
+        length: u64,
+        limit: u64,
+    },
+    #[error(
+        "the values in pieces of one row take {bytes} bytes, above the limit of {limit} bytes"
+    )]
+    RowPiecesTooLarge { bytes: u64, limit: u64 },
+    #[error("a value in pieces from a protocol version 1 peer: values in pieces need version 2")]
+    PiecesRefused,
+    #[error("value_piece without a value_start before it")]
+    PieceWithoutStart,
+    #[error(
+        "value pieces carry {received} bytes, more than the {length} their value_start announced"
+    )]
+    PieceOverrun { received: u64, length: u64 },
+    #[error("{message} message while a value in pieces has only {received} of its {length} bytes")]
+    ValueIncomplete {
+        message: &'static str,
+        received: u64,
+        length: u64,
+    },
+    #[error(
+        "the value in pieces at offset {offset} sits in column {column:?} of table {table:?}, \
+         but was announced for column {announced_column:?} of table {announced_table:?}"
+    )]
+    InPiecesMisplaced {
+        offset: usize,
+        announced_table: String,
+        announced_column: String,
+        table: String,
+        column: String,
+    },
+    #[error("value in pieces at offset {offset}, but no whole value was sent before the message")]
+    InPiecesMissing { offset: usize },
+    #[error(
+        "{count} values were sent in pieces before a {message} message that does not hold them"
+    )]
+    InPiecesUnused { count: usize, message: &'static str },
+    #[error(
+        "a message holding values in pieces must carry exactly one row; this one carries {rows}"
+    )]
+    InPiecesRows { rows: usize },
     #[error("row at offset {offset} has {found} values, the message declares {expected} columns")]
     RowWidth {
         offset: usize,
@@ -74,7 +125,8 @@ pub enum ErrorCode {
     AuthenticationFailed = 3,
     /// The hello named a protocol version this server does not speak.
     UnsupportedProtocolVersion = 4,
-    /// The upload exceeded the server's upload size limit.
+    /// The upload exceeded the server's upload size limit, or a value (uploaded or to be
+    /// downloaded) the server's `value_bytes_max`.
     UploadTooLarge = 5,
     /// The hello named a script version the consolidated database does not have.
     UnknownScriptVersion = 6,

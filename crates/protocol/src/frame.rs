@@ -1,6 +1,8 @@
 //! Framing: each message body is preceded by its length as a big-endian u32.
 
-use crate::{check_message, decode_message, encode_message, DecodeError, Message};
+use crate::codec::{decode, Rows};
+use crate::pieces::{Pieces, ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT};
+use crate::{encode_message, DecodeError, Message};
 
 /// Bytes of the length prefix.
 pub const FRAME_HEADER_BYTES: usize = 4;
@@ -23,20 +25,43 @@ pub fn encode_frame(message: &Message) -> Vec<u8> {
 ///
 /// An oversized frame is refused as soon as its length prefix is seen, before any of
 /// its body is buffered, so the buffer never holds more than one frame plus one read.
+///
+/// Values in pieces (protocol v2) are put back into the row that holds them: the
+/// `value_start` and `value_piece` frames are taken here and never handed out. A value
+/// announced longer than the value limit is refused at its `value_start`, and the values
+/// in pieces of one row together may not pass the row limit, so the decoder holds at most
+/// one row's values besides one frame.
 #[derive(Debug)]
 pub struct FrameDecoder {
     buffer: Vec<u8>,
     start: usize,
     frame_bytes_max: usize,
+    pieces: Pieces,
 }
 
 impl FrameDecoder {
+    /// A decoder with the default value limits ([`VALUE_BYTES_MAX_DEFAULT`],
+    /// [`ROW_PIECES_BYTES_MAX_DEFAULT`]).
     pub fn new(frame_bytes_max: usize) -> FrameDecoder {
         FrameDecoder {
             buffer: Vec::new(),
             start: 0,
             frame_bytes_max,
+            pieces: Pieces::new(VALUE_BYTES_MAX_DEFAULT, ROW_PIECES_BYTES_MAX_DEFAULT),
         }
+    }
+
+    /// Sets the largest value taken in pieces and the most bytes of values in pieces
+    /// held for one row.
+    pub fn with_value_limits(mut self, value_bytes_max: u64, row_bytes_max: u64) -> FrameDecoder {
+        self.pieces = Pieces::new(value_bytes_max, row_bytes_max);
+        self
+    }
+
+    /// From now on, refuses `value_start` and `value_piece` frames: the peer's hello said
+    /// protocol version 1, which has no values in pieces.
+    pub fn refuse_pieces(&mut self) {
+        self.pieces.refuse();
     }
 
     pub fn feed(&mut self, bytes: &[u8]) {
@@ -68,16 +93,37 @@ impl FrameDecoder {
 
     /// The next complete message, `None` if more bytes are needed.
     pub fn next_message(&mut self) -> Result<Option<Message>, DecodeError> {
-        self.next_body()?.map(decode_message).transpose()
+        self.next(Rows::Keep)
     }
 
-    /// The next complete message checked as [`check_message`] does: every row checked,
-    /// none kept.
+    /// The next complete message checked as [`crate::check_message`] does: every row
+    /// checked, none kept (values in pieces checked, UTF-8 included, and counted only).
     pub fn next_message_checked(&mut self) -> Result<Option<Message>, DecodeError> {
-        self.next_body()?.map(check_message).transpose()
+        self.next(Rows::CheckOnly)
     }
 
-    fn next_body(&mut self) -> Result<Option<&[u8]>, DecodeError> {
+    fn next(&mut self, rows: Rows) -> Result<Option<Message>, DecodeError> {
+        loop {
+            let Some(body) = self.next_body()? else {
+                return Ok(None);
+            };
+            let body = &self.buffer[body];
+            if self.pieces.take_frame(body, rows)? {
+                continue;
+            }
+            if rows == Rows::Keep {
+                // Checked whole first, as `decode_message` does, so no count sizes a
+                // vector before it is known to be true.
+                decode(body, Rows::CheckOnly, Some(&mut self.pieces.whole))?;
+                self.pieces.whole.rewind();
+            }
+            let message = decode(body, rows, Some(&mut self.pieces.whole))?;
+            self.pieces.after_message(message.message_type())?;
+            return Ok(Some(message));
+        }
+    }
+
+    fn next_body(&mut self) -> Result<Option<std::ops::Range<usize>>, DecodeError> {
         let Some(length) = self.next_frame_length()? else {
             return Ok(None);
         };
@@ -87,7 +133,7 @@ impl FrameDecoder {
         }
         let body_start = self.start + FRAME_HEADER_BYTES;
         self.start = body_start + length;
-        Ok(Some(&self.buffer[body_start..body_start + length]))
+        Ok(Some(body_start..body_start + length))
     }
 
     /// Call when the stream has ended: an error if it ended inside a frame.

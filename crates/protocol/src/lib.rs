@@ -11,6 +11,7 @@ mod error;
 mod frame;
 mod message;
 mod numeric;
+mod pieces;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod text_form;
@@ -28,9 +29,10 @@ pub use error::{DecodeError, ErrorCode};
 pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES};
 pub use message::{
     Conflicts, Download, DownloadAck, EndDownload, EndUpload, Hello, Message, MessageType,
-    RowUpdate, SyncSummary, TableUpload, WireError,
+    PieceKind, RowUpdate, SyncSummary, TableUpload, ValuePiece, ValueStart, WireError,
 };
 pub use numeric::{parse_decimal_value, Numeric, NUMERIC_SCALE_MAX, NUMERIC_WHOLE_DIGITS_MAX};
+pub use pieces::{message_frames, Frames, ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT};
 pub use text_form::{
     format_date, format_interval, format_time, format_timestamp, format_uuid, parse_date,
     parse_interval, parse_text_form, parse_time, parse_timestamp, parse_uuid, TextFormError,
@@ -45,8 +47,12 @@ pub use value::{
 pub const PROTOCOL_VERSION: u16 = 2;
 
 /// The oldest protocol version a server still serves: a v1 session gets every v2 value
-/// in its v1 form ([`Value::to_v1`]).
+/// in its v1 form ([`Value::to_v1`]), and never a value in pieces.
 pub const PROTOCOL_VERSION_MIN: u16 = 1;
 
 /// The first protocol version whose server names conflicting keys in `Conflicts`.
 pub const CONFLICTS_SINCE_VERSION: u16 = 2;
+
+/// The first protocol version that sends values larger than a frame in pieces
+/// (`ValueStart`, `ValuePiece`).
+pub const PIECES_SINCE_VERSION: u16 = 2;

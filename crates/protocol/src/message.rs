@@ -17,9 +17,15 @@ pub enum Message {
     Download(Download),
     EndDownload(EndDownload),
     Error(WireError),
-    Busy { retry_after_ms: u32 },
+    Busy {
+        retry_after_ms: u32,
+    },
     DownloadAck(DownloadAck),
     Conflicts(Conflicts),
+    /// Protocol v2: a value too large for one frame follows in `ValuePiece` messages.
+    ValueStart(ValueStart),
+    /// Protocol v2: the next bytes of the value announced by `ValueStart`.
+    ValuePiece(ValuePiece),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +40,8 @@ pub enum MessageType {
     Busy = 0x07,
     DownloadAck = 0x08,
     Conflicts = 0x09,
+    ValueStart = 0x0A,
+    ValuePiece = 0x0B,
 }
 
 impl Message {
@@ -48,11 +56,35 @@ impl Message {
             Message::Busy { .. } => MessageType::Busy,
             Message::DownloadAck(_) => MessageType::DownloadAck,
             Message::Conflicts(_) => MessageType::Conflicts,
+            Message::ValueStart(_) => MessageType::ValueStart,
+            Message::ValuePiece(_) => MessageType::ValuePiece,
         }
     }
 }
 
 impl MessageType {
+    /// Every message type, in type byte order.
+    pub const ALL: [MessageType; 11] = [
+        MessageType::Hello,
+        MessageType::Upload,
+        MessageType::EndUpload,
+        MessageType::Download,
+        MessageType::EndDownload,
+        MessageType::Error,
+        MessageType::Busy,
+        MessageType::DownloadAck,
+        MessageType::Conflicts,
+        MessageType::ValueStart,
+        MessageType::ValuePiece,
+    ];
+
+    /// The message type of a type byte, if there is one.
+    pub fn from_u8(byte: u8) -> Option<MessageType> {
+        MessageType::ALL
+            .into_iter()
+            .find(|message_type| *message_type as u8 == byte)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             MessageType::Hello => "hello",
@@ -64,6 +96,8 @@ impl MessageType {
             MessageType::Busy => "busy",
             MessageType::DownloadAck => "download_ack",
             MessageType::Conflicts => "conflicts",
+            MessageType::ValueStart => "value_start",
+            MessageType::ValuePiece => "value_piece",
         }
     }
 }
@@ -91,6 +125,49 @@ pub struct Hello {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DownloadAck {
     pub watermark: i64,
+}
+
+/// A value too large for one frame, announced before its pieces (protocol v2). Its
+/// bytes follow in [`ValuePiece`] messages, and the next `Upload` or `Download` (a
+/// single row) holds it where a value has the tag `in_pieces` (0x20).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValueStart {
+    /// The value's type: what its bytes become once whole.
+    pub kind: PieceKind,
+    /// The value's bytes in all (text: UTF-8 bytes; blob: raw bytes).
+    pub length: u64,
+    /// The table of the row that holds the value, so a receiver can name it when it
+    /// refuses the value at its announcement.
+    pub table: String,
+    /// The column the value belongs to.
+    pub column: String,
+}
+
+/// The types a value in pieces may have: those whose payload is a byte string. The
+/// number is the value's own tag (§4 of docs/protocol.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[repr(u8)]
+pub enum PieceKind {
+    Text = 0x04,
+    Blob = 0x05,
+}
+
+impl PieceKind {
+    pub fn from_u8(tag: u8) -> Option<PieceKind> {
+        match tag {
+            0x04 => Some(PieceKind::Text),
+            0x05 => Some(PieceKind::Blob),
+            _ => None,
+        }
+    }
+}
+
+/// The next bytes of the value a [`ValueStart`] announced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValuePiece {
+    #[serde(with = "hex::serde")]
+    pub bytes: Vec<u8>,
 }
 
 /// The client's changes to one table. A large upload of one table may span several

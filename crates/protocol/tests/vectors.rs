@@ -11,7 +11,14 @@ struct Vector {
     name: String,
     message: Message,
     /// The whole frame, length prefix included, as lowercase hex.
-    frame_hex: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    frame_hex: Option<String>,
+    /// For a message sent with values in pieces: the sender's message size...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    message_bytes_max: Option<usize>,
+    /// ...and every frame it sends, in order (value_start, value_piece..., the message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    frames_hex: Option<Vec<String>>,
 }
 
 fn decimal(text: &str) -> Value {
@@ -226,20 +233,83 @@ fn vectors() -> Vec<(&'static str, Message)> {
                 ],
             }),
         ),
+        (
+            "value_start",
+            Message::ValueStart(ValueStart {
+                kind: PieceKind::Blob,
+                length: 70_000_000,
+                table: "files".into(),
+                column: "data".into(),
+            }),
+        ),
+        (
+            "value_piece",
+            Message::ValuePiece(ValuePiece {
+                bytes: vec![0x00, 0xff, 0x10, 0x20],
+            }),
+        ),
+    ]
+}
+
+/// Messages sent with values in pieces, each with the sender's `message_bytes_max`.
+fn vectors_in_pieces() -> Vec<(&'static str, usize, Message)> {
+    vec![
+        (
+            "download_values_in_pieces",
+            32,
+            Message::Download(Download {
+                table: "files".into(),
+                columns: vec!["id".into(), "name".into(), "data".into()],
+                key_columns: vec!["id".into()],
+                upserts: vec![vec![
+                    Value::Int(9),
+                    "after ✓".into(),
+                    Value::Blob((0..40).collect()),
+                ]],
+                deletes: Vec::new(),
+            }),
+        ),
+        (
+            "upload_update_in_pieces",
+            16,
+            Message::Upload(TableUpload {
+                table: "files".into(),
+                columns: vec!["id".into(), "data".into()],
+                key_columns: vec!["id".into()],
+                updates: vec![RowUpdate {
+                    old: vec![Value::Int(3), Value::Blob(vec![0xaa; 20])],
+                    new: vec![Value::Int(3), Value::Blob(vec![0xbb; 20])],
+                }],
+                ..TableUpload::default()
+            }),
+        ),
     ]
 }
 
 #[test]
 fn golden_vectors_match_the_committed_file() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vectors.json");
-    let generated: Vec<Vector> = vectors()
+    let single = vectors().into_iter().map(|(name, message)| Vector {
+        name: name.to_string(),
+        frame_hex: Some(hex::encode(encode_frame(&message))),
+        message,
+        message_bytes_max: None,
+        frames_hex: None,
+    });
+    let in_pieces = vectors_in_pieces()
         .into_iter()
-        .map(|(name, message)| Vector {
+        .map(|(name, message_bytes_max, message)| Vector {
             name: name.to_string(),
-            frame_hex: hex::encode(encode_frame(&message)),
+            frame_hex: None,
+            message_bytes_max: Some(message_bytes_max),
+            frames_hex: Some(
+                message_frames(message.clone(), message_bytes_max)
+                    .map(hex::encode)
+                    .collect(),
+            ),
             message,
-        })
-        .collect();
+        });
+    let generated: Vec<Vector> = single.chain(in_pieces).collect();
     if std::env::var_os("ROWSYNC_WRITE_VECTORS").is_some() {
         let text = serde_json::to_string_pretty(&generated).unwrap() + "\n";
         std::fs::write(path, text).unwrap();
@@ -250,18 +320,52 @@ fn golden_vectors_match_the_committed_file() {
     assert_eq!(committed.len(), generated.len(), "vector count");
     for (committed, generated) in committed.iter().zip(&generated) {
         assert_eq!(committed, generated, "vector {} changed", committed.name);
-        // Both directions, from the file alone, as another implementation would check.
-        let frame = hex::decode(&committed.frame_hex).unwrap();
-        assert_eq!(
-            hex::encode(encode_frame(&committed.message)),
-            committed.frame_hex
-        );
-        let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
-        decoder.feed(&frame);
-        assert_eq!(
-            decoder.next_message().unwrap().as_ref(),
-            Some(&committed.message)
-        );
-        assert_eq!(decoder.buffered_bytes(), 0);
+        match (&committed.frame_hex, &committed.frames_hex) {
+            (Some(frame_hex), None) => check_single(&committed.message, frame_hex),
+            (None, Some(frames_hex)) => check_in_pieces(committed, frames_hex),
+            _ => panic!(
+                "vector {} has neither frame_hex nor frames_hex",
+                committed.name
+            ),
+        }
     }
+}
+
+/// Both directions, from the file alone, as another implementation would check.
+fn check_single(message: &Message, frame_hex: &str) {
+    let frame = hex::decode(frame_hex).unwrap();
+    assert_eq!(hex::encode(encode_frame(message)), frame_hex);
+    assert_eq!(
+        &decode_message(&frame[FRAME_HEADER_BYTES..]).unwrap(),
+        message
+    );
+    if matches!(message, Message::ValueStart(_) | Message::ValuePiece(_)) {
+        return; // a frame decoder takes these into the value they carry
+    }
+    let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
+    decoder.feed(&frame);
+    assert_eq!(decoder.next_message().unwrap().as_ref(), Some(message));
+    assert_eq!(decoder.buffered_bytes(), 0);
+}
+
+/// The sender's frames, and a frame decoder given all of them yields the one message.
+fn check_in_pieces(vector: &Vector, frames_hex: &[String]) {
+    let message_bytes_max = vector.message_bytes_max.expect("message_bytes_max");
+    let encoded: Vec<String> = message_frames(vector.message.clone(), message_bytes_max)
+        .map(hex::encode)
+        .collect();
+    assert_eq!(encoded, frames_hex, "vector {}", vector.name);
+    let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
+    let mut messages = Vec::new();
+    for frame in frames_hex {
+        decoder.feed(&hex::decode(frame).unwrap());
+        messages.extend(decoder.next_message().unwrap());
+    }
+    assert_eq!(
+        messages,
+        vec![vector.message.clone()],
+        "vector {}",
+        vector.name
+    );
+    assert_eq!(decoder.buffered_bytes(), 0);
 }

@@ -28,6 +28,8 @@ pub fn default_cache_bytes_max() -> usize {
 
 pub struct Cache {
     used_bytes: AtomicUsize,
+    /// The most `used_bytes` ever was (what proves the bound, counted, not timed).
+    peak_bytes: AtomicUsize,
     bytes_max: usize,
     metrics: Arc<Metrics>,
 }
@@ -37,6 +39,7 @@ impl Cache {
         metrics.cache_bytes_max.set(bytes_max as i64);
         Arc::new(Cache {
             used_bytes: AtomicUsize::new(0),
+            peak_bytes: AtomicUsize::new(0),
             bytes_max,
             metrics,
         })
@@ -49,12 +52,16 @@ impl Cache {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(bytes)
                     .filter(|&total| total <= self.bytes_max)
-            })
-            .is_ok();
-        if reserved {
-            self.metrics.cache_bytes.inc_by(bytes as i64);
-        }
-        reserved
+            });
+        let Ok(before) = reserved else {
+            return false;
+        };
+        self.metrics.cache_bytes.inc_by(bytes as i64);
+        let peak = self.peak_bytes.fetch_max(before + bytes, Ordering::AcqRel);
+        self.metrics
+            .cache_bytes_peak
+            .set(peak.max(before + bytes) as i64);
+        true
     }
 
     pub fn release(&self, bytes: usize) {

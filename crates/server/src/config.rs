@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use rowsync_protocol::FRAME_BYTES_MAX_DEFAULT;
+use rowsync_protocol::{FRAME_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT};
 
 use crate::token::TokenConfig;
 
@@ -45,6 +45,9 @@ pub struct ServerConfig {
     pub frame_bytes_max: usize,
     /// Upload bytes (encoded) one sync may send.
     pub upload_bytes_max: usize,
+    /// The largest value (text or blob bytes) an upload may hold or a download may carry;
+    /// a value larger than a frame travels in pieces (protocol v2). Above it: code 5.
+    pub value_bytes_max: u64,
     /// Download messages are cut at about this many bytes.
     pub download_message_bytes_max: usize,
     /// Encoded download bytes one sync keeps in memory; beyond, they go to a temporary file.
@@ -100,6 +103,7 @@ impl Default for ServerConfig {
             upload_spool_memory_bytes_max: 16 * 1024 * 1024,
             frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
             upload_bytes_max: 512 * 1024 * 1024,
+            value_bytes_max: VALUE_BYTES_MAX_DEFAULT,
             download_message_bytes_max: 1024 * 1024,
             download_spool_memory_bytes_max: 16 * 1024 * 1024,
             download_bytes_max: 16 * 1024 * 1024 * 1024,

@@ -1,23 +1,77 @@
-//! The download's framing: chunks from the backend encoded into frames no larger than
-//! `download_message_bytes_max` (deletes first), and the frame that ends the download.
+//! The download's framing: chunks from the backend cut into messages no larger than
+//! `download_message_bytes_max` (deletes first; a larger row alone in its message), each
+//! message's frames (from protocol v2 its large values first, in pieces, by
+//! `message_frames`), and the frame that ends the download.
 
 use std::borrow::Cow;
 
 use rowsync_consolidated::SyncOutcome;
-use rowsync_protocol::{encode_frame, Conflicts, Download, EndDownload, Message, Row, Value};
+use rowsync_protocol::{
+    encode_frame, message_frames, Conflicts, Download, EndDownload, Message, Row, Value,
+    FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES, PIECES_SINCE_VERSION,
+};
+
+use crate::spool::SpoolError;
+
+/// The largest frame the server sends: the frame limit every client has by default. A
+/// frame above it (a row whose values cannot travel in pieces) is refused here, naming
+/// the row's table and largest column, rather than by the client.
+pub(crate) const DOWNLOAD_FRAME_BYTES_MAX: usize = FRAME_BYTES_MAX_DEFAULT;
 
 fn row_bytes(row: &Row) -> usize {
     2 + row.iter().map(Value::encoded_len).sum::<usize>()
 }
 
-/// Frames of one chunk, split where a message would pass `message_bytes_max`, its
-/// values in the form of the session's `protocol_version` (v1: each v2 value in its v1
-/// form, so an old client keeps syncing).
+/// Refuses a chunk holding a text or blob value above `value_bytes_max`, naming it.
+pub(crate) fn check_values(chunk: &Download, value_bytes_max: u64) -> Result<(), SpoolError> {
+    let too_large = |row: &Row, columns: &[String]| {
+        row.iter().zip(columns).find_map(|(value, column)| {
+            let length = match value {
+                Value::Text(text) => text.len(),
+                Value::Blob(bytes) => bytes.len(),
+                _ => return None,
+            } as u64;
+            (length > value_bytes_max).then(|| SpoolError::ValueTooLarge {
+                table: chunk.table.clone(),
+                column: column.clone(),
+                length_bytes: length,
+                limit_bytes: value_bytes_max,
+            })
+        })
+    };
+    let upserts = chunk.upserts.iter().map(|row| (row, &chunk.columns));
+    let deletes = chunk.deletes.iter().map(|row| (row, &chunk.key_columns));
+    match upserts
+        .chain(deletes)
+        .find_map(|(row, columns)| too_large(row, columns))
+    {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+/// Frames of one chunk (each message's frames in order), see [`chunk_messages`] and
+/// [`message_frames_for`].
 pub(crate) fn chunk_frames(
     chunk: Download,
     message_bytes_max: usize,
     protocol_version: u16,
-) -> Vec<Vec<u8>> {
+) -> Result<Vec<Vec<u8>>, SpoolError> {
+    chunk_messages(chunk, message_bytes_max, protocol_version)
+        .into_iter()
+        .flat_map(|message| message_frames_for(message, message_bytes_max, protocol_version))
+        .collect()
+}
+
+/// Messages of one chunk, split where a message would pass `message_bytes_max` (a row
+/// larger than that alone in its message), its values in the form of the session's
+/// `protocol_version` (v1: each v2 value in its v1 form, so an old client keeps syncing).
+pub(crate) fn chunk_messages(
+    chunk: Download,
+    message_bytes_max: usize,
+    protocol_version: u16,
+) -> Vec<Download> {
     let Download {
         table,
         columns,
@@ -40,15 +94,67 @@ pub(crate) fn chunk_frames(
         .map(|run| {
             let (upserts, deletes) = run.into_iter().partition(|(is_upsert, _)| *is_upsert);
             let rows = |tagged: Vec<(bool, Row)>| tagged.into_iter().map(|(_, row)| row).collect();
-            encode_frame(&Message::Download(Download {
+            Download {
                 table: table.clone(),
                 columns: columns.clone(),
                 key_columns: key_columns.clone(),
                 upserts: rows(upserts),
                 deletes: rows(deletes),
-            }))
+            }
         })
         .collect()
+}
+
+/// The frames of one download message, produced one at a time: to a client of protocol
+/// v2 a row larger than `message_bytes_max` sends its large text and blob values first,
+/// in pieces (each freed once sent); a version 1 client gets no pieces. A frame above
+/// [`DOWNLOAD_FRAME_BYTES_MAX`] is refused, naming the table and the column of the
+/// row's largest value that could not travel in pieces.
+pub(crate) fn message_frames_for(
+    message: Download,
+    message_bytes_max: usize,
+    protocol_version: u16,
+) -> impl Iterator<Item = Result<Vec<u8>, SpoolError>> {
+    let pieces = protocol_version >= PIECES_SINCE_VERSION;
+    let (column, value_bytes) = largest_inline_value(&message, pieces);
+    let table = message.table.clone();
+    // Without pieces, no row is ever larger than the message size it is cut by.
+    let cut_bytes = if pieces {
+        message_bytes_max
+    } else {
+        usize::MAX
+    };
+    message_frames(Message::Download(message), cut_bytes).map(move |frame| {
+        let frame_bytes = frame.len() - FRAME_HEADER_BYTES;
+        if frame_bytes <= DOWNLOAD_FRAME_BYTES_MAX {
+            return Ok(frame);
+        }
+        Err(SpoolError::RowTooLarge {
+            table: table.clone(),
+            column: column.clone(),
+            frame_bytes,
+            value_bytes,
+            limit_bytes: DOWNLOAD_FRAME_BYTES_MAX,
+            protocol_version,
+        })
+    })
+}
+
+/// The column and encoded size of the largest value of a message's rows, leaving out
+/// text and blob values when they can travel in pieces.
+fn largest_inline_value(message: &Download, pieces: bool) -> (String, usize) {
+    let upserts = message.upserts.iter().map(|row| (row, &message.columns));
+    let deletes = message
+        .deletes
+        .iter()
+        .map(|row| (row, &message.key_columns));
+    upserts
+        .chain(deletes)
+        .flat_map(|(row, columns)| row.iter().zip(columns))
+        .filter(|(value, _)| !(pieces && matches!(value, Value::Text(_) | Value::Blob(_))))
+        .map(|(value, column)| (column.clone(), value.encoded_len()))
+        .max_by_key(|(_, bytes)| *bytes)
+        .unwrap_or_default()
 }
 
 /// `items` in order, cut into runs whose sizes add up to at most `bytes_max`: a run is
@@ -132,7 +238,7 @@ pub(crate) mod tests {
 
     #[test]
     fn chunks_split_by_size_keep_every_row_with_deletes_first() {
-        let frames = chunk_frames(chunk(0, 1000), 10_000, PROTOCOL_VERSION);
+        let frames = chunk_frames(chunk(0, 1000), 10_000, PROTOCOL_VERSION).unwrap();
         assert!(
             frames.len() > 10,
             "expected many frames, got {}",
@@ -170,7 +276,7 @@ pub(crate) mod tests {
             deletes: vec![vec![Value::Uuid([2; 16])]],
         };
         let decoded = |version| {
-            let frames = chunk_frames(download.clone(), 10_000, version);
+            let frames = chunk_frames(download.clone(), 10_000, version).unwrap();
             let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
             decoder.feed(&frames[0]);
             match decoder.next_message().unwrap() {
@@ -191,6 +297,43 @@ pub(crate) mod tests {
         assert_eq!(
             v1.deletes[0],
             vec![Value::Text("02020202-0202-0202-0202-020202020202".into())]
+        );
+    }
+
+    #[test]
+    fn a_row_above_a_frame_goes_in_pieces_to_v2_and_is_refused_to_v1_naming_its_column() {
+        let large = Download {
+            table: "files".into(),
+            columns: vec!["id".into(), "data".into()],
+            key_columns: vec!["id".into()],
+            upserts: vec![vec![Value::Int(1), Value::Blob(vec![7; 5_000_000])]],
+            deletes: Vec::new(),
+        };
+        let frames = chunk_frames(large.clone(), 1024 * 1024, PROTOCOL_VERSION).unwrap();
+        assert!(frames.len() > 2, "a value_start, pieces, the row");
+        assert!(frames
+            .iter()
+            .all(|frame| frame.len() <= DOWNLOAD_FRAME_BYTES_MAX));
+        let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
+        decoder.feed(&frames.concat());
+        assert_eq!(
+            decoder.next_message().unwrap(),
+            Some(Message::Download(large.clone()))
+        );
+        let refused = chunk_frames(large, 1024 * 1024, 1).unwrap_err();
+        let SpoolError::RowTooLarge {
+            ref table,
+            ref column,
+            protocol_version: 1,
+            ..
+        } = refused
+        else {
+            panic!("{refused:?}")
+        };
+        assert_eq!((table.as_str(), column.as_str()), ("files", "data"));
+        assert!(
+            refused.to_string().contains("a client of version 2 would"),
+            "{refused}"
         );
     }
 

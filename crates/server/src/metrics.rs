@@ -89,6 +89,8 @@ pub struct Metrics {
     /// Upload and download bytes held in memory by syncs in flight.
     pub cache_bytes: Gauge,
     pub cache_bytes_max: Gauge,
+    /// The most bytes the cache held at once since the server started.
+    pub cache_bytes_peak: Gauge,
     pub spilled_bytes: Counter,
     /// Upload bytes produced by the stream stage's decompression (the bytes it read,
     /// for an uncompressed stream): what inflating cost, counted as it happens.
@@ -148,6 +150,7 @@ impl Metrics {
             worker_adjustments: Counter::default(),
             cache_bytes: Gauge::default(),
             cache_bytes_max: Gauge::default(),
+            cache_bytes_peak: Gauge::default(),
             spilled_bytes: Counter::default(),
             upload_decompressed_bytes: Counter::default(),
             upload_spooled_bytes: Counter::default(),
@@ -204,6 +207,11 @@ impl Metrics {
             "cache_bytes_max",
             "The cache limit",
             metrics.cache_bytes_max.clone(),
+        );
+        registry.register(
+            "cache_bytes_peak",
+            "The most bytes the cache held at once since the server started",
+            metrics.cache_bytes_peak.clone(),
         );
         registry.register(
             "spilled_bytes",

@@ -129,8 +129,8 @@ impl ServerSession {
         self.tables_examined
     }
 
-    /// Feeds one decoded message and its encoded size in bytes.
-    pub fn handle(&mut self, message: Message, frame_bytes: usize) -> Result<Step, WireError> {
+    /// Counts frames received that hand out no message (the pieces of a value).
+    pub fn count(&mut self, frame_bytes: usize) -> Result<(), WireError> {
         self.upload_bytes = self.upload_bytes.saturating_add(frame_bytes);
         if self.upload_bytes > self.upload_bytes_max {
             self.state = State::Done;
@@ -142,6 +142,13 @@ impl ServerSession {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// Feeds one decoded message and its encoded size in bytes (with the pieces of the
+    /// values it holds, when they came in the same read).
+    pub fn handle(&mut self, message: Message, frame_bytes: usize) -> Result<Step, WireError> {
+        self.count(frame_bytes)?;
         let state = std::mem::replace(&mut self.state, State::Done);
         let (next, step) = match (state, message) {
             (State::AwaitingHello, Message::Hello(hello)) => {

@@ -21,6 +21,40 @@ pub enum SpoolError {
     Compression(#[from] CompressionError),
     #[error("{0}")]
     Decode(String),
+    #[error(
+        "the download holds a value of {length_bytes} bytes in column {column:?} of table \
+         {table:?}, above the server's value_bytes_max of {limit_bytes} bytes; nothing was applied"
+    )]
+    ValueTooLarge {
+        table: String,
+        column: String,
+        length_bytes: u64,
+        limit_bytes: u64,
+    },
+    #[error(
+        "a row of table {table:?} takes a frame of {frame_bytes} bytes, above the \
+         {limit_bytes} bytes a client takes; its largest value ({value_bytes} bytes) is in \
+         column {column:?}, and a protocol version {protocol_version} client {hint}; nothing \
+         was applied",
+        hint = pieces_hint(.protocol_version)
+    )]
+    RowTooLarge {
+        table: String,
+        column: String,
+        frame_bytes: usize,
+        value_bytes: usize,
+        limit_bytes: usize,
+        protocol_version: u16,
+    },
+}
+
+/// What a client of a protocol version receives in pieces, for [`SpoolError::RowTooLarge`].
+fn pieces_hint(protocol_version: &u16) -> &'static str {
+    if *protocol_version < rowsync_protocol::PIECES_SINCE_VERSION {
+        "receives no value in pieces (a client of version 2 would)"
+    } else {
+        "receives only text and blob values in pieces"
+    }
 }
 
 /// Encoded download frames, compressed as the client asked: in memory up to
@@ -244,7 +278,9 @@ mod tests {
                 chunk(n * 100, 100),
                 4096,
                 rowsync_protocol::PROTOCOL_VERSION,
-            ) {
+            )
+            .unwrap()
+            {
                 expected.extend_from_slice(&frame);
                 spool.append(&frame).await.unwrap();
             }
@@ -272,7 +308,9 @@ mod tests {
                     chunk(n * 100, 100),
                     4096,
                     rowsync_protocol::PROTOCOL_VERSION,
-                ) {
+                )
+                .unwrap()
+                {
                     expected.extend_from_slice(&frame);
                     spool.append(&frame).await.unwrap();
                 }

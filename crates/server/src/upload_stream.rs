@@ -10,7 +10,7 @@
 
 use rowsync_protocol::{
     CompressionError, DecodeError, ErrorCode, FrameDecoder, Inbound, InboundError, Preamble,
-    WireError,
+    WireError, PIECES_SINCE_VERSION,
 };
 
 use std::sync::Arc;
@@ -24,6 +24,20 @@ pub struct UploadLimits {
     pub decompressed_bytes_max: u64,
     pub frame_bytes_max: usize,
     pub upload_bytes_max: usize,
+    /// The largest text or blob value taken in pieces (protocol v2).
+    pub value_bytes_max: u64,
+}
+
+impl UploadLimits {
+    /// The limits `config` sets.
+    pub fn of(config: &crate::ServerConfig) -> UploadLimits {
+        UploadLimits {
+            decompressed_bytes_max: config.decompressed_bytes_max,
+            frame_bytes_max: config.frame_bytes_max,
+            upload_bytes_max: config.upload_bytes_max,
+            value_bytes_max: config.value_bytes_max,
+        }
+    }
 }
 
 /// What the upload stream has for its reader next.
@@ -50,7 +64,7 @@ impl UploadStream {
     pub fn new(limits: UploadLimits) -> UploadStream {
         UploadStream {
             inbound: Inbound::new(limits.decompressed_bytes_max),
-            decoder: FrameDecoder::new(limits.frame_bytes_max),
+            decoder: upload_decoder(&limits),
             session: ServerSession::new(limits.upload_bytes_max),
             hello_seen: false,
         }
@@ -90,18 +104,26 @@ impl UploadStream {
         loop {
             let before = self.decoder.buffered_bytes();
             // Checked in full but not kept: the worker decodes the rows from the spool.
-            let Some(message) = self
+            let message = self
                 .decoder
                 .next_message_checked()
-                .map_err(decode_refusal)?
-            else {
+                .map_err(decode_refusal)?;
+            let frame_bytes = before - self.decoder.buffered_bytes();
+            let Some(message) = message else {
+                // Value pieces taken without a message after them count all the same.
+                self.session.count(frame_bytes)?;
                 return Ok(None);
             };
-            let frame_bytes = before - self.decoder.buffered_bytes();
             match self.session.handle(message, frame_bytes)? {
                 Step::Continue => {}
                 step => {
-                    self.hello_seen |= matches!(step, Step::Hello(_));
+                    if let Step::Hello(hello) = &step {
+                        self.hello_seen = true;
+                        // A version 1 client knows nothing of values in pieces.
+                        if hello.protocol_version < PIECES_SINCE_VERSION {
+                            self.decoder.refuse_pieces();
+                        }
+                    }
                     return Ok(Some(step));
                 }
             }
@@ -158,9 +180,33 @@ fn inbound_refusal(error: InboundError) -> WireError {
     WireError::new(code, error.to_string())
 }
 
+/// The upload's frame decoder: a value in pieces is refused above `value_bytes_max`
+/// (at its `value_start`, before its bytes arrive); the values in pieces of one row
+/// are bounded by the upload's own limit. The worker decodes the spool with the same.
+pub(crate) fn upload_decoder(limits: &UploadLimits) -> FrameDecoder {
+    FrameDecoder::new(limits.frame_bytes_max)
+        .with_value_limits(limits.value_bytes_max, limits.upload_bytes_max as u64)
+}
+
 fn decode_refusal(error: DecodeError) -> WireError {
     let code = match error {
         DecodeError::FrameTooLarge { .. } => ErrorCode::FrameTooLarge,
+        DecodeError::ValueTooLarge {
+            table,
+            column,
+            length,
+            limit,
+        } => {
+            return WireError::new(
+                ErrorCode::UploadTooLarge,
+                format!(
+                    "the upload holds a value of {length} bytes in column {column:?} of table \
+                     {table:?}, above the server's value_bytes_max of {limit} bytes; nothing \
+                     was applied"
+                ),
+            )
+        }
+        DecodeError::RowPiecesTooLarge { .. } => ErrorCode::UploadTooLarge,
         _ => ErrorCode::Protocol,
     };
     WireError::new(code, error.to_string())

@@ -555,7 +555,7 @@ async fn insert_or_replace_on_the_client_uploads_as_an_update() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn large_rows_travel_in_frames_under_the_limit_and_a_row_too_large_is_refused_clearly() {
+async fn large_rows_travel_in_frames_under_the_limit_and_larger_values_in_pieces() {
     let server = TestServer::start().await;
     let options = server.options("alice");
     let mut alice = server.client("alice-1");
@@ -577,6 +577,7 @@ async fn large_rows_travel_in_frames_under_the_limit_and_a_row_too_large_is_refu
         server.consolidated_orders(Some("alice"))
     );
 
+    // Larger than a frame: the text travels in pieces (protocol v2), both ways.
     alice
         .connection()
         .execute(
@@ -584,15 +585,59 @@ async fn large_rows_travel_in_frames_under_the_limit_and_a_row_too_large_is_refu
             [&"z".repeat(5_000_000)],
         )
         .unwrap();
-    let error = alice.sync(&options).await.unwrap_err();
-    assert!(matches!(error, ClientError::Schema(_)), "{error}");
-    assert!(
-        error.to_string().contains("the most one message carries"),
-        "{error}"
+    let report = alice.sync(&options).await.unwrap();
+    assert_eq!((report.rows_uploaded, report.conflicts), (1, 0));
+    let mut other = server.client("alice-2");
+    other.sync(&options).await.unwrap();
+    assert_eq!(
+        client_orders(&other),
+        server.consolidated_orders(Some("alice"))
     );
-    assert!(
-        alice.has_pending_changes().unwrap(),
-        "the change is kept, not lost"
+    assert!(client_orders(&other).contains(&row("a-3", "alice", &"z".repeat(5_000_000), 3)));
+    server.stop().await;
+}
+
+/// Issue 16: a value larger than a frame travels in pieces both ways, and the server
+/// holds no more of it in memory than the cache allows: counted by the cache's peak,
+/// with the rest spilled to temporary files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_larger_than_a_frame_stays_within_the_cache_both_ways() {
+    let cache_bytes_max = 2 * 1024 * 1024;
+    let config = ServerConfig {
+        cache_bytes_max,
+        upload_spool_memory_bytes_max: 1024 * 1024,
+        download_spool_memory_bytes_max: 1024 * 1024,
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start_with(config).await;
+    let item: String = (0..3_500_000u32)
+        .map(|n| char::from_u32(0x20 + n % 0x2000).unwrap_or('✓'))
+        .collect();
+    assert!(item.len() > 2 * rowsync_protocol::FRAME_BYTES_MAX_DEFAULT);
+    let mut writer = server.client("alice-writer");
+    writer
+        .connection()
+        .execute(
+            "INSERT INTO orders VALUES ('large', 'alice', ?1, 1)",
+            [&item],
+        )
+        .unwrap();
+    writer.sync(&server.options("alice")).await.unwrap();
+    let mut reader = server.client("alice-reader");
+    reader.sync(&server.options("alice")).await.unwrap();
+    assert_eq!(
+        client_orders(&reader),
+        server.consolidated_orders(Some("alice"))
     );
+    assert!(client_orders(&reader).contains(&row("large", "alice", &item, 1)));
+    let peak = server.metrics.cache_bytes_peak.get() as usize;
+    assert!(peak <= cache_bytes_max, "cache peak {peak}");
+    let spilled = server.metrics.spilled_bytes.get() as usize;
+    // Up and down, the value's bytes beyond what the cache holds went to disk.
+    assert!(
+        spilled >= 2 * (item.len() - cache_bytes_max),
+        "spilled {spilled}"
+    );
+    assert_eq!(server.metrics.cache_bytes.get(), 0, "all released");
     server.stop().await;
 }

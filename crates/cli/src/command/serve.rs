@@ -113,6 +113,9 @@ pub struct ServeArgs {
     /// Largest upload accepted for one sync, in bytes.
     #[arg(long, default_value_t = ServerConfig::default().upload_bytes_max)]
     upload_bytes_max: usize,
+    /// Largest value (text or blob bytes) an upload may hold or a download may carry.
+    #[arg(long, default_value_t = ServerConfig::default().value_bytes_max)]
+    value_bytes_max: u64,
     /// Close a connection that sends nothing for this many seconds (body read timeout).
     #[arg(long, default_value_t = 30)]
     read_timeout_seconds: u64,
@@ -317,6 +320,7 @@ impl ServeArgs {
             upload_timeout: Duration::from_secs(self.upload_timeout_seconds),
             frame_bytes_max: self.frame_bytes_max,
             upload_bytes_max: self.upload_bytes_max,
+            value_bytes_max: self.value_bytes_max,
             read_timeout: Duration::from_secs(self.read_timeout_seconds),
             header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
             tls_handshake_timeout: Duration::from_millis(self.tls_handshake_timeout_ms),

@@ -133,7 +133,12 @@ impl Stage {
                     continue;
                 };
                 let fits = match value {
-                    Value::Text(_) => digits.is_some_and(|digits| digits <= scale),
+                    Value::Text(text) => match digits {
+                        Some(digits) => digits <= scale,
+                        // A time or datetime in its text form: the digits InnoDB would
+                        // round away are the nonzero ones past the column's scale.
+                        None => fraction_digits(text) <= scale,
+                    },
                     Value::Decimal(decimal) => u32::from(decimal.scale) <= scale,
                     Value::Numeric(numeric) => {
                         !numeric.is_special() && numeric.scale() as u32 <= scale
@@ -174,6 +179,15 @@ impl Stage {
     fn key_list(&self, alias: &str) -> String {
         column_list(&self.key_columns, &format!("{alias}."))
     }
+}
+
+/// The significant digits after the point of a time or datetime in its text form
+/// (`13:05:09.000250` has 5, `24:00:00.000000` none; a trailing `Z` is not a digit).
+fn fraction_digits(text: &str) -> u32 {
+    let fraction = text
+        .rsplit_once('.')
+        .map_or("", |(_, fraction)| fraction.trim_end_matches('Z'));
+    fraction.trim_end_matches('0').len() as u32
 }
 
 /// See `Dialect::apply_staged`.

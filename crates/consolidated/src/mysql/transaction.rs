@@ -26,7 +26,7 @@ use crate::scripts::*;
 use crate::shape::TableShape;
 use crate::upload_rows::UploadedRow;
 use crate::version_scripts::{ScriptRows, Scripts};
-use crate::{quote_identifier as q, SyncError, DOWNLOAD_BATCH_ROWS};
+use crate::{quote_identifier as q, CursorBatch, SyncError};
 
 const SUBSCRIPTION_UPSERT: &str =
     "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark,
@@ -380,15 +380,15 @@ impl Dialect for MysqlTransaction<'_> {
             .columns()
             .map(|columns| column_names(&columns))
             .unwrap_or_default();
-        let mut batch = Vec::with_capacity(DOWNLOAD_BATCH_ROWS);
+        let mut batch = CursorBatch::default();
         while let Some(row) = result.next().await.map_err(fail)? {
-            batch.push(read_row(row).map_err(|message| SyncError::script(event, table, message))?);
-            if batch.len() == DOWNLOAD_BATCH_ROWS {
-                sink.take(&columns, std::mem::take(&mut batch)).await?;
+            let row = read_row(row).map_err(|message| SyncError::script(event, table, message))?;
+            if batch.push(row) {
+                sink.take(&columns, batch.take()).await?;
             }
         }
         if !batch.is_empty() {
-            sink.take(&columns, batch).await?;
+            sink.take(&columns, batch.take()).await?;
         }
         Ok(())
     }

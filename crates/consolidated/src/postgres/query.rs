@@ -1,6 +1,7 @@
 //! Running statements on PostgreSQL: named parameters bound by position, rows read as
 //! `Value`s, cursors read through a portal in batches.
 
+use futures_util::TryStreamExt;
 use rowsync_protocol::{Row, Value};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{GenericClient, Transaction};
@@ -11,7 +12,7 @@ use super::value::{Bind, Read};
 use crate::dialect::{CursorScript, CursorSink};
 use crate::parameters::{positional_parameters, Parameters};
 use crate::version_scripts::{ScriptRows, Scripts};
-use crate::{SyncError, DOWNLOAD_BATCH_ROWS};
+use crate::{CursorBatch, SyncError, DOWNLOAD_BATCH_ROWS};
 
 pub(super) fn binds_of(values: &[Value]) -> Vec<Bind<'_>> {
     values.iter().map(Bind).collect()
@@ -88,7 +89,9 @@ pub(super) async fn query_script(
 }
 
 /// Reads a cursor script through a portal, `DOWNLOAD_BATCH_ROWS` rows at a time, into
-/// the sink, so a download of any size takes bounded memory.
+/// the sink a [`CursorBatch`] at a time, so a download of any size takes bounded memory:
+/// the portal's rows are streamed (the connection reads no further than the row taken),
+/// so a batch of large rows is handed on as soon as it reaches its bytes.
 pub(super) async fn read_cursor(
     transaction: &Transaction<'_>,
     statements: &Statements,
@@ -117,26 +120,29 @@ pub(super) async fn read_cursor(
         .iter()
         .map(|column| column.name().to_string())
         .collect();
+    let mut batch = CursorBatch::default();
     loop {
         let rows = transaction
-            .query_portal(&portal, DOWNLOAD_BATCH_ROWS as i32)
+            .query_portal_raw(&portal, DOWNLOAD_BATCH_ROWS as i32)
             .await
             .map_err(failure)?;
-        let done = rows.len() < DOWNLOAD_BATCH_ROWS;
-        let batch = rows
-            .iter()
-            .map(|row| {
-                (0..row.len())
-                    .map(|index| row.try_get::<_, Read>(index).map(|read| read.0))
-                    .collect()
-            })
-            .collect::<Result<Vec<Row>, _>>()
-            .map_err(failure)?;
-        if batch.is_empty() {
-            return Ok(());
+        futures_util::pin_mut!(rows);
+        let mut fetched = 0;
+        while let Some(row) = rows.try_next().await.map_err(failure)? {
+            fetched += 1;
+            let values = (0..row.len())
+                .map(|index| row.try_get::<_, Read>(index).map(|read| read.0))
+                .collect::<Result<Row, _>>()
+                .map_err(failure)?;
+            drop(row);
+            if batch.push(values) {
+                sink.take(&columns, batch.take()).await?;
+            }
         }
-        sink.take(&columns, batch).await?;
-        if done {
+        if fetched < DOWNLOAD_BATCH_ROWS {
+            if !batch.is_empty() {
+                sink.take(&columns, batch.take()).await?;
+            }
             return Ok(());
         }
     }

@@ -9,7 +9,7 @@ use crate::dialect::{CursorScript, CursorSink};
 use crate::parameters::{positional_parameters_with, Parameters, RowImages};
 use crate::scripts::UPLOAD_PLACEHOLDER;
 use crate::version_scripts::{ScriptRows, Scripts};
-use crate::{SyncError, DOWNLOAD_BATCH_ROWS};
+use crate::{CursorBatch, SyncError};
 
 fn bind_parameters(
     statement: &mut Statement,
@@ -109,7 +109,7 @@ pub(super) fn read_values(row: &rusqlite::Row<'_>, width: usize) -> rusqlite::Re
     (0..width).map(|index| row.get::<_, Value>(index)).collect()
 }
 
-/// Runs a cursor script and hands its rows to the sink `DOWNLOAD_BATCH_ROWS` at a time.
+/// Runs a cursor script and hands its rows to the sink a [`CursorBatch`] at a time.
 pub(super) async fn read_cursor(
     connection: &Connection,
     cursor: &CursorScript<'_>,
@@ -126,7 +126,7 @@ pub(super) async fn read_cursor(
     )?;
     let columns: Vec<String> = statement.column_names().map(str::to_owned).collect();
     let width = columns.len();
-    let mut batch = Vec::with_capacity(DOWNLOAD_BATCH_ROWS);
+    let mut batch = CursorBatch::default();
     let mut rows = statement.raw_query();
     while let Some(row) = rows
         .next()
@@ -134,12 +134,11 @@ pub(super) async fn read_cursor(
     {
         let values =
             read_values(row, width).map_err(|error| script_failure(event, table, error))?;
-        batch.push(values);
-        if batch.len() == DOWNLOAD_BATCH_ROWS {
-            sink.take(&columns, std::mem::take(&mut batch)).await?;
+        if batch.push(values) {
+            sink.take(&columns, batch.take()).await?;
         }
     }
-    sink.take(&columns, batch).await
+    sink.take(&columns, batch.take()).await
 }
 
 /// Runs `sql` with its named parameters (dotted names included) bound by position;

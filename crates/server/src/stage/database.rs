@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::download_frames::{chunk_frames, conflict_frames};
+use crate::download_frames::{check_values, chunk_messages, conflict_frames, message_frames_for};
 use crate::failure::Failure;
 use crate::metrics::{Phase, PhaseTimings};
 use crate::pool::Worker;
@@ -28,6 +28,7 @@ use crate::session::MergedTables;
 use crate::shared::Shared;
 use crate::spool::{Spool, SpoolError};
 use crate::stage::stream::{Acknowledgement, CheckedUpload};
+use crate::upload_stream::{upload_decoder, UploadLimits};
 
 /// What the database stage hands on: the committed sync and its whole download, spooled
 /// (the end of the download not yet appended).
@@ -73,6 +74,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
         name_conflicts: hello.protocol_version >= CONFLICTS_SINCE_VERSION,
         digest: timings.recording.is_some(),
         protocol_version: hello.protocol_version,
+        value_bytes_max: config.value_bytes_max,
     };
     let spooling = spool_download(chunks, spool, framing);
     let waiting = Instant::now();
@@ -84,7 +86,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
     timings.record(metrics, Phase::worker_wait, waiting.elapsed());
     // The upload is decoded from its spool only now, so syncs waiting for a worker hold
     // it encoded (and spilled when the cache is full), never twice.
-    let tables = assemble_upload(upload_spool, config.frame_bytes_max)
+    let tables = assemble_upload(upload_spool, upload_decoder(&UploadLimits::of(config)))
         .await
         .map_err(|error| Failure::tell(WireError::new(ErrorCode::Protocol, error.to_string())))?;
     let request = Arc::new(SyncRequest {
@@ -173,8 +175,11 @@ struct DownloadFraming {
     name_conflicts: bool,
     /// A checksum of the download's rows is kept (the sync is recorded).
     digest: bool,
-    /// The session's version: a v1 client gets v2 values in their v1 form.
+    /// The session's version: a v1 client gets v2 values in their v1 form, and no
+    /// value in pieces.
     protocol_version: u16,
+    /// The largest text or blob value sent (in pieces); a larger one refuses the sync.
+    value_bytes_max: u64,
 }
 
 /// The task that encodes the backend's download chunks into frames and spools them; it
@@ -193,10 +198,19 @@ fn spool_download(
                     if framing.digest {
                         rows_digest.add(&chunk);
                     }
-                    for frame in
-                        chunk_frames(chunk, framing.message_bytes_max, framing.protocol_version)
-                    {
-                        spool.append(&frame).await?;
+                    check_values(&chunk, framing.value_bytes_max)?;
+                    let messages =
+                        chunk_messages(chunk, framing.message_bytes_max, framing.protocol_version);
+                    for message in messages {
+                        // A row larger than a message is alone in its message; to a v2
+                        // client its large values go first, in pieces, each freed once sent.
+                        for frame in message_frames_for(
+                            message,
+                            framing.message_bytes_max,
+                            framing.protocol_version,
+                        ) {
+                            spool.append(&frame?).await?;
+                        }
                     }
                 }
                 DownloadMessage::Conflicts(conflicts) if framing.name_conflicts => {
@@ -244,7 +258,7 @@ fn settle<B: Consolidated>(
                 (
                     SyncError::DownloadAbandoned | SyncError::DownloadRefused(_),
                     Err(spool_error),
-                ) => WireError::new(ErrorCode::Internal, spool_error.to_string()),
+                ) => spool_refusal(spool_error),
                 _ => WireError::new(error.code(), error.to_string()),
             };
             Err(Failure::tell(wire))
@@ -253,20 +267,29 @@ fn settle<B: Consolidated>(
             // Committed, but the download cannot be sent: the client retries, and its
             // upload is then acknowledged as already applied.
             drop(worker);
-            Err(Failure::tell(WireError::new(
-                ErrorCode::Internal,
-                spool_error.to_string(),
-            )))
+            Err(Failure::tell(spool_refusal(spool_error)))
         }
     }
+}
+
+/// What the client hears when the download could not be spooled: a value above
+/// `value_bytes_max` is code 5 (not retriable until the limit or the row changes);
+/// anything else the server's problem.
+fn spool_refusal(error: SpoolError) -> WireError {
+    let code = match error {
+        SpoolError::ValueTooLarge { .. } | SpoolError::RowTooLarge { .. } => {
+            ErrorCode::UploadTooLarge
+        }
+        _ => ErrorCode::Internal,
+    };
+    WireError::new(code, error.to_string())
 }
 
 /// Decodes the spooled byte stream again and merges its upload messages by table.
 async fn assemble_upload(
     spool: Spool,
-    frame_bytes_max: usize,
+    mut decoder: FrameDecoder,
 ) -> Result<Vec<TableUpload>, SpoolError> {
-    let mut decoder = FrameDecoder::new(frame_bytes_max);
     let mut tables = MergedTables::default();
     spool
         .drain(|piece| {

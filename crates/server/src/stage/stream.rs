@@ -73,11 +73,7 @@ pub(crate) async fn receive<B: Consolidated>(
     );
     let mut reader = UploadReader {
         stream,
-        upload: UploadStream::new(UploadLimits {
-            decompressed_bytes_max: config.decompressed_bytes_max,
-            frame_bytes_max: config.frame_bytes_max,
-            upload_bytes_max: config.upload_bytes_max,
-        }),
+        upload: UploadStream::new(UploadLimits::of(config)),
         buffer: vec![0u8; READ_CHUNK_BYTES],
         started,
         spool: Some(upload_spool),
