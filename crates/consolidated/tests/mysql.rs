@@ -43,6 +43,15 @@ impl Factory for MysqlFactory {
         format!("CAST({expression} AS {name})")
     }
 
+    /// The standard recursive count, from an unsigned anchor so that the column is wide
+    /// enough never to overflow first, with MariaDB's recursion limit (1,000 by default)
+    /// lifted for the statement (a killed `SLEEP()` alone answers 1, no error).
+    fn endless_query() -> &'static str {
+        "SET STATEMENT max_recursive_iterations = 4294967295 FOR \
+         WITH RECURSIVE c(x) AS (SELECT CAST(1 AS UNSIGNED) UNION ALL SELECT x + 1 FROM c) \
+         SELECT count(*) FROM c"
+    }
+
     fn widen_to_bigint(table: &str, columns: &[&str]) -> Option<String> {
         let changes: Vec<String> = columns
             .iter()
@@ -84,29 +93,9 @@ impl RawSql for MysqlSql {
 
 conformance::conformance_suite!(MysqlFactory);
 
-/// Issue 16: a column of a type rowsync cannot carry is named at `init`, never met by a
-/// sync; nothing of the table is registered.
+/// Issue 16: `point` (which rowsync does not carry) is refused at `init` by name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_column_of_a_type_rowsync_cannot_carry_is_refused_at_init_by_name() {
-    use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
-    let (backend, mut sql) = MysqlFactory::create().await;
-    sql.execute(
-        "CREATE TABLE places (id INTEGER PRIMARY KEY, owner VARCHAR(64) NOT NULL, spot POINT)",
-    )
-    .await;
-    let mut connection = backend.connect().await.unwrap();
-    connection.install_system_tables().await.unwrap();
-    let error = connection
-        .init_table(&TableInit::new("places", "owner", "v1"))
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(
-        error.contains(
-            "table \"places\" column \"spot\" has type point, which rowsync cannot synchronize"
-        ),
-        "{error}"
-    );
-    let registered = sql.query_rows("SELECT table_name FROM rs_table").await;
-    assert!(registered.is_empty(), "{registered:?}");
+    conformance::a_column_of_a_type_rowsync_cannot_carry_is_refused_at_init_by_name::<MysqlFactory>()
+        .await;
 }

@@ -184,6 +184,12 @@ fn assert_same_shape(message: &Message, shape: &Message) {
                 (&checked.table, &checked.columns, &checked.key_columns)
             );
         }
+        (Message::Conflicts(full), Message::Conflicts(checked)) => {
+            assert_eq!(
+                (&full.table, &full.key_columns),
+                (&checked.table, &checked.key_columns)
+            );
+        }
         (full, checked) => assert_eq!(full, checked),
     }
 }

@@ -294,6 +294,79 @@ async fn silent_connections_hold_at_most_their_own_limit_of_slots() {
     drop(silent);
 }
 
+/// Issue 15, finding 5, measured: the share of a legitimate client's syncs answered
+/// busy while 1,000 silent connections are held open (each re-opened when the server
+/// closes it, at most 100 a second, as in the finding) against 1,000 slots; once with
+/// no limit of their own (as before: `hello_pending_connections_max` = the slots) and
+/// once with the default limit, side by side in one run.
+/// `cargo test -p rowsync-server --test load -- --ignored --nocapture busy_share`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement under 1,000 silent connections, run by hand"]
+async fn busy_share_under_1000_silent_connections() {
+    const SLOTS: usize = 1000;
+    for (label, pending_max) in [("no own limit", SLOTS), ("default limit", 256)] {
+        let (busy, syncs) = busy_share_with(SLOTS, pending_max).await;
+        println!(
+            "{label} (hello_pending_connections_max {pending_max}): {busy} of {syncs} syncs answered busy ({:.0}%)",
+            100.0 * busy as f64 / syncs as f64
+        );
+    }
+}
+
+/// 1,000 silent connections held against `slots`, then 100 syncs of one client that
+/// never retries: how many were answered busy.
+async fn busy_share_with(slots: usize, pending_max: usize) -> (usize, usize) {
+    const SILENT: usize = 1000;
+    const SYNCS: usize = 100;
+    let server = TestServer::start_with(ServerConfig {
+        connections_max: slots,
+        hello_pending_connections_max: pending_max,
+        ..ServerConfig::default()
+    })
+    .await;
+    let address = server.address;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut attackers = tokio::task::JoinSet::new();
+    for index in 0..SILENT {
+        let mut stopped = stopped.clone();
+        attackers.spawn(async move {
+            // Spread over the first 10 s.
+            tokio::time::sleep(Duration::from_millis(10 * index as u64)).await;
+            while !*stopped.borrow() {
+                // Each task opens at most one connection per 10 s: 100 a second in all.
+                let next = tokio::time::Instant::now() + Duration::from_secs(10);
+                if let Ok(mut stream) = TcpStream::connect(address).await {
+                    let mut sink = [0u8; 64];
+                    tokio::select! {
+                        _ = stream.read(&mut sink) => {}
+                        _ = stopped.changed() => break,
+                    }
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep_until(next) => {}
+                    _ = stopped.changed() => break,
+                }
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let mut client = server.client("legitimate");
+    let mut options = server.options("alice");
+    options.busy_retry = rowsync_client::BusyRetry::Never;
+    let mut busy = 0;
+    for _ in 0..SYNCS {
+        match client.sync(&options).await {
+            Ok(_) => {}
+            Err(ClientError::Busy { .. }) => busy += 1,
+            Err(other) => panic!("a sync failed otherwise: {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.send(true).unwrap();
+    while attackers.join_next().await.is_some() {}
+    (busy, SYNCS)
+}
+
 /// Issue 15, finding 10: 475 failed logins in 15 s from one address were answered at
 /// full speed, each costing an argon2 check. After `login_failures_per_address_max`
 /// failures in the window, logins from the address are refused unchecked (code 3),

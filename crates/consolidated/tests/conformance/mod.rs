@@ -58,6 +58,12 @@ pub trait Factory {
         None
     }
 
+    /// A query that runs for hours unless it is cancelled (standard SQL: counting an
+    /// endless recursive sequence).
+    fn endless_query() -> &'static str {
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    }
+
     /// A fresh, empty consolidated database (not even the system tables) and raw SQL
     /// access to it. Whatever must outlive the test (a temporary directory, a server)
     /// is owned by the returned values.
@@ -107,6 +113,7 @@ macro_rules! conformance_suite {
             a_dropped_column_leaves_every_version_and_old_uploads_of_it_are_ignored,
             a_new_table_goes_into_a_new_version_holding_every_table,
             a_widened_type_syncs_values_past_its_old_range,
+            a_cancelled_statement_stops_with_an_error,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {
@@ -120,8 +127,10 @@ macro_rules! conformance_suite {
 }
 pub(crate) use conformance_suite;
 
+mod cancel;
 mod schema_changes;
 mod scripts;
+pub use cancel::*;
 pub use schema_changes::*;
 pub use scripts::*;
 
@@ -1911,8 +1920,27 @@ pub async fn a_resent_upload_still_delivers_its_conflict_resolution<F: Factory>(
 /// its key: no sequential scan of the table reads its rows.
 #[allow(dead_code)]
 pub async fn an_upload_applied_before_is_rechecked_by_key<F: Factory>() {
-    let mut f = Fixture::<F>::with_orders_table().await;
     let table_rows = 20_000;
+    let resend = resend_of_an_applied_upload::<F>(table_rows, 10).await;
+    assert!(
+        resend.read_by_sequential_scans < table_rows,
+        "the re-check read {} rows by sequential scans of a {table_rows}-row table",
+        resend.read_by_sequential_scans
+    );
+}
+
+/// What resending an applied upload cost the database.
+#[allow(dead_code)]
+pub struct Resend {
+    pub read_by_sequential_scans: i64,
+    pub elapsed: std::time::Duration,
+}
+
+/// PostgreSQL only (`generate_series`, `pg_stat_user_tables`): a partition of
+/// `table_rows` rows, an upload of `resent_rows` new rows applied, then sent again.
+#[allow(dead_code)]
+pub async fn resend_of_an_applied_upload<F: Factory>(table_rows: i64, resent_rows: i64) -> Resend {
+    let mut f = Fixture::<F>::with_orders_table().await;
     f.sql
         .execute(&format!(
             "INSERT INTO orders SELECT g, 'alice', 'seed', 1, NULL FROM generate_series(1, {table_rows}) AS g"
@@ -1920,7 +1948,7 @@ pub async fn an_upload_applied_before_is_rechecked_by_key<F: Factory>() {
         .await;
     f.init_orders().await;
     f.sql.execute("ANALYZE orders").await;
-    let inserts: Vec<Row> = (0..10)
+    let inserts: Vec<Row> = (0..resent_rows)
         .map(|n| order(table_rows + 1 + n, "alice", "new", 1, None))
         .collect();
     let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
@@ -1950,7 +1978,9 @@ pub async fn an_upload_applied_before_is_rechecked_by_key<F: Factory>() {
         }
         before = now;
     }
+    let started = std::time::Instant::now();
     let resent = f.sync_ok(upload).await;
+    let elapsed = started.elapsed();
     assert!(resent.summary.upload_already_applied);
     let after = loop {
         let now = counters(f.sql.query_rows(scans).await);
@@ -1959,11 +1989,37 @@ pub async fn an_upload_applied_before_is_rechecked_by_key<F: Factory>() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     };
-    let read_by_sequential_scans = after.1 - before.1;
+    Resend {
+        read_by_sequential_scans: after.1 - before.1,
+        elapsed,
+    }
+}
+
+/// PostgreSQL and MariaDB (SQLite takes any declared type by affinity): issue 16. A
+/// column of a type rowsync cannot carry (`POINT`) is named at `init`, never met by a
+/// sync; nothing of the table is registered.
+#[allow(dead_code)]
+pub async fn a_column_of_a_type_rowsync_cannot_carry_is_refused_at_init_by_name<F: Factory>() {
+    let mut f = Fixture::<F>::new().await;
+    f.sql
+        .execute(
+            "CREATE TABLE places (id INTEGER PRIMARY KEY, owner VARCHAR(64) NOT NULL, spot POINT)",
+        )
+        .await;
+    let error = f
+        .admin
+        .init_table(&TableInit::new("places", "owner", "v1"))
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(
-        read_by_sequential_scans < table_rows,
-        "the re-check read {read_by_sequential_scans} rows by sequential scans of a {table_rows}-row table"
+        error.contains(
+            "table \"places\" column \"spot\" has type point, which rowsync cannot synchronize"
+        ),
+        "{error}"
     );
+    let registered = f.sql.query_rows("SELECT table_name FROM rs_table").await;
+    assert!(registered.is_empty(), "{registered:?}");
 }
 
 /// PostgreSQL only (a script cannot end its SQLite connection): issue 15, finding 9. A
