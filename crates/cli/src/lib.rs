@@ -3,5 +3,6 @@
 
 pub mod database;
 pub mod demo;
+pub mod profile;
 pub mod replay;
 pub mod sync_command;

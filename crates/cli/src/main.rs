@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use command::bench::{
     BenchApplyArgs, BenchArgs, BenchLoadArgs, BenchStoreArgs, BenchTransportArgs,
 };
-use command::{bench, cert, cleanup, demo, init, replay, script, serve, user, version};
+use command::{bench, cert, cleanup, demo, init, profile, replay, script, serve, user, version};
 
 #[derive(Parser)]
 #[command(
@@ -32,6 +32,10 @@ enum Command {
     /// Play syncs recorded by `serve --record` against a server, or compare two runs
     /// (--diff RUN_A RUN_B).
     Replay(replay::ReplayArgs),
+    /// Run a script version's scripts and sync types alone and as N copies at once
+    /// (PostgreSQL): times, the ratio to perfect scaling, what the copies waited on, hot
+    /// rows, a verdict with its remedy; --plans adds the plan advisor (also on SQLite).
+    Profile(profile::ProfileArgs),
     /// Manage the scripts of script versions.
     Script {
         #[command(subcommand)]
@@ -111,6 +115,7 @@ async fn run(command: Command) -> Result<()> {
             let exit = replay::run(args).await?;
             std::process::exit(exit)
         }
+        Command::Profile(args) => profile::run(args).await,
         Command::Script { command } => script::run(command).await,
         Command::Version { command } => version::run(command).await,
         Command::Init(args) => init::run(args).await,

@@ -1,6 +1,7 @@
 //! The monitor page in a real headless Chromium, driven through chromedriver's WebDriver
 //! HTTP API: `rowsync serve --admin-listen` serves it, the page shows a sync that just
-//! ran, and shows the next one without a reload. Also the JSON API behind it.
+//! ran, and shows the next one without a reload, and the profile report `rowsync profile
+//! --out` wrote. Also the JSON API behind it.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (scripts/test installs them); set
 //! `ROWSYNC_TEST_SKIP_BROWSER=1` to skip where no browser can run.
@@ -30,8 +31,36 @@ async fn the_monitor_page_shows_a_sync_that_just_ran_and_updates() {
     init_notes(&db);
     add_user(&db, "erin", "erin-password-1");
     add_user(&db, "frank", "frank-password-1");
-    let server = serve(&db, &["--admin-listen", "127.0.0.1:0"]);
+    // The plan advisor's report (SQLite: the advisor only), shown by the page.
+    let report = dir.path().join("profile.json");
+    let report_arg = report.to_str().unwrap();
+    support::run_command_ok(
+        support::rowsync(),
+        &[
+            "profile",
+            "--db",
+            db.to_str().unwrap(),
+            "--version",
+            "v1",
+            "--plans",
+            "--out",
+            report_arg,
+        ],
+        None,
+    );
+    let server = serve(
+        &db,
+        &[
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--profile-report",
+            report_arg,
+        ],
+    );
     let admin = server.admin.clone().expect("the admin banner");
+    let profile: Value = serde_json::from_str(&http_get(&admin, "/api/monitor/profile")).unwrap();
+    assert_eq!(profile["script_version"], "v1");
+    assert_eq!(profile["plans"][0]["event"], "download_cursor", "{profile}");
 
     let erin = sync_client(&dir, "erin", &server.address, "erin-password-1").await;
     assert_eq!(erin.rows_downloaded, 1);
@@ -70,6 +99,15 @@ async fn the_monitor_page_shows_a_sync_that_just_ran_and_updates() {
         "return document.querySelectorAll('.uplot').length",
     );
     assert_eq!(charts, json!(4), "the four charts are drawn");
+    driver.wait_for(
+        &session,
+        "return document.getElementById('profile-status').textContent",
+        |status| {
+            status
+                .as_str()
+                .is_some_and(|text| text.contains("script version v1 on SQLite"))
+        },
+    );
 
     // A sync after the page loaded appears without a reload.
     let frank = sync_client(&dir, "frank", &server.address, "frank-password-1").await;

@@ -44,6 +44,9 @@ pub use download::{
 };
 pub use error::{DbError, SyncError};
 pub use names::quote_identifier;
+/// Named parameters as a tool binds them outside a sync (`rowsync profile` runs single
+/// scripts with the values a sync would give them).
+pub use parameters::{positional_parameters, positional_parameters_with, Parameters, RowImages};
 pub use types::{
     AuthCheck, AuthRequest, DownloadAckRequest, InitOutcome, ScriptEntry, SyncOutcome, SyncRequest,
     TableInit,

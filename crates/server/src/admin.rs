@@ -1,6 +1,7 @@
 //! The admin endpoint: `GET /metrics` in Prometheus' text format, the live monitor page
 //! (`GET /monitor`, its assets embedded in the binary) and its JSON API
-//! (`/api/monitor/active`, `/api/monitor/syncs`, `/api/monitor/series`). Plain HTTP/1.1
+//! (`/api/monitor/active`, `/api/monitor/syncs`, `/api/monitor/series`, and
+//! `/api/monitor/profile`, the file `rowsync profile --out` wrote). Plain HTTP/1.1
 //! on its own listener, meant for loopback or a monitoring network, never for clients.
 
 use std::convert::Infallible;
@@ -23,6 +24,8 @@ use crate::monitor::SyncFilter;
 pub const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Admin connections served at once; more wait in the listen queue.
 pub const ADMIN_CONNECTIONS_MAX: usize = 16;
+/// The largest profile report file the monitor serves (`serve --profile-report`).
+pub const PROFILE_REPORT_BYTES_MAX: u64 = 4 * 1024 * 1024;
 
 /// The monitor page and its assets, embedded in the binary (no network at run time).
 const MONITOR_HTML: &str = include_str!("../assets/monitor/monitor.html");
@@ -78,7 +81,7 @@ fn respond(request: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Byte
                 StatusCode::NOT_FOUND,
                 TEXT,
                 Bytes::from_static(
-                    b"rowsync's admin endpoint serves GET /metrics, /monitor and /api/monitor/{active,syncs,series}\n",
+                    b"rowsync's admin endpoint serves GET /metrics, /monitor and /api/monitor/{active,syncs,series,profile}\n",
                 ),
             ),
             _ => (
@@ -99,6 +102,51 @@ fn respond(request: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Byte
         header::HeaderValue::from_static("no-store"),
     );
     response
+}
+
+/// `/api/monitor/profile`: the latest `rowsync profile --out` report, as the file holds
+/// it (JSON), or 404 with the reason.
+async fn profile_report(metrics: &Metrics) -> Response<Full<Bytes>> {
+    let answer = |status, content_type, body: Bytes| {
+        let mut response = Response::new(Full::new(body));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static(content_type),
+        );
+        response.headers_mut().insert(
+            header::CACHE_CONTROL,
+            header::HeaderValue::from_static("no-store"),
+        );
+        response
+    };
+    let Some(path) = metrics.monitor.profile_report() else {
+        return answer(
+            StatusCode::NOT_FOUND,
+            TEXT,
+            Bytes::from_static(b"no profile report: start the server with --profile-report FILE and run rowsync profile --out FILE\n"),
+        );
+    };
+    let read = async {
+        let length = tokio::fs::metadata(path).await?.len();
+        if length > PROFILE_REPORT_BYTES_MAX {
+            return Err(std::io::Error::other(format!(
+                "{length} bytes, more than profile_report_bytes_max ({PROFILE_REPORT_BYTES_MAX})"
+            )));
+        }
+        tokio::fs::read(path).await
+    };
+    match read.await {
+        Ok(bytes) => answer(StatusCode::OK, JSON, Bytes::from(bytes)),
+        Err(error) => answer(
+            StatusCode::NOT_FOUND,
+            TEXT,
+            Bytes::from(format!(
+                "no profile report in {}: {error}\n",
+                path.display()
+            )),
+        ),
+    }
 }
 
 fn json(value: &impl serde::Serialize) -> Bytes {
@@ -166,8 +214,17 @@ pub async fn serve_admin(
         let metrics = Arc::clone(&metrics);
         tokio::spawn(async move {
             let service = service_fn(move |request: Request<Incoming>| {
-                let response = respond(&request, &metrics);
-                async move { Ok::<_, Infallible>(response) }
+                let metrics = Arc::clone(&metrics);
+                async move {
+                    let response = if request.method() == Method::GET
+                        && request.uri().path() == "/api/monitor/profile"
+                    {
+                        profile_report(&metrics).await
+                    } else {
+                        respond(&request, &metrics)
+                    };
+                    Ok::<_, Infallible>(response)
+                }
             });
             let served = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())

@@ -5,6 +5,7 @@
 //! when it ends; its phase changes are one atomic store.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -152,6 +153,9 @@ pub struct Monitor {
     settings: MonitorSettings,
     next_id: AtomicU64,
     state: Mutex<State>,
+    /// The file `rowsync profile --out` writes, shown on the page (`serve
+    /// --profile-report`).
+    profile_report: OnceLock<PathBuf>,
 }
 
 fn unix_ms() -> u64 {
@@ -166,7 +170,18 @@ impl Monitor {
             settings,
             next_id: AtomicU64::new(1),
             state: Mutex::new(State::default()),
+            profile_report: OnceLock::new(),
         }
+    }
+
+    /// Shows the profile report in this file on the page (set once, at start).
+    pub fn set_profile_report(&self, path: PathBuf) {
+        let _ = self.profile_report.set(path);
+    }
+
+    /// The file of the profile report the page shows, if one was named.
+    pub fn profile_report(&self) -> Option<&Path> {
+        self.profile_report.get().map(PathBuf::as_path)
     }
 
     pub fn settings(&self) -> MonitorSettings {

@@ -89,6 +89,10 @@ pub struct ServeArgs {
     /// Samples the monitor's charts keep (one per second).
     #[arg(long, default_value_t = MonitorSettings::default().samples_max)]
     monitor_samples_max: usize,
+    /// Show the profile report in this file on the monitor page (the file `rowsync
+    /// profile --out FILE` writes; read again at each look, so the newest run shows).
+    #[arg(long)]
+    profile_report: Option<PathBuf>,
     /// Record each sync (hello without credentials, upload, outcome) into this new
     /// directory, for `rowsync replay`.
     #[arg(long)]
@@ -172,6 +176,9 @@ impl OnBackend for ServeArgs {
             history_syncs_max: self.monitor_history_syncs_max,
             samples_max: self.monitor_samples_max,
         }));
+        if let Some(path) = self.profile_report.clone() {
+            metrics.monitor.set_profile_report(path);
+        }
         if let Some(address) = self.admin_listen {
             serve_metrics(address, Arc::clone(&metrics)).await?;
         }

@@ -4,6 +4,7 @@
 "use strict";
 
 const POLL_MS = 1000;
+const PROFILE_POLL_MS = 10000;
 const PHASES = ["connect", "authenticate", "upload_received", "worker_wait",
   "upload_applied", "download_fetched", "download_sent"];
 const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"];
@@ -100,6 +101,54 @@ async function getJson(path) {
   return response.json();
 }
 
+// The contention profile (`rowsync profile --out FILE`, served with `serve
+// --profile-report FILE`): one row per script or sync type at its largest copy count.
+function drawProfile(report) {
+  const body = el("profile").tBodies[0];
+  const plans = el("plans").tBodies[0];
+  body.replaceChildren();
+  plans.replaceChildren();
+  el("profile-status").textContent = "script version " + report.script_version + " on " + report.database +
+    ", " + new Date(report.created_unix_ms).toLocaleString() + ", " + report.cores + " cores";
+  for (const target of report.targets) {
+    const largest = Math.max(0, ...target.runs.map((run) => run.copies));
+    const run = (parameters) => target.runs.find((r) => r.copies === largest && r.parameters === parameters);
+    const row = body.insertRow();
+    row.className = target.verdict.kind === "clean" ? "" : "failed";
+    cell(row, target.name, "text");
+    cell(row, ms(target.alone_ms));
+    cell(row, largest);
+    for (const parameters of ["identical", "distinct"]) {
+      const r = run(parameters);
+      cell(row, r ? ms(r.wall_ms) : "");
+      cell(row, r && r.ratio !== null ? r.ratio.toFixed(2) : "");
+    }
+    cell(row, target.waits.map((w) => w.wait + " " + w.samples).join(", "), "text");
+    cell(row, target.hot_rows.map((h) => h.relation + " (" + h.key + ")").join(", "), "text");
+    cell(row, target.verdict.finding + (target.verdict.remedy ? "; " + target.verdict.remedy : ""), "error");
+  }
+  for (const plan of report.plans || []) {
+    for (const finding of plan.findings) {
+      const row = plans.insertRow();
+      cell(row, plan.table, "text");
+      cell(row, plan.event, "text");
+      cell(row, finding.detail, "error");
+      cell(row, finding.proposal || "", "text");
+    }
+  }
+}
+
+async function pollProfile() {
+  try {
+    const response = await fetch("/api/monitor/profile", { cache: "no-store" });
+    if (response.ok) drawProfile(await response.json());
+    else el("profile-status").textContent = await response.text();
+  } catch (error) {
+    el("profile-status").textContent = "no profile report: " + error.message;
+  }
+  setTimeout(pollProfile, PROFILE_POLL_MS);
+}
+
 let polls = 0;
 async function poll() {
   const query = new URLSearchParams({
@@ -128,3 +177,4 @@ async function poll() {
 }
 
 poll();
+pollProfile();
