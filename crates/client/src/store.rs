@@ -110,6 +110,16 @@ pub struct Shape {
     pub key_columns: Vec<String>,
 }
 
+impl Shape {
+    /// The columns outside the primary key, in table order: the change log's old image
+    /// (the key's old values are the entry's key).
+    pub fn value_columns(&self) -> impl Iterator<Item = &String> {
+        self.columns
+            .iter()
+            .filter(|c| !self.key_columns.contains(c))
+    }
+}
+
 pub fn shape(connection: &Connection, table: &str) -> Result<Option<Shape>, ClientError> {
     let mut statement =
         connection.prepare("SELECT name, pk FROM pragma_table_info(?1) ORDER BY cid")?;
@@ -231,7 +241,7 @@ fn migrate_log(connection: &Connection, table: &str, shape: &Shape) -> Result<()
         .iter()
         .cloned()
         .chain(std::iter::once("rs_op".to_string()))
-        .chain(shape.columns.iter().map(|c| format!("{OLD_PREFIX}{c}")))
+        .chain(shape.value_columns().map(|c| format!("{OLD_PREFIX}{c}")))
         .collect();
     if logged.columns == wanted {
         return Ok(());
@@ -253,15 +263,15 @@ fn migrate_log(connection: &Connection, table: &str, shape: &Shape) -> Result<()
     }
     let sql = TriggerSql::new(table, shape);
     let migrating = format!("{log}_migrating");
+    // A log made before the old image left out the key columns (`rs_old_<key>`, always
+    // equal to the entry's key) loses them here.
     let kept: Vec<String> = shape
-        .columns
-        .iter()
+        .value_columns()
         .map(|c| format!("{OLD_PREFIX}{c}"))
         .filter(|old| logged.columns.contains(old))
         .collect();
     let added: Vec<&String> = shape
-        .columns
-        .iter()
+        .value_columns()
         .filter(|c| !logged.columns.contains(&format!("{OLD_PREFIX}{c}")))
         .collect();
     let moved = join(&shape.key_columns, |k| q(k), ", ")
@@ -271,7 +281,7 @@ fn migrate_log(connection: &Connection, table: &str, shape: &Shape) -> Result<()
             .map(|c| format!(", {}", q(c)))
             .collect::<String>();
     let mut batch = format!(
-        "CREATE TABLE {m} ({keys}, rs_op TEXT NOT NULL, {old}, PRIMARY KEY ({keys})) WITHOUT ROWID;
+        "CREATE TABLE {m} ({keys}, rs_op TEXT NOT NULL{old}, PRIMARY KEY ({keys})) WITHOUT ROWID;
          INSERT INTO {m} ({moved}) SELECT {moved} FROM {l};\n",
         m = q(&migrating),
         keys = sql.keys,
@@ -345,28 +355,40 @@ struct TriggerSql {
     target: String,
     /// Quoted key columns, comma-separated.
     keys: String,
-    /// Quoted old-image columns of the log, comma-separated.
+    /// `, "rs_old_c"` for each column outside the key (empty when every column is a
+    /// key column): the log's old-image columns, written after `rs_op`.
     old_columns: String,
-    columns: Vec<String>,
     key_columns: Vec<String>,
+    /// The columns outside the key.
+    value_columns: Vec<String>,
 }
 
 impl TriggerSql {
     fn new(table: &str, shape: &Shape) -> TriggerSql {
+        let value_columns: Vec<String> = shape.value_columns().cloned().collect();
         TriggerSql {
             table: table.to_string(),
             log: q(&log_table(table)),
             target: q(table),
             keys: join(&shape.key_columns, |k| q(k), ", "),
-            old_columns: join(&shape.columns, |c| q(&format!("{OLD_PREFIX}{c}")), ", "),
-            columns: shape.columns.clone(),
+            old_columns: join(
+                &value_columns,
+                |c| format!(", {}", q(&format!("{OLD_PREFIX}{c}"))),
+                "",
+            ),
             key_columns: shape.key_columns.clone(),
+            value_columns,
         }
     }
 
     /// `alias.column` for each of `names`.
     fn image(alias: &str, names: &[String]) -> String {
         join(names, |c| format!("{alias}.{}", q(c)), ", ")
+    }
+
+    /// `, alias.column` for each column outside the key: the old image's values.
+    fn old_image(&self, alias: &str) -> String {
+        join(&self.value_columns, |c| format!(", {alias}.{}", q(c)), "")
     }
 
     /// Records an insert of the row `NEW`.
@@ -384,14 +406,14 @@ impl TriggerSql {
     /// finds (at most one per unique column set).
     fn log_delete_where(&self, condition: &str) -> String {
         format!(
-            "INSERT INTO {log} ({keys}, rs_op, {old_columns})
-                 SELECT {t_keys}, 'D', {t_image} FROM {target} AS t WHERE {condition}
+            "INSERT INTO {log} ({keys}, rs_op{old_columns})
+                 SELECT {t_keys}, 'D'{t_image} FROM {target} AS t WHERE {condition}
                  ON CONFLICT ({keys}) DO UPDATE SET rs_op = CASE rs_op WHEN 'I' THEN 'X' WHEN 'X' THEN 'X' ELSE 'D' END;",
             log = self.log,
             keys = self.keys,
             old_columns = self.old_columns,
             t_keys = Self::image("t", &self.key_columns),
-            t_image = Self::image("t", &self.columns),
+            t_image = self.old_image("t"),
             target = self.target,
         )
     }
@@ -399,13 +421,13 @@ impl TriggerSql {
     /// Records the delete of the row `OLD`.
     fn log_delete_old(&self) -> String {
         format!(
-            "INSERT INTO {log} ({keys}, rs_op, {old_columns}) VALUES ({old_keys}, 'D', {old_image})
+            "INSERT INTO {log} ({keys}, rs_op{old_columns}) VALUES ({old_keys}, 'D'{old_image})
                  ON CONFLICT ({keys}) DO UPDATE SET rs_op = CASE rs_op WHEN 'I' THEN 'X' WHEN 'X' THEN 'X' ELSE 'D' END;",
             log = self.log,
             keys = self.keys,
             old_columns = self.old_columns,
             old_keys = Self::image("OLD", &self.key_columns),
-            old_image = Self::image("OLD", &self.columns),
+            old_image = self.old_image("OLD"),
         )
     }
 
@@ -413,6 +435,23 @@ impl TriggerSql {
         q(&format!("rs_log_{suffix}_{}", self.table))
     }
 
+    /// `UPDATE OF` column list of a trigger that must see every change of `columns`:
+    /// with SQLite's names of the rowid too, since `SET rowid = ...` changes an
+    /// `INTEGER PRIMARY KEY` without naming it (names that are no column match nothing).
+    fn update_of(columns: &[String]) -> String {
+        let mut names: Vec<String> = columns.to_vec();
+        for alias in ["rowid", "_rowid_", "oid"] {
+            if !names.iter().any(|n| n.eq_ignore_ascii_case(alias)) {
+                names.push(alias.to_string());
+            }
+        }
+        join(&names, |c| q(c), ", ")
+    }
+
+    /// The log, and one trigger per kind of change. Only the triggers a statement's
+    /// kind and `SET` list can fire are compiled into it, and SQLite sets each fired
+    /// trigger program up once per statement: an update of non-key columns runs one
+    /// trigger, a delete one, an insert two (the displacement probe and the log).
     fn ddl(&self, unique_sets: &[Vec<String>]) -> String {
         let not_applying = "(SELECT applying_download FROM rs_client_state WHERE id = 1) = 0";
         let equal = |set: &[String], alias: &str| {
@@ -438,7 +477,7 @@ impl TriggerSql {
             );
         }
         let mut ddl = format!(
-            "CREATE TABLE IF NOT EXISTS {log} ({keys}, rs_op TEXT NOT NULL, {old_columns}, PRIMARY KEY ({keys})) WITHOUT ROWID;\n",
+            "CREATE TABLE IF NOT EXISTS {log} ({keys}, rs_op TEXT NOT NULL{old_columns}, PRIMARY KEY ({keys})) WITHOUT ROWID;\n",
             log = self.log,
             keys = self.keys,
             old_columns = self.old_columns,
@@ -466,10 +505,9 @@ END;
                 set_columns.push(column.clone());
             }
         }
-        let update_of = format!("BEFORE UPDATE OF {}", join(&set_columns, |c| q(c), ", "));
         trigger(
             "displace_update",
-            &update_of,
+            &format!("BEFORE UPDATE OF {}", Self::update_of(&set_columns)),
             "",
             &displaced_by_update.join("\n    "),
         );
@@ -479,18 +517,19 @@ END;
             "AFTER UPDATE",
             &format!(" AND NOT ({key_changed})"),
             &format!(
-                "INSERT INTO {log} ({keys}, rs_op, {old_columns}) VALUES ({new_keys}, 'U', {old_image})
+                "INSERT INTO {log} ({keys}, rs_op{old_columns}) VALUES ({new_keys}, 'U'{old_image})
         ON CONFLICT ({keys}) DO NOTHING;",
                 log = self.log,
                 keys = self.keys,
                 old_columns = self.old_columns,
                 new_keys = Self::image("NEW", &self.key_columns),
-                old_image = Self::image("OLD", &self.columns),
+                old_image = self.old_image("OLD"),
             ),
         );
+        // Fired only by statements that set a key column (or the rowid).
         trigger(
             "rekey",
-            "AFTER UPDATE",
+            &format!("AFTER UPDATE OF {}", Self::update_of(&self.key_columns)),
             &format!(" AND ({key_changed})"),
             &format!("{}\n    {}", self.log_delete_old(), self.log_insert()),
         );
@@ -681,7 +720,16 @@ fn collect_table_upload(
             ClientError::Schema(format!("tracked table {table:?} no longer has a primary key"))
         })?),
         keys = shape.key_columns.iter().map(|k| format!("l.{}", q(k))).collect::<Vec<_>>().join(", "),
-        old = shape.columns.iter().map(|c| format!("l.{}", q(&format!("{OLD_PREFIX}{c}")))).collect::<Vec<_>>().join(", "),
+        // The old image in table order: a key column's old value is the entry's key.
+        old = shape
+            .columns
+            .iter()
+            .map(|c| match shape.key_columns.contains(c) {
+                true => format!("l.{}", q(c)),
+                false => format!("l.{}", q(&format!("{OLD_PREFIX}{c}"))),
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
         new = shape.columns.iter().map(|c| format!("t.{}", q(c))).collect::<Vec<_>>().join(", "),
         table_q = q(table),
     );

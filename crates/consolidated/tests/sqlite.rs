@@ -96,3 +96,73 @@ async fn hostile_parameters_never_appear_in_a_statement_text() {
         }
     }
 }
+
+/// VM steps of every statement the step-counting backends ran, across this test binary,
+/// in all and in the statements over the staged deletes.
+fn steps() -> &'static [std::sync::atomic::AtomicU64; 2] {
+    static STEPS: [std::sync::atomic::AtomicU64; 2] = [
+        std::sync::atomic::AtomicU64::new(0),
+        std::sync::atomic::AtomicU64::new(0),
+    ];
+    &STEPS
+}
+
+/// Like [`SqliteFactory`], counting every statement's virtual-machine steps.
+struct StepCountingSqliteFactory;
+
+impl Factory for StepCountingSqliteFactory {
+    type Backend = SqliteConsolidated;
+    type Sql = SqliteSql;
+
+    async fn create() -> (SqliteConsolidated, SqliteSql) {
+        let (backend, sql) = SqliteFactory::create().await;
+        let backend = backend.with_statement_steps(std::sync::Arc::new(|text: &str, count| {
+            use std::sync::atomic::Ordering::Relaxed;
+            steps()[0].fetch_add(count, Relaxed);
+            if text.contains("rs_stage_delete_orders") {
+                steps()[1].fetch_add(count, Relaxed);
+            }
+        }));
+        (backend, sql)
+    }
+}
+
+/// The steps (all, over the staged deletes) of a sync deleting `rows` rows of a table
+/// of `rows + 1`, with `script` as `upload_delete` when given.
+async fn steps_deleting(rows: i64, script: Option<&str>) -> [u64; 2] {
+    use std::sync::atomic::Ordering::Relaxed;
+    let before = [steps()[0].load(Relaxed), steps()[1].load(Relaxed)];
+    conformance::deletes_in_one_sync::<StepCountingSqliteFactory>(rows, script).await;
+    [
+        steps()[0].load(Relaxed) - before[0],
+        steps()[1].load(Relaxed) - before[1],
+    ]
+}
+
+/// The `upload_delete` script of `orders` as `init` wrote it before 2026-11-24: an
+/// `EXISTS` over the staged keys for each row of the table.
+const DELETE_SCRIPT_BEFORE: &str = "DELETE FROM \"orders\" WHERE \"rep\" = :user AND EXISTS (SELECT 1 FROM {upload} AS u WHERE u.\"id\" = \"orders\".\"id\")";
+
+/// Deleting N rows through one sync costs work in proportion to N (counted in SQLite's
+/// virtual-machine steps, not timed): four times the rows, about four times the steps.
+/// Before the fix the staged keys were scanned once per table row, N² (16 times).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_rows_through_a_sync_takes_steps_in_proportion_to_the_rows() {
+    for script in [None, Some(DELETE_SCRIPT_BEFORE)] {
+        let small = steps_deleting(500, script).await;
+        let large = steps_deleting(2_000, script).await;
+        let growth = |i: usize| large[i] as f64 / small[i] as f64;
+        eprintln!(
+            "delete script {}: steps 500 rows {small:?}, 2,000 rows {large:?}; growth x{:.2} in all, x{:.2} over the staged deletes",
+            if script.is_some() { "as before" } else { "default" },
+            growth(0),
+            growth(1)
+        );
+        assert!(
+            growth(0) < 6.0 && growth(1) < 6.0,
+            "four times the rows took x{:.1} the steps (x{:.1} over the staged deletes): not linear",
+            growth(0),
+            growth(1)
+        );
+    }
+}

@@ -709,3 +709,105 @@ fn orders_width(connection: &Connection) -> i64 {
         )
         .unwrap()
 }
+
+/// The log's columns, in order.
+fn log_columns(connection: &Connection) -> Vec<String> {
+    connection
+        .prepare("SELECT name FROM pragma_table_info('rs_log_orders') ORDER BY cid")
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+#[test]
+fn the_old_image_leaves_out_the_key_and_an_older_log_migrates_with_its_entries() {
+    let pen = order(1, "alice", "pen", 1);
+    let ink = order(2, "alice", "ink", 2);
+    let mut db = client_with_orders(&[pen.clone(), ink.clone()]);
+    assert_eq!(
+        log_columns(&db.connection),
+        [
+            "id",
+            "rs_op",
+            "rs_old_rep",
+            "rs_old_item",
+            "rs_old_quantity",
+            "rs_old_amount"
+        ],
+        "the key's old value is the entry's key"
+    );
+    // A log as tracking made it before the old image left out the key, with one entry
+    // of each kind, and that version's triggers writing it.
+    execute(
+        &db.connection,
+        "DROP TABLE rs_log_orders;
+         CREATE TABLE rs_log_orders (id, rs_op TEXT NOT NULL, rs_old_id, rs_old_rep, rs_old_item,
+             rs_old_quantity, rs_old_amount, PRIMARY KEY (id)) WITHOUT ROWID;
+         DROP TRIGGER rs_log_update_orders; DROP TRIGGER rs_log_delete_orders;
+         DROP TRIGGER rs_log_insert_orders; DROP TRIGGER rs_log_rekey_orders;
+         DROP TRIGGER rs_log_displace_insert_orders; DROP TRIGGER rs_log_displace_update_orders;
+         UPDATE orders SET quantity = 5 WHERE id = 1;
+         DELETE FROM orders WHERE id = 2;
+         INSERT INTO orders (id, rep, item, quantity) VALUES (3, 'alice', 'cup', 1);
+         INSERT INTO rs_log_orders VALUES (1, 'U', 1, 'alice', 'pen', 1, NULL),
+             (2, 'D', 2, 'alice', 'ink', 2, NULL), (3, 'I', NULL, NULL, NULL, NULL, NULL);",
+    );
+    track(&mut db.connection, "orders").unwrap();
+    assert_eq!(log_columns(&db.connection).len(), 6, "rs_old_id is gone");
+    execute(
+        &db.connection,
+        "UPDATE orders SET item = 'cap' WHERE id = 3",
+    );
+    let upload = only_upload(&next_batch(&mut db.connection).unwrap());
+    assert_eq!(
+        upload.updates,
+        vec![update(pen, order(1, "alice", "pen", 5))]
+    );
+    assert_eq!(upload.deletes, vec![key(2)]);
+    assert_eq!(upload.inserts, vec![order(3, "alice", "cap", 1)]);
+}
+
+#[test]
+fn a_key_changed_through_the_rowid_uploads_a_delete_and_an_insert() {
+    let mut db = client_with_orders(&[order(1, "alice", "pen", 1), order(2, "alice", "ink", 2)]);
+    execute(
+        &db.connection,
+        "UPDATE orders SET rowid = 3 WHERE id = 1;
+         UPDATE orders SET _rowid_ = 4 WHERE id = 2;",
+    );
+    let upload = orders_upload(&next_batch(&mut db.connection).unwrap());
+    assert_eq!(upload.deletes, vec![key(1), key(2)]);
+    assert_eq!(
+        upload.inserts,
+        vec![order(3, "alice", "pen", 1), order(4, "alice", "ink", 2)]
+    );
+    assert!(upload.updates.is_empty());
+}
+
+#[test]
+fn a_table_of_key_columns_only_is_tracked() {
+    let directory = tempfile::tempdir().unwrap();
+    let mut connection = open(&directory.path().join("client.db"));
+    install(&connection, Some("client-1")).unwrap();
+    execute(
+        &connection,
+        "CREATE TABLE tags (a TEXT, b INTEGER, PRIMARY KEY (a, b)) WITHOUT ROWID",
+    );
+    track(&mut connection, "tags").unwrap();
+    execute(
+        &connection,
+        "INSERT INTO tags VALUES ('x', 1), ('y', 2); UPDATE tags SET b = 3 WHERE a = 'y'",
+    );
+    let mut batch = uploads(&next_batch(&mut connection).unwrap());
+    let upload = batch.remove(0);
+    assert_eq!(
+        upload.inserts,
+        vec![
+            vec![text("x"), Value::Int(1)],
+            vec![text("y"), Value::Int(3)]
+        ]
+    );
+    assert!(upload.updates.is_empty() && upload.deletes.is_empty());
+}

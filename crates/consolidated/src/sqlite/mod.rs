@@ -33,10 +33,16 @@ pub const BUSY_TIMEOUT_MS: u64 = 30_000;
 /// unexpanded): SQLite's counterpart of PostgreSQL's `log_statement = 'all'`.
 pub type StatementLog = Arc<dyn Fn(&str) + Send + Sync>;
 
+/// Receives, as each statement ends, its text and the virtual-machine steps it took
+/// (`SQLITE_STMTSTATUS_VM_STEP`, triggers included): a statement's work as a count,
+/// the same on a loaded machine as on an idle one.
+pub type StatementSteps = Arc<dyn Fn(&str, u64) + Send + Sync>;
+
 #[derive(Clone)]
 pub struct SqliteConsolidated {
     path: PathBuf,
     statement_log: Option<StatementLog>,
+    statement_steps: Option<StatementSteps>,
 }
 
 impl std::fmt::Debug for SqliteConsolidated {
@@ -45,6 +51,7 @@ impl std::fmt::Debug for SqliteConsolidated {
             .debug_struct("SqliteConsolidated")
             .field("path", &self.path)
             .field("statement_log", &self.statement_log.is_some())
+            .field("statement_steps", &self.statement_steps.is_some())
             .finish()
     }
 }
@@ -55,12 +62,19 @@ impl SqliteConsolidated {
         SqliteConsolidated {
             path: path.as_ref().to_path_buf(),
             statement_log: None,
+            statement_steps: None,
         }
     }
 
     /// Every connection opened from now on reports each statement's text to `log`.
     pub fn with_statement_log(mut self, log: StatementLog) -> SqliteConsolidated {
         self.statement_log = Some(log);
+        self
+    }
+
+    /// Every connection opened from now on reports each statement's steps to `steps`.
+    pub fn with_statement_steps(mut self, steps: StatementSteps) -> SqliteConsolidated {
+        self.statement_steps = Some(steps);
         self
     }
 
@@ -85,18 +99,52 @@ impl SqliteConsolidated {
         // REPLACE deletes the old row; only with recursive triggers on does that delete
         // leave its tombstone (a row replaced into another partition must reach its old owner).
         connection.pragma_update(None, "recursive_triggers", "ON")?;
-        if let Some(log) = &self.statement_log {
-            let log = Arc::clone(log);
-            connection.trace_v2(
-                TraceEventCodes::SQLITE_TRACE_STMT,
-                Some(move |event: TraceEvent<'_>| {
-                    if let TraceEvent::Stmt(statement, _) = event {
+        self.trace(&mut connection)?;
+        Ok(connection)
+    }
+
+    /// Hands the connection's statements to the statement log and the step counter.
+    fn trace(&self, connection: &mut Connection) -> Result<(), DbError> {
+        let mut codes = TraceEventCodes::empty();
+        if self.statement_log.is_some() || self.statement_steps.is_some() {
+            codes |= TraceEventCodes::SQLITE_TRACE_STMT;
+        }
+        if self.statement_steps.is_some() {
+            codes |= TraceEventCodes::SQLITE_TRACE_PROFILE;
+        }
+        if codes.is_empty() {
+            return Ok(());
+        }
+        let (log, steps) = (self.statement_log.clone(), self.statement_steps.clone());
+        // A statement's step counter runs on across its runs: each run reports the steps
+        // since it started (trigger programs start inside a run and are part of it).
+        let mut started: std::collections::HashMap<String, i32> = Default::default();
+        let step_count = |statement: &rusqlite::trace::StmtRef<'_>| {
+            statement.get_status(rusqlite::StatementStatus::VmStep)
+        };
+        connection.trace_v2(
+            codes,
+            Some(move |event: TraceEvent<'_>| match event {
+                TraceEvent::Stmt(statement, text) => {
+                    if let Some(log) = &log {
                         log(&statement.sql());
                     }
-                }),
-            )?;
-        }
-        Ok(connection)
+                    if steps.is_some() && !text.starts_with("--") {
+                        started.insert(statement.sql().into_owned(), step_count(&statement));
+                    }
+                }
+                TraceEvent::Profile(statement, _) => {
+                    if let Some(steps) = &steps {
+                        let sql = statement.sql();
+                        let start = started.remove(sql.as_ref()).unwrap_or(0);
+                        let taken = step_count(&statement).saturating_sub(start);
+                        steps(&sql, u64::try_from(taken).unwrap_or(0));
+                    }
+                }
+                _ => {}
+            }),
+        )?;
+        Ok(())
     }
 }
 

@@ -466,15 +466,20 @@ fn tracking_ddl(shape: &TableShape, partition_column: &str) -> String {
     let partition = q(partition_column);
     let clock = "(SELECT version FROM rs_clock WHERE id = 1)";
     let bump = "UPDATE rs_clock SET version = version + 1 WHERE id = 1;";
+    // The row-version and tombstone tables' key columns have no type: compared with
+    // `NEW.k` of an INTEGER or TEXT column, SQLite would apply that column's affinity
+    // and could not search their primary key, scanning the whole table once per row
+    // written (deleting N rows of an INTEGER-keyed table took N²/2 steps). The unary
+    // `+` drops the affinity; the values are the row's own, so they compare the same.
     let key_is_new = |alias: &str| {
         keys.iter()
-            .map(|key| format!("{alias}.{k} = NEW.{k}", k = q(key)))
+            .map(|key| format!("{alias}.{k} = +NEW.{k}", k = q(key)))
             .collect::<Vec<_>>()
             .join(" AND ")
     };
     let key_is_old = keys
         .iter()
-        .map(|key| format!("{k} = OLD.{k}", k = q(key)))
+        .map(|key| format!("{k} = +OLD.{k}", k = q(key)))
         .collect::<Vec<_>>()
         .join(" AND ");
     let key_changed = keys
@@ -496,7 +501,7 @@ CREATE TRIGGER {insert_trigger} AFTER INSERT ON {table} BEGIN
     {bump}
     INSERT INTO {versions} ({key_columns}, version) VALUES ({new_keys}, {clock})
         ON CONFLICT ({key_columns}) DO UPDATE SET version = excluded.version;
-    DELETE FROM {tombstones} WHERE {tombstone_is_new} AND rs_partition IS NEW.{partition};
+    DELETE FROM {tombstones} WHERE {tombstone_is_new} AND rs_partition IS +NEW.{partition};
 END;
 DROP TRIGGER IF EXISTS {update_trigger};
 CREATE TRIGGER {update_trigger} AFTER UPDATE ON {table} BEGIN
@@ -507,7 +512,7 @@ CREATE TRIGGER {update_trigger} AFTER UPDATE ON {table} BEGIN
     DELETE FROM {versions} WHERE {key_is_old} AND ({key_changed});
     INSERT INTO {versions} ({key_columns}, version) VALUES ({new_keys}, {clock})
         ON CONFLICT ({key_columns}) DO UPDATE SET version = excluded.version;
-    DELETE FROM {tombstones} WHERE {tombstone_is_new} AND rs_partition IS NEW.{partition};
+    DELETE FROM {tombstones} WHERE {tombstone_is_new} AND rs_partition IS +NEW.{partition};
 END;
 DROP TRIGGER IF EXISTS {delete_trigger};
 CREATE TRIGGER {delete_trigger} AFTER DELETE ON {table} BEGIN
@@ -573,10 +578,12 @@ pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'sta
         ),
         (UPLOAD_UPDATE, update),
         (
+            // Driven by the staged keys, each found by the primary key: the cost follows
+            // the upload, not the table (an `EXISTS` per table row scanned the table).
             UPLOAD_DELETE,
             format!(
-                "DELETE FROM {table} WHERE {partition} = :user AND EXISTS (SELECT 1 FROM {UPLOAD_PLACEHOLDER} AS u WHERE {m})",
-                m = key_match(keys, "u", &table)
+                "DELETE FROM {table} WHERE {partition} = :user AND ({key_columns}) IN (SELECT {key_columns} FROM {UPLOAD_PLACEHOLDER})",
+                key_columns = column_list(keys, ""),
             ),
         ),
         (

@@ -79,6 +79,7 @@ macro_rules! conformance_suite {
             init_table_refuses_unusable_tables_clearly_and_registers_nothing,
             first_sync_downloads_exactly_the_users_partition,
             uploaded_changes_are_applied_and_not_echoed_back,
+            many_deletes_in_one_sync_delete_exactly_those_rows,
             server_side_changes_after_the_watermark_arrive_in_the_next_download,
             a_key_leaving_a_partition_is_deleted_for_its_former_owner_even_when_reused,
             rows_without_a_partition_value_stay_writable_and_reach_no_one,
@@ -737,6 +738,46 @@ pub async fn uploaded_changes_are_applied_and_not_echoed_back<F: Factory>() {
         .await;
     assert_eq!(order_upserts(&other), vec![two_new, four, five]);
     assert_eq!(order_deletes(&other), vec![key(&[3])]);
+}
+
+/// Rows one sync deletes in [`many_deletes_in_one_sync_delete_exactly_those_rows`].
+pub const MANY_DELETES: i64 = 300;
+
+pub async fn many_deletes_in_one_sync_delete_exactly_those_rows<F: Factory>() {
+    deletes_in_one_sync::<F>(MANY_DELETES, None).await;
+}
+
+/// `rows` orders of alice's and one of bob's; one sync of alice's deletes all of hers
+/// (through `delete_script` when given, else the default `upload_delete`).
+pub async fn deletes_in_one_sync<F: Factory>(rows: i64, delete_script: Option<&str>) {
+    let mut seeded: Vec<Row> = (1..=rows)
+        .map(|id| order(id, "alice", "pen", id, None))
+        .collect();
+    let bobs = order(rows + 1, "bob", "nib", 1, None);
+    seeded.push(bobs.clone());
+    let mut f = Fixture::<F>::with_orders(&seeded).await;
+    if let Some(script) = delete_script {
+        f.replace_script("orders", "upload_delete", script).await;
+    }
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    assert_eq!(order_upserts(&first).len(), rows as usize);
+    let keys: Vec<Row> = (1..=rows).map(|id| key(&[id])).collect();
+    let outcome = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![orders_upload(vec![], vec![], keys)],
+        ))
+        .await;
+    assert_summary(&outcome, rows as u64, 0, false);
+    assert_eq!(f.orders().await, vec![bobs]);
+    assert_eq!(
+        order_deletes(&outcome),
+        Vec::<Row>::new(),
+        "the uploaded deletes are not sent back"
+    );
 }
 
 pub async fn server_side_changes_after_the_watermark_arrive_in_the_next_download<F: Factory>() {
