@@ -691,14 +691,31 @@ where
         let error = connection.unwrap_or(error);
         let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
         let mut chain = String::new();
+        let mut closed = false;
         while let Some(cause) = source {
             if let Some(tls) = cause.downcast_ref::<rustls::Error>() {
                 return tls_error(address, tls);
             }
+            closed |= cause.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                )
+            });
             chain.push_str(&format!(": {cause}"));
             source = cause.source();
         }
-        http_error(format!("HTTP request to {authority} failed{chain}"))
+        // In TLS 1.3 a server refuses a client's certificate (or its lack of one) after
+        // the client's side of the handshake ended: the request then often meets the
+        // closed connection before the server's alert is read.
+        let hint = if closed && address.scheme.uses_tls() {
+            " (the server closed the connection after the TLS handshake, as a server \
+             that requires client certificates does when the client's certificate is \
+             missing or not trusted)"
+        } else {
+            ""
+        };
+        http_error(format!("HTTP request to {authority} failed{chain}{hint}"))
     };
     let sending = async {
         if http2 {
