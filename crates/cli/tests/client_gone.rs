@@ -60,12 +60,7 @@ async fn until_held(observer: &tokio_postgres::Client, wanted: i64, what: &str) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sync_whose_client_left_is_cancelled_in_the_database_and_frees_its_worker() {
-    let url = rowsync_testkit::fresh_database("gone").await;
-    let (observer, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    observer.batch_execute(NOTES).await.unwrap();
+    let (url, observer) = rowsync_testkit::fresh_database_with("gone", NOTES).await;
     run_ok(
         &[
             "init",

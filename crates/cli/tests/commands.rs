@@ -26,12 +26,7 @@ async fn init_user_add_and_serve_work_from_the_command_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn init_user_add_and_serve_work_from_the_command_line_on_postgres() {
     let dir = tempfile::tempdir().unwrap();
-    let url = rowsync_testkit::fresh_database("commands").await;
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client.batch_execute(NOTES).await.unwrap();
+    let (url, _) = rowsync_testkit::fresh_database_with("commands", NOTES).await;
     command_line_scenario(&url, &dir).await;
 }
 

@@ -108,10 +108,7 @@ impl Consolidated {
 
     async fn postgres() -> Consolidated {
         let url = rowsync_testkit::fresh_database("faults").await;
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let client = rowsync_testkit::connect(&url).await;
         client
             .batch_execute(&format!(
                 "{NOTES};

@@ -274,12 +274,7 @@ async fn a_50_mib_blob_and_a_large_text_sync_both_ways_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_50_mib_blob_and_a_large_text_sync_both_ways_on_postgres() {
     let dir = tempfile::tempdir().unwrap();
-    let url = rowsync_testkit::fresh_database("large_values").await;
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client.batch_execute(POSTGRES_FILES).await.unwrap();
+    let (url, client) = rowsync_testkit::fresh_database_with("large_values", POSTGRES_FILES).await;
     let runtime = tokio::runtime::Handle::current();
     let read = move |id: i64| -> Option<(String, Vec<u8>)> {
         tokio::task::block_in_place(|| {

@@ -179,12 +179,8 @@ fn every_postgresql_type_round_trips_through_a_sqlite_client() {
     let runtime = Runtime::new().unwrap();
     let table = kinds::postgres();
     let (server, address) = runtime.block_on(async {
-        let url = rowsync_testkit::fresh_database("types").await;
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        client.batch_execute(&table.server_ddl()).await.unwrap();
+        let (url, client) =
+            rowsync_testkit::fresh_database_with("types", &table.server_ddl()).await;
         let backend = rowsync_consolidated::postgres::PostgresConsolidated::new(&url);
         (Postgres(client), serve(backend, &table.name).await)
     });
@@ -363,12 +359,7 @@ fn a_version_1_client_gets_text_forms_and_its_upload_of_them_is_applied() {
     let text = |text: &str| Value::Text(text.into());
     let runtime = Runtime::new().unwrap();
     runtime.block_on(async {
-        let url = rowsync_testkit::fresh_database("types_v1").await;
-        let (database, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        database.batch_execute(V1_TABLE_DDL).await.unwrap();
+        let (url, database) = rowsync_testkit::fresh_database_with("types_v1", V1_TABLE_DDL).await;
         let backend = rowsync_consolidated::postgres::PostgresConsolidated::new(&url);
         let address = serve(backend, "v1types").await;
 

@@ -73,6 +73,26 @@ pub async fn fresh_database(prefix: &str) -> String {
     cluster.url(&name)
 }
 
+/// A connection to `url`, its driver task spawned on the current runtime.
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|error| panic!("connecting to {url}: {error}"));
+    tokio::spawn(connection);
+    client
+}
+
+/// [`fresh_database`] with `sql` run in it: its URL and a connection to it.
+pub async fn fresh_database_with(prefix: &str, sql: &str) -> (String, tokio_postgres::Client) {
+    let url = fresh_database(prefix).await;
+    let client = connect(&url).await;
+    client
+        .batch_execute(sql)
+        .await
+        .unwrap_or_else(|error| panic!("running {sql}: {error}"));
+    (url, client)
+}
+
 /// Serializes the tests that hold it: one at a time per process.
 pub async fn exclusive() -> tokio::sync::OwnedMutexGuard<()> {
     static LOCK: OnceLock<std::sync::Arc<tokio::sync::Mutex<()>>> = OnceLock::new();
