@@ -93,16 +93,24 @@ impl FrameDecoder {
 
     /// The next complete message, `None` if more bytes are needed.
     pub fn next_message(&mut self) -> Result<Option<Message>, DecodeError> {
-        self.next(Rows::Keep)
+        self.next(Rows::Keep, true)
+    }
+
+    /// [`Self::next_message`] for a stream whose every frame has already passed
+    /// [`Self::next_message_checked`] (a server decoding the spool of an upload it
+    /// checked as it arrived): not checked a second time.
+    pub fn next_message_prechecked(&mut self) -> Result<Option<Message>, DecodeError> {
+        self.next(Rows::Keep, false)
     }
 
     /// The next complete message checked as [`crate::check_message`] does: every row
     /// checked, none kept (values in pieces checked, UTF-8 included, and counted only).
     pub fn next_message_checked(&mut self) -> Result<Option<Message>, DecodeError> {
-        self.next(Rows::CheckOnly)
+        self.next(Rows::CheckOnly, false)
     }
 
-    fn next(&mut self, rows: Rows) -> Result<Option<Message>, DecodeError> {
+    /// `check_first`: check a kept message whole before decoding it.
+    fn next(&mut self, rows: Rows, check_first: bool) -> Result<Option<Message>, DecodeError> {
         loop {
             let Some(body) = self.next_body()? else {
                 return Ok(None);
@@ -111,7 +119,7 @@ impl FrameDecoder {
             if self.pieces.take_frame(body, rows)? {
                 continue;
             }
-            if rows == Rows::Keep {
+            if rows == Rows::Keep && check_first {
                 // Checked whole first, as `decode_message` does, so no count sizes a
                 // vector before it is known to be true.
                 decode(body, Rows::CheckOnly, Some(&mut self.pieces.whole))?;

@@ -294,8 +294,9 @@ async fn assemble_upload(
     spool
         .drain(|piece| {
             decoder.feed(piece);
+            // Every spooled frame was checked as it arrived (upload_stream).
             while let Some(message) = decoder
-                .next_message()
+                .next_message_prechecked()
                 .map_err(|error| SpoolError::Decode(error.to_string()))?
             {
                 if let Message::Upload(upload) = message {
