@@ -12,7 +12,7 @@ use anyhow::Result;
 use rowsync_consolidated::mysql::MysqlConsolidated;
 use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::sqlite::SqliteConsolidated;
-use rowsync_consolidated::Consolidated;
+use rowsync_consolidated::{ApplyStreamSettings, Consolidated};
 
 // The `--db` argument of the commands that need a consolidated database (no doc comment:
 // on a flattened struct clap would take it for the command's description).
@@ -71,9 +71,24 @@ impl Database {
 
     /// Runs `command` on this database's backend.
     pub async fn run<C: OnBackend>(self, command: C) -> Result<C::Output> {
+        self.run_with_apply_streams(command, ApplyStreamSettings::OFF)
+            .await
+    }
+
+    /// Runs `command` on this database's backend, whose syncs apply large uploads over
+    /// apply streams as `streams` says where the backend can (PostgreSQL; SQLite has one
+    /// writer, the MySQL backend does not use XA transactions).
+    pub async fn run_with_apply_streams<C: OnBackend>(
+        self,
+        command: C,
+        streams: ApplyStreamSettings,
+    ) -> Result<C::Output> {
         match self {
             Database::Sqlite(path) => command.run(SqliteConsolidated::new(path)).await,
-            Database::Postgres(url) => command.run(PostgresConsolidated::new(url)).await,
+            Database::Postgres(url) => {
+                let backend = PostgresConsolidated::with_apply_streams(url, streams);
+                command.run(backend).await
+            }
             Database::Mysql(url) => command.run(MysqlConsolidated::new(&url)?).await,
         }
     }

@@ -249,6 +249,16 @@ impl Drop for Process {
 
 /// A `rowsync serve` child, stopping at `failpoint` if one is given; its address.
 fn serve(binary: &Path, db: &str, failpoint: Option<&str>) -> (Process, String) {
+    serve_with(binary, db, failpoint, &[])
+}
+
+/// [`serve`] with more arguments.
+fn serve_with(
+    binary: &Path,
+    db: &str,
+    failpoint: Option<&str>,
+    extra: &[&str],
+) -> (Process, String) {
     let mut command = command(binary);
     command
         .args([
@@ -260,7 +270,8 @@ fn serve(binary: &Path, db: &str, failpoint: Option<&str>) -> (Process, String) 
             "--workers",
             "2",
         ])
-        .args(["--cleanup-interval-seconds", "100000"]);
+        .args(["--cleanup-interval-seconds", "100000"])
+        .args(extra);
     if let Some(point) = failpoint {
         command.env("ROWSYNC_FAILPOINT", point);
     }
@@ -591,5 +602,83 @@ async fn every_point_of_a_sync_survives_kill_9_on_postgres() {
         let faulty = run(seed, &Consolidated::postgres().await, true).await;
         let reference = run(seed, &Consolidated::postgres().await, false).await;
         assert_eq!(faulty, reference, "seed {seed}: faults changed the outcome");
+    }
+}
+
+/// Apply streams (issue 20): a server killed with its streams prepared (before the
+/// decision) or decided (before `COMMIT PREPARED`); the next server to start resolves
+/// them from the decision recorded: rolled back, the client's retry applies the upload;
+/// committed, the retry finds it applied. Either way every row lands exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_streams_killed_between_prepare_and_commit_are_resolved_at_start() {
+    const ROWS: i64 = 400;
+    let streams = ["--apply-streams-max", "4", "--apply-stream-rows-min", "100"];
+    for (point, committed) in [("streams_prepared", false), ("streams_decided", true)] {
+        let consolidated = Consolidated::postgres().await;
+        let Consolidated::Postgres(db, client) = &consolidated else {
+            unreachable!()
+        };
+        let binary = failpoints_binary();
+        run_ok(
+            &binary,
+            &[
+                "init",
+                "--db",
+                db,
+                "--table",
+                "notes",
+                "--partition-column",
+                "owner",
+            ],
+            None,
+        );
+        run_ok(
+            &binary,
+            &["user", "add", "--db", db, "--name", USERS[0]],
+            Some(PASSWORD),
+        );
+        let mut replica = Replica::open("streams-a", 0);
+        for id in 1..=ROWS {
+            replica
+                .client
+                .connection()
+                .execute(
+                    "INSERT INTO notes VALUES (?1, ?2, ?3)",
+                    rusqlite::params![id, USERS[0], format!("body-{id}")],
+                )
+                .unwrap();
+        }
+        let prepared = "SELECT count(*) FROM pg_prepared_xacts \
+             WHERE gid LIKE 'rowsync-%' AND database = current_database()";
+        let count = |sql: &'static str| async move {
+            client.query_one(sql, &[]).await.unwrap().get::<_, i64>(0)
+        };
+        let (stopping, address) = serve_with(&binary, db, Some(point), &streams);
+        sync_killed(&mut replica, stopping, &address, point, false).await;
+        assert_eq!(
+            count(prepared).await,
+            3,
+            "{point}: three streams beside the sync's own"
+        );
+        // The stopped server's connection may not be gone yet: its rows are invisible
+        // until the recovery commits the streams, or absent for good.
+        let (server, address) = serve_with(&binary, db, None, &streams);
+        assert_eq!(count(prepared).await, 0, "{point}: resolved at start");
+        let landed = count("SELECT count(*) FROM notes").await;
+        let expected = if committed { ROWS } else { 0 };
+        assert_eq!(landed, expected, "{point}: the decision recorded decides");
+        replica.sync(&address, false).await;
+        drop(server);
+        assert_eq!(count("SELECT count(*) FROM notes").await, ROWS, "{point}");
+        let audit = consolidated.audit().await;
+        assert_eq!(
+            audit.len() as i64,
+            ROWS,
+            "{point}: every row written exactly once"
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM rs_stream_decision WHERE committed").await,
+            0
+        );
     }
 }

@@ -41,6 +41,54 @@ pub trait SyncBackend {
 
     /// Called once after a sync failed for good (before `report_error` runs).
     fn after_failure(&mut self);
+
+    /// How many apply streams (this connection's transaction included) an upload of
+    /// `rows` operations should be applied with: 1 where the backend has no two-phase
+    /// commit (see [`crate::driver`]'s `streams` and docs/adding-a-backend.md).
+    fn apply_streams_for(&self, _rows: u64) -> usize {
+        1
+    }
+
+    /// Up to `count` other connections for apply streams, each able to prepare its
+    /// transaction ([`Dialect::prepare`]); fewer (none) when no more can be had.
+    async fn take_streams(&mut self, _count: usize) -> Vec<Self>
+    where
+        Self: Sized,
+    {
+        Vec::new()
+    }
+
+    /// Gives back connections from [`SyncBackend::take_streams`]; `healthy` is false
+    /// after a failure (the backend may then discard or reset them).
+    fn return_streams(&mut self, _streams: Vec<Self>, _healthy: bool)
+    where
+        Self: Sized,
+    {
+    }
+
+    /// Commits (`commit`) or rolls back the prepared transaction `gid`; one that no
+    /// longer exists (a recovering server resolved it) is not an error.
+    async fn finish_prepared(&mut self, gid: &str, _commit: bool) -> Result<(), SyncError> {
+        Err(no_two_phase_commit(gid))
+    }
+
+    /// Resolves the prepared transactions of `group` after a commit whose outcome is
+    /// unknown, from the decision recorded (none: rolled back, and recorded as such so
+    /// the sync's own transaction can no longer decide otherwise).
+    async fn resolve_group(&mut self, group: &str) -> Result<(), SyncError> {
+        Err(no_two_phase_commit(group))
+    }
+
+    /// Deletes `group`'s decision once every transaction of the group is committed.
+    async fn forget_decision(&mut self, group: &str) -> Result<(), SyncError> {
+        Err(no_two_phase_commit(group))
+    }
+}
+
+fn no_two_phase_commit(name: &str) -> SyncError {
+    SyncError::Schema(format!(
+        "apply streams ({name}) need two-phase commit, which this backend does not use"
+    ))
 }
 
 /// What the subscription table holds of one client id.
@@ -256,6 +304,30 @@ pub trait Dialect {
         cursor: &CursorScript<'_>,
         sink: &mut CursorSink<'_, '_>,
     ) -> Result<(), SyncError>;
+
+    /// Waits for a lock at most the apply streams' lock timeout from now until the
+    /// transaction ends: a sync whose apply streams are prepared must not wait for a lock
+    /// one of them holds (they are released only when this transaction has committed).
+    async fn limit_lock_waits(&mut self) -> Result<(), SyncError> {
+        Ok(())
+    }
+
+    /// Prepares the transaction for two-phase commit as `gid` (an apply stream's part of
+    /// an upload): it survives the connection and a crash of the server until
+    /// [`SyncBackend::finish_prepared`] commits or rolls it back.
+    async fn prepare(self, gid: &str) -> Result<(), SyncError>
+    where
+        Self: Sized,
+    {
+        Err(no_two_phase_commit(gid))
+    }
+
+    /// Records in this transaction that the prepared transactions of `group` are to be
+    /// committed: they are committed exactly when this transaction commits. False when a
+    /// recovering server already decided to roll the group back (this sync must fail).
+    async fn record_decision(&mut self, group: &str) -> Result<bool, SyncError> {
+        Err(no_two_phase_commit(group))
+    }
 
     /// Commits the transaction.
     async fn commit(self) -> Result<(), SyncError>;

@@ -50,8 +50,8 @@ pub use names::quote_identifier;
 /// scripts with the values a sync would give them).
 pub use parameters::{positional_parameters, positional_parameters_with, Parameters, RowImages};
 pub use types::{
-    AuthCheck, AuthRequest, DownloadAckRequest, InitOutcome, ScriptEntry, SyncOutcome, SyncRequest,
-    TableInit,
+    ApplyStreamSettings, AuthCheck, AuthRequest, DownloadAckRequest, InitOutcome, ScriptEntry,
+    SyncOutcome, SyncRequest, TableInit,
 };
 
 /// A consolidated database: hands out connections. Cheap to clone.
@@ -171,6 +171,13 @@ pub trait ConsolidatedConnection: Send + 'static {
     /// download watermark any client acknowledged (by sending it in its hello). Returns
     /// the number removed.
     fn cleanup(&mut self) -> impl Future<Output = Result<u64, DbError>> + Send;
+
+    /// Resolves the apply streams a crashed server left prepared (see
+    /// `driver::streams`): a group whose decision is recorded is committed, any other
+    /// rolled back. Run by a server as it starts; returns the transactions resolved.
+    fn resolve_prepared_streams(&mut self) -> impl Future<Output = Result<u64, DbError>> + Send {
+        async { Ok(0) }
+    }
 
     /// Runs administrative SQL (one or more statements, no parameters), for tools such
     /// as the demo and the benchmark. Never used with client input.

@@ -166,3 +166,43 @@ pub fn refused_acknowledgement(
         _ => Ok(false),
     }
 }
+
+/// How a server applies large uploads over several connections (apply streams, see
+/// docs/operations.md): one stream per `rows_per_stream_min` operations of an upload, at
+/// most `streams_max`. Only PostgreSQL with `max_prepared_transactions` above 0 uses
+/// more than one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApplyStreamSettings {
+    /// Streams one upload is applied over at most (1: never more than the sync's own).
+    pub streams_max: usize,
+    /// Operations (rows) of an upload for each stream.
+    pub rows_per_stream_min: u64,
+    /// The longest a stream, or the sync's transaction while streams are prepared,
+    /// waits for a lock, in milliseconds; beyond it the streams are aborted and the
+    /// upload is applied on one stream (a prepared stream never releases its locks to
+    /// a sibling, so a wait between them would never end).
+    pub lock_timeout_ms: u64,
+}
+
+impl ApplyStreamSettings {
+    /// One stream: uploads applied as they always were.
+    pub const OFF: ApplyStreamSettings = ApplyStreamSettings {
+        streams_max: 1,
+        rows_per_stream_min: 10_000,
+        lock_timeout_ms: 10_000,
+    };
+
+    /// The streams an upload of `rows` operations is applied over.
+    pub fn streams_for(&self, rows: u64) -> usize {
+        let wanted = rows / self.rows_per_stream_min.max(1);
+        usize::try_from(wanted)
+            .unwrap_or(usize::MAX)
+            .clamp(1, self.streams_max.max(1))
+    }
+}
+
+impl Default for ApplyStreamSettings {
+    fn default() -> ApplyStreamSettings {
+        ApplyStreamSettings::OFF
+    }
+}

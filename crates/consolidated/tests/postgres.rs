@@ -47,6 +47,13 @@ impl Factory for PostgresFactory {
         ))
     }
 
+    fn with_apply_streams(
+        backend: &PostgresConsolidated,
+        settings: rowsync_consolidated::ApplyStreamSettings,
+    ) -> PostgresConsolidated {
+        backend.with_other_apply_streams(settings)
+    }
+
     async fn create() -> (PostgresConsolidated, PostgresSql) {
         let exclusive = rowsync_testkit::exclusive().await;
         let url = rowsync_testkit::fresh_database("conformance").await;
@@ -88,6 +95,13 @@ struct LoggingPostgresFactory;
 impl Factory for LoggingPostgresFactory {
     type Backend = PostgresConsolidated;
     type Sql = PostgresSql;
+
+    fn with_apply_streams(
+        backend: &PostgresConsolidated,
+        settings: rowsync_consolidated::ApplyStreamSettings,
+    ) -> PostgresConsolidated {
+        backend.with_other_apply_streams(settings)
+    }
 
     async fn create() -> (PostgresConsolidated, PostgresSql) {
         let (backend, sql) = PostgresFactory::create().await;

@@ -196,7 +196,8 @@ impl PgCluster {
         let port = free_port()?;
         let options = format!(
             "-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='{}' -c fsync=off \
-             -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 -c autovacuum=off",
+             -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 -c autovacuum=off \
+             -c max_prepared_transactions=64",
             dir.path().display()
         );
         let mut start = Command::new(bin.join("pg_ctl"));

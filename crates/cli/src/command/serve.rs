@@ -128,6 +128,19 @@ pub struct ServeArgs {
     /// Bytes a compressed upload may inflate to, checked while decompressing.
     #[arg(long, default_value_t = ServerConfig::default().decompressed_bytes_max)]
     decompressed_bytes_max: u64,
+    /// Apply a large upload over at most this many database connections at once, its
+    /// rows hashed by primary key, committed together by two-phase commit (PostgreSQL
+    /// with max_prepared_transactions above 0 only; SQLite and MySQL use one). 1: off.
+    #[arg(long, default_value_t = 1)]
+    apply_streams_max: usize,
+    /// Upload operations (rows) for each apply stream: an upload of R rows is applied
+    /// over R / this streams (at least 1, at most --apply-streams-max).
+    #[arg(long, default_value_t = rowsync_consolidated::ApplyStreamSettings::OFF.rows_per_stream_min)]
+    apply_stream_rows_min: u64,
+    /// The longest an apply stream waits for a lock, in milliseconds; beyond it the
+    /// streams are aborted and the upload is applied on one stream.
+    #[arg(long, default_value_t = rowsync_consolidated::ApplyStreamSettings::OFF.lock_timeout_ms)]
+    apply_stream_lock_timeout_ms: u64,
     /// Remove tombstones every client has passed this often.
     #[arg(long, default_value_t = 300)]
     cleanup_interval_seconds: u64,
@@ -146,7 +159,18 @@ pub struct ServeArgs {
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {
-    args.database.database().run(args).await
+    if args.apply_streams_max == 0 || args.apply_stream_rows_min == 0 {
+        bail!("--apply-streams-max and --apply-stream-rows-min must be at least 1");
+    }
+    let streams = rowsync_consolidated::ApplyStreamSettings {
+        streams_max: args.apply_streams_max,
+        rows_per_stream_min: args.apply_stream_rows_min,
+        lock_timeout_ms: args.apply_stream_lock_timeout_ms,
+    };
+    args.database
+        .database()
+        .run_with_apply_streams(args, streams)
+        .await
 }
 
 impl OnBackend for ServeArgs {
@@ -162,7 +186,15 @@ impl OnBackend for ServeArgs {
         let workers_range = self.workers_range()?;
         let tls_files = self.tls_files()?;
         let (endpoints, shown_endpoints) = self.endpoints(tls_files.as_ref()).await?;
-        backend.connect().await?.install_system_tables().await?;
+        let mut connection = backend.connect().await?;
+        connection.install_system_tables().await?;
+        // Apply streams a stopped server left prepared hold their rows' locks: resolved
+        // before anything syncs.
+        let resolved = connection.resolve_prepared_streams().await?;
+        if resolved > 0 {
+            eprintln!("rowsync resolved {resolved} prepared apply stream transactions left by a stopped server");
+        }
+        drop(connection);
         let database = self.database.database();
         let shown = match &database {
             Database::Sqlite(_) => self.database.db.clone(),

@@ -19,7 +19,10 @@
 
 mod download;
 mod rows;
+mod streams;
 mod upload;
+
+pub use streams::GID_PREFIX;
 
 use std::time::Instant;
 
@@ -30,6 +33,7 @@ use crate::parameters::{error_parameters, Parameters};
 use crate::scripts::*;
 use crate::version_scripts::{single_integer, Scripts};
 use crate::{DownloadSender, SyncError, SyncOutcome, SyncRequest};
+use streams::StreamSet;
 
 /// Attempts of one sync's transaction when it meets a failure the backend says may
 /// pass (a concurrent insert of the same key, a serialization failure, a deadlock);
@@ -39,7 +43,9 @@ pub const SYNC_ATTEMPTS_MAX: u32 = 3;
 /// Runs one sync with the version's `scripts` (loaded before, so a script changed
 /// meanwhile is used from the next sync on), retrying from scratch what may pass
 /// while no part of the download has left; after a failure, `report_error` runs in a
-/// transaction of its own.
+/// transaction of its own. A large upload is applied over the backend's apply streams
+/// (`streams`); when an attempt that used them fails, the upload is applied again on
+/// one stream (not counted as an attempt), as SubscriptionStreams does.
 pub async fn synchronize<B: SyncBackend>(
     backend: &mut B,
     scripts: &Scripts,
@@ -47,18 +53,24 @@ pub async fn synchronize<B: SyncBackend>(
     download: &DownloadSender,
 ) -> Result<SyncOutcome, SyncError> {
     let mut attempt = 1;
+    let mut stream_count = backend.apply_streams_for(request.upload_operation_count());
     let error = loop {
-        match attempt_sync(backend, scripts, request, download).await {
+        match attempt_sync(backend, stream_count, scripts, request, download).await {
             Ok(outcome) => return Ok(outcome),
-            Err(error)
+            Err(failed) if failed.streams_used && download.chunks_sent() == 0 => {
+                tracing::warn!(error = %failed.error, stream_count,
+                    "an attempt over apply streams failed: applying the upload on one stream");
+                stream_count = 1;
+            }
+            Err(failed)
                 if attempt < SYNC_ATTEMPTS_MAX
                     && download.chunks_sent() == 0
-                    && backend.may_retry(&error) =>
+                    && backend.may_retry(&failed.error) =>
             {
-                tracing::debug!(%error, attempt, "retrying the sync transaction");
+                tracing::debug!(error = %failed.error, attempt, "retrying the sync transaction");
                 attempt += 1;
             }
-            Err(error) => break error,
+            Err(failed) => break failed.error,
         }
     };
     backend.after_failure();
@@ -68,36 +80,101 @@ pub async fn synchronize<B: SyncBackend>(
     Err(error)
 }
 
-/// One attempt: the whole sync in one transaction, committed once the server holds the
-/// whole download, or rolled back (and its locks released) before the failure is told.
+/// A failed attempt, and whether it applied over apply streams.
+struct AttemptFailed {
+    error: SyncError,
+    streams_used: bool,
+}
+
+/// One attempt over `stream_count` apply streams (this connection's included), with the
+/// other connections taken from the backend for it and given back after.
 async fn attempt_sync<B: SyncBackend>(
     backend: &mut B,
+    stream_count: usize,
+    scripts: &Scripts,
+    request: &SyncRequest,
+    download: &DownloadSender,
+) -> Result<SyncOutcome, AttemptFailed> {
+    let mut connections = match stream_count {
+        0 | 1 => Vec::new(),
+        count => backend.take_streams(count - 1).await,
+    };
+    let mut streams = StreamSet::new(&mut connections);
+    let result = attempt_with_streams(backend, &mut streams, scripts, request, download).await;
+    let streams_used = streams.used();
+    if !connections.is_empty() {
+        backend.return_streams(connections, result.is_ok());
+    }
+    result.map_err(|error| AttemptFailed {
+        error,
+        streams_used,
+    })
+}
+
+/// The whole sync in one transaction (and, when the upload went over apply streams,
+/// their prepared transactions), committed once the server holds the whole download,
+/// or rolled back (and its locks released) before the failure is told.
+async fn attempt_with_streams<B: SyncBackend>(
+    backend: &mut B,
+    streams: &mut StreamSet<'_, B>,
     scripts: &Scripts,
     request: &SyncRequest,
     download: &DownloadSender,
 ) -> Result<SyncOutcome, SyncError> {
     let started = Instant::now();
     let mut transaction = backend.begin().await?;
-    match run_events(&mut transaction, scripts, request, download, started).await {
-        Ok(outcome) => {
-            transaction.commit().await?;
-            crate::failpoint!("after_commit");
-            Ok(outcome)
-        }
+    let mut result = run_events(
+        &mut transaction,
+        streams,
+        scripts,
+        request,
+        download,
+        started,
+    )
+    .await;
+    if let (Ok(_), Some(group)) = (&result, streams.prepared_group()) {
+        crate::failpoint!("streams_prepared");
+        result = match transaction.record_decision(group).await {
+            Ok(true) => result,
+            Ok(false) => Err(SyncError::Schema(format!(
+                "a starting server rolled back the apply streams of group {group}"
+            ))),
+            Err(error) => Err(error),
+        };
+    }
+    let outcome = match result {
+        Ok(outcome) => outcome,
         Err(error) => {
             // Waiting for the rollback frees the client's lock before anyone hears of
             // the failure: a retry at once is not told the client is still syncing.
             if let Err(rollback) = transaction.rollback().await {
                 tracing::debug!(%rollback, "rolling back a failed sync");
             }
-            Err(error)
+            streams.finish(false).await;
+            return Err(error);
+        }
+    };
+    let group = streams.prepared_group().map(str::to_string);
+    if let Err(error) = transaction.commit().await {
+        streams.resolve_unknown().await;
+        return Err(error);
+    }
+    crate::failpoint!("after_commit");
+    if let Some(group) = group {
+        crate::failpoint!("streams_decided");
+        if streams.finish(true).await {
+            if let Err(error) = backend.forget_decision(&group).await {
+                tracing::warn!(%error, group, "deleting an apply stream decision failed");
+            }
         }
     }
+    Ok(outcome)
 }
 
 /// The sync's events in MobiLink's order, in the open transaction.
-async fn run_events<D: Dialect>(
+async fn run_events<D: Dialect, B: SyncBackend>(
     transaction: &mut D,
+    streams: &mut StreamSet<'_, B>,
     scripts: &Scripts,
     request: &SyncRequest,
     download: &DownloadSender,
@@ -125,7 +202,7 @@ async fn run_events<D: Dialect>(
         .run_event(scripts, BEGIN_SYNCHRONIZATION, &parameters)
         .await?;
     crate::failpoint!("before_apply");
-    let uploaded = upload::apply_upload(transaction, &sync, request).await?;
+    let uploaded = upload::apply_upload(transaction, streams, &sync, request).await?;
     if sync.apply {
         download::send_conflicts(request, &uploaded.resolutions, download).await?;
     }

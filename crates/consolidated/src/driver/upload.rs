@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use rowsync_protocol::{Row, RowUpdate, TableUpload, Value};
 
 use super::rows::run_row_script;
+use super::streams::StreamSet;
 use crate::conflicts::Resolution;
-use crate::dialect::{Dialect, RowStatement, StagedRows, TableApply};
+use crate::dialect::{Dialect, RowStatement, StagedRows, SyncBackend, TableApply};
 use crate::parameters::Parameters;
 use crate::scripts::*;
 use crate::shape::{refuse_null_keys, validate_upload_shape, TableShape};
@@ -33,9 +34,11 @@ pub struct Uploaded<'r> {
     pub conflicts: u64,
 }
 
-/// `begin_upload`, each table's upload, `end_upload`.
-pub async fn apply_upload<'r, D: Dialect>(
+/// `begin_upload`, each table's upload, `end_upload`. A large upload whose every table
+/// has set scripts is applied over the apply streams `streams` holds (see `streams`).
+pub async fn apply_upload<'r, D: Dialect, B: SyncBackend>(
     transaction: &mut D,
+    streams: &mut StreamSet<'_, B>,
     sync: &SyncContext<'_>,
     request: &'r SyncRequest,
 ) -> Result<Uploaded<'r>, SyncError> {
@@ -44,16 +47,30 @@ pub async fn apply_upload<'r, D: Dialect>(
             .run_event(sync.scripts, BEGIN_UPLOAD, sync.parameters)
             .await?;
     }
+    let mut plans = Vec::with_capacity(request.tables.len());
+    for upload in &request.tables {
+        plans.push(plan_table(transaction, sync, upload).await?);
+    }
     let mut uploaded = Uploaded {
         resolutions: HashMap::new(),
         conflicts: 0,
     };
-    for upload in &request.tables {
-        let resolution = apply_table(transaction, sync, upload).await?;
+    let in_streams = streams.available() && sync.apply && super::streams::eligible(sync, &plans);
+    let mut applied_keys = if in_streams {
+        super::streams::apply_in_streams(transaction, streams, sync, &plans).await?
+    } else {
+        Vec::new()
+    };
+    for (index, plan) in plans.iter().enumerate() {
+        let conflict_keys = match applied_keys.get_mut(index) {
+            Some(keys) => std::mem::take(keys),
+            None => apply_kinds(transaction, sync, plan, &plan.upload).await?,
+        };
+        let resolution = resolve_table(transaction, sync, plan, conflict_keys).await?;
         if sync.apply {
             uploaded.conflicts += resolution.conflict_count;
         }
-        uploaded.resolutions.insert(&upload.table, resolution);
+        uploaded.resolutions.insert(&plan.upload_table, resolution);
     }
     if sync.apply {
         transaction
@@ -63,47 +80,96 @@ pub async fn apply_upload<'r, D: Dialect>(
     Ok(uploaded)
 }
 
-/// Applies one table's upload (or, for an upload applied before, only finds which of
-/// its operations the table does not reflect), and resolves the conflicts.
-async fn apply_table<D: Dialect>(
+/// One table's upload as the table takes it, checked against the table's shape.
+pub struct TablePlan<'u> {
+    /// The table's name as the upload spells it.
+    pub upload_table: &'u str,
+    pub upload: Cow<'u, TableUpload>,
+    pub shape: TableShape,
+    pub key_positions: Vec<usize>,
+    pub partition_column: Option<String>,
+    pub layout: ImageLayout,
+}
+
+impl TablePlan<'_> {
+    pub fn context<'a>(&'a self, sync: &'a SyncContext<'_>) -> TableApply<'a> {
+        TableApply {
+            scripts: sync.scripts,
+            shape: &self.shape,
+            parameters: sync.parameters,
+            partition_column: self.partition_column.as_deref(),
+        }
+    }
+}
+
+/// Reads the table's shape and partition column and checks the upload against them.
+async fn plan_table<'u, D: Dialect>(
     transaction: &mut D,
     sync: &SyncContext<'_>,
-    upload: &TableUpload,
-) -> Result<Resolution, SyncError> {
+    upload: &'u TableUpload,
+) -> Result<TablePlan<'u>, SyncError> {
     let table = upload.table.as_str();
     sync.scripts.check_synchronizes(table)?;
     let shape = transaction.table_shape(table).await?;
-    let upload = &*without_dropped_columns(transaction, sync, upload, &shape).await?;
-    let key_positions = validate_upload_shape(upload, &shape)?;
-    refuse_null_keys(upload, &key_positions)?;
+    let upload = without_dropped_columns(transaction, sync, upload, &shape).await?;
+    let key_positions = validate_upload_shape(&upload, &shape)?;
+    refuse_null_keys(&upload, &key_positions)?;
     let partition_column = transaction.partition_column(table).await?;
-    let context = TableApply {
-        scripts: sync.scripts,
-        shape: &shape,
-        parameters: sync.parameters,
-        partition_column: partition_column.as_deref(),
-    };
-    let layout = ImageLayout::of(upload, &key_positions);
+    let layout = ImageLayout::of(&upload, &key_positions);
+    Ok(TablePlan {
+        upload_table: table,
+        upload,
+        shape,
+        key_positions,
+        partition_column,
+        layout,
+    })
+}
+
+/// Applies `upload` (the table's whole upload, or one stream's share of it) kind by
+/// kind, or for an upload applied before only finds which operations the table does not
+/// reflect; returns the keys that did not land.
+pub async fn apply_kinds<D: Dialect>(
+    transaction: &mut D,
+    sync: &SyncContext<'_>,
+    plan: &TablePlan<'_>,
+    upload: &TableUpload,
+) -> Result<Vec<Row>, SyncError> {
+    let context = plan.context(sync);
     let mut conflict_keys: Vec<Row> = Vec::new();
     for event in [UPLOAD_INSERT, UPLOAD_UPDATE, UPLOAD_DELETE] {
         let kind = UploadKind {
             upload,
             event,
-            layout: &layout,
+            layout: &plan.layout,
         };
         conflict_keys.extend(apply_kind(transaction, &context, sync.apply, &kind).await?);
         crate::failpoint!("mid_apply");
     }
+    Ok(conflict_keys)
+}
+
+/// Resolves the conflicts of one table's upload: `resolve_conflict`, then the server's
+/// rows of the conflicting keys (server wins).
+async fn resolve_table<D: Dialect>(
+    transaction: &mut D,
+    sync: &SyncContext<'_>,
+    plan: &TablePlan<'_>,
+    conflict_keys: Vec<Row>,
+) -> Result<Resolution, SyncError> {
+    let context = plan.context(sync);
     let mut resolution = Resolution::default();
-    resolution.record_upload(upload, &key_positions);
+    resolution.record_upload(&plan.upload, &plan.key_positions);
     if !conflict_keys.is_empty() {
+        let table = context.table();
         if sync.apply && sync.scripts.get(table, RESOLVE_CONFLICT).is_some() {
-            let conflicted = conflicting_rows(upload, &layout.key_positions, &conflict_keys);
-            resolve_conflict(transaction, &context, &layout, &conflicted).await?;
+            let key_positions = &plan.layout.key_positions;
+            let conflicted = conflicting_rows(&plan.upload, key_positions, &conflict_keys);
+            resolve_conflict(transaction, &context, &plan.layout, &conflicted).await?;
         }
         // Server wins: the client receives the current row of each conflicting key.
         let (columns, rows) = transaction.fetch_by_keys(&context, &conflict_keys).await?;
-        resolution.resolve(&shape, conflict_keys, columns, rows)?;
+        resolution.resolve(&plan.shape, conflict_keys, columns, rows)?;
     }
     Ok(resolution)
 }

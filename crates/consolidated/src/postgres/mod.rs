@@ -34,7 +34,10 @@ mod rows;
 mod schema;
 mod stage;
 mod statements;
+mod streams;
 mod transaction;
+
+pub use streams::ABORT_DECISION_KEEP_HOURS;
 
 pub use rows::ROW_SCRIPT_PIPELINE_DEPTH;
 pub use statements::PREPARED_STATEMENTS_MAX;
@@ -51,8 +54,9 @@ use crate::dialect::SyncBackend;
 pub use crate::driver::SYNC_ATTEMPTS_MAX;
 use crate::version_scripts::ScriptCache;
 use crate::{
-    AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
-    DownloadSender, InitOutcome, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
+    ApplyStreamSettings, AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError,
+    DownloadAckRequest, DownloadSender, InitOutcome, ScriptEntry, SyncError, SyncOutcome,
+    SyncRequest, TableInit,
 };
 pub use error::describe_postgres;
 use statements::Statements;
@@ -63,23 +67,47 @@ pub const STAGING_TEMP_BUFFERS_MB: u32 = 256;
 /// Memory per sort or hash in a sync's statements, in MiB.
 pub const STAGING_WORK_MEM_MB: u32 = 64;
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PostgresConsolidated {
     url: String,
+    /// Apply stream connections, shared by every connection this hands out.
+    streams: Arc<streams::StreamPool>,
 }
 
-impl PostgresConsolidated {
-    /// A consolidated database at a `postgres://` URL.
-    pub fn new(url: impl Into<String>) -> PostgresConsolidated {
-        PostgresConsolidated { url: url.into() }
+impl std::fmt::Debug for PostgresConsolidated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresConsolidated")
+            .field("apply_streams", &self.streams.settings)
+            .finish_non_exhaustive()
     }
 }
 
-impl Consolidated for PostgresConsolidated {
-    type Connection = PostgresConnection;
+impl PostgresConsolidated {
+    /// A consolidated database at a `postgres://` URL, applying uploads on one stream.
+    pub fn new(url: impl Into<String>) -> PostgresConsolidated {
+        PostgresConsolidated::with_apply_streams(url, ApplyStreamSettings::OFF)
+    }
 
-    async fn connect(&self) -> Result<PostgresConnection, DbError> {
-        let (client, connection) = tokio_postgres::connect(&self.url, NoTls).await?;
+    /// A consolidated database whose syncs apply large uploads over apply streams.
+    pub fn with_apply_streams(
+        url: impl Into<String>,
+        settings: ApplyStreamSettings,
+    ) -> PostgresConsolidated {
+        let url = url.into();
+        PostgresConsolidated {
+            streams: Arc::new(streams::StreamPool::new(&url, settings)),
+            url,
+        }
+    }
+
+    /// The same database with other apply stream settings (and a pool of its own).
+    pub fn with_other_apply_streams(&self, settings: ApplyStreamSettings) -> PostgresConsolidated {
+        PostgresConsolidated::with_apply_streams(self.url.clone(), settings)
+    }
+
+    /// A connection with the session settings every sync relies on.
+    async fn open(url: &str, streams: streams::SharedPool) -> Result<PostgresConnection, DbError> {
+        let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::warn!(%error, "consolidated database connection ended");
@@ -103,7 +131,16 @@ impl Consolidated for PostgresConsolidated {
             client,
             cache: ScriptCache::default(),
             statements: Statements::default(),
+            streams,
         })
+    }
+}
+
+impl Consolidated for PostgresConsolidated {
+    type Connection = PostgresConnection;
+
+    async fn connect(&self) -> Result<PostgresConnection, DbError> {
+        PostgresConsolidated::open(&self.url, Some(Arc::clone(&self.streams))).await
     }
 }
 
@@ -112,6 +149,8 @@ pub struct PostgresConnection {
     cache: ScriptCache,
     /// This connection's prepared statements (see `statements`).
     statements: Statements,
+    /// Where its syncs take apply streams from (none on a stream's own connection).
+    streams: streams::SharedPool,
 }
 
 impl PostgresConnection {
@@ -130,10 +169,17 @@ impl SyncBackend for PostgresConnection {
     type Transaction<'t> = PgTransaction<'t>;
 
     async fn begin(&mut self) -> Result<PgTransaction<'_>, SyncError> {
+        let lock_timeout_ms = self
+            .streams
+            .as_ref()
+            .map_or(ApplyStreamSettings::OFF.lock_timeout_ms, |pool| {
+                pool.settings.lock_timeout_ms
+            });
         Ok(PgTransaction {
             transaction: self.client.transaction().await?,
             statements: &self.statements,
             types: HashMap::new(),
+            lock_timeout_ms,
         })
     }
 
@@ -152,9 +198,44 @@ impl SyncBackend for PostgresConnection {
         // this connection prepares afresh.
         self.statements.clear();
     }
+
+    fn apply_streams_for(&self, rows: u64) -> usize {
+        self.streams
+            .as_ref()
+            .map_or(1, |pool| pool.settings.streams_for(rows))
+    }
+
+    async fn take_streams(&mut self, count: usize) -> Vec<PostgresConnection> {
+        match &self.streams {
+            Some(pool) => pool.take(&self.client, count).await,
+            None => Vec::new(),
+        }
+    }
+
+    fn return_streams(&mut self, streams: Vec<PostgresConnection>, healthy: bool) {
+        if let Some(pool) = &self.streams {
+            pool.give_back(streams, healthy);
+        }
+    }
+
+    async fn finish_prepared(&mut self, gid: &str, commit: bool) -> Result<(), SyncError> {
+        streams::finish_prepared(&self.client, gid, commit).await
+    }
+
+    async fn resolve_group(&mut self, group: &str) -> Result<(), SyncError> {
+        streams::resolve_group(&self.client, group).await.map(drop)
+    }
+
+    async fn forget_decision(&mut self, group: &str) -> Result<(), SyncError> {
+        streams::forget_decision(&self.client, group).await
+    }
 }
 
 impl ConsolidatedConnection for PostgresConnection {
+    async fn resolve_prepared_streams(&mut self) -> Result<u64, DbError> {
+        streams::recover(&self.client).await
+    }
+
     async fn install_system_tables(&mut self) -> Result<(), DbError> {
         schema::install_system_tables(&self.client).await
     }

@@ -48,6 +48,14 @@ CREATE TABLE IF NOT EXISTS rs_subscription (
     last_sync_xid BIGINT NOT NULL DEFAULT 0,
     last_sync_at TIMESTAMPTZ
 );
+-- Apply streams (driver::streams): a group of prepared transactions is committed when
+-- its decision says so; a server that finds the group prepared at start-up without a
+-- decision records `committed = false` and rolls it back.
+CREATE TABLE IF NOT EXISTS rs_stream_decision (
+    group_id TEXT PRIMARY KEY,
+    committed BOOLEAN NOT NULL,
+    decided_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
 -- Columns added after a table's first release.
 ALTER TABLE rs_subscription ADD COLUMN IF NOT EXISTS download_acknowledged BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE rs_subscription ADD COLUMN IF NOT EXISTS last_sync_xid BIGINT NOT NULL DEFAULT 0;

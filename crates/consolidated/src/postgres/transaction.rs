@@ -70,6 +70,8 @@ pub struct PgTransaction<'c> {
     pub(super) transaction: Transaction<'c>,
     pub(super) statements: &'c Statements,
     pub(super) types: HashMap<String, Vec<String>>,
+    /// The apply streams' lock timeout (`limit_lock_waits`).
+    pub(super) lock_timeout_ms: u64,
 }
 
 impl PgTransaction<'_> {
@@ -319,6 +321,31 @@ impl Dialect for PgTransaction<'_> {
         sink: &mut CursorSink<'_, '_>,
     ) -> Result<(), SyncError> {
         read_cursor(&self.transaction, self.statements, cursor, sink).await
+    }
+
+    async fn limit_lock_waits(&mut self) -> Result<(), SyncError> {
+        let ms = self.lock_timeout_ms;
+        let sql = format!("SET LOCAL lock_timeout = '{ms}ms'");
+        Ok(self.transaction.batch_execute(&sql).await?)
+    }
+
+    async fn prepare(self, gid: &str) -> Result<(), SyncError> {
+        let gid = gid.replace('\'', "''");
+        self.transaction
+            .batch_execute(&format!("PREPARE TRANSACTION '{gid}'"))
+            .await?;
+        // The session has no transaction any more: dropping ours sends a ROLLBACK that
+        // PostgreSQL answers with a warning, not waited for.
+        drop(self.transaction);
+        Ok(())
+    }
+
+    async fn record_decision(&mut self, group: &str) -> Result<bool, SyncError> {
+        let recorded = self
+            .transaction
+            .execute(super::streams::RECORD_DECISION, &[&group])
+            .await?;
+        Ok(recorded == 1)
     }
 
     async fn commit(self) -> Result<(), SyncError> {

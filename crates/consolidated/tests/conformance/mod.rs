@@ -12,8 +12,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use rowsync_consolidated::{
-    synchronize_collect, CollectedSync, Consolidated, ConsolidatedConnection, DbError, InitOutcome,
-    SyncError, SyncRequest, TableInit,
+    synchronize_collect, ApplyStreamSettings, CollectedSync, Consolidated, ConsolidatedConnection,
+    DbError, InitOutcome, SyncError, SyncRequest, TableInit,
 };
 use rowsync_protocol::{
     Conflicts, Decimal, Download, ErrorCode, Row, RowUpdate, TableUpload, Value,
@@ -62,6 +62,15 @@ pub trait Factory {
     /// endless recursive sequence).
     fn endless_query() -> &'static str {
         "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    }
+
+    /// The same database whose syncs apply large uploads over apply streams as
+    /// `settings` says; a backend without two-phase commit applies them on one stream.
+    fn with_apply_streams(
+        backend: &Self::Backend,
+        _settings: ApplyStreamSettings,
+    ) -> Self::Backend {
+        backend.clone()
     }
 
     /// A fresh, empty consolidated database (not even the system tables) and raw SQL
@@ -115,6 +124,7 @@ macro_rules! conformance_suite {
             a_widened_type_syncs_values_past_its_old_range,
             a_cancelled_statement_stops_with_an_error,
             the_sync_history_keeps_its_newest_rows_in_order,
+            a_large_upload_over_apply_streams_lands_as_on_one_stream,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {
@@ -2111,4 +2121,83 @@ pub async fn a_value_its_column_cannot_take_is_refused_by_column_and_nothing_app
         .await;
     assert_summary(&next, 1, 0, false);
     assert_eq!(f.orders().await, vec![one, two, three]);
+}
+
+/// Apply streams (issue 20): an upload large enough for four streams lands exactly as on
+/// one: every operation applied, the same conflicts found and resolved server wins, and
+/// the upload applied once when it is sent again. Backends without two-phase commit
+/// apply it on one stream; PostgreSQL's own tests (`postgres_streams.rs`) check that
+/// several transactions wrote it.
+pub async fn a_large_upload_over_apply_streams_lands_as_on_one_stream<F: Factory>() {
+    let seeded: Vec<Row> = (1..=300)
+        .map(|id| order(id, "alice", "seed", id, None))
+        .collect();
+    let bobs = order(1001, "bob", "bob's", 1, None);
+    let mut rows = seeded.clone();
+    rows.push(bobs.clone());
+    let mut f = Fixture::<F>::with_orders(&rows).await;
+    f.backend = F::with_apply_streams(
+        &f.backend,
+        ApplyStreamSettings {
+            streams_max: 4,
+            rows_per_stream_min: 50,
+            lock_timeout_ms: 10_000,
+        },
+    );
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    // Rows 1..=10 change on the server: the client's updates of them are stale.
+    f.sql
+        .execute("UPDATE orders SET quantity = 0 WHERE id <= 10")
+        .await;
+    let inserts: Vec<Row> = (2001..=2400)
+        .map(|id| order(id, "alice", "new", id, None))
+        .chain([order(1001, "alice", "forged", 1, None)])
+        .collect();
+    let updates: Vec<(Row, Row)> = seeded[..100]
+        .iter()
+        .map(|row| (row.clone(), with(row, 2, text("changed"))))
+        .collect();
+    let deletes: Vec<Row> = (201..=300).map(|id| key(&[id])).collect();
+    let upload = request(
+        "alice-1",
+        "alice",
+        first.watermark,
+        2,
+        vec![orders_upload(inserts.clone(), updates, deletes)],
+    );
+    let answered = f.sync_ok(upload.clone()).await;
+    assert_summary(&answered, 601, 11, false);
+    let mut conflict_keys = answered.conflicts[0].keys.clone();
+    conflict_keys.sort_by(compare_rows);
+    let mut expected_keys: Vec<Row> = (1..=10).map(|id| key(&[id])).collect();
+    expected_keys.push(key(&[1001]));
+    assert_eq!(
+        conflict_keys, expected_keys,
+        "the same conflicts as on one stream"
+    );
+    let mut expected: Vec<Row> = Vec::new();
+    for row in &seeded[..10] {
+        expected.push(with(row, 3, Value::Int(0)));
+    }
+    for row in &seeded[10..100] {
+        expected.push(with(row, 2, text("changed")));
+    }
+    expected.extend(seeded[100..200].iter().cloned());
+    expected.push(bobs.clone());
+    expected.extend(inserts[..400].iter().cloned());
+    assert_eq!(f.orders().await, expected);
+    assert_eq!(
+        sorted(order_upserts(&answered)),
+        expected[..10].to_vec(),
+        "server wins for the stale updates, and nothing echoed"
+    );
+    assert_eq!(
+        order_deletes(&answered),
+        vec![key(&[1001])],
+        "the forged key is dropped"
+    );
+    // The reply is lost: the same upload again is applied once.
+    let resent = f.sync_ok(upload).await;
+    assert!(resent.summary.upload_already_applied);
+    assert_eq!(f.orders().await, expected, "nothing applied twice");
 }
