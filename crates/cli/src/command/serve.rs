@@ -191,9 +191,6 @@ impl OnBackend for ServeArgs {
         // Apply streams a stopped server left prepared hold their rows' locks: resolved
         // before anything syncs.
         let resolved = connection.resolve_prepared_streams().await?;
-        if resolved > 0 {
-            eprintln!("rowsync resolved {resolved} prepared apply stream transactions left by a stopped server");
-        }
         drop(connection);
         let database = self.database.database();
         let shown = match &database {
@@ -201,6 +198,11 @@ impl OnBackend for ServeArgs {
             other => format!("a {} database", other.kind()),
         };
         eprintln!("rowsync serving {shown} on {}", shown_endpoints.join(" "));
+        if resolved > 0 {
+            eprintln!(
+                "rowsync resolved {resolved} prepared apply stream transactions left by a stopped server"
+            );
+        }
         let mut config = self.server_config(workers_range, tokens);
         if let Some(dir) = &self.record {
             let recorder = Recorder::create(RecordSettings {
