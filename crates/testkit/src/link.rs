@@ -202,7 +202,7 @@ impl Link {
     /// Limits each connection to `kbit_per_s` (kilobits, 1,000 bits, a second) in
     /// `direction`; a multiple of 8 (toxiproxy counts whole 1,000-byte units).
     pub fn set_bandwidth(&self, direction: Direction, kbit_per_s: u64) -> Result<(), String> {
-        if kbit_per_s == 0 || kbit_per_s % 8 != 0 {
+        if kbit_per_s == 0 || !kbit_per_s.is_multiple_of(8) {
             return Err(format!(
                 "bandwidth {kbit_per_s} kbit/s: toxiproxy takes whole 1,000-byte units, so a \
                  positive multiple of 8 kbit/s"
