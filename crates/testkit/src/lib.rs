@@ -1,5 +1,6 @@
 //! Throwaway database servers for tests: PostgreSQL ([`postgres`]) and MariaDB
-//! ([`mysql`], in the `mysql` module).
+//! ([`mysql`], in the `mysql` module); link emulation (bandwidth, latency, cuts at a byte
+//! offset) through a throwaway toxiproxy server in [`link`].
 //!
 //! [`postgres`] starts one cluster per test process, on first use: `initdb` from the
 //! PostgreSQL packages (found with `pg_config --bindir`, or `ROWSYNC_PG_BINDIR`) into a
@@ -25,6 +26,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
+pub mod link;
 mod mysql;
 pub use mysql::{fresh_mysql_database, mysql, MysqlServer};
 
