@@ -36,7 +36,7 @@ const MESSAGE_BYTES: usize = 1024 * 1024;
 pub(crate) const TABLE_DDL: &str =
     "(id BIGINT PRIMARY KEY, owner TEXT NOT NULL, name TEXT NOT NULL, quantity INTEGER NOT NULL, \
      amount NUMERIC(30,6) NOT NULL, updated TIMESTAMPTZ NOT NULL)";
-const COLUMNS: [&str; 6] = ["id", "owner", "name", "quantity", "amount", "updated"];
+pub(crate) const COLUMNS: [&str; 6] = ["id", "owner", "name", "quantity", "amount", "updated"];
 const TYPES: [Type; 6] = [
     Type::INT8,
     Type::TEXT,

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 use command::bench::{
-    BenchApplyArgs, BenchArgs, BenchLoadArgs, BenchStoreArgs, BenchTransportArgs,
+    BenchApplyArgs, BenchArgs, BenchLinkArgs, BenchLoadArgs, BenchStoreArgs, BenchTransportArgs,
 };
 use command::{bench, cert, cleanup, demo, init, profile, replay, script, serve, user, version};
 
@@ -67,6 +67,10 @@ enum Command {
     /// PostgreSQL's own bulk path in the same run. Drops and recreates bench_rows,
     /// bench_raw and their rowsync tables in the database named.
     BenchApply(BenchApplyArgs),
+    /// Slow links (issue 20): the database link, a backlog applied over 1, 8 and 16
+    /// apply streams through a toxiproxy at 300 ms, beside SubscriptionStreams' figures.
+    /// Drops and recreates link_rows in the database named.
+    BenchLink(BenchLinkArgs),
     /// The white paper's timing framework: Tests 1-5 (workers, retry delay above the
     /// connection limit, clients, rows per sync, protocols) with the database's own limit
     /// and one-statement-per-row scripts measured in the same run. Drops and recreates
@@ -124,6 +128,7 @@ async fn run(command: Command) -> Result<()> {
         Command::BenchTransport(args) => bench::run_transport(args).await,
         Command::User { command } => user::run(command).await,
         Command::BenchApply(args) => bench::run_apply(args).await,
+        Command::BenchLink(args) => bench::run_link(args).await,
         Command::Bench(args) => bench::run_bench(args).await,
         Command::BenchLoad(args) => bench::run_load(args).await,
         Command::BenchStore(args) => bench::run_store(args).await,

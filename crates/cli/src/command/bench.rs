@@ -1,5 +1,5 @@
-//! The benchmark commands, `bench`, `bench-apply`, `bench-load`, `bench-store` and
-//! `bench-transport`:
+//! The benchmark commands, `bench`, `bench-apply`, `bench-link`, `bench-load`,
+//! `bench-store` and `bench-transport`:
 //! their arguments, handed to the `rowsync-bench` crate.
 
 use std::path::PathBuf;
@@ -10,7 +10,7 @@ use rowsync_bench::store::{self, Mode, StoreOptions, StoreSize};
 use rowsync_bench::timing::clients::{ClientMode, Retry};
 use rowsync_bench::timing::server::{Protocol, Workers};
 use rowsync_bench::timing::{self, BenchOptions, Size};
-use rowsync_bench::{apply, load, transport};
+use rowsync_bench::{apply, link_database, load, transport};
 use rowsync_cli::database::Database;
 
 #[derive(clap::Args)]
@@ -68,6 +68,29 @@ pub struct BenchApplyArgs {
     db: String,
     #[arg(long, default_value_t = 1_000_000)]
     rows: usize,
+}
+
+#[derive(clap::Args)]
+pub struct BenchLinkArgs {
+    /// A postgres:// URL of a scratch database (reached through a toxiproxy link).
+    #[arg(long)]
+    db: String,
+    /// quick (CI: 4,000 changes, 1 and 4 streams, 40 ms) or full (the seed's 240,000
+    /// changes, 1, 8 and 16 streams, 300 ms).
+    #[arg(long, default_value = "quick")]
+    size: String,
+    /// Apply stream counts to compare, comma-separated (default: the size's).
+    #[arg(long, value_delimiter = ',')]
+    streams: Option<Vec<usize>>,
+    /// Changes in the backlog (default: the size's).
+    #[arg(long)]
+    changes: Option<usize>,
+    /// The database link's round trip in milliseconds (default: the size's).
+    #[arg(long)]
+    round_trip_ms: Option<u64>,
+    /// Also write the Markdown table to this file.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -167,6 +190,28 @@ pub async fn run_apply(args: BenchApplyArgs) -> Result<()> {
         bail!("bench-apply measures PostgreSQL: give --db postgres://...");
     }
     apply::run(&args.db, args.rows, &mut std::io::stdout()).await?;
+    Ok(())
+}
+
+/// `rowsync bench-link`: the server-to-database link over apply streams (issue 20, 4(b)).
+pub async fn run_link(args: BenchLinkArgs) -> Result<()> {
+    if !is_postgres(&args.db) {
+        bail!("bench-link measures PostgreSQL: give --db postgres://...");
+    }
+    let mut options = match args.size.as_str() {
+        "quick" => link_database::DatabaseLinkOptions::quick(),
+        "full" => link_database::DatabaseLinkOptions::full(),
+        other => bail!("unknown size {other:?}: quick or full"),
+    };
+    options.streams = args.streams.unwrap_or(options.streams);
+    options.changes = args.changes.unwrap_or(options.changes);
+    options.round_trip_ms = args.round_trip_ms.unwrap_or(options.round_trip_ms);
+    let results = link_database::run(&args.db, &options, &mut std::io::stdout()).await?;
+    let table = link_database::markdown(&options, &results);
+    println!("\n{table}");
+    if let Some(path) = args.markdown {
+        std::fs::write(&path, &table).with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(())
 }
 
