@@ -131,6 +131,13 @@ pub async fn run(
             based_on: None,
         })
         .await?;
+    // Each run's clients upload their first sequence: earlier runs' subscriptions go.
+    admin
+        .execute(
+            "DELETE FROM rs_subscription WHERE script_version = 'link'",
+            &[],
+        )
+        .await?;
     let upstream = upstream(url).await?;
     let link = Toxiproxy::start()
         .and_then(|server| server.proxy(upstream))

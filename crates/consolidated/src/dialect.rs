@@ -78,11 +78,6 @@ pub trait SyncBackend {
     async fn resolve_group(&mut self, group: &str) -> Result<(), SyncError> {
         Err(no_two_phase_commit(group))
     }
-
-    /// Deletes `group`'s decision once every transaction of the group is committed.
-    async fn forget_decision(&mut self, group: &str) -> Result<(), SyncError> {
-        Err(no_two_phase_commit(group))
-    }
 }
 
 fn no_two_phase_commit(name: &str) -> SyncError {

@@ -98,10 +98,11 @@ async fn a_large_upload_is_written_by_several_transactions_committed_together() 
         "the sync's transaction and three streams"
     );
     assert_eq!(count(&client, PREPARED).await, 0, "nothing left prepared");
-    assert_eq!(
-        count(&client, "SELECT count(*) FROM rs_stream_decision").await,
-        0
-    );
+    // The decision stays until cleanup (no round trip on the sync's path).
+    let decisions = "SELECT count(*) FROM rs_stream_decision";
+    assert_eq!(count(&client, decisions).await, 1);
+    connection.cleanup().await.unwrap();
+    assert_eq!(count(&client, decisions).await, 0);
     // Below the threshold: one stream.
     let small = SyncRequest {
         client_id: "ann-2".into(),

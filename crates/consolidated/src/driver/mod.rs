@@ -154,19 +154,16 @@ async fn attempt_with_streams<B: SyncBackend>(
             return Err(error);
         }
     };
-    let group = streams.prepared_group().map(str::to_string);
+    let group = streams.prepared_group().is_some();
     if let Err(error) = transaction.commit().await {
         streams.resolve_unknown().await;
         return Err(error);
     }
     crate::failpoint!("after_commit");
-    if let Some(group) = group {
+    if group {
         crate::failpoint!("streams_decided");
-        if streams.finish(true).await {
-            if let Err(error) = backend.forget_decision(&group).await {
-                tracing::warn!(%error, group, "deleting an apply stream decision failed");
-            }
-        }
+        // The decision stays until cleanup drops it (no round trip on the sync's path).
+        streams.finish(true).await;
     }
     Ok(outcome)
 }

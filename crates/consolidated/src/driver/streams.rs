@@ -165,8 +165,8 @@ pub async fn apply_in_streams<D: Dialect, B: SyncBackend>(
         .collect();
     let group = new_group();
     streams.group = Some(group.clone());
-    transaction.limit_lock_waits().await?;
     let own = async {
+        transaction.limit_lock_waits().await?;
         let mut keys = Vec::with_capacity(plans.len());
         for (plan, table_shares) in plans.iter().zip(&shares) {
             keys.push(apply_kinds(transaction, sync, plan, &table_shares[0]).await?);

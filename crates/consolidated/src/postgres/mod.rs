@@ -225,10 +225,6 @@ impl SyncBackend for PostgresConnection {
     async fn resolve_group(&mut self, group: &str) -> Result<(), SyncError> {
         streams::resolve_group(&self.client, group).await.map(drop)
     }
-
-    async fn forget_decision(&mut self, group: &str) -> Result<(), SyncError> {
-        streams::forget_decision(&self.client, group).await
-    }
 }
 
 impl ConsolidatedConnection for PostgresConnection {

@@ -196,19 +196,25 @@ pub async fn resolve_group(client: &Client, group: &str) -> Result<u64, SyncErro
 pub const RECORD_DECISION: &str = "INSERT INTO rs_stream_decision (group_id, committed) \
     VALUES ($1, true) ON CONFLICT (group_id) DO NOTHING";
 
-pub async fn forget_decision(client: &Client, group: &str) -> Result<(), SyncError> {
+/// Drops the decisions no longer needed: commits whose group has no prepared
+/// transaction left, rollbacks older than `ABORT_DECISION_KEEP_HOURS` (run by cleanup
+/// and at start-up, not by the syncs).
+pub async fn forget_finished(client: &Client) -> Result<u64, tokio_postgres::Error> {
     client
         .execute(
-            "DELETE FROM rs_stream_decision WHERE group_id = $1",
-            &[&group],
+            &format!(
+                "DELETE FROM rs_stream_decision d WHERE (committed OR decided_at < now() - interval '{ABORT_DECISION_KEEP_HOURS} hours') \
+                 AND NOT EXISTS (SELECT 1 FROM pg_prepared_xacts p \
+                     WHERE p.database = current_database() AND p.gid LIKE d.group_id || '-%')"
+            ),
+            &[],
         )
-        .await?;
-    Ok(())
+        .await
 }
 
 /// At start-up: resolves every group of this database left prepared, then drops the
 /// decisions no longer needed (commits whose group is gone, rollbacks older than
-/// `ABORT_DECISION_KEEP_HOURS`). Returns the transactions resolved.
+/// `ABORT_DECISION_KEEP_HOURS`, see [`forget_finished`]). Returns the transactions resolved.
 pub async fn recover(client: &Client) -> Result<u64, DbError> {
     let pattern = format!("{GID_PREFIX}%");
     let groups = client
@@ -225,16 +231,7 @@ pub async fn recover(client: &Client) -> Result<u64, DbError> {
             DbError::Invalid(format!("resolving apply streams {group}: {error}"))
         })?;
     }
-    client
-        .execute(
-            &format!(
-                "DELETE FROM rs_stream_decision d WHERE (committed OR decided_at < now() - interval '{ABORT_DECISION_KEEP_HOURS} hours') \
-                 AND NOT EXISTS (SELECT 1 FROM pg_prepared_xacts p \
-                     WHERE p.database = current_database() AND p.gid LIKE d.group_id || '-%')"
-            ),
-            &[],
-        )
-        .await?;
+    forget_finished(client).await?;
     Ok(resolved)
 }
 
