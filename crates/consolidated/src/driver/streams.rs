@@ -351,9 +351,11 @@ mod tests {
     }
 
     #[test]
-    fn equal_keys_sent_in_different_forms_go_to_the_same_stream() {
-        let text = Value::Text("north".into());
-        assert_eq!(stream_of(&[&text], 16), stream_of(&[&text.clone()], 16));
+    fn a_key_always_goes_to_the_same_stream_and_group_ids_do_not_repeat() {
+        let key = [Value::Text("north".into()), Value::Int(7)];
+        let first = stream_of(&[&key[0], &key[1]], 16);
+        let again = [key[0].clone(), key[1].clone()];
+        assert_eq!(stream_of(&[&again[0], &again[1]], 16), first);
         let groups: std::collections::HashSet<String> = (0..100).map(|_| new_group()).collect();
         assert_eq!(groups.len(), 100);
         assert!(groups.iter().all(|group| group.starts_with(GID_PREFIX)));

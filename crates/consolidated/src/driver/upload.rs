@@ -70,7 +70,7 @@ pub async fn apply_upload<'r, D: Dialect, B: SyncBackend>(
         if sync.apply {
             uploaded.conflicts += resolution.conflict_count;
         }
-        uploaded.resolutions.insert(&plan.upload_table, resolution);
+        uploaded.resolutions.insert(plan.upload_table, resolution);
     }
     if sync.apply {
         transaction
