@@ -9,12 +9,12 @@ use super::error::script_failure;
 use super::events::run_event;
 use super::query::{query_rows, query_script, read_cursor};
 use super::rows::run_row_statements;
-use super::schema::table_shape;
+use super::schema::{table_shape, tombstone_table};
 use super::stage::{apply_staged, Stage, StageTarget};
 use super::statements::Statements;
 use crate::dialect::{
-    CursorScript, CursorSink, Dialect, RowFailure, RowStatement, StagedRows, Subscription,
-    SubscriptionUpdate, TableApply,
+    CursorScript, CursorSink, Dialect, EchoXids, OwnWrites, RowFailure, RowStatement, StagedRows,
+    Subscription, SubscriptionUpdate, TableApply,
 };
 use crate::names::select_by_key;
 use crate::parameters::{positional_parameters, Parameters, RowImages};
@@ -48,6 +48,22 @@ const LOCK_CLIENT_QUERY: &str = concat!(
     " AS horizon) AS h"
 );
 
+/// `Dialect::echo_xids`: this transaction's id (0 while it has none, i.e. wrote nothing)
+/// for each cursor whose table it wrote exactly as often as its upload did. The counts
+/// are PostgreSQL's own of this transaction (`pg_stat_get_xact_*`, every writer and
+/// subtransaction included; with `track_counts` off they stay 0, never equal to what
+/// was uploaded, so nothing is left out). A partitioned table counts its writes in its
+/// partitions, so it too leaves the work to the echo filter.
+const ECHO_XIDS_QUERY: &str =
+    "SELECT CASE WHEN $3::int8 > 0 \
+              AND pg_stat_get_xact_tuples_inserted(t.oid) + pg_stat_get_xact_tuples_updated(t.oid) = $3::int8 \
+            THEN x.id ELSE 0 END, \
+            CASE WHEN $4::int8 > 0 AND pg_stat_get_xact_tuples_inserted(d.oid) = $4::int8 THEN x.id ELSE 0 END \
+     FROM (SELECT COALESCE((pg_current_xact_id_if_assigned()::text)::bigint, 0) AS id) AS x, \
+          (SELECT to_regclass($1)::oid AS oid) AS t, (SELECT to_regclass($2)::oid AS oid) AS d";
+
+const PARTITION_COLUMN_QUERY: &str = "SELECT partition_column FROM rs_table WHERE table_name = $1";
+
 const SUBSCRIPTION_QUERY: &str =
     "SELECT user_name, upload_sequence, download_watermark, last_sync_xid \
      FROM rs_subscription WHERE client_id = $1";
@@ -70,6 +86,15 @@ pub struct PgTransaction<'c> {
     pub(super) transaction: Transaction<'c>,
     pub(super) statements: &'c Statements,
     pub(super) types: HashMap<String, Vec<String>>,
+}
+
+fn subscription_of(row: &tokio_postgres::Row) -> Subscription {
+    Subscription {
+        user_name: row.get(0),
+        upload_sequence: row.get(1),
+        download_watermark: row.get(2),
+        last_sync_xid: row.get(3),
+    }
 }
 
 impl PgTransaction<'_> {
@@ -99,12 +124,7 @@ impl Dialect for PgTransaction<'_> {
             .transaction
             .query_opt(&statement, &[&client_id])
             .await?;
-        Ok(row.map(|row| Subscription {
-            user_name: row.get(0),
-            upload_sequence: row.get(1),
-            download_watermark: row.get(2),
-            last_sync_xid: row.get(3),
-        }))
+        Ok(row.map(|row| subscription_of(&row)))
     }
 
     async fn client_ids_of_user(&mut self, user: &str, count_max: u64) -> Result<u64, SyncError> {
@@ -174,10 +194,7 @@ impl Dialect for PgTransaction<'_> {
     async fn partition_column(&mut self, table: &str) -> Result<Option<String>, SyncError> {
         let statement = self
             .statements
-            .prepare(
-                &self.transaction,
-                "SELECT partition_column FROM rs_table WHERE table_name = $1",
-            )
+            .prepare(&self.transaction, PARTITION_COLUMN_QUERY)
             .await?;
         let row = self.transaction.query_opt(&statement, &[&table]).await?;
         Ok(row.and_then(|row| row.get(0)))
@@ -311,6 +328,25 @@ impl Dialect for PgTransaction<'_> {
 
     async fn watermark(&mut self) -> Result<i64, SyncError> {
         Ok(self.query_one(WATERMARK_QUERY, &[]).await?.get(0))
+    }
+
+    async fn echo_xids(&mut self, table: &str, written: OwnWrites) -> Result<EchoXids, SyncError> {
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let row = self
+            .query_one(
+                ECHO_XIDS_QUERY,
+                &[
+                    &q(table),
+                    &q(&tombstone_table(table)),
+                    &count(written.upserts),
+                    &count(written.deletes),
+                ],
+            )
+            .await?;
+        Ok(EchoXids {
+            upserts: row.get(0),
+            deletes: row.get(1),
+        })
     }
 
     async fn read_cursor(
