@@ -50,17 +50,31 @@ const LOCK_CLIENT_QUERY: &str = concat!(
 
 /// `Dialect::echo_xids`: this transaction's id (0 while it has none, i.e. wrote nothing)
 /// for each cursor whose table it wrote exactly as often as its upload did. The counts
-/// are PostgreSQL's own of this transaction (`pg_stat_get_xact_*`, every writer and
-/// subtransaction included; with `track_counts` off they stay 0, never equal to what
-/// was uploaded, so nothing is left out). A partitioned table counts its writes in its
-/// partitions, so it too leaves the work to the echo filter.
-const ECHO_XIDS_QUERY: &str =
-    "SELECT CASE WHEN $3::int8 > 0 \
-              AND pg_stat_get_xact_tuples_inserted(t.oid) + pg_stat_get_xact_tuples_updated(t.oid) = $3::int8 \
-            THEN x.id ELSE 0 END, \
-            CASE WHEN $4::int8 > 0 AND pg_stat_get_xact_tuples_inserted(d.oid) = $4::int8 THEN x.id ELSE 0 END \
-     FROM (SELECT COALESCE((pg_current_xact_id_if_assigned()::text)::bigint, 0) AS id) AS x, \
-          (SELECT to_regclass($1)::oid AS oid) AS t, (SELECT to_regclass($2)::oid AS oid) AS d";
+/// are PostgreSQL's own (`pg_stat_get_xact_*`: every writer, trigger and subtransaction
+/// of this transaction). They also hold what earlier transactions of the connection
+/// wrote until the backend flushes its statistics (at most once a second when busy), so
+/// they are never below this transaction's writes and equality still proves that the
+/// upload wrote everything; from PostgreSQL 15 on, `ECHO_XIDS_FLUSHING_QUERY` asks for a
+/// flush when this transaction ends, so that the next sync's counts are its own. With
+/// `track_counts` off the counts stay 0, never equal to what was uploaded. A
+/// partitioned table counts its writes in its partitions, so it too leaves the work to
+/// the echo filter.
+macro_rules! echo_xids_query {
+    ($flush:literal) => {
+        concat!(
+            "SELECT CASE WHEN $3::int8 > 0 \
+                  AND pg_stat_get_xact_tuples_inserted(t.oid) + pg_stat_get_xact_tuples_updated(t.oid) = $3::int8 \
+                THEN x.id ELSE 0 END, \
+                CASE WHEN $4::int8 > 0 AND pg_stat_get_xact_tuples_inserted(d.oid) = $4::int8 THEN x.id ELSE 0 END \
+             FROM (SELECT COALESCE((pg_current_xact_id_if_assigned()::text)::bigint, 0) AS id) AS x, \
+                  (SELECT to_regclass($1)::oid AS oid) AS t, (SELECT to_regclass($2)::oid AS oid) AS d",
+            $flush
+        )
+    };
+}
+const ECHO_XIDS_QUERY: &str = echo_xids_query!("");
+const ECHO_XIDS_FLUSHING_QUERY: &str =
+    echo_xids_query!(", (SELECT pg_stat_force_next_flush()) AS flush");
 
 const PARTITION_COLUMN_QUERY: &str = "SELECT partition_column FROM rs_table WHERE table_name = $1";
 
@@ -86,6 +100,8 @@ pub struct PgTransaction<'c> {
     pub(super) transaction: Transaction<'c>,
     pub(super) statements: &'c Statements,
     pub(super) types: HashMap<String, Vec<String>>,
+    /// The server has `pg_stat_force_next_flush` (PostgreSQL 15 and later).
+    pub(super) flushes_counts: bool,
 }
 
 fn subscription_of(row: &tokio_postgres::Row) -> Subscription {
@@ -334,7 +350,11 @@ impl Dialect for PgTransaction<'_> {
         let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         let row = self
             .query_one(
-                ECHO_XIDS_QUERY,
+                if self.flushes_counts {
+                    ECHO_XIDS_FLUSHING_QUERY
+                } else {
+                    ECHO_XIDS_QUERY
+                },
                 &[
                     &q(table),
                     &q(&tombstone_table(table)),
