@@ -144,6 +144,8 @@ impl SyncBackend for PostgresConnection {
             transaction: self.client.transaction().await?,
             statements: &self.statements,
             types: HashMap::new(),
+            tables: HashMap::new(),
+            subscription: None,
             flushes_counts: self.flushes_counts,
         })
     }

@@ -100,6 +100,15 @@ pub struct PgTransaction<'c> {
     pub(super) transaction: Transaction<'c>,
     pub(super) statements: &'c Statements,
     pub(super) types: HashMap<String, Vec<String>>,
+    /// The shapes and partition columns of the tables this transaction has looked at:
+    /// asked again (the download after the upload), they are answered without a round
+    /// trip. Once the upload has run a statement on the table, the lock it holds until
+    /// the end keeps `ALTER TABLE` out, so the shape cannot change meanwhile; a change
+    /// committed between reading the shape and the first statement on the table is
+    /// met as before the cache, by the statements (a stale prepared statement retries).
+    pub(super) tables: HashMap<String, (TableShape, Option<String>)>,
+    /// The subscription read together with the client's lock, for `subscription`.
+    pub(super) subscription: Option<(String, Option<Subscription>)>,
     /// The server has `pg_stat_force_next_flush` (PostgreSQL 15 and later).
     pub(super) flushes_counts: bool,
 }
@@ -126,12 +135,39 @@ impl PgTransaction<'_> {
 }
 
 impl Dialect for PgTransaction<'_> {
+    /// The lock and the subscription in one round trip: both statements are sent at
+    /// once (pipelined) and PostgreSQL runs them in order, so the subscription is read
+    /// by a statement that starts after the lock is held, as if sent after it. Read
+    /// without the lock, it is dropped unused.
     async fn lock_client(&mut self, client_id: &str) -> Result<bool, SyncError> {
-        let locked = self.query_one(LOCK_CLIENT_QUERY, &[&client_id]).await?;
-        Ok(locked.get(0))
+        let lock = self
+            .statements
+            .prepare(&self.transaction, LOCK_CLIENT_QUERY)
+            .await?;
+        let read = self
+            .statements
+            .prepare(&self.transaction, SUBSCRIPTION_QUERY)
+            .await?;
+        // `try_join` polls the lock first, so its statement is sent first.
+        let (locked, subscription) = futures_util::future::try_join(
+            self.transaction.query_one(&lock, &[&client_id]),
+            self.transaction.query_opt(&read, &[&client_id]),
+        )
+        .await?;
+        let locked: bool = locked.get(0);
+        if locked {
+            let subscription = subscription.map(|row| subscription_of(&row));
+            self.subscription = Some((client_id.to_string(), subscription));
+        }
+        Ok(locked)
     }
 
     async fn subscription(&mut self, client_id: &str) -> Result<Option<Subscription>, SyncError> {
+        if let Some((read_for, subscription)) = self.subscription.take() {
+            if read_for == client_id {
+                return Ok(subscription);
+            }
+        }
         let statement = self
             .statements
             .prepare(&self.transaction, SUBSCRIPTION_QUERY)
@@ -195,19 +231,40 @@ impl Dialect for PgTransaction<'_> {
         .await
     }
 
+    /// The shape and the partition column are read in one round trip (pipelined) and
+    /// kept for the rest of the transaction.
     async fn table_shape(&mut self, table: &str) -> Result<TableShape, SyncError> {
-        let (shape, types) = table_shape(&self.transaction, Some(self.statements), table)
-            .await?
-            .ok_or_else(|| {
-                SyncError::Schema(format!(
-                    "table {table:?} does not exist in the consolidated database"
-                ))
-            })?;
+        if let Some((shape, _)) = self.tables.get(table) {
+            return Ok(shape.clone());
+        }
+        let partition = self
+            .statements
+            .prepare(&self.transaction, PARTITION_COLUMN_QUERY)
+            .await?;
+        let shape = async {
+            table_shape(&self.transaction, Some(self.statements), table)
+                .await
+                .map_err(SyncError::from)
+        };
+        let partition =
+            async { Ok::<_, SyncError>(self.transaction.query_opt(&partition, &[&table]).await?) };
+        let (found, partition) = futures_util::future::try_join(shape, partition).await?;
+        let (shape, types) = found.ok_or_else(|| {
+            SyncError::Schema(format!(
+                "table {table:?} does not exist in the consolidated database"
+            ))
+        })?;
         self.types.insert(table.to_string(), types);
+        let partition = partition.and_then(|row| row.get(0));
+        self.tables
+            .insert(table.to_string(), (shape.clone(), partition));
         Ok(shape)
     }
 
     async fn partition_column(&mut self, table: &str) -> Result<Option<String>, SyncError> {
+        if let Some((_, partition)) = self.tables.get(table) {
+            return Ok(partition.clone());
+        }
         let statement = self
             .statements
             .prepare(&self.transaction, PARTITION_COLUMN_QUERY)
