@@ -103,7 +103,7 @@ fn own_writes(
     let all_set = by_set_script(UPLOAD_INSERT, upload.inserts.len())
         && by_set_script(UPLOAD_UPDATE, upload.updates.len())
         && by_set_script(UPLOAD_DELETE, upload.deletes.len());
-    all_set.then(|| OwnWrites {
+    all_set.then_some(OwnWrites {
         upserts: resolution.uploaded_upsert_keys.len() as u64,
         deletes: resolution.uploaded_delete_keys.len() as u64,
     })
