@@ -127,11 +127,16 @@ impl PostgresConsolidated {
                  SET plan_cache_mode = force_custom_plan"
             ))
             .await?;
+        let version: i32 = client
+            .query_one("SELECT current_setting('server_version_num')::int4", &[])
+            .await?
+            .get(0);
         Ok(PostgresConnection {
             client,
             cache: ScriptCache::default(),
             statements: Statements::default(),
             streams,
+            flushes_counts: version >= FORCE_NEXT_FLUSH_VERSION,
         })
     }
 }
@@ -151,7 +156,12 @@ pub struct PostgresConnection {
     statements: Statements,
     /// Where its syncs take apply streams from (none on a stream's own connection).
     streams: streams::SharedPool,
+    /// See `PgTransaction::flushes_counts`.
+    flushes_counts: bool,
 }
+
+/// The first `server_version_num` with `pg_stat_force_next_flush`.
+const FORCE_NEXT_FLUSH_VERSION: i32 = 150_000;
 
 impl PostgresConnection {
     /// The driver's client, for tools and tests that run their own SQL.
@@ -180,6 +190,9 @@ impl SyncBackend for PostgresConnection {
             statements: &self.statements,
             types: HashMap::new(),
             lock_timeout_ms,
+            tables: HashMap::new(),
+            subscription: None,
+            flushes_counts: self.flushes_counts,
         })
     }
 
