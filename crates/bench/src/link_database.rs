@@ -111,7 +111,7 @@ pub async fn run(
     options: &DatabaseLinkOptions,
     out: &mut dyn Write,
 ) -> Result<Vec<DatabaseLinkResult>> {
-    if options.changes == 0 || options.streams.iter().any(|&streams| streams == 0) {
+    if options.changes == 0 || options.streams.contains(&0) {
         bail!("the backlog and every stream count must be at least 1");
     }
     let admin = connect(url).await?;
