@@ -7,9 +7,11 @@
 //! - [`load`]: `rowsync bench-load`, worker settings and the connection limit under load.
 //! - [`transport`]: `rowsync bench-transport`, every transport x compression.
 //! - [`store`]: `rowsync bench-store`, the Berkeley DB study on the client store.
+//! - [`link`]: `rowsync bench-link`, the seed-003 study over slow, high-latency links.
 //! - [`local_server`]: a server in this process on a loopback port (also the demo's).
 
 pub mod apply;
+pub mod link;
 pub mod load;
 pub mod local_server;
 pub mod store;

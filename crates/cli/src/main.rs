@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 use command::bench::{
-    BenchApplyArgs, BenchArgs, BenchLoadArgs, BenchStoreArgs, BenchTransportArgs,
+    BenchApplyArgs, BenchArgs, BenchLinkArgs, BenchLoadArgs, BenchStoreArgs, BenchTransportArgs,
 };
 use command::{bench, cert, cleanup, demo, init, profile, replay, script, serve, user, version};
 
@@ -83,6 +83,11 @@ enum Command {
     /// tracked and an untracked table, by thread count; TPC-B-like transactions; the
     /// sync after each. Needs no server. See docs/benchmarks.md.
     BenchStore(BenchStoreArgs),
+    /// The seed-003 study over slow, high-latency links (emulated with toxiproxy): the
+    /// client's link at 512 and 128 kbit/s with 300 ms round trips, a backlog from one
+    /// client and from many, time against the wire limit, and the cost of a cut upload.
+    /// See docs/benchmarks.md.
+    BenchLink(BenchLinkArgs),
     /// Run a complete demonstration (embedded SQLite by default, or --db postgres://... or mysql://...).
     Demo(demo::DemoArgs),
 }
@@ -127,6 +132,7 @@ async fn run(command: Command) -> Result<()> {
         Command::Bench(args) => bench::run_bench(args).await,
         Command::BenchLoad(args) => bench::run_load(args).await,
         Command::BenchStore(args) => bench::run_store(args).await,
+        Command::BenchLink(args) => bench::run_link(args).await,
         Command::Demo(args) => demo::run(args).await,
     }
 }

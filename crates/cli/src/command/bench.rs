@@ -1,16 +1,17 @@
-//! The benchmark commands, `bench`, `bench-apply`, `bench-load`, `bench-store` and
-//! `bench-transport`:
+//! The benchmark commands, `bench`, `bench-apply`, `bench-link`, `bench-load`,
+//! `bench-store` and `bench-transport`:
 //! their arguments, handed to the `rowsync-bench` crate.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use rowsync_bench::link::LinkOptions;
 use rowsync_bench::store::{self, Mode, StoreOptions, StoreSize};
 use rowsync_bench::timing::clients::{ClientMode, Retry};
 use rowsync_bench::timing::server::{Protocol, Workers};
 use rowsync_bench::timing::{self, BenchOptions, Size};
-use rowsync_bench::{apply, load, transport};
+use rowsync_bench::{apply, link, load, transport};
 use rowsync_cli::database::Database;
 
 #[derive(clap::Args)]
@@ -266,5 +267,52 @@ pub async fn run_store(args: BenchStoreArgs) -> Result<()> {
         results: Some(args.results),
     };
     store::run(&options, &mut std::io::stdout()).await?;
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct BenchLinkArgs {
+    /// quick (CI: 240 changes, 1 and 4 clients) or full (the seed's 240,000 changes,
+    /// 1 and 16 clients).
+    #[arg(long, default_value = "quick")]
+    size: String,
+    /// Changes in the backlog, instead of the size's.
+    #[arg(long)]
+    changes: Option<usize>,
+    /// Link bandwidths in kbit/s, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "512,128")]
+    kbits: Vec<u64>,
+    /// Round-trip latency in ms (half each way).
+    #[arg(long, default_value_t = 300)]
+    round_trip_ms: u64,
+    /// Compressions, comma-separated: none, zlib, zstd.
+    #[arg(long, value_delimiter = ',', default_value = "none,zstd")]
+    compression: Vec<String>,
+    /// Client counts to spread the backlog over, instead of the size's.
+    #[arg(long, value_delimiter = ',')]
+    clients: Vec<usize>,
+    /// Fractions of a one-client upload to cut at, comma-separated (none: no cut rows).
+    #[arg(long, value_delimiter = ',', default_value = "0.5,0.99")]
+    cuts: Vec<f64>,
+    /// Leave out the cut rows.
+    #[arg(long)]
+    no_cuts: bool,
+}
+
+pub async fn run_link(args: BenchLinkArgs) -> Result<()> {
+    let mut options = LinkOptions::sized(&args.size)?;
+    options.changes = args.changes.unwrap_or(options.changes);
+    options.kbits = args.kbits;
+    options.round_trip_ms = args.round_trip_ms;
+    options.compressions = args
+        .compression
+        .iter()
+        .map(|name| parse_compression(name))
+        .collect::<Result<_>>()?;
+    if !args.clients.is_empty() {
+        options.spreads = args.clients;
+    }
+    options.cuts = if args.no_cuts { Vec::new() } else { args.cuts };
+    link::run(&options, &mut std::io::stdout()).await?;
     Ok(())
 }
