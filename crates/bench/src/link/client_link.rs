@@ -118,9 +118,22 @@ pub async fn run(options: &LinkOptions, out: &mut dyn Write) -> Result<ClientLin
         for &compression in &options.compressions {
             for &clients in &options.spreads {
                 let measurement = bench.backlog(options, kbit, compression, clients).await?;
+                // Progress on stderr: a full run takes hours; the tables come at its end.
+                eprintln!(
+                    "bench-link: {kbit} kbit/s, {compression}, {clients} clients: {:.1} s, \
+                     {:.2}x the wire limit",
+                    measurement.elapsed.as_secs_f64(),
+                    measurement.ratio()
+                );
                 if clients == 1 {
                     for &fraction in &options.cuts {
                         let cut = bench.cut(options, &measurement, fraction).await?;
+                        eprintln!(
+                            "bench-link: cut at {:.0}%: {} extra bytes, {:.1} s extra",
+                            fraction * 100.0,
+                            cut.extra_bytes(),
+                            cut.extra_time()
+                        );
                         results.cuts.push(cut);
                     }
                 }
