@@ -937,13 +937,19 @@ async fn test1(context: &mut RunContext, out: &mut dyn std::io::Write) -> Result
     Ok(result)
 }
 
-async fn test2(
-    context: &mut RunContext,
-    best: Option<usize>,
-    out: &mut dyn std::io::Write,
-) -> Result<TestResult> {
-    let base_spec = base_spec(context, best);
-    let (clients, low, delays): (usize, usize, Vec<Option<f64>>) = match context.options.size {
+/// Test 2's fixed parameters: clients, the low connection limit, sets (1 unless
+/// `--sets`) and the retry delays (`None`: the server's hint); `--clients`,
+/// `--connection-limit`, `--sets` and `--retry-delay-ms` replace them.
+#[derive(Debug, PartialEq)]
+struct Test2Points {
+    clients: usize,
+    low: usize,
+    sets: usize,
+    delays: Vec<Option<f64>>,
+}
+
+fn test2_points(options: &BenchOptions) -> Test2Points {
+    let (clients, low, delays): (usize, usize, Vec<Option<f64>>) = match options.size {
         Size::Quick => (16, 4, vec![None, Some(0.0), Some(0.05)]),
         Size::Standard => (
             1000,
@@ -966,13 +972,36 @@ async fn test2(
             ],
         ),
     };
-    let clients = context.options.clients.unwrap_or(clients);
-    let low = context.options.connections_max.unwrap_or(low);
-    let delays = match context.options.retry {
-        Some(Retry::Fixed(delay)) => vec![Some(delay.as_secs_f64())],
-        Some(Retry::Hint) => vec![None],
-        None => delays,
-    };
+    Test2Points {
+        clients: options.clients.unwrap_or(clients),
+        low: options.connections_max.unwrap_or(low),
+        sets: options.sets.unwrap_or(1),
+        delays: match options.retry {
+            Some(Retry::Fixed(delay)) => vec![Some(delay.as_secs_f64())],
+            Some(Retry::Hint) => vec![None],
+            None => delays,
+        },
+    }
+}
+
+/// Runs per point of Tests 2 to 5: one, unless `--repeat` (Test 1 has its own default).
+fn later_repeat(options: &BenchOptions) -> usize {
+    options.repeat.unwrap_or(1)
+}
+
+async fn test2(
+    context: &mut RunContext,
+    best: Option<usize>,
+    out: &mut dyn std::io::Write,
+) -> Result<TestResult> {
+    let base_spec = base_spec(context, best);
+    let Test2Points {
+        clients,
+        low,
+        sets,
+        delays,
+    } = test2_points(&context.options);
+    let repeat = later_repeat(&context.options);
     let mut result = TestResult {
         test: 2,
         title: "Retry delay above the connection limit".into(),
@@ -989,12 +1018,12 @@ async fn test2(
                 label: format!("limit {limit}, {}", retry.label()),
                 x: None,
                 clients,
-                sets: 1,
+                sets,
                 connections_max: limit,
                 retry,
                 ..base_spec.clone()
             };
-            let (point, checkpoints, _) = measure_point(context, &spec, 1, true, out).await?;
+            let (point, checkpoints, _) = measure_point(context, &spec, repeat, true, out).await?;
             note_checkpoints(&mut result, &point, checkpoints);
             result.points.push(point);
         }
@@ -1016,7 +1045,7 @@ async fn test2(
     };
     let (above, raised) = (best_of(low), best_of(clients));
     result.notes.push(format!(
-        "{clients} clients, {} rows each; limit {low} (clients above it are told busy) vs limit raised to {clients}; best sums {above:.3} s vs {raised:.3} s: ratio {:.2} (paper: 344.6 s / 203.7 s = 1.69)",
+        "{clients} clients, {} rows each, {sets} set(s); limit {low} (clients above it are told busy) vs limit raised to {clients}; best sums {above:.3} s vs {raised:.3} s: ratio {:.2} (paper: 344.6 s / 203.7 s = 1.69)",
         base_spec.rows,
         above / raised
     ));
@@ -1087,7 +1116,8 @@ async fn test3(
             connections_max: base(&context.options).connections_max,
             ..base_spec.clone()
         };
-        let (point, checkpoints, _) = measure_point(context, &spec, 1, true, out).await?;
+        let (point, checkpoints, _) =
+            measure_point(context, &spec, later_repeat(&context.options), true, out).await?;
         note_checkpoints(&mut result, &point, checkpoints);
         result.points.push(point);
     }
@@ -1127,7 +1157,8 @@ async fn test4(
             sets,
             ..base_spec.clone()
         };
-        let (point, checkpoints, empty) = measure_point(context, &spec, 1, true, out).await?;
+        let (point, checkpoints, empty) =
+            measure_point(context, &spec, later_repeat(&context.options), true, out).await?;
         note_checkpoints(&mut result, &point, checkpoints);
         warm_up = empty;
         result.points.push(point);
@@ -1219,7 +1250,8 @@ async fn test5(
             label: spec.transport_label(),
             ..spec
         };
-        let (point, checkpoints, _) = measure_point(context, &spec, 1, true, out).await?;
+        let (point, checkpoints, _) =
+            measure_point(context, &spec, later_repeat(&context.options), true, out).await?;
         note_checkpoints(&mut result, &point, checkpoints);
         result.points.push(point);
     }
@@ -1292,6 +1324,39 @@ mod tests {
             ..standard
         };
         assert_eq!(test4_points(&with_sets).0, vec![(100, 2)]);
+    }
+
+    #[test]
+    fn test2_and_the_later_tests_take_every_override() {
+        let quick = options(Size::Quick);
+        assert_eq!(
+            test2_points(&quick),
+            Test2Points {
+                clients: 16,
+                low: 4,
+                sets: 1,
+                delays: vec![None, Some(0.0), Some(0.05)],
+            }
+        );
+        assert_eq!(later_repeat(&quick), 1);
+        let overridden = BenchOptions {
+            clients: Some(40),
+            connections_max: Some(8),
+            sets: Some(3),
+            retry: Some(Retry::Fixed(Duration::from_millis(250))),
+            repeat: Some(3),
+            ..quick
+        };
+        assert_eq!(
+            test2_points(&overridden),
+            Test2Points {
+                clients: 40,
+                low: 8,
+                sets: 3,
+                delays: vec![Some(0.25)],
+            }
+        );
+        assert_eq!(later_repeat(&overridden), 3);
     }
 
     /// Issue 16: protocol v2 must not make the Purchase table's rows bigger. Every value

@@ -117,6 +117,24 @@ pub struct RowFailure {
     pub error: SyncError,
 }
 
+/// How many rows of one table a sync's upload wrote (its set scripts write exactly the
+/// uploaded keys when nothing conflicted), for [`Dialect::echo_xids`] to compare with
+/// what the transaction wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnWrites {
+    /// Rows inserted or updated.
+    pub upserts: u64,
+    /// Rows deleted (one tombstone each).
+    pub deletes: u64,
+}
+
+/// `:echo_xid` of a table's download cursor and delete cursor (0: leave nothing out).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EchoXids {
+    pub upserts: i64,
+    pub deletes: i64,
+}
+
 /// A query script that a cursor reads.
 pub struct CursorScript<'a> {
     pub scripts: &'a Scripts,
@@ -248,6 +266,21 @@ pub trait Dialect {
     /// cursors this transaction runs from now on, and every change a transaction still
     /// running may commit later lands at or above it.
     async fn watermark(&mut self) -> Result<i64, SyncError>;
+
+    /// The values of `:echo_xid` for the table's download cursor and delete cursor: the
+    /// stamp this transaction gives its rows (and tombstones) when it has written
+    /// exactly `written.upserts` rows of `table` (inserted or updated, counting every
+    /// writer: scripts, triggers) and exactly `written.deletes` tombstones, which are then
+    /// the upload's own; else 0 for that cursor. The default cursors leave rows with that
+    /// stamp out (they are echoes the filter would drop). A backend that cannot count
+    /// its own transaction's writes returns 0 for both, and the filter does the work.
+    async fn echo_xids(
+        &mut self,
+        _table: &str,
+        _written: OwnWrites,
+    ) -> Result<EchoXids, SyncError> {
+        Ok(EchoXids::default())
+    }
 
     /// Runs a cursor script and hands its rows to `sink` in batches of at most
     /// `DOWNLOAD_BATCH_ROWS`, never holding more than one batch.

@@ -111,6 +111,8 @@ impl<'a> Parameters<'a> {
             "last_download" => Value::Int(self.last_download),
             "upload_sequence" => Value::Int(self.upload_sequence),
             "last_sync_xid" => Value::Int(self.last_sync_xid),
+            // Set by the driver for each download cursor; nothing to leave out elsewhere.
+            ECHO_XID => Value::Int(0),
             _ => {
                 let known = PARAMETERS
                     .iter()

@@ -111,6 +111,10 @@ pub fn is_set_script(sql: &str) -> bool {
         .any(|placeholder| sql.contains(placeholder))
 }
 
+/// The download cursors' parameter naming rows the client's own upload wrote in this
+/// sync (`Dialect::echo_xids`).
+pub const ECHO_XID: &str = "echo_xid";
+
 /// Named parameters every script may use, and what they hold.
 pub const PARAMETERS: [(&str, &str); 7] = [
     ("user", "the authenticated user name"),
@@ -132,7 +136,7 @@ pub const PARAMETERS: [(&str, &str); 7] = [
 ];
 
 /// Named parameters of particular events.
-pub const EVENT_PARAMETERS: [(&str, &str); 10] = [
+pub const EVENT_PARAMETERS: [(&str, &str); 11] = [
     ("new.<column>", "row scripts: the uploaded row's new values"),
     (
         "old.<column>",
@@ -157,6 +161,10 @@ pub const EVENT_PARAMETERS: [(&str, &str); 10] = [
     (
         "watermark",
         "download_ack: the watermark the client acknowledged",
+    ),
+    (
+        ECHO_XID,
+        "download cursors, PostgreSQL: this sync's transaction id when all it wrote to the table (or its tombstones) is the client's own upload, else 0 (the default cursors leave those rows out)",
     ),
     (
         "error_message",

@@ -184,3 +184,10 @@ async fn a_column_of_a_type_rowsync_cannot_carry_is_refused_at_init_by_name() {
     >()
     .await;
 }
+
+/// Issue 17: the default cursors' `:echo_xid` names the upload's own writes, and only
+/// when nothing else wrote to the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_xid_names_exactly_the_uploads_own_writes() {
+    conformance::echo_xid_names_exactly_the_uploads_own_writes::<PostgresFactory>().await;
+}

@@ -12,8 +12,8 @@ pub const CLIENT_IDS_PER_USER_MAX_DEFAULT: u64 = 10_000;
 pub struct ServerConfig {
     /// Syncs in progress at once; more connections get *busy* at once.
     pub connections_max: usize,
-    /// Connections holding a slot without having sent their hello: one more closes the
-    /// oldest of them (code 11), so silent connections hold at most this many slots.
+    /// Connections holding a slot without having sent their hello: one more answers the
+    /// oldest of them busy, so silent connections hold at most this many slots.
     pub hello_pending_connections_max: usize,
     /// Database workers, each with one pooled connection (a fixed count).
     pub workers: usize,

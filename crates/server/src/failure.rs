@@ -6,6 +6,8 @@ use rowsync_protocol::{Hello, WireError};
 /// Why a sync ended early, and what (if anything) the client is told.
 pub(crate) struct Failure {
     pub(crate) reply: Option<WireError>,
+    /// Answered `busy` with this retry hint instead (no room for the connection).
+    pub(crate) busy_retry_after_ms: Option<u32>,
     pub(crate) log: String,
     /// Who the sync was for, once its hello named it: `user="…" client_id="…"`.
     pub(crate) identity: Option<String>,
@@ -16,6 +18,17 @@ impl Failure {
         Failure {
             log: error.to_string(),
             reply: Some(error),
+            busy_retry_after_ms: None,
+            identity: None,
+        }
+    }
+
+    /// The server had no room for the connection: the client hears `busy` and retries.
+    pub(crate) fn busy(retry_after_ms: u32, log: String) -> Failure {
+        Failure {
+            reply: None,
+            busy_retry_after_ms: Some(retry_after_ms),
+            log,
             identity: None,
         }
     }
@@ -23,6 +36,7 @@ impl Failure {
     pub(crate) fn silent(log: String) -> Failure {
         Failure {
             reply: None,
+            busy_retry_after_ms: None,
             log,
             identity: None,
         }

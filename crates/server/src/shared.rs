@@ -79,6 +79,11 @@ impl<B: Consolidated> Shared<B> {
     /// configured hint itself before anything completed).
     pub(crate) fn busy_retry_after_ms(&self) -> u32 {
         self.metrics.sync_ended(Outcome::busy);
+        self.retry_after_ms()
+    }
+
+    /// The hint [`Shared::busy_retry_after_ms`] gives, without counting a busy answer.
+    pub(crate) fn retry_after_ms(&self) -> u32 {
         let rate = self.load.syncs_per_second();
         let floor = self.config.busy_retry_after_ms;
         if rate <= 0.0 {

@@ -59,7 +59,9 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
         }
         Err(failure) => {
             // The client hears first; the log line cannot delay or prevent its answer.
-            let outcome = if failure.reply.is_some() {
+            let outcome = if failure.busy_retry_after_ms.is_some() {
+                Outcome::busy
+            } else if failure.reply.is_some() {
                 Outcome::refused
             } else {
                 Outcome::failed
@@ -70,7 +72,9 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
                 None => failure.log.clone(),
             };
             observe_end(shared, &mut timings, outcome, Some(error));
-            if let Some(error) = failure.reply {
+            if let Some(retry_after_ms) = failure.busy_retry_after_ms {
+                reply_and_close(stream, Message::Busy { retry_after_ms }).await;
+            } else if let Some(error) = failure.reply {
                 reply_and_close(stream, Message::Error(error)).await;
             } else {
                 let _ = stream.shutdown().await;

@@ -53,8 +53,8 @@ pub struct ServeArgs {
     /// Syncs in progress at once; more clients are told busy with a retry hint.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
-    /// Connections holding a slot that have not sent their hello yet: one more closes
-    /// the oldest of them, so silent connections hold at most this many slots.
+    /// Connections holding a slot that have not sent their hello yet: one more answers
+    /// the oldest of them busy, so silent connections hold at most this many slots.
     #[arg(long, default_value_t = ServerConfig::default().hello_pending_connections_max)]
     hello_pending_connections_max: usize,
     /// Refused logins from one address, within --login-failure-window-seconds, after

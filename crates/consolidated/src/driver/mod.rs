@@ -10,7 +10,8 @@
 //!   end_upload
 //!   modify_next_last_download        (the watermark)
 //!   begin_download
-//!     per table: download_delete_cursor, download_cursor (echoes filtered out)
+//!     per table: download_delete_cursor, download_cursor (echoes left out by the
+//!                default cursors where the upload is all the sync wrote, else filtered)
 //!   end_download
 //!   the subscription recorded
 //! end_synchronization
@@ -138,7 +139,9 @@ async fn run_events<D: Dialect>(
         transaction,
         scripts,
         &parameters,
+        request,
         &uploaded.resolutions,
+        sync.apply,
         download,
     )
     .await?;

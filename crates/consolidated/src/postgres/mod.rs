@@ -99,10 +99,15 @@ impl Consolidated for PostgresConsolidated {
                  SET plan_cache_mode = force_custom_plan"
             ))
             .await?;
+        let version: i32 = client
+            .query_one("SELECT current_setting('server_version_num')::int4", &[])
+            .await?
+            .get(0);
         Ok(PostgresConnection {
             client,
             cache: ScriptCache::default(),
             statements: Statements::default(),
+            flushes_counts: version >= FORCE_NEXT_FLUSH_VERSION,
         })
     }
 }
@@ -112,7 +117,12 @@ pub struct PostgresConnection {
     cache: ScriptCache,
     /// This connection's prepared statements (see `statements`).
     statements: Statements,
+    /// See `PgTransaction::flushes_counts`.
+    flushes_counts: bool,
 }
+
+/// The first `server_version_num` with `pg_stat_force_next_flush`.
+const FORCE_NEXT_FLUSH_VERSION: i32 = 150_000;
 
 impl PostgresConnection {
     /// The driver's client, for tools and tests that run their own SQL.
@@ -134,6 +144,9 @@ impl SyncBackend for PostgresConnection {
             transaction: self.client.transaction().await?,
             statements: &self.statements,
             types: HashMap::new(),
+            tables: HashMap::new(),
+            subscription: None,
+            flushes_counts: self.flushes_counts,
         })
     }
 

@@ -645,7 +645,7 @@ pub fn default_scripts(
             DOWNLOAD_CURSOR,
             format!(
                 "SELECT {table_columns} FROM {table} AS t WHERE t.{partition} = {user} AND t.{xid} >= :last_download \
-                 AND t.{xid} <> :last_sync_xid",
+                 AND t.{xid} <> :last_sync_xid AND t.{xid} <> :echo_xid",
                 xid = q(XID_COLUMN),
             ),
         ),
@@ -656,7 +656,7 @@ pub fn default_scripts(
             // tombstone: 40 ms for 500 keys, delete phases 5 times as long; see above.)
             format!(
                 "SELECT {key_list} FROM {tombstones} AS d WHERE d.rs_partition = :user::text AND d.xid >= :last_download \
-                 AND d.xid <> :last_sync_xid AND NOT EXISTS (SELECT 1 FROM {table} AS t WHERE {td} AND (t.{partition} = {user}) IS TRUE)",
+                 AND d.xid <> :last_sync_xid AND d.xid <> :echo_xid AND NOT EXISTS (SELECT 1 FROM {table} AS t WHERE {td} AND (t.{partition} = {user}) IS TRUE)",
                 key_list = column_list(keys, "d."),
                 tombstones = q(&tombstone_table(&shape.name)),
                 td = key_match(keys, "t", "d"),

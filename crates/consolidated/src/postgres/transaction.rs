@@ -9,12 +9,12 @@ use super::error::script_failure;
 use super::events::run_event;
 use super::query::{query_rows, query_script, read_cursor};
 use super::rows::run_row_statements;
-use super::schema::table_shape;
+use super::schema::{table_shape, tombstone_table};
 use super::stage::{apply_staged, Stage, StageTarget};
 use super::statements::Statements;
 use crate::dialect::{
-    CursorScript, CursorSink, Dialect, RowFailure, RowStatement, StagedRows, Subscription,
-    SubscriptionUpdate, TableApply,
+    CursorScript, CursorSink, Dialect, EchoXids, OwnWrites, RowFailure, RowStatement, StagedRows,
+    Subscription, SubscriptionUpdate, TableApply,
 };
 use crate::names::select_by_key;
 use crate::parameters::{positional_parameters, Parameters, RowImages};
@@ -48,6 +48,36 @@ const LOCK_CLIENT_QUERY: &str = concat!(
     " AS horizon) AS h"
 );
 
+/// `Dialect::echo_xids`: this transaction's id (0 while it has none, i.e. wrote nothing)
+/// for each cursor whose table it wrote exactly as often as its upload did. The counts
+/// are PostgreSQL's own (`pg_stat_get_xact_*`: every writer, trigger and subtransaction
+/// of this transaction). They also hold what earlier transactions of the connection
+/// wrote until the backend flushes its statistics (at most once a second when busy), so
+/// they are never below this transaction's writes and equality still proves that the
+/// upload wrote everything; from PostgreSQL 15 on, `ECHO_XIDS_FLUSHING_QUERY` asks for a
+/// flush when this transaction ends, so that the next sync's counts are its own. With
+/// `track_counts` off the counts stay 0, never equal to what was uploaded. A
+/// partitioned table counts its writes in its partitions, so it too leaves the work to
+/// the echo filter.
+macro_rules! echo_xids_query {
+    ($flush:literal) => {
+        concat!(
+            "SELECT CASE WHEN $3::int8 > 0 \
+                  AND pg_stat_get_xact_tuples_inserted(t.oid) + pg_stat_get_xact_tuples_updated(t.oid) = $3::int8 \
+                THEN x.id ELSE 0 END, \
+                CASE WHEN $4::int8 > 0 AND pg_stat_get_xact_tuples_inserted(d.oid) = $4::int8 THEN x.id ELSE 0 END \
+             FROM (SELECT COALESCE((pg_current_xact_id_if_assigned()::text)::bigint, 0) AS id) AS x, \
+                  (SELECT to_regclass($1)::oid AS oid) AS t, (SELECT to_regclass($2)::oid AS oid) AS d",
+            $flush
+        )
+    };
+}
+const ECHO_XIDS_QUERY: &str = echo_xids_query!("");
+const ECHO_XIDS_FLUSHING_QUERY: &str =
+    echo_xids_query!(", (SELECT pg_stat_force_next_flush()) AS flush");
+
+const PARTITION_COLUMN_QUERY: &str = "SELECT partition_column FROM rs_table WHERE table_name = $1";
+
 const SUBSCRIPTION_QUERY: &str =
     "SELECT user_name, upload_sequence, download_watermark, last_sync_xid \
      FROM rs_subscription WHERE client_id = $1";
@@ -70,6 +100,26 @@ pub struct PgTransaction<'c> {
     pub(super) transaction: Transaction<'c>,
     pub(super) statements: &'c Statements,
     pub(super) types: HashMap<String, Vec<String>>,
+    /// The shapes and partition columns of the tables this transaction has looked at:
+    /// asked again (the download after the upload), they are answered without a round
+    /// trip. Once the upload has run a statement on the table, the lock it holds until
+    /// the end keeps `ALTER TABLE` out, so the shape cannot change meanwhile; a change
+    /// committed between reading the shape and the first statement on the table is
+    /// met as before the cache, by the statements (a stale prepared statement retries).
+    pub(super) tables: HashMap<String, (TableShape, Option<String>)>,
+    /// The subscription read together with the client's lock, for `subscription`.
+    pub(super) subscription: Option<(String, Option<Subscription>)>,
+    /// The server has `pg_stat_force_next_flush` (PostgreSQL 15 and later).
+    pub(super) flushes_counts: bool,
+}
+
+fn subscription_of(row: &tokio_postgres::Row) -> Subscription {
+    Subscription {
+        user_name: row.get(0),
+        upload_sequence: row.get(1),
+        download_watermark: row.get(2),
+        last_sync_xid: row.get(3),
+    }
 }
 
 impl PgTransaction<'_> {
@@ -85,12 +135,39 @@ impl PgTransaction<'_> {
 }
 
 impl Dialect for PgTransaction<'_> {
+    /// The lock and the subscription in one round trip: both statements are sent at
+    /// once (pipelined) and PostgreSQL runs them in order, so the subscription is read
+    /// by a statement that starts after the lock is held, as if sent after it. Read
+    /// without the lock, it is dropped unused.
     async fn lock_client(&mut self, client_id: &str) -> Result<bool, SyncError> {
-        let locked = self.query_one(LOCK_CLIENT_QUERY, &[&client_id]).await?;
-        Ok(locked.get(0))
+        let lock = self
+            .statements
+            .prepare(&self.transaction, LOCK_CLIENT_QUERY)
+            .await?;
+        let read = self
+            .statements
+            .prepare(&self.transaction, SUBSCRIPTION_QUERY)
+            .await?;
+        // `try_join` polls the lock first, so its statement is sent first.
+        let (locked, subscription) = futures_util::future::try_join(
+            self.transaction.query_one(&lock, &[&client_id]),
+            self.transaction.query_opt(&read, &[&client_id]),
+        )
+        .await?;
+        let locked: bool = locked.get(0);
+        if locked {
+            let subscription = subscription.map(|row| subscription_of(&row));
+            self.subscription = Some((client_id.to_string(), subscription));
+        }
+        Ok(locked)
     }
 
     async fn subscription(&mut self, client_id: &str) -> Result<Option<Subscription>, SyncError> {
+        if let Some((read_for, subscription)) = self.subscription.take() {
+            if read_for == client_id {
+                return Ok(subscription);
+            }
+        }
         let statement = self
             .statements
             .prepare(&self.transaction, SUBSCRIPTION_QUERY)
@@ -99,12 +176,7 @@ impl Dialect for PgTransaction<'_> {
             .transaction
             .query_opt(&statement, &[&client_id])
             .await?;
-        Ok(row.map(|row| Subscription {
-            user_name: row.get(0),
-            upload_sequence: row.get(1),
-            download_watermark: row.get(2),
-            last_sync_xid: row.get(3),
-        }))
+        Ok(row.map(|row| subscription_of(&row)))
     }
 
     async fn client_ids_of_user(&mut self, user: &str, count_max: u64) -> Result<u64, SyncError> {
@@ -159,25 +231,43 @@ impl Dialect for PgTransaction<'_> {
         .await
     }
 
+    /// The shape and the partition column are read in one round trip (pipelined) and
+    /// kept for the rest of the transaction.
     async fn table_shape(&mut self, table: &str) -> Result<TableShape, SyncError> {
-        let (shape, types) = table_shape(&self.transaction, Some(self.statements), table)
-            .await?
-            .ok_or_else(|| {
-                SyncError::Schema(format!(
-                    "table {table:?} does not exist in the consolidated database"
-                ))
-            })?;
+        if let Some((shape, _)) = self.tables.get(table) {
+            return Ok(shape.clone());
+        }
+        let partition = self
+            .statements
+            .prepare(&self.transaction, PARTITION_COLUMN_QUERY)
+            .await?;
+        let shape = async {
+            table_shape(&self.transaction, Some(self.statements), table)
+                .await
+                .map_err(SyncError::from)
+        };
+        let partition =
+            async { Ok::<_, SyncError>(self.transaction.query_opt(&partition, &[&table]).await?) };
+        let (found, partition) = futures_util::future::try_join(shape, partition).await?;
+        let (shape, types) = found.ok_or_else(|| {
+            SyncError::Schema(format!(
+                "table {table:?} does not exist in the consolidated database"
+            ))
+        })?;
         self.types.insert(table.to_string(), types);
+        let partition = partition.and_then(|row| row.get(0));
+        self.tables
+            .insert(table.to_string(), (shape.clone(), partition));
         Ok(shape)
     }
 
     async fn partition_column(&mut self, table: &str) -> Result<Option<String>, SyncError> {
+        if let Some((_, partition)) = self.tables.get(table) {
+            return Ok(partition.clone());
+        }
         let statement = self
             .statements
-            .prepare(
-                &self.transaction,
-                "SELECT partition_column FROM rs_table WHERE table_name = $1",
-            )
+            .prepare(&self.transaction, PARTITION_COLUMN_QUERY)
             .await?;
         let row = self.transaction.query_opt(&statement, &[&table]).await?;
         Ok(row.and_then(|row| row.get(0)))
@@ -311,6 +401,29 @@ impl Dialect for PgTransaction<'_> {
 
     async fn watermark(&mut self) -> Result<i64, SyncError> {
         Ok(self.query_one(WATERMARK_QUERY, &[]).await?.get(0))
+    }
+
+    async fn echo_xids(&mut self, table: &str, written: OwnWrites) -> Result<EchoXids, SyncError> {
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let row = self
+            .query_one(
+                if self.flushes_counts {
+                    ECHO_XIDS_FLUSHING_QUERY
+                } else {
+                    ECHO_XIDS_QUERY
+                },
+                &[
+                    &q(table),
+                    &q(&tombstone_table(table)),
+                    &count(written.upserts),
+                    &count(written.deletes),
+                ],
+            )
+            .await?;
+        Ok(EchoXids {
+            upserts: row.get(0),
+            deletes: row.get(1),
+        })
     }
 
     async fn read_cursor(

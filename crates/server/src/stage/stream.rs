@@ -79,6 +79,7 @@ pub(crate) async fn receive<B: Consolidated>(
         spool: Some(upload_spool),
         metrics,
         pending: Some(shared.pending_hellos.register()),
+        retry_after_ms: &|| shared.retry_after_ms(),
         recording: None,
     };
     let Step::Hello(hello) = reader.next_step(config).await? else {
@@ -163,6 +164,8 @@ struct UploadReader<'s, S> {
     metrics: &'s Metrics,
     /// This connection's place among those waiting for their hello, until it arrives.
     pending: Option<PendingHello<'s>>,
+    /// The retry hint for a connection evicted before its hello.
+    retry_after_ms: &'s (dyn Fn() -> u32 + Sync),
     /// The sync's recording, which keeps the upload bytes too.
     recording: Option<SyncRecording>,
 }
@@ -266,17 +269,20 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
             .min(config.read_timeout);
         let reading = tokio::time::timeout(wait, self.stream.read(&mut self.buffer));
         let read = match &self.pending {
+            // Bytes already there win over an eviction: a client whose hello arrived
+            // while the server was busy accepting others is not turned away.
             Some(pending) => tokio::select! {
+                biased;
                 read = reading => read,
                 () = pending.evicted() => {
-                    return Err(Failure::tell(WireError::new(
-                        ErrorCode::Timeout,
+                    return Err(Failure::busy(
+                        (self.retry_after_ms)(),
                         format!(
                             "the hello did not arrive before newer connections needed the room \
-                             (at most {} connections wait for their hello)",
+                             (at most {} connections wait for their hello); answered busy",
                             config.hello_pending_connections_max
                         ),
-                    )));
+                    ));
                 }
             },
             None => reading.await,
