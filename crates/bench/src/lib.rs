@@ -7,10 +7,13 @@
 //! - [`load`]: `rowsync bench-load`, worker settings and the connection limit under load.
 //! - [`transport`]: `rowsync bench-transport`, every transport x compression.
 //! - [`store`]: `rowsync bench-store`, the Berkeley DB study on the client store.
-//! - [`link_database`]: `rowsync bench-link`'s server-to-database link, apply streams.
+//! - [`link`]: `rowsync bench-link`, the seed-003 study over slow, high-latency links.
+//! - [`link_database`]: `rowsync bench-link --db`, the server-to-database link over apply
+//!   streams.
 //! - [`local_server`]: a server in this process on a loopback port (also the demo's).
 
 pub mod apply;
+pub mod link;
 pub mod link_database;
 pub mod load;
 pub mod local_server;

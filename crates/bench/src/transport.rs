@@ -21,7 +21,8 @@ use rowsync_server::tls::{self, KeyKind, PkiFiles, TlsFiles};
 use rowsync_server::{auth, Endpoint, ServerConfig, Transport};
 use tokio::sync::oneshot;
 
-const TABLE_DDL: &str = "CREATE TABLE bench_rows (id TEXT PRIMARY KEY, owner TEXT NOT NULL, \
+pub(crate) const TABLE_DDL: &str =
+    "CREATE TABLE bench_rows (id TEXT PRIMARY KEY, owner TEXT NOT NULL, \
      name TEXT NOT NULL, quantity INTEGER NOT NULL, note TEXT NOT NULL)";
 /// The phases, in the paper's column order.
 pub const PHASES: [&str; 4] = ["download", "update", "delete", "insert"];
@@ -110,7 +111,7 @@ fn row_text(n: usize, generation: u64) -> (String, String) {
     (name, note)
 }
 
-fn insert_rows(
+pub(crate) fn insert_rows(
     connection: &rusqlite::Connection,
     owner: &str,
     prefix: &str,

@@ -67,10 +67,6 @@ enum Command {
     /// PostgreSQL's own bulk path in the same run. Drops and recreates bench_rows,
     /// bench_raw and their rowsync tables in the database named.
     BenchApply(BenchApplyArgs),
-    /// Slow links (issue 20): the database link, a backlog applied over 1, 8 and 16
-    /// apply streams through a toxiproxy at 300 ms, beside SubscriptionStreams' figures.
-    /// Drops and recreates link_rows in the database named.
-    BenchLink(BenchLinkArgs),
     /// The white paper's timing framework: Tests 1-5 (workers, retry delay above the
     /// connection limit, clients, rows per sync, protocols) with the database's own limit
     /// and one-statement-per-row scripts measured in the same run. Drops and recreates
@@ -87,6 +83,11 @@ enum Command {
     /// tracked and an untracked table, by thread count; TPC-B-like transactions; the
     /// sync after each. Needs no server. See docs/benchmarks.md.
     BenchStore(BenchStoreArgs),
+    /// The seed-003 study over slow, high-latency links (emulated with toxiproxy): the
+    /// client's link at 512 and 128 kbit/s with 300 ms round trips, a backlog from one
+    /// client and from many, time against the wire limit, and the cost of a cut upload.
+    /// See docs/benchmarks.md.
+    BenchLink(BenchLinkArgs),
     /// Run a complete demonstration (embedded SQLite by default, or --db postgres://... or mysql://...).
     Demo(demo::DemoArgs),
 }

@@ -479,10 +479,16 @@ fn upload_stream(request: &Exchange<'_>) -> Result<Vec<Vec<u8>>, ClientError> {
             })),
         ),
     };
-    for frame in std::iter::once(&hello)
-        .chain(upload_frames)
-        .chain(std::iter::once(&end))
-    {
+    // The hello goes out whole at once (a sync flush when compressing): the server
+    // reads it under its header read timeout, which a slow link would otherwise spend
+    // on the upload held back in the compressor's first block.
+    let mut hello_piece = outbound
+        .compressor()
+        .compress(&hello)
+        .map_err(compress_error)?;
+    hello_piece.extend(outbound.compressor().flush().map_err(compress_error)?);
+    pieces.push(hello_piece);
+    for frame in upload_frames.iter().chain(std::iter::once(&end)) {
         let piece = outbound
             .compressor()
             .compress(frame)
@@ -864,6 +870,66 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Over a slow link the server must have the hello within its header read timeout
+    /// (10 s): compressed, the hello is flushed on its own, not held back until the
+    /// compressor's first block fills with upload (zstd: 128 KiB of input; at 8 kbit/s,
+    /// tens of seconds of wire).
+    #[test]
+    fn a_compressed_hello_is_sent_whole_before_the_upload() {
+        let frames: Vec<Vec<u8>> = (0..200u32)
+            .map(|n| {
+                let text = format!("{n:08x}").repeat(100);
+                encode_frame(&Message::ValuePiece(rowsync_protocol::ValuePiece {
+                    bytes: text.into_bytes(),
+                }))
+            })
+            .collect();
+        let hello = Hello {
+            protocol_version: rowsync_protocol::PROTOCOL_VERSION,
+            client_id: "c".into(),
+            user: "u".into(),
+            password: "p".into(),
+            script_version: "v1".into(),
+            last_download_watermark: 0,
+            token: String::new(),
+            auth_parameters: Vec::new(),
+            download_ack: false,
+        };
+        for compression in [Compression::Zlib, Compression::Zstd] {
+            let transport = TransportOptions {
+                compression,
+                ..TransportOptions::default()
+            };
+            let request = Exchange {
+                address: "tcp://127.0.0.1:1",
+                transport: &transport,
+                hello: hello.clone(),
+                upload_frames: &frames,
+                upload_sequence: 1,
+                frame_bytes_max: 1 << 22,
+                timeout: Duration::from_secs(1),
+                acknowledge: None,
+            };
+            let pieces = upload_stream(&request).unwrap();
+            // The preamble, then a piece that inflates to the hello frame exactly.
+            let mut inbound = Inbound::new(1 << 30);
+            inbound.feed(&pieces[0]).unwrap();
+            inbound.feed(&pieces[1]).unwrap();
+            let mut inflated = Vec::new();
+            while let Some(chunk) = inbound.next_chunk().unwrap() {
+                inflated.extend_from_slice(chunk);
+            }
+            let mut hello_frame = hello.clone();
+            hello_frame.download_ack = false;
+            assert_eq!(
+                inflated,
+                encode_frame(&Message::Hello(hello_frame)),
+                "{compression}: {} pieces",
+                pieces.len()
+            );
+        }
+    }
 
     #[test]
     fn addresses_parse_with_defaults_and_bad_ones_are_named() {

@@ -6,11 +6,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use rowsync_bench::link::LinkOptions;
 use rowsync_bench::store::{self, Mode, StoreOptions, StoreSize};
 use rowsync_bench::timing::clients::{ClientMode, Retry};
 use rowsync_bench::timing::server::{Protocol, Workers};
 use rowsync_bench::timing::{self, BenchOptions, Size};
-use rowsync_bench::{apply, link_database, load, transport};
+use rowsync_bench::{apply, link, link_database, load, transport};
 use rowsync_cli::database::Database;
 
 #[derive(clap::Args)]
@@ -68,29 +69,6 @@ pub struct BenchApplyArgs {
     db: String,
     #[arg(long, default_value_t = 1_000_000)]
     rows: usize,
-}
-
-#[derive(clap::Args)]
-pub struct BenchLinkArgs {
-    /// A postgres:// URL of a scratch database (reached through a toxiproxy link).
-    #[arg(long)]
-    db: String,
-    /// quick (CI: 4,000 changes, 1 and 4 streams, 40 ms) or full (the seed's 240,000
-    /// changes, 1, 8 and 16 streams, 300 ms).
-    #[arg(long, default_value = "quick")]
-    size: String,
-    /// Apply stream counts to compare, comma-separated (default: the size's).
-    #[arg(long, value_delimiter = ',')]
-    streams: Option<Vec<usize>>,
-    /// Changes in the backlog (default: the size's).
-    #[arg(long)]
-    changes: Option<usize>,
-    /// The database link's round trip in milliseconds (default: the size's).
-    #[arg(long)]
-    round_trip_ms: Option<u64>,
-    /// Also write the Markdown table to this file.
-    #[arg(long)]
-    markdown: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -193,28 +171,6 @@ pub async fn run_apply(args: BenchApplyArgs) -> Result<()> {
     Ok(())
 }
 
-/// `rowsync bench-link`: the server-to-database link over apply streams (issue 20, 4(b)).
-pub async fn run_link(args: BenchLinkArgs) -> Result<()> {
-    if !is_postgres(&args.db) {
-        bail!("bench-link measures PostgreSQL: give --db postgres://...");
-    }
-    let mut options = match args.size.as_str() {
-        "quick" => link_database::DatabaseLinkOptions::quick(),
-        "full" => link_database::DatabaseLinkOptions::full(),
-        other => bail!("unknown size {other:?}: quick or full"),
-    };
-    options.streams = args.streams.unwrap_or(options.streams);
-    options.changes = args.changes.unwrap_or(options.changes);
-    options.round_trip_ms = args.round_trip_ms.unwrap_or(options.round_trip_ms);
-    let results = link_database::run(&args.db, &options, &mut std::io::stdout()).await?;
-    let table = link_database::markdown(&options, &results);
-    println!("\n{table}");
-    if let Some(path) = args.markdown {
-        std::fs::write(&path, &table).with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
-}
-
 pub async fn run_load(args: BenchLoadArgs) -> Result<()> {
     if !is_postgres(&args.db) {
         bail!("bench-load measures PostgreSQL: give --db postgres://...");
@@ -311,5 +267,93 @@ pub async fn run_store(args: BenchStoreArgs) -> Result<()> {
         results: Some(args.results),
     };
     store::run(&options, &mut std::io::stdout()).await?;
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct BenchLinkArgs {
+    /// quick (CI: 240 changes, 1 and 4 clients) or full (the seed's 240,000 changes,
+    /// 1 and 16 clients).
+    #[arg(long, default_value = "quick")]
+    size: String,
+    /// Changes in the backlog, instead of the size's.
+    #[arg(long)]
+    changes: Option<usize>,
+    /// Link bandwidths in kbit/s, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "512,128")]
+    kbits: Vec<u64>,
+    /// Round-trip latency in ms (half each way).
+    #[arg(long, default_value_t = 300)]
+    round_trip_ms: u64,
+    /// Compressions, comma-separated: none, zlib, zstd.
+    #[arg(long, value_delimiter = ',', default_value = "none,zstd")]
+    compression: Vec<String>,
+    /// Client counts to spread the backlog over, instead of the size's.
+    #[arg(long, value_delimiter = ',')]
+    clients: Vec<usize>,
+    /// Fractions of a one-client upload to cut at, comma-separated (none: no cut rows).
+    #[arg(long, value_delimiter = ',', default_value = "0.5,0.99")]
+    cuts: Vec<f64>,
+    /// Leave out the cut rows.
+    #[arg(long)]
+    no_cuts: bool,
+    /// Also the server-to-database link (issue 20, 4(b)): a postgres:// URL of a scratch
+    /// database, reached through a toxiproxy at --round-trip-ms; drops and recreates its
+    /// table link_rows.
+    #[arg(long)]
+    db: Option<String>,
+    /// Apply stream counts of the database link (default: 1,4 quick, 1,8,16 full).
+    #[arg(long, value_delimiter = ',')]
+    streams: Vec<usize>,
+    /// Write the database link's Markdown table to this file.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+}
+
+pub async fn run_link(args: BenchLinkArgs) -> Result<()> {
+    let mut options = LinkOptions::sized(&args.size)?;
+    options.changes = args.changes.unwrap_or(options.changes);
+    options.kbits = args.kbits.clone();
+    options.round_trip_ms = args.round_trip_ms;
+    options.compressions = args
+        .compression
+        .iter()
+        .map(|name| parse_compression(name))
+        .collect::<Result<_>>()?;
+    if !args.clients.is_empty() {
+        options.spreads = args.clients.clone();
+    }
+    options.cuts = if args.no_cuts {
+        Vec::new()
+    } else {
+        args.cuts.clone()
+    };
+    link::run(&options, &mut std::io::stdout()).await?;
+    if let Some(db) = &args.db {
+        run_link_database(db, &args).await?;
+    }
+    Ok(())
+}
+
+/// `bench-link --db`: the server-to-database link over apply streams.
+async fn run_link_database(db: &str, args: &BenchLinkArgs) -> Result<()> {
+    if !is_postgres(db) {
+        bail!("bench-link --db measures PostgreSQL: give a postgres:// URL");
+    }
+    let mut options = match args.size.as_str() {
+        "full" => link_database::DatabaseLinkOptions::full(),
+        _ => link_database::DatabaseLinkOptions::quick(),
+    };
+    if !args.streams.is_empty() {
+        options.streams = args.streams.clone();
+    }
+    options.changes = args.changes.unwrap_or(options.changes);
+    options.round_trip_ms = args.round_trip_ms;
+    let results = link_database::run(db, &options, &mut std::io::stdout()).await?;
+    let table = link_database::markdown(&options, &results);
+    println!("\n{table}");
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, &table).with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(())
 }
