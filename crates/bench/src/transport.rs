@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use rowsync_client::{Client, Compression, HttpVersion, SyncOptions, WireBytes};
-use rowsync_consolidated::sqlite::SqliteConsolidated;
+use rowsync_consolidated::sqlite::{SqliteConnection, SqliteConsolidated};
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
 use rowsync_server::tls::{self, KeyKind, PkiFiles, TlsFiles};
 use rowsync_server::{auth, Endpoint, ServerConfig, Transport};
@@ -219,13 +219,13 @@ fn median(times: &[Duration]) -> Duration {
     sorted[sorted.len() / 2]
 }
 
-/// Runs the workload and prints the table; returns one measurement per combination,
-/// links in [`Link::ALL`] order, compressions in [`Compression::ALL`] order.
-pub async fn run(rows: usize, repeat: usize, out: &mut dyn Write) -> Result<Vec<Measurement>> {
-    let dir = tempfile::tempdir().context("creating a temporary directory")?;
-    let consolidated_path = dir.path().join("consolidated.db");
-    rusqlite::Connection::open(&consolidated_path)?.execute_batch(TABLE_DDL)?;
-    let backend = SqliteConsolidated::new(&consolidated_path);
+/// An SQLite consolidated database at `path` with `bench_rows` (partitioned by `owner`,
+/// script version `v1`) initialised, and a connection to administer it.
+pub(crate) async fn bench_rows_consolidated(
+    path: &Path,
+) -> Result<(SqliteConsolidated, SqliteConnection)> {
+    rusqlite::Connection::open(path)?.execute_batch(TABLE_DDL)?;
+    let backend = SqliteConsolidated::new(path);
     let mut admin = backend.connect().await?;
     admin.install_system_tables().await?;
     admin
@@ -236,6 +236,15 @@ pub async fn run(rows: usize, repeat: usize, out: &mut dyn Write) -> Result<Vec<
             based_on: None,
         })
         .await?;
+    Ok((backend, admin))
+}
+
+/// Runs the workload and prints the table; returns one measurement per combination,
+/// links in [`Link::ALL`] order, compressions in [`Compression::ALL`] order.
+pub async fn run(rows: usize, repeat: usize, out: &mut dyn Write) -> Result<Vec<Measurement>> {
+    let dir = tempfile::tempdir().context("creating a temporary directory")?;
+    let consolidated_path = dir.path().join("consolidated.db");
+    let (_, mut admin) = bench_rows_consolidated(&consolidated_path).await?;
     let names = vec!["127.0.0.1".to_string(), "localhost".to_string()];
     let ecc_dir = dir.path().join("ecc");
     let rsa_dir = dir.path().join("rsa");

@@ -16,13 +16,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use rowsync_client::{Client, Compression, SyncOptions, WireBytes};
 use rowsync_consolidated::sqlite::SqliteConsolidated;
-use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection};
 use rowsync_server::{auth, ServerConfig};
 use rowsync_testkit::link::{Direction, Link, Toxiproxy};
 
 use super::LinkOptions;
 use crate::local_server::LocalServer;
-use crate::transport::{insert_rows, TABLE_DDL};
+use crate::transport::{bench_rows_consolidated, insert_rows, TABLE_DDL};
 
 /// A sync over the slow link may take hours at the full size: the client's and the
 /// server's upload timeouts are raised to this for the bench (their defaults, 60 s and
@@ -154,19 +154,7 @@ struct Subject {
 impl Bench {
     async fn start() -> Result<Bench> {
         let dir = tempfile::tempdir().context("creating a temporary directory")?;
-        let consolidated = dir.path().join("consolidated.db");
-        rusqlite::Connection::open(&consolidated)?.execute_batch(TABLE_DDL)?;
-        let backend = SqliteConsolidated::new(&consolidated);
-        let mut admin = backend.connect().await?;
-        admin.install_system_tables().await?;
-        admin
-            .init_table(&TableInit {
-                table: "bench_rows".into(),
-                partition_column: "owner".into(),
-                script_version: Some("v1".into()),
-                based_on: None,
-            })
-            .await?;
+        let (backend, admin) = bench_rows_consolidated(&dir.path().join("consolidated.db")).await?;
         let hash = auth::hash_password(PASSWORD).map_err(|error| anyhow::anyhow!("{error}"))?;
         let config = ServerConfig {
             upload_timeout: SLOW_LINK_TIMEOUT,
