@@ -1,13 +1,30 @@
 //! Why a sync ended early, and what (if anything) the client is told: every stage
 //! returns a [`Failure`], and the sync's handler sends its reply and logs it.
 
-use rowsync_protocol::{Hello, WireError};
+use rowsync_protocol::{Hello, Message, WireError};
+
+/// What the client is told.
+pub(crate) enum Reply {
+    Error(WireError),
+    /// No room for the connection: the client retries after the hint.
+    Busy {
+        retry_after_ms: u32,
+    },
+}
+
+impl Reply {
+    pub(crate) fn into_message(self) -> Message {
+        match self {
+            Reply::Error(error) => Message::Error(error),
+            Reply::Busy { retry_after_ms } => Message::Busy { retry_after_ms },
+        }
+    }
+}
 
 /// Why a sync ended early, and what (if anything) the client is told.
 pub(crate) struct Failure {
-    pub(crate) reply: Option<WireError>,
-    /// Answered `busy` with this retry hint instead (no room for the connection).
-    pub(crate) busy_retry_after_ms: Option<u32>,
+    /// `None` closes without an answer.
+    pub(crate) reply: Option<Reply>,
     pub(crate) log: String,
     /// Who the sync was for, once its hello named it: `user="…" client_id="…"`.
     pub(crate) identity: Option<String>,
@@ -17,8 +34,7 @@ impl Failure {
     pub(crate) fn tell(error: WireError) -> Failure {
         Failure {
             log: error.to_string(),
-            reply: Some(error),
-            busy_retry_after_ms: None,
+            reply: Some(Reply::Error(error)),
             identity: None,
         }
     }
@@ -26,8 +42,7 @@ impl Failure {
     /// The server had no room for the connection: the client hears `busy` and retries.
     pub(crate) fn busy(retry_after_ms: u32, log: String) -> Failure {
         Failure {
-            reply: None,
-            busy_retry_after_ms: Some(retry_after_ms),
+            reply: Some(Reply::Busy { retry_after_ms }),
             log,
             identity: None,
         }
@@ -36,9 +51,16 @@ impl Failure {
     pub(crate) fn silent(log: String) -> Failure {
         Failure {
             reply: None,
-            busy_retry_after_ms: None,
             log,
             identity: None,
+        }
+    }
+
+    /// The error the client is told, if it is told one.
+    pub(crate) fn error(&self) -> Option<&WireError> {
+        match &self.reply {
+            Some(Reply::Error(error)) => Some(error),
+            _ => None,
         }
     }
 

@@ -6,11 +6,10 @@
 use std::net::SocketAddr;
 
 use rowsync_consolidated::Consolidated;
-use rowsync_protocol::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::failure::Failure;
+use crate::failure::{Failure, Reply};
 use crate::metrics::{Outcome, PhaseTimings};
 use crate::record::error_text;
 use crate::reply::reply_and_close;
@@ -59,25 +58,22 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
         }
         Err(failure) => {
             // The client hears first; the log line cannot delay or prevent its answer.
-            let outcome = if failure.busy_retry_after_ms.is_some() {
-                Outcome::busy
-            } else if failure.reply.is_some() {
-                Outcome::refused
-            } else {
-                Outcome::failed
+            let outcome = match &failure.reply {
+                Some(Reply::Busy { .. }) => Outcome::busy,
+                Some(_) => Outcome::refused,
+                None => Outcome::failed,
             };
             shared.metrics.sync_ended(outcome);
-            let error = match &failure.reply {
-                Some(reply) => error_text(reply),
+            let error = match failure.error() {
+                Some(error) => error_text(error),
                 None => failure.log.clone(),
             };
             observe_end(shared, &mut timings, outcome, Some(error));
-            if let Some(retry_after_ms) = failure.busy_retry_after_ms {
-                reply_and_close(stream, Message::Busy { retry_after_ms }).await;
-            } else if let Some(error) = failure.reply {
-                reply_and_close(stream, Message::Error(error)).await;
-            } else {
-                let _ = stream.shutdown().await;
+            match failure.reply {
+                Some(reply) => reply_and_close(stream, reply.into_message()).await,
+                None => {
+                    let _ = stream.shutdown().await;
+                }
             }
             let identity = failure.identity.as_deref().unwrap_or("user=unknown");
             tracing::warn!(%peer, phases = %timings, "sync failed ({identity}): {}", failure.log);

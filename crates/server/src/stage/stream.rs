@@ -355,7 +355,7 @@ async fn throttled_login<B: Consolidated>(
     match &authenticated {
         Ok(_) => throttle.succeeded(&hello.user),
         Err(failure)
-            if failure.reply.as_ref().and_then(WireError::error_code)
+            if failure.error().and_then(WireError::error_code)
                 == Some(ErrorCode::AuthenticationFailed) =>
         {
             throttle.failed(address, &hello.user, std::time::Instant::now());
