@@ -111,6 +111,8 @@ struct PointSpec {
     retry: Retry,
     protocol: Protocol,
     compression: Compression,
+    /// Sets of empty syncs timed after the warm-up (0: none), on warm connections.
+    empty_sets: usize,
 }
 
 impl PointSpec {
@@ -575,12 +577,20 @@ async fn phase(
 }
 
 /// What one run of a point measured: the set-script phases, the row-script phases (if
-/// asked), the empty-sync warm-up, and the server's peak memory.
+/// asked), the empty syncs, and the server's peak memory.
 struct PointRun {
     phases: Vec<Phase>,
     row_phases: Option<Vec<Phase>>,
-    warm_up: Phase,
+    empty: EmptySyncs,
     peak_rss_bytes: u64,
+}
+
+/// A point's empty syncs: the warm-up (each client's first sync, on connections and
+/// prepared statements made for it) and `empty_sets` sets after it (steady state).
+#[derive(Default)]
+struct EmptySyncs {
+    warm_up: Phase,
+    steady: Phase,
 }
 
 async fn run_point(
@@ -633,6 +643,17 @@ async fn run_point(
     )
     .await?;
     clients = back;
+    let mut steady = Phase::default();
+    if spec.empty_sets > 0 {
+        let sets = PointSpec {
+            sets: spec.empty_sets,
+            ..spec.clone()
+        };
+        let (back, measured) =
+            phase(context, &server, clients, &connection, &sets, "empty").await?;
+        clients = back;
+        steady = measured;
+    }
     let mut phases = Vec::new();
     for sync_type in SYNC_TYPES {
         let (back, measured) =
@@ -662,7 +683,7 @@ async fn run_point(
     Ok(PointRun {
         phases,
         row_phases,
-        warm_up,
+        empty: EmptySyncs { warm_up, steady },
         peak_rss_bytes,
     })
 }
@@ -766,7 +787,7 @@ async fn measure_point(
     repeat: usize,
     with_limit: bool,
     out: &mut dyn std::io::Write,
-) -> Result<(Point, i64, Phase)> {
+) -> Result<(Point, i64, EmptySyncs)> {
     let mut point = Point {
         label: spec.label.clone(),
         x: spec.x,
@@ -779,7 +800,7 @@ async fn measure_point(
         transport: spec.transport_label(),
         ..Point::default()
     };
-    let mut warm_up = Phase::default();
+    let mut empty = EmptySyncs::default();
     let checkpoints_before = checkpoints(&context.admin).await?;
     for run in 0..repeat {
         let measured = run_point(context, spec, false).await?;
@@ -797,13 +818,13 @@ async fn measure_point(
         )?;
         point.runs.push(measured.phases);
         point.server_peak_rss_bytes = point.server_peak_rss_bytes.max(measured.peak_rss_bytes);
-        warm_up = measured.warm_up;
+        empty = measured.empty;
     }
     let checkpoints_during = checkpoints(&context.admin).await? - checkpoints_before;
     if with_limit {
         point.limit_seconds = Some(context.limit(spec, repeat).await?);
     }
-    Ok((point, checkpoints_during, warm_up))
+    Ok((point, checkpoints_during, empty))
 }
 
 fn note_checkpoints(result: &mut TestResult, point: &Point, checkpoints: i64) {
@@ -867,6 +888,7 @@ fn base_spec(context: &RunContext, best_workers: Option<usize>) -> PointSpec {
         retry: context.options.retry.unwrap_or(Retry::Hint),
         protocol: context.options.protocol.unwrap_or(Protocol::Tcp),
         compression: context.options.compression.unwrap_or(Compression::None),
+        empty_sets: 0,
     }
 }
 
@@ -1148,19 +1170,20 @@ async fn test4(
         parameter: "Rows".into(),
         ..TestResult::default()
     };
-    let mut warm_up = Phase::default();
+    let mut empty = EmptySyncs::default();
     for (rows, sets) in points {
         let spec = PointSpec {
             label: rows.to_string(),
             x: Some(rows as f64),
             rows,
             sets,
+            empty_sets: empty_sync_sets(context.options.size),
             ..base_spec.clone()
         };
-        let (point, checkpoints, empty) =
+        let (point, checkpoints, measured) =
             measure_point(context, &spec, later_repeat(&context.options), true, out).await?;
         note_checkpoints(&mut result, &point, checkpoints);
-        warm_up = empty;
+        empty = measured;
         result.points.push(point);
     }
     result.notes.push(format!(
@@ -1171,32 +1194,41 @@ async fn test4(
             .map_or(format!("{per_client} rows"), |sets| format!("{sets} syncs")),
         base_spec.clients
     ));
-    result.notes.push(format!(
-        "empty syncs: {} in {:.3} s of server time = {:.0} syncs/s",
-        warm_up.syncs,
-        warm_up.total_server_seconds,
-        warm_up.syncs_per_second()
-    ));
     let seconds = match context.options.size {
         Size::Quick => PGBENCH_SECONDS_QUICK,
         Size::Standard | Size::Paper => PGBENCH_SECONDS,
     };
-    let reference = pgbench::single_row_update(
-        &context.admin,
-        &context.options.db,
-        base_spec.workers.connections(),
-        seconds,
-        context.work_dir.path(),
-    )
-    .await?;
+    let connections = base_spec.workers.connections();
+    let dir = context.work_dir.path();
+    let (db, admin) = (&context.options.db, &context.admin);
+    let update = pgbench::single_row_update(admin, db, connections, seconds, dir).await?;
+    let statements = pgbench::empty_sync_statements(db, connections, seconds, dir).await?;
+    let rate = |phase: &Phase| phase.syncs_per_second();
+    for (label, phase) in [("warm-up", &empty.warm_up), ("steady", &empty.steady)] {
+        result.notes.push(format!(
+            "empty syncs ({label}): {} in {:.3} s of server time = {:.0} syncs/s; / pgbench single-row UPDATE = {:.3}; / pgbench empty-sync statements = {:.2}",
+            phase.syncs,
+            phase.total_server_seconds,
+            rate(phase),
+            rate(phase) / update.transactions_per_second,
+            rate(phase) / statements.transactions_per_second
+        ));
+    }
     result.notes.push(format!(
-        "pgbench, one single-row UPDATE per transaction, {} connections for {} s: {:.0} tps; empty syncs / pgbench = {:.2}",
-        reference.connections,
-        reference.seconds,
-        reference.transactions_per_second,
-        warm_up.syncs_per_second() / reference.transactions_per_second
+        "pgbench over {connections} connections for {seconds} s each: one single-row UPDATE per transaction {:.0} tps; a transaction of an empty sync's 9 statements one after the other (timing::pgbench::EMPTY_SYNC_SCRIPT) {:.0} tps",
+        update.transactions_per_second, statements.transactions_per_second
     ));
     Ok(result)
+}
+
+/// Sets of empty syncs Test 4 times after the warm-up: each client's first sync also
+/// opens connections and prepares statements, so the steady rate is measured apart.
+fn empty_sync_sets(size: Size) -> usize {
+    match size {
+        Size::Quick => 20,
+        Size::Standard => 5,
+        Size::Paper => 2,
+    }
 }
 
 async fn test5(

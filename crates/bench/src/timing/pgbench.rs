@@ -1,8 +1,11 @@
-//! The reference for empty syncs: `pgbench`'s transactions per second for one
-//! single-row `UPDATE` by primary key, over as many connections as the server has
-//! database workers, measured in the same run. An empty sync is a handful of such
-//! statements in one transaction, so its rate is judged against this one (issue goal:
-//! at least half of it).
+//! The references for empty syncs, measured in the same run over as many connections
+//! as the server has database workers: `pgbench`'s transactions per second for one
+//! single-row `UPDATE` by primary key (issue goal: empty syncs at least half of it),
+//! and for a transaction of an empty sync's own statements one after the other
+//! ([`EMPTY_SYNC_SCRIPT`]). An empty sync is a handful of statements in one
+//! transaction, each a round trip unless pipelined; on a machine where the clients,
+//! the server, PostgreSQL and `pgbench` share the cores, the second reference is what
+//! PostgreSQL alone does for the same work, the fair one for the sync's own cost.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -24,8 +27,27 @@ pub struct PgbenchReference {
     pub transactions_per_second: f64,
 }
 
+/// An empty sync's statements on the bench's scripts, as `pgbench` runs them (each a
+/// round trip, prepared): `BEGIN`, the client's lock, its subscription read,
+/// `begin_synchronization`'s timing row, the delete cursor and the download cursor of
+/// one table (each finding nothing), the subscription recorded,
+/// `end_synchronization`'s timing row, `COMMIT`. Rows of [`PGBENCH_TABLE`] stand in
+/// for the subscription and the timing row, a key no row has (`:none`) for the cursors.
+pub const EMPTY_SYNC_SCRIPT: &str = "\\set id random(1, 100000)
+\\set none :id + 100000
+BEGIN;
+SELECT pg_try_advisory_xact_lock(7262, :id);
+SELECT v FROM bench_pgbench WHERE id = :id;
+UPDATE bench_pgbench SET v = v + 1 WHERE id = :id;
+SELECT id FROM bench_pgbench WHERE id = :none;
+SELECT id, v FROM bench_pgbench WHERE id = :none;
+UPDATE bench_pgbench SET v = v + 1 WHERE id = :id;
+UPDATE bench_pgbench SET v = v + 1 WHERE id = :id;
+COMMIT;
+";
+
 /// Runs `pgbench` for `seconds` with `connections` clients, each transaction one
-/// `UPDATE` of a random row of [`PGBENCH_TABLE`].
+/// `UPDATE` of a random row of [`PGBENCH_TABLE`] (made afresh here).
 pub async fn single_row_update(
     admin: &Client,
     url: &str,
@@ -41,13 +63,40 @@ pub async fn single_row_update(
              ANALYZE {PGBENCH_TABLE};"
         ))
         .await?;
-    let script = work_dir.join("single-row-update.sql");
-    std::fs::write(
+    let script = format!(
+        "\\set id random(1, {PGBENCH_ROWS})\nUPDATE {PGBENCH_TABLE} SET v = v + 1 WHERE id = :id;\n"
+    );
+    run_script(
+        url,
+        connections,
+        seconds,
+        &work_dir.join("single-row-update.sql"),
         &script,
-        format!(
-            "\\set id random(1, {PGBENCH_ROWS})\nUPDATE {PGBENCH_TABLE} SET v = v + 1 WHERE id = :id;\n"
-        ),
-    )?;
+    )
+    .await
+}
+
+/// Runs `pgbench` for `seconds` with `connections` clients, each transaction an empty
+/// sync's statements ([`EMPTY_SYNC_SCRIPT`]); after [`single_row_update`], which makes
+/// the table.
+pub async fn empty_sync_statements(
+    url: &str,
+    connections: usize,
+    seconds: u32,
+    work_dir: &Path,
+) -> Result<PgbenchReference> {
+    let path = work_dir.join("empty-sync-statements.sql");
+    run_script(url, connections, seconds, &path, EMPTY_SYNC_SCRIPT).await
+}
+
+async fn run_script(
+    url: &str,
+    connections: usize,
+    seconds: u32,
+    path: &Path,
+    script: &str,
+) -> Result<PgbenchReference> {
+    std::fs::write(path, script)?;
     let program = pgbench_program();
     let output = tokio::process::Command::new(&program)
         .args(["--no-vacuum", "--protocol=prepared"])
@@ -55,7 +104,7 @@ pub async fn single_row_update(
         .arg(format!("--jobs={connections}"))
         .arg(format!("--time={seconds}"))
         .arg("--file")
-        .arg(&script)
+        .arg(path)
         .arg(url)
         .stdin(Stdio::null())
         .output()
@@ -116,5 +165,13 @@ mod tests {
                        tps = 7812.345678 (without initial connection time)\n";
         assert_eq!(parse_tps(summary).unwrap(), 7812.345678);
         assert!(parse_tps("pgbench: error: connection refused\n").is_err());
+    }
+
+    #[test]
+    fn the_empty_sync_script_draws_keys_of_the_table_and_runs_nine_statements() {
+        assert!(EMPTY_SYNC_SCRIPT.contains(&format!("random(1, {PGBENCH_ROWS})")));
+        assert!(EMPTY_SYNC_SCRIPT.contains(&format!(":none :id + {PGBENCH_ROWS}")));
+        assert!(EMPTY_SYNC_SCRIPT.contains(PGBENCH_TABLE));
+        assert_eq!(EMPTY_SYNC_SCRIPT.matches(";\n").count(), 9);
     }
 }
