@@ -1,5 +1,5 @@
 //! Running statements on PostgreSQL: named parameters bound by position, rows read as
-//! `Value`s, cursors read through a portal in batches.
+//! `Value`s, cursors streamed in batches.
 
 use futures_util::TryStreamExt;
 use rowsync_protocol::{Row, Value};
@@ -12,7 +12,7 @@ use super::value::{Bind, Read};
 use crate::dialect::{CursorScript, CursorSink};
 use crate::parameters::{positional_parameters, Parameters};
 use crate::version_scripts::{ScriptRows, Scripts};
-use crate::{CursorBatch, SyncError, DOWNLOAD_BATCH_ROWS};
+use crate::{CursorBatch, SyncError};
 
 pub(super) fn binds_of(values: &[Value]) -> Vec<Bind<'_>> {
     values.iter().map(Bind).collect()
@@ -88,10 +88,13 @@ pub(super) async fn query_script(
         .map_err(|error| script_failure(event, table, error))
 }
 
-/// Reads a cursor script through a portal, `DOWNLOAD_BATCH_ROWS` rows at a time, into
-/// the sink a [`CursorBatch`] at a time, so a download of any size takes bounded memory:
-/// the portal's rows are streamed (the connection reads no further than the row taken),
-/// so a batch of large rows is handed on as soon as it reaches its bytes.
+/// Reads a cursor script in one round trip (Bind, Execute and Sync sent at once) into
+/// the sink a [`CursorBatch`] at a time (at most `DOWNLOAD_BATCH_ROWS` rows), so a
+/// download of any size takes bounded memory: the rows are streamed, and the connection
+/// reads no further than the row taken (its response channel holds one message block,
+/// then it stops reading the socket and PostgreSQL waits), so a batch of large rows is
+/// handed on as soon as it reaches its bytes. A named portal fetched batch by batch
+/// would cost a round trip for the Bind and one per batch.
 pub(super) async fn read_cursor(
     transaction: &Transaction<'_>,
     statements: &Statements,
@@ -107,12 +110,8 @@ pub(super) async fn read_cursor(
         .await
         .map_err(failure)?;
     let binds = binds_of(&values);
-    let params: Vec<&(dyn ToSql + Sync)> = binds
-        .iter()
-        .map(|bind| bind as &(dyn ToSql + Sync))
-        .collect();
-    let portal = transaction
-        .bind(&statement, &params)
+    let rows = transaction
+        .query_raw(&statement, binds.iter())
         .await
         .map_err(failure)?;
     let columns: Vec<String> = statement
@@ -120,30 +119,20 @@ pub(super) async fn read_cursor(
         .iter()
         .map(|column| column.name().to_string())
         .collect();
+    futures_util::pin_mut!(rows);
     let mut batch = CursorBatch::default();
-    loop {
-        let rows = transaction
-            .query_portal_raw(&portal, DOWNLOAD_BATCH_ROWS as i32)
-            .await
+    while let Some(row) = rows.try_next().await.map_err(failure)? {
+        let values = (0..row.len())
+            .map(|index| row.try_get::<_, Read>(index).map(|read| read.0))
+            .collect::<Result<Row, _>>()
             .map_err(failure)?;
-        futures_util::pin_mut!(rows);
-        let mut fetched = 0;
-        while let Some(row) = rows.try_next().await.map_err(failure)? {
-            fetched += 1;
-            let values = (0..row.len())
-                .map(|index| row.try_get::<_, Read>(index).map(|read| read.0))
-                .collect::<Result<Row, _>>()
-                .map_err(failure)?;
-            drop(row);
-            if batch.push(values) {
-                sink.take(&columns, batch.take()).await?;
-            }
-        }
-        if fetched < DOWNLOAD_BATCH_ROWS {
-            if !batch.is_empty() {
-                sink.take(&columns, batch.take()).await?;
-            }
-            return Ok(());
+        drop(row);
+        if batch.push(values) {
+            sink.take(&columns, batch.take()).await?;
         }
     }
+    if !batch.is_empty() {
+        sink.take(&columns, batch.take()).await?;
+    }
+    Ok(())
 }

@@ -126,6 +126,7 @@ macro_rules! conformance_suite {
             a_cancelled_statement_stops_with_an_error,
             the_sync_history_keeps_its_newest_rows_in_order,
             a_large_upload_over_apply_streams_lands_as_on_one_stream,
+            downloads_of_several_batches_arrive_whole,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {
@@ -634,6 +635,47 @@ pub async fn init_table_refuses_unusable_tables_clearly_and_registers_nothing<F:
         matches!(&error, SyncError::UnknownScriptVersion(version) if version == "v1"),
         "a refused init creates no script version: {error:?}"
     );
+}
+
+/// Both cursors hand their rows on in batches of at most `DOWNLOAD_BATCH_ROWS`: a
+/// partition of two batches and more comes down whole, its deletion likewise, and a
+/// sync after them (nothing uploaded, nothing changed) downloads nothing.
+pub async fn downloads_of_several_batches_arrive_whole<F: Factory>() {
+    let rows = 2 * rowsync_consolidated::DOWNLOAD_BATCH_ROWS as i64 + 5;
+    let mut f = Fixture::<F>::with_orders_table().await;
+    let alice: Vec<Row> = (1..=rows)
+        .map(|id| order(id, "alice", "pen", id, None))
+        .collect();
+    for chunk in alice.chunks(1_000) {
+        f.insert_orders(chunk).await;
+    }
+    f.insert_orders(&[order(rows + 1, "bob", "pad", 1, None)])
+        .await;
+    f.init_orders().await;
+    let sorted = |mut rows: Vec<Row>| {
+        rows.sort_by_key(|row| match row[0] {
+            Value::Int(id) => id,
+            _ => panic!("id {:?}", row[0]),
+        });
+        rows
+    };
+
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    assert_eq!(sorted(order_upserts(&first)), alice);
+    f.sql
+        .execute("DELETE FROM orders WHERE rep = 'alice' AND id > 2")
+        .await;
+    let second = f
+        .sync_ok(request("alice-1", "alice", first.watermark, 2, vec![]))
+        .await;
+    assert_eq!(order_upserts(&second), Vec::<Row>::new());
+    let deleted: Vec<Row> = (3..=rows).map(|id| vec![Value::Int(id)]).collect();
+    assert_eq!(sorted(order_deletes(&second)), deleted);
+    let third = f
+        .sync_ok(request("alice-1", "alice", second.watermark, 3, vec![]))
+        .await;
+    assert_eq!(third.download_row_count(), 0);
+    assert!(third.watermark >= second.watermark);
 }
 
 pub async fn first_sync_downloads_exactly_the_users_partition<F: Factory>() {
