@@ -193,6 +193,7 @@ impl SyncBackend for PostgresConnection {
             tables: HashMap::new(),
             subscription: None,
             flushes_counts: self.flushes_counts,
+            lock_horizon: None,
         })
     }
 

@@ -38,11 +38,13 @@ const WATERMARK_QUERY: &str = concat!("SELECT ", snapshot_horizon!());
 /// announcement of a watermark at or below the one this sync will take: a shared
 /// advisory lock on (`ANNOUNCED_WATERMARK_LOCK`, the horizon's low 32 bits), visible in
 /// `pg_locks` at once, which cleanup reads and nobody ever takes exclusively, so no sync
-/// waits for cleanup (see `schema::cleanup`).
+/// waits for cleanup (see `schema::cleanup`). The horizon itself is a valid watermark
+/// for every cursor that runs after it (see `Dialect::watermark` below).
 const LOCK_CLIENT_QUERY: &str = concat!(
     "SELECT pg_try_advisory_xact_lock(7262, hashtext($1)), \
      pg_advisory_xact_lock_shared(7264, ((h.horizon & 4294967295) \
-       - CASE WHEN (h.horizon & 4294967295) >= 2147483648 THEN 4294967296 ELSE 0 END)::int4) \
+       - CASE WHEN (h.horizon & 4294967295) >= 2147483648 THEN 4294967296 ELSE 0 END)::int4), \
+     h.horizon \
      FROM (SELECT ",
     snapshot_horizon!(),
     " AS horizon) AS h"
@@ -113,6 +115,9 @@ pub struct PgTransaction<'c> {
     pub(super) subscription: Option<(String, Option<Subscription>)>,
     /// The server has `pg_stat_force_next_flush` (PostgreSQL 15 and later).
     pub(super) flushes_counts: bool,
+    /// The snapshot horizon read with the client's lock, while no upload statement has
+    /// run since: the watermark, without a round trip of its own (see `watermark`).
+    pub(super) lock_horizon: Option<i64>,
 }
 
 fn subscription_of(row: &tokio_postgres::Row) -> Subscription {
@@ -151,12 +156,13 @@ impl Dialect for PgTransaction<'_> {
             .prepare(&self.transaction, SUBSCRIPTION_QUERY)
             .await?;
         // `try_join` polls the lock first, so its statement is sent first.
-        let (locked, subscription) = futures_util::future::try_join(
+        let (lock_row, subscription) = futures_util::future::try_join(
             self.transaction.query_one(&lock, &[&client_id]),
             self.transaction.query_opt(&read, &[&client_id]),
         )
         .await?;
-        let locked: bool = locked.get(0);
+        let locked: bool = lock_row.get(0);
+        self.lock_horizon = locked.then(|| lock_row.get(2));
         if locked {
             let subscription = subscription.map(|row| subscription_of(&row));
             self.subscription = Some((client_id.to_string(), subscription));
@@ -288,6 +294,7 @@ impl Dialect for PgTransaction<'_> {
         table: &TableApply<'_>,
         staged: StagedRows<'_, '_>,
     ) -> Result<Vec<Row>, SyncError> {
+        self.lock_horizon = None;
         let types = self.types.get(table.table()).map_or(&[][..], Vec::as_slice);
         let target = StageTarget {
             transaction: &self.transaction,
@@ -302,6 +309,7 @@ impl Dialect for PgTransaction<'_> {
         statement: &RowStatement<'_>,
         rows: &[UploadedRow],
     ) -> Result<Result<Vec<u64>, RowFailure>, SyncError> {
+        self.lock_horizon = None;
         run_row_statements(&self.transaction, self.statements, statement, rows).await
     }
 
@@ -401,7 +409,20 @@ impl Dialect for PgTransaction<'_> {
         .await
     }
 
+    /// The horizon read with the client's lock when no upload statement has run since
+    /// (an empty upload: only connection events ran between the two), else read now.
+    /// The earlier horizon is as valid a watermark: every transaction below it had
+    /// finished when the lock was taken, so it is visible to the cursors, which run
+    /// later, and every transaction that may still commit was running then (its id is
+    /// at or above the horizon) or began later (its id is at or above the snapshot's
+    /// `xmax`, which is at or above the horizon). It is at most lower, so that a row
+    /// committed in between comes down once more in the next sync: read so, the
+    /// watermark costs no round trip, and after an upload a fresh one keeps the
+    /// duplicates of a long apply out.
     async fn watermark(&mut self) -> Result<i64, SyncError> {
+        if let Some(horizon) = self.lock_horizon {
+            return Ok(horizon);
+        }
         Ok(self.query_one(WATERMARK_QUERY, &[]).await?.get(0))
     }
 
@@ -437,6 +458,8 @@ impl Dialect for PgTransaction<'_> {
     }
 
     async fn limit_lock_waits(&mut self) -> Result<(), SyncError> {
+        // Apply streams: an upload follows.
+        self.lock_horizon = None;
         let ms = self.lock_timeout_ms;
         let sql = format!("SET LOCAL lock_timeout = '{ms}ms'");
         Ok(self.transaction.batch_execute(&sql).await?)
