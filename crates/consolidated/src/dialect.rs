@@ -228,6 +228,22 @@ pub trait Dialect {
         update: &SubscriptionUpdate<'_>,
     ) -> Result<(), SyncError>;
 
+    /// Records the subscription ([`Dialect::record_subscription`]), then runs the
+    /// connection event `event`'s script if the version has one, as the two calls one
+    /// after the other would. A backend that can send both statements at once (in order,
+    /// the second started only after the first) does, in one round trip.
+    async fn record_subscription_then_event(
+        &mut self,
+        update: &SubscriptionUpdate<'_>,
+        scripts: &Scripts,
+        event: &str,
+        parameters: &Parameters<'_>,
+    ) -> Result<(), SyncError> {
+        self.record_subscription(update).await?;
+        self.run_event(scripts, event, parameters).await?;
+        Ok(())
+    }
+
     /// Runs a connection event's script if the version has one; returns what it selected.
     async fn run_event(
         &mut self,

@@ -222,18 +222,16 @@ async fn run_events<D: Dialect, B: SyncBackend>(
     transaction
         .run_event(scripts, END_DOWNLOAD, &parameters)
         .await?;
+    let update = SubscriptionUpdate {
+        client_id: &request.client_id,
+        user: &request.user,
+        script_version: &request.script_version,
+        upload_sequence: parameters.upload_sequence,
+        download_watermark: watermark,
+        download_acknowledged: request.last_download_watermark,
+    };
     transaction
-        .record_subscription(&SubscriptionUpdate {
-            client_id: &request.client_id,
-            user: &request.user,
-            script_version: &request.script_version,
-            upload_sequence: parameters.upload_sequence,
-            download_watermark: watermark,
-            download_acknowledged: request.last_download_watermark,
-        })
-        .await?;
-    transaction
-        .run_event(scripts, END_SYNCHRONIZATION, &parameters)
+        .record_subscription_then_event(&update, scripts, END_SYNCHRONIZATION, &parameters)
         .await?;
     // The server must hold the whole download before the upload is committed.
     download.finish().await?;

@@ -129,6 +129,20 @@ fn subscription_of(row: &tokio_postgres::Row) -> Subscription {
     }
 }
 
+/// The parameters of `SUBSCRIPTION_UPSERT`.
+fn subscription_values<'u>(
+    update: &'u SubscriptionUpdate<'_>,
+) -> [&'u (dyn tokio_postgres::types::ToSql + Sync); 6] {
+    [
+        &update.client_id,
+        &update.user,
+        &update.script_version,
+        &update.upload_sequence,
+        &update.download_watermark,
+        &update.download_acknowledged,
+    ]
+}
+
 impl PgTransaction<'_> {
     /// Runs a statement (prepared once per connection) that returns exactly one row.
     async fn query_one(
@@ -208,18 +222,38 @@ impl Dialect for PgTransaction<'_> {
             .prepare(&self.transaction, SUBSCRIPTION_UPSERT)
             .await?;
         self.transaction
-            .execute(
-                &statement,
-                &[
-                    &update.client_id,
-                    &update.user,
-                    &update.script_version,
-                    &update.upload_sequence,
-                    &update.download_watermark,
-                    &update.download_acknowledged,
-                ],
-            )
+            .execute(&statement, &subscription_values(update))
             .await?;
+        Ok(())
+    }
+
+    /// Both statements in one round trip: `try_join` polls the upsert first, so it is
+    /// sent first, and PostgreSQL runs the event's script after it, as if sent after it.
+    async fn record_subscription_then_event(
+        &mut self,
+        update: &SubscriptionUpdate<'_>,
+        scripts: &Scripts,
+        event: &str,
+        parameters: &Parameters<'_>,
+    ) -> Result<(), SyncError> {
+        let upsert = self
+            .statements
+            .prepare(&self.transaction, SUBSCRIPTION_UPSERT)
+            .await?;
+        let record = async {
+            self.transaction
+                .execute(&upsert, &subscription_values(update))
+                .await
+                .map_err(SyncError::from)
+        };
+        let script = run_event(
+            &self.transaction,
+            self.statements,
+            scripts,
+            event,
+            parameters,
+        );
+        futures_util::future::try_join(record, script).await?;
         Ok(())
     }
 
