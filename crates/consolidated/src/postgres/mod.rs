@@ -194,6 +194,7 @@ impl SyncBackend for PostgresConnection {
             subscription: None,
             flushes_counts: self.flushes_counts,
             lock_horizon: None,
+            writes_before_late_scripts: None,
         })
     }
 
