@@ -170,7 +170,7 @@ mod tests {
     #[test]
     fn the_empty_sync_script_draws_keys_of_the_table_and_runs_nine_statements() {
         assert!(EMPTY_SYNC_SCRIPT.contains(&format!("random(1, {PGBENCH_ROWS})")));
-        assert!(EMPTY_SYNC_SCRIPT.contains(&format!(":none :id + {PGBENCH_ROWS}")));
+        assert!(EMPTY_SYNC_SCRIPT.contains(&format!("set none :id + {PGBENCH_ROWS}")));
         assert!(EMPTY_SYNC_SCRIPT.contains(PGBENCH_TABLE));
         assert_eq!(EMPTY_SYNC_SCRIPT.matches(";\n").count(), 9);
     }
