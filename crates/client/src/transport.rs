@@ -29,6 +29,9 @@ use tokio::net::TcpStream;
 use crate::session::{ClientSession, Received, SessionEvent};
 use crate::ClientError;
 
+/// A compressed resumable upload is flushed after this many bytes of its stream, so a
+/// cut loses at most about this much of it besides the bytes in flight (protocol v3).
+pub const RESUMABLE_FLUSH_BYTES: usize = 32 * 1024;
 /// Bytes read from the socket at a time.
 pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Default port of `tcp://` and `tls://` addresses.
@@ -565,13 +568,31 @@ fn upload_stream(request: &Exchange<'_>) -> Result<Vec<Vec<u8>>, ClientError> {
             skip -= skipped as u64;
             (skipped < frame.len()).then(|| &frame[skipped..])
         });
+    // A resumable upload is flushed every `RESUMABLE_FLUSH_BYTES` of its stream, so
+    // what crosses the link before a cut inflates on the server (a compressed block
+    // only inflates whole) and is held: a cut costs at most that much more.
+    let flush_every = match (resumable, request.transport.compression) {
+        (true, Compression::Zlib | Compression::Zstd) => RESUMABLE_FLUSH_BYTES,
+        _ => usize::MAX,
+    };
+    let mut since_flush = 0usize;
     for frame in head.iter().map(Vec::as_slice).chain(stream) {
-        let piece = outbound
-            .compressor()
-            .compress(frame)
-            .map_err(compress_error)?;
-        if !piece.is_empty() {
-            pieces.push(piece);
+        let mut rest = frame;
+        while !rest.is_empty() {
+            let (part, after) = rest.split_at(rest.len().min(flush_every - since_flush));
+            rest = after;
+            let mut piece = outbound
+                .compressor()
+                .compress(part)
+                .map_err(compress_error)?;
+            since_flush += part.len();
+            if since_flush == flush_every {
+                piece.extend(outbound.compressor().flush().map_err(compress_error)?);
+                since_flush = 0;
+            }
+            if !piece.is_empty() {
+                pieces.push(piece);
+            }
         }
     }
     let tail = outbound.finish().map_err(compress_error)?;

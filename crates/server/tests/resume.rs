@@ -149,6 +149,18 @@ async fn cuts_across_the_upload(compression: Compression) {
                 report.wire.sent
             );
         }
+        eprintln!(
+            "{compression}: cut at {cut_at} of {full}: {resumed} bytes resumed, the retry sent {}",
+            report.wire.sent
+        );
+        if k >= 5 {
+            // A compressed upload is flushed every 32 KiB of its stream: past the first
+            // few blocks, a cut always leaves something held.
+            assert!(
+                resumed > 0,
+                "{compression}: a cut at {cut_at} of {full} resumed nothing"
+            );
+        }
     }
     assert!(resumed_total > 0, "{compression}: nothing was ever resumed");
     assert_landed_once(&server, &client, cuts as usize + 1);
