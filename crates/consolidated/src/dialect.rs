@@ -109,6 +109,9 @@ pub struct SubscriptionUpdate<'a> {
     pub download_watermark: i64,
     /// The watermark the client came with: stored as the greater of this and what is stored.
     pub download_acknowledged: i64,
+    /// Scripts run after the download cursors (`end_download`, `end_synchronization`):
+    /// see [`Dialect::late_scripts_begin`].
+    pub late_scripts: bool,
 }
 
 /// What every upload statement of one table runs with.
@@ -227,6 +230,20 @@ pub trait Dialect {
         &mut self,
         update: &SubscriptionUpdate<'_>,
     ) -> Result<(), SyncError>;
+
+    /// The scripts that run after the download cursors (`end_download`,
+    /// `end_synchronization`) are about to run, after [`Dialect::record_subscription`].
+    /// What they write misses this sync's download, so the client's next sync must not
+    /// skip it as this sync's own (`:last_sync_xid`): a backend marks such writes apart
+    /// here, or checks for them in [`Dialect::late_scripts_end`].
+    async fn late_scripts_begin(&mut self) -> Result<(), SyncError> {
+        Ok(())
+    }
+
+    /// The scripts after the download cursors ran (see [`Dialect::late_scripts_begin`]).
+    async fn late_scripts_end(&mut self, _client_id: &str) -> Result<(), SyncError> {
+        Ok(())
+    }
 
     /// Runs a connection event's script if the version has one; returns what it selected.
     async fn run_event(

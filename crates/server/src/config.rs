@@ -12,9 +12,13 @@ pub const CLIENT_IDS_PER_USER_MAX_DEFAULT: u64 = 10_000;
 pub struct ServerConfig {
     /// Syncs in progress at once; more connections get *busy* at once.
     pub connections_max: usize,
-    /// Connections holding a slot without having sent their hello: one more answers the
-    /// oldest of them busy, so silent connections hold at most this many slots.
+    /// Connections holding a slot without having sent their hello: beyond it, the oldest
+    /// of them past `hello_pending_grace` is answered busy, so silent connections hold at
+    /// most this many slots for longer than the grace.
     pub hello_pending_connections_max: usize,
+    /// How long a connection may wait for its hello before it can be told to make room
+    /// for newer ones (`hello_pending_connections_max`).
+    pub hello_pending_grace: Duration,
     /// Database workers, each with one pooled connection (a fixed count).
     pub workers: usize,
     /// Instead of a fixed count, let the controller choose within (min, max).
@@ -99,6 +103,7 @@ impl Default for ServerConfig {
         ServerConfig {
             connections_max: 1024,
             hello_pending_connections_max: 256,
+            hello_pending_grace: Duration::from_secs(2),
             workers: 4,
             workers_range: None,
             worker_adjust_interval: Duration::from_secs(1),

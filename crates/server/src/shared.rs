@@ -63,6 +63,7 @@ impl<B: Consolidated> Shared<B> {
             ),
             pending_hellos: PendingHellos::new(
                 config.hello_pending_connections_max,
+                config.hello_pending_grace,
                 Arc::clone(&metrics),
             ),
             version_tables: VersionTablesCache::default(),

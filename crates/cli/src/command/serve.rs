@@ -53,10 +53,15 @@ pub struct ServeArgs {
     /// Syncs in progress at once; more clients are told busy with a retry hint.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
-    /// Connections holding a slot that have not sent their hello yet: one more answers
-    /// the oldest of them busy, so silent connections hold at most this many slots.
+    /// Connections holding a slot that have not sent their hello yet: beyond it, the
+    /// oldest of them past --hello-pending-grace-ms is answered busy, so silent
+    /// connections hold at most this many slots for longer than the grace.
     #[arg(long, default_value_t = ServerConfig::default().hello_pending_connections_max)]
     hello_pending_connections_max: usize,
+    /// Milliseconds a connection may wait for its hello before it can be told to make
+    /// room for newer ones (--hello-pending-connections-max).
+    #[arg(long, default_value_t = ServerConfig::default().hello_pending_grace.as_millis() as u64)]
+    hello_pending_grace_ms: u64,
     /// Refused logins from one address, within --login-failure-window-seconds, after
     /// which its logins are refused unchecked until the window ends.
     #[arg(long, default_value_t = ServerConfig::default().login_failures_per_address_max)]
@@ -352,6 +357,7 @@ impl ServeArgs {
         ServerConfig {
             connections_max: self.max_connections,
             hello_pending_connections_max: self.hello_pending_connections_max,
+            hello_pending_grace: Duration::from_millis(self.hello_pending_grace_ms),
             login_failures_per_address_max: self.login_failures_per_address_max,
             login_failures_per_user_max: self.login_failures_per_user_max,
             client_ids_per_user_max: (self.client_ids_per_user_max > 0)

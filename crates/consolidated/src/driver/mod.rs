@@ -219,22 +219,7 @@ async fn run_events<D: Dialect, B: SyncBackend>(
         download,
     )
     .await?;
-    transaction
-        .run_event(scripts, END_DOWNLOAD, &parameters)
-        .await?;
-    transaction
-        .record_subscription(&SubscriptionUpdate {
-            client_id: &request.client_id,
-            user: &request.user,
-            script_version: &request.script_version,
-            upload_sequence: parameters.upload_sequence,
-            download_watermark: watermark,
-            download_acknowledged: request.last_download_watermark,
-        })
-        .await?;
-    transaction
-        .run_event(scripts, END_SYNCHRONIZATION, &parameters)
-        .await?;
+    end_events(transaction, scripts, &parameters, request, watermark).await?;
     // The server must hold the whole download before the upload is committed.
     download.finish().await?;
     Ok(SyncOutcome {
@@ -247,6 +232,46 @@ async fn run_events<D: Dialect, B: SyncBackend>(
             upload_already_applied,
         },
     })
+}
+
+/// Records the subscription, then runs the scripts after the cursors (`end_download`,
+/// `end_synchronization`). It is recorded first so that a backend can tell what those
+/// scripts write apart from what the client now has: the client's next sync must bring
+/// it, not skip it as this sync's own (`:last_sync_xid`).
+async fn end_events<D: Dialect>(
+    transaction: &mut D,
+    scripts: &Scripts,
+    parameters: &Parameters<'_>,
+    request: &SyncRequest,
+    watermark: i64,
+) -> Result<(), SyncError> {
+    let late_scripts = [END_DOWNLOAD, END_SYNCHRONIZATION]
+        .iter()
+        .any(|event| scripts.connection_event(event).is_some());
+    transaction
+        .record_subscription(&SubscriptionUpdate {
+            client_id: &request.client_id,
+            user: &request.user,
+            script_version: &request.script_version,
+            upload_sequence: parameters.upload_sequence,
+            download_watermark: watermark,
+            download_acknowledged: request.last_download_watermark,
+            late_scripts,
+        })
+        .await?;
+    if late_scripts {
+        transaction.late_scripts_begin().await?;
+    }
+    transaction
+        .run_event(scripts, END_DOWNLOAD, parameters)
+        .await?;
+    transaction
+        .run_event(scripts, END_SYNCHRONIZATION, parameters)
+        .await?;
+    if late_scripts {
+        transaction.late_scripts_end(&request.client_id).await?;
+    }
+    Ok(())
 }
 
 /// The upload sequence this client already had applied: a client id belongs to the

@@ -182,6 +182,16 @@ impl Dialect for MysqlTransaction<'_> {
         Ok(())
     }
 
+    async fn late_scripts_begin(&mut self) -> Result<(), SyncError> {
+        // Their rows carry origin 0, as other writers' do: the client's next sync, which
+        // skips this sync's origin, brings them.
+        self.transaction
+            .query_drop("SET @rs_sync = 0")
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
     async fn run_event(
         &mut self,
         scripts: &Scripts,

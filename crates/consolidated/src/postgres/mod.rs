@@ -194,6 +194,7 @@ impl SyncBackend for PostgresConnection {
             tables: HashMap::new(),
             subscription: None,
             flushes_counts: self.flushes_counts,
+            writes_before_late_scripts: None,
         })
     }
 

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use rowsync_protocol::{Row, Value};
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Transaction;
 
 use super::error::script_failure;
@@ -76,14 +77,37 @@ const ECHO_XIDS_QUERY: &str = echo_xids_query!("");
 const ECHO_XIDS_FLUSHING_QUERY: &str =
     echo_xids_query!(", (SELECT pg_stat_force_next_flush()) AS flush");
 
+/// What this transaction has written so far to the tracked tables (each partition of a
+/// partitioned one), by PostgreSQL's own counts; -1 with `track_counts` off, where the
+/// counts stay 0 and prove nothing.
+macro_rules! tracked_writes {
+    () => {
+        "(SELECT CASE WHEN current_setting('track_counts')::bool THEN COALESCE(sum( \
+             pg_stat_get_xact_tuples_inserted(p.relid) + pg_stat_get_xact_tuples_updated(p.relid) \
+             + pg_stat_get_xact_tuples_deleted(p.relid)), 0)::int8 ELSE -1 END \
+         FROM rs_table AS r, LATERAL (SELECT to_regclass(quote_ident(r.table_name)) AS relid \
+             UNION SELECT relid FROM pg_partition_tree(to_regclass(quote_ident(r.table_name)))) AS p)"
+    };
+}
+
+/// `Dialect::late_scripts_end`: the scripts after the cursors wrote to a tracked table
+/// (or the counts cannot tell), so the client's next sync skips nothing of this one.
+const LATE_WRITES_UPDATE: &str = concat!(
+    "UPDATE rs_subscription SET last_sync_xid = 0 WHERE client_id = $1 AND (",
+    tracked_writes!(),
+    " IS DISTINCT FROM $2 OR $2 < 0)"
+);
+
 const PARTITION_COLUMN_QUERY: &str = "SELECT partition_column FROM rs_table WHERE table_name = $1";
 
 const SUBSCRIPTION_QUERY: &str =
     "SELECT user_name, upload_sequence, download_watermark, last_sync_xid \
      FROM rs_subscription WHERE client_id = $1";
 
-const SUBSCRIPTION_UPSERT: &str =
-    "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark,
+macro_rules! subscription_upsert {
+    ($returning:expr) => {
+        concat!(
+            "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark,
          download_acknowledged, last_sync_xid, last_sync_at)
      VALUES ($1, $2, $3, $4, $5, $6, (pg_current_xact_id()::text)::bigint, now())
      ON CONFLICT (client_id) DO UPDATE SET
@@ -92,7 +116,17 @@ const SUBSCRIPTION_UPSERT: &str =
          download_watermark = excluded.download_watermark,
          download_acknowledged = greatest(rs_subscription.download_acknowledged, excluded.download_acknowledged),
          last_sync_xid = excluded.last_sync_xid,
-         last_sync_at = excluded.last_sync_at";
+         last_sync_at = excluded.last_sync_at",
+            $returning
+        )
+    };
+}
+
+const SUBSCRIPTION_UPSERT: &str = subscription_upsert!("");
+/// The upsert before scripts that run after the cursors: it returns what the
+/// transaction has written to tracked tables so far (`tracked_writes!`).
+const SUBSCRIPTION_UPSERT_COUNTING: &str =
+    subscription_upsert!(concat!(" RETURNING ", tracked_writes!()));
 
 /// A sync's transaction with the connection's prepared statements, and the SQL types of
 /// the tables it has looked at (array staging binds each column by its type).
@@ -113,6 +147,9 @@ pub struct PgTransaction<'c> {
     pub(super) subscription: Option<(String, Option<Subscription>)>,
     /// The server has `pg_stat_force_next_flush` (PostgreSQL 15 and later).
     pub(super) flushes_counts: bool,
+    /// What the transaction had written to tracked tables before the scripts after the
+    /// cursors ran (`SUBSCRIPTION_UPSERT_COUNTING`).
+    pub(super) writes_before_late_scripts: Option<i64>,
 }
 
 fn subscription_of(row: &tokio_postgres::Row) -> Subscription {
@@ -197,22 +234,39 @@ impl Dialect for PgTransaction<'_> {
         &mut self,
         update: &SubscriptionUpdate<'_>,
     ) -> Result<(), SyncError> {
+        let sql = if update.late_scripts {
+            SUBSCRIPTION_UPSERT_COUNTING
+        } else {
+            SUBSCRIPTION_UPSERT
+        };
+        let statement = self.statements.prepare(&self.transaction, sql).await?;
+        let parameters: [&(dyn ToSql + Sync); 6] = [
+            &update.client_id,
+            &update.user,
+            &update.script_version,
+            &update.upload_sequence,
+            &update.download_watermark,
+            &update.download_acknowledged,
+        ];
+        if update.late_scripts {
+            let row = self.transaction.query_one(&statement, &parameters).await?;
+            self.writes_before_late_scripts = Some(row.get(0));
+        } else {
+            self.transaction.execute(&statement, &parameters).await?;
+        }
+        Ok(())
+    }
+
+    async fn late_scripts_end(&mut self, client_id: &str) -> Result<(), SyncError> {
+        let Some(before) = self.writes_before_late_scripts.take() else {
+            return Ok(());
+        };
         let statement = self
             .statements
-            .prepare(&self.transaction, SUBSCRIPTION_UPSERT)
+            .prepare(&self.transaction, LATE_WRITES_UPDATE)
             .await?;
         self.transaction
-            .execute(
-                &statement,
-                &[
-                    &update.client_id,
-                    &update.user,
-                    &update.script_version,
-                    &update.upload_sequence,
-                    &update.download_watermark,
-                    &update.download_acknowledged,
-                ],
-            )
+            .execute(&statement, &[&client_id, &before])
             .await?;
         Ok(())
     }

@@ -119,6 +119,7 @@ macro_rules! conformance_suite {
             a_row_script_hitting_an_existing_key_fails_by_row_and_can_be_skipped,
             a_table_changed_between_syncs_on_one_connection_is_read_as_it_now_is,
             rows_a_sync_writes_besides_its_upload_come_down_in_that_sync,
+            rows_written_after_the_download_come_down_in_the_next_sync,
             an_added_column_goes_into_a_new_version_and_old_clients_keep_syncing,
             a_dropped_column_leaves_every_version_and_old_uploads_of_it_are_ignored,
             a_new_table_goes_into_a_new_version_holding_every_table,

@@ -822,6 +822,102 @@ pub async fn rows_a_sync_writes_besides_its_upload_come_down_in_that_sync<F: Fac
     );
 }
 
+/// Rows written after the download cursors ran (by `end_download` and
+/// `end_synchronization`) in the client's own partition miss that sync's download; the
+/// next sync brings them, although it may skip what the previous sync's upload wrote
+/// (`:last_sync_xid`). A sync with such scripts that writes nothing of the client's
+/// keeps the skip: its upload is not echoed back.
+pub async fn rows_written_after_the_download_come_down_in_the_next_sync<F: Factory>() {
+    let one = order(1, "alice", "pen", 1, None);
+    let three = order(3, "alice", "pad", 3, None);
+    let mut f = Fixture::<F>::with_orders(&[one.clone(), three.clone()]).await;
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    assert_eq!(order_upserts(&first), vec![one, three.clone()]);
+    f.set_script("v1", "", "end_download", "SELECT 1").await;
+    f.set_script("v1", "", "end_synchronization", "SELECT 1")
+        .await;
+    let four = order(4, "alice", "new", 4, None);
+    let second = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![orders_upload(vec![four.clone()], vec![], vec![])],
+        ))
+        .await;
+    assert_eq!(order_upserts(&second), Vec::<Row>::new());
+    let third = f
+        .sync_ok(request("alice-1", "alice", second.watermark, 3, vec![]))
+        .await;
+    assert_eq!(
+        order_upserts(&third),
+        Vec::<Row>::new(),
+        "scripts that write none of the client's rows keep the upload from echoing back"
+    );
+
+    f.set_script(
+        "v1",
+        "",
+        "end_download",
+        "INSERT INTO orders (id, rep, item, quantity, amount) VALUES (103, :user, 'late', 1, NULL)",
+    )
+    .await;
+    f.set_script(
+        "v1",
+        "",
+        "end_synchronization",
+        "DELETE FROM orders WHERE id = 3 AND rep = :user",
+    )
+    .await;
+    let five = order(5, "alice", "cap", 5, None);
+    let fourth = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            third.watermark,
+            4,
+            vec![orders_upload(vec![five.clone()], vec![], vec![])],
+        ))
+        .await;
+    let late = order(103, "alice", "late", 1, None);
+    assert!(
+        !order_upserts(&fourth).contains(&late),
+        "{:?}",
+        fourth.downloads
+    );
+    assert!(order_deletes(&fourth).is_empty(), "{:?}", fourth.downloads);
+    assert_eq!(
+        f.orders().await,
+        vec![
+            order(1, "alice", "pen", 1, None),
+            four,
+            five.clone(),
+            late.clone()
+        ]
+    );
+    for event in ["end_download", "end_synchronization"] {
+        f.set_script("v1", "", event, "SELECT 1").await;
+    }
+    let fifth = f
+        .sync_ok(request("alice-1", "alice", fourth.watermark, 5, vec![]))
+        .await;
+    let upserts = order_upserts(&fifth);
+    assert!(
+        upserts.contains(&late),
+        "the row end_download wrote comes down in the next sync: {upserts:?}"
+    );
+    assert!(
+        upserts.iter().all(|row| *row == late || *row == five),
+        "nothing else but (at most) the echo of the upload: {upserts:?}"
+    );
+    assert_eq!(
+        order_deletes(&fifth),
+        vec![key(&[3])],
+        "the row end_synchronization deleted comes down as a delete"
+    );
+}
+
 /// PostgreSQL (issue 17): `:echo_xid` names exactly the rows (and tombstones) the sync's
 /// own upload wrote when that is all its transaction wrote to the table, and nothing
 /// when anything else wrote to it. Cursors that select the rows it names, their keys
