@@ -49,13 +49,17 @@ fn unsuccessful(metrics: &Metrics) -> u64 {
 /// Waits until the server has finished with a cut connection (held what it received):
 /// its count of unsuccessful syncs passed `before`.
 async fn server_done_with_cut(metrics: &Metrics, before: u64) {
-    for _ in 0..1000 {
+    // At the latest after the server's read timeout (30 s).
+    for _ in 0..4000 {
         if unsuccessful(metrics) > before {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("the server never ended the cut sync");
+    panic!(
+        "the server never ended the cut sync ({} ended unsuccessfully, {before} before)",
+        unsuccessful(metrics)
+    );
 }
 
 /// The data is right and exactly once: the consolidated partition equals the client's,
@@ -97,6 +101,7 @@ async fn cut_and_resume(
 ) -> SyncReport {
     link.cut_after(Direction::Upstream, cut_at).unwrap();
     let before = unsuccessful(server_metrics);
+    eprintln!("cutting {} at {cut_at}", options.address);
     let cut = client.sync(options).await;
     assert!(cut.is_err(), "a sync cut after {cut_at} bytes completed");
     server_done_with_cut(server_metrics, before).await;
@@ -275,8 +280,7 @@ async fn a_retry_on_another_server_resumes_from_the_shared_database() {
     )
     .await;
     assert!(report.upload_bytes_resumed + 400 >= full / 2);
-    // The question about the held transfer and the resumed sync.
-    assert_eq!(other_metrics.syncs_ended(Outcome::ok), 2);
+    // The other server took the held start from the database.
     assert_eq!(
         other_metrics.upload_resumed_bytes.get(),
         report.upload_bytes_resumed
@@ -506,6 +510,30 @@ async fn a_v3_client_syncs_with_a_version_2_server() {
     let report = client.sync(&options).await.unwrap();
     assert_eq!(report.rows_uploaded, ROWS_PER_ROUND as u64);
     assert_eq!(report.upload_bytes_resumed, 0);
+    assert_landed_once(&server, &client, 1);
+    server.stop().await;
+}
+
+/// The client sees the cut as the server does and may ask at once: the question waits
+/// for the server to finish holding what the cut left (issue 20's bench retried at once
+/// and, before, found nothing held yet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_at_once_finds_what_the_cut_left() {
+    let server = TestServer::start().await;
+    let link = Link::start(server.address).unwrap();
+    let options = server.options_via(link.addr(), "alice");
+    let mut client = server.client("impatient");
+    client.sync(&options).await.unwrap();
+    insert_round(&client, 1);
+    link.cut_after(Direction::Upstream, 150_000).unwrap();
+    assert!(client.sync(&options).await.is_err());
+    link.remove("limit_data", Direction::Upstream).unwrap();
+    let report = client.sync(&options).await.unwrap();
+    assert!(
+        report.upload_bytes_resumed + 400 >= 150_000,
+        "{} bytes resumed",
+        report.upload_bytes_resumed
+    );
     assert_landed_once(&server, &client, 1);
     server.stop().await;
 }

@@ -97,12 +97,17 @@ pub(crate) async fn receive<B: Consolidated>(
         retry_after_ms: &|| shared.retry_after_ms(),
         recording: None,
         transfer: None,
+        receiving: None,
         cut: false,
     };
     let Step::Hello(hello) = reader.next_step(config).await? else {
         unreachable!("the session's first step is the hello");
     };
     timings.record(metrics, Phase::connect, started.elapsed());
+    if hello.protocol_version >= rowsync_protocol::RESUME_SINCE_VERSION && !hello.download_ack {
+        // A transfer (or a question about one) from here on; see `held::Holding`.
+        reader.receiving = Some(shared.holding.begin(&hello.client_id));
+    }
     observe_hello(shared, timings, &hello);
     rowsync_consolidated::failpoint!("after_hello");
 
@@ -143,6 +148,8 @@ pub(crate) async fn receive<B: Consolidated>(
         }
         Step::HeldQuery { transfer_id, .. } => {
             timings.recording = None;
+            // The answer waits for the client's other connections, not for this one.
+            reader.receiving = None;
             return Ok(Received::HeldQuery(Box::new(HeldQuery {
                 hello,
                 user,
@@ -197,12 +204,14 @@ struct UploadReader<'s, S> {
     recording: Option<SyncRecording>,
     /// The transfer a v3 upload named (protocol v3).
     transfer: Option<Transfer>,
+    /// Marks the transfer as being received, until this reader is gone (`held`).
+    receiving: Option<held::HoldingGuard<'s>>,
     /// The connection ended or stalled before the upload did (not a refusal): what
     /// arrived of the transfer is worth holding.
     cut: bool,
 }
 
-impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
+impl<'s, S: AsyncRead + Unpin> UploadReader<'s, S> {
     /// Reads until the session takes its next step (hello, complete, acknowledgement).
     /// Inflates no more than the next frame needs, and spools nothing before the hello
     /// is in (the worker reads only the upload's messages).
@@ -250,7 +259,7 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
     /// from the cache, and are loaded again (once per upload) before a table is refused.
     async fn rest_of_upload<B: Consolidated>(
         &mut self,
-        shared: &Shared<B>,
+        shared: &'s Shared<B>,
         hello: &Hello,
         user: &str,
     ) -> Result<Step, Failure> {
@@ -269,8 +278,11 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
                         offset,
                     };
                     if offset > 0 {
+                        // Not counting itself, it waits for the client's other ones.
+                        self.receiving = None;
                         let held = held::held_prefix(shared, hello, user, &transfer).await?;
                         self.upload.resume_with(held);
+                        self.receiving = Some(shared.holding.begin(&hello.client_id));
                     }
                     self.transfer = Some(transfer);
                     continue;
