@@ -373,6 +373,7 @@ async fn sync_timed_version(
         frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
         timeout: Duration::from_secs(3600),
         acknowledge: None,
+        transfer: None,
     })
     .await?;
     let elapsed = started.elapsed();
@@ -397,6 +398,7 @@ async fn download_all(address: &str) -> Result<usize> {
         frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
         timeout: Duration::from_secs(3600),
         acknowledge: None,
+        transfer: None,
     })
     .await?;
     match event {

@@ -116,6 +116,7 @@ async fn run_once(
                     frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
                     timeout: Duration::from_secs(600),
                     acknowledge: None,
+                    transfer: None,
                 })
                 .await;
                 // A refused client that is still sending when the server gives up

@@ -29,6 +29,15 @@ async fn bench_link_runs_in_quick_mode() {
     }
     // Two cuts per one-client backlog; each retry completed (checked by the bench).
     assert_eq!(client.cuts.len(), 2 * 2 * 2, "{printed}");
+    // Uncompressed, what crossed the link before the cut was held and resumed (with zstd
+    // the quick upload is less than one compressed block: nothing inflates before it ends).
+    for cut in client
+        .cuts
+        .iter()
+        .filter(|c| c.compression == Compression::None)
+    {
+        assert!(cut.resumed > 0, "{printed}");
+    }
     assert!(printed.contains("x limit"), "{printed}");
     println!("{printed}");
 }

@@ -224,6 +224,7 @@ async fn replay_one(
                 frame_bytes_max: rowsync_protocol::FRAME_BYTES_MAX_DEFAULT,
                 timeout: options.timeout,
                 acknowledge: None,
+                transfer: None,
             },
             &mut digesting,
         )

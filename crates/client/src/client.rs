@@ -2,7 +2,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rowsync_protocol::{
-    Conflicts, Download, EndDownload, Hello, FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION,
+    Conflicts, Download, EndDownload, ErrorCode, Hello, FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION,
+    RESUME_SINCE_VERSION,
 };
 use rusqlite::Connection;
 
@@ -11,7 +12,8 @@ use crate::report::{ConflictedRow, ConflictedRows, SyncProgress, SyncReport};
 use crate::session::SessionEvent;
 use crate::store::DownloadApply;
 use crate::transport::{
-    exchange_measured, exchange_streaming, DownloadHandler, Exchange, TransportOptions, WireBytes,
+    end_upload_frame, exchange_measured, exchange_streaming, new_transfer_id, transfer_stream,
+    DownloadHandler, Exchange, Transfer, TransportOptions, WireBytes,
 };
 use crate::{store, ClientError};
 
@@ -118,6 +120,9 @@ pub struct Client {
     path: PathBuf,
     durability: Durability,
     durable_before_sync: bool,
+    /// The protocol version spoken: the newest, until a server refuses it (an older
+    /// server: this client then speaks version 2, without resumable uploads).
+    protocol_version: u16,
 }
 
 impl Client {
@@ -153,6 +158,7 @@ impl Client {
             path,
             durability: options.durability,
             durable_before_sync: options.durable_before_sync,
+            protocol_version: PROTOCOL_VERSION,
         })
     }
 
@@ -289,9 +295,32 @@ impl Client {
             Some(last) if last != script_version => 0,
             _ => state.download_watermark,
         };
+        let (transfer_id, attempts) = store::transfer_attempt(
+            &mut self.connection,
+            batch.upload_sequence,
+            &new_transfer_id(),
+        )?;
+        let mut offset = None;
         loop {
             let mut hello = self.hello(options, last_download_watermark);
             hello.script_version = script_version.to_string();
+            if offset.is_none() {
+                // An earlier attempt may have been cut: the server may hold its start.
+                let held = match attempts {
+                    0 => 0,
+                    _ => {
+                        self.held_offset(options, &hello, batch, &transfer_id, report)
+                            .await?
+                    }
+                };
+                offset = Some(held);
+                hello.protocol_version = self.protocol_version;
+            }
+            let transfer =
+                (self.protocol_version >= RESUME_SINCE_VERSION).then(|| Transfer::Resume {
+                    transfer_id: transfer_id.clone(),
+                    offset: offset.unwrap_or(0),
+                });
             let mut apply = DownloadApply::new();
             apply.script_version = Some(script_version.to_string());
             let mut handler = ApplyHandler {
@@ -304,7 +333,7 @@ impl Client {
                 rows_to_upload: batch.operations,
                 rows_downloaded_before: report.rows_downloaded,
             };
-            let (event, wire) = exchange_streaming(
+            let exchanged = exchange_streaming(
                 Exchange {
                     address: &options.address,
                     transport: &options.transport,
@@ -314,10 +343,22 @@ impl Client {
                     frame_bytes_max: options.frame_bytes_max,
                     timeout: options.timeout,
                     acknowledge: None,
+                    transfer: transfer.clone(),
                 },
                 &mut handler,
             )
-            .await?;
+            .await;
+            let (event, wire) = match exchanged {
+                Ok(exchanged) => exchanged,
+                Err(error) => match self.fall_back(&error, transfer.as_ref()) {
+                    Fallback::Again => {
+                        DownloadApply::abort(&self.connection);
+                        offset = Some(0);
+                        continue;
+                    }
+                    Fallback::No => return Err(error),
+                },
+            };
             if matches!(event, SessionEvent::Complete(_)) {
                 // The whole upload is out once the download has ended.
                 handler.tell(wire, batch.operations);
@@ -330,6 +371,9 @@ impl Client {
                     let end = completed.end;
                     let applied =
                         apply.finish(&self.connection, batch.upload_sequence, end.watermark)?;
+                    if let Some(Transfer::Resume { offset, .. }) = transfer {
+                        report.upload_bytes_resumed += offset;
+                    }
                     return Ok((end, applied));
                 }
                 SessionEvent::Busy { retry_after_ms } => {
@@ -344,7 +388,9 @@ impl Client {
                     report.busy_retries += 1;
                     tokio::time::sleep(delay).await;
                 }
-                SessionEvent::Acknowledged { .. } | SessionEvent::Continue => {
+                SessionEvent::Acknowledged { .. }
+                | SessionEvent::Held(_)
+                | SessionEvent::Continue => {
                     return Err(ClientError::Protocol(
                         "the server answered an upload with an acknowledgement".into(),
                     ))
@@ -353,9 +399,85 @@ impl Client {
         }
     }
 
+    /// Whether a failed exchange is tried again at once: a server that does not speak
+    /// this protocol version (the client falls back to version 2), or one that does not
+    /// hold the start of a resumed transfer (the client sends it whole).
+    fn fall_back(&mut self, error: &ClientError, transfer: Option<&Transfer>) -> Fallback {
+        match error.server_code() {
+            Some(ErrorCode::UnsupportedProtocolVersion)
+                if self.protocol_version >= RESUME_SINCE_VERSION =>
+            {
+                self.protocol_version = RESUME_SINCE_VERSION - 1;
+                Fallback::Again
+            }
+            Some(ErrorCode::TransferNotHeld) if matches!(transfer, Some(Transfer::Resume { offset, .. }) if *offset > 0) => {
+                Fallback::Again
+            }
+            _ => Fallback::No,
+        }
+    }
+
+    /// Where a transfer an earlier attempt began goes on: the length of what the server
+    /// holds of it, if that is a prefix of this upload's stream (its SHA-256 matches),
+    /// else 0. A question of its own, in a short exchange.
+    async fn held_offset(
+        &mut self,
+        options: &SyncOptions,
+        hello: &Hello,
+        batch: &store::Batch,
+        transfer_id: &str,
+        report: &mut SyncReport,
+    ) -> Result<u64, ClientError> {
+        if self.protocol_version < RESUME_SINCE_VERSION {
+            return Ok(0);
+        }
+        let asked = exchange_measured(Exchange {
+            address: &options.address,
+            transport: &options.transport,
+            hello: hello.clone(),
+            upload_frames: &[],
+            upload_sequence: 0,
+            frame_bytes_max: options.frame_bytes_max,
+            timeout: options.timeout,
+            acknowledge: None,
+            transfer: Some(Transfer::Query {
+                transfer_id: transfer_id.to_string(),
+            }),
+        })
+        .await;
+        let (event, wire) = match asked {
+            Ok(asked) => asked,
+            // A server of version 2 is asked nothing; any other failure (credentials,
+            // the network) fails the sync as the upload itself would, once.
+            Err(error) => {
+                return match self.fall_back(&error, None) {
+                    Fallback::Again => Ok(0),
+                    Fallback::No => Err(error),
+                }
+            }
+        };
+        report.wire.sent += wire.sent;
+        report.wire.received += wire.received;
+        let SessionEvent::Held(held) = event else {
+            return Ok(0);
+        };
+        let end = end_upload_frame(batch.upload_sequence);
+        Ok(
+            if held_prefix_matches(
+                transfer_stream(&batch.frames, &end),
+                held.length,
+                &held.sha256,
+            ) {
+                held.length
+            } else {
+                0
+            },
+        )
+    }
+
     fn hello(&self, options: &SyncOptions, last_download_watermark: i64) -> Hello {
         Hello {
-            protocol_version: PROTOCOL_VERSION,
+            protocol_version: self.protocol_version,
             client_id: self.client_id.clone(),
             user: options.user.clone(),
             password: options.password.clone(),
@@ -366,6 +488,36 @@ impl Client {
             download_ack: false,
         }
     }
+}
+
+/// What [`Client::fall_back`] decides.
+enum Fallback {
+    Again,
+    No,
+}
+
+/// Whether the first `length` bytes of `stream` have the SHA-256 `digest` (false when
+/// the stream is shorter, or nothing is held).
+fn held_prefix_matches<'a>(
+    stream: impl Iterator<Item = &'a [u8]>,
+    length: u64,
+    digest: &[u8],
+) -> bool {
+    use sha2::{Digest, Sha256};
+    if length == 0 {
+        return false;
+    }
+    let mut hasher = Sha256::new();
+    let mut left = length;
+    for frame in stream {
+        let take = left.min(frame.len() as u64) as usize;
+        hasher.update(&frame[..take]);
+        left -= take as u64;
+        if left == 0 {
+            break;
+        }
+    }
+    left == 0 && hasher.finalize().as_slice() == digest
 }
 
 /// The script version a batch goes with: the one it was first sent with (a resend of
@@ -443,6 +595,7 @@ async fn acknowledge(
                 frame_bytes_max: options.frame_bytes_max,
                 timeout: options.timeout,
                 acknowledge: Some(watermark),
+                transfer: None,
             })
             .await?;
             report.wire.sent += wire.sent;

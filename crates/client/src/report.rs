@@ -33,6 +33,9 @@ pub struct SyncReport {
     pub busy_retries: u32,
     /// The server confirmed it recorded the download acknowledgement.
     pub download_acknowledged: bool,
+    /// Bytes of the upload's stream (decompressed) the server held from a cut earlier
+    /// attempt, so they were not sent again (protocol v3).
+    pub upload_bytes_resumed: u64,
 }
 
 impl SyncReport {
@@ -67,6 +70,7 @@ impl SyncReport {
             "bytes_received": self.wire.received,
             "busy_retries": self.busy_retries,
             "download_acknowledged": self.download_acknowledged,
+            "upload_bytes_resumed": self.upload_bytes_resumed,
         })
     }
 }

@@ -1,7 +1,7 @@
 //! The client side of one sync as a state machine: server messages in, events out.
 //! No I/O: the transport feeds it decoded messages.
 
-use rowsync_protocol::{Conflicts, Download, EndDownload, Message};
+use rowsync_protocol::{Conflicts, Download, EndDownload, Message, UploadHeld};
 
 use crate::ClientError;
 
@@ -35,6 +35,8 @@ pub enum SessionEvent {
     Acknowledged {
         watermark: i64,
     },
+    /// What the server holds of a cut transfer (protocol v3).
+    Held(UploadHeld),
 }
 
 impl ClientSession {
@@ -91,6 +93,7 @@ impl ClientSession {
             Message::DownloadAck(ack) => SessionEvent::Acknowledged {
                 watermark: ack.watermark,
             },
+            Message::UploadHeld(held) => SessionEvent::Held(held),
             Message::Error(error) => {
                 self.finished = true;
                 return Err(ClientError::Server(error));

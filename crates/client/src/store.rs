@@ -42,6 +42,11 @@ CREATE TABLE IF NOT EXISTS rs_client_inflight (
     operations INTEGER NOT NULL,
     PRIMARY KEY (upload_sequence, part)
 );
+CREATE TABLE IF NOT EXISTS rs_client_transfer (
+    upload_sequence INTEGER PRIMARY KEY,
+    transfer_id TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0
+);
 ";
 
 pub fn q(name: &str) -> String {
@@ -590,6 +595,29 @@ pub struct Batch {
     pub is_retry: bool,
 }
 
+/// The transfer an upload is sent as (protocol v3), and the attempts made before this
+/// one: created with `new_id` on the first attempt, kept until the upload is
+/// acknowledged, each call counting one attempt.
+pub fn transfer_attempt(
+    connection: &mut Connection,
+    upload_sequence: u64,
+    new_id: &str,
+) -> Result<(String, u64), ClientError> {
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    transaction.execute(
+        "INSERT OR IGNORE INTO rs_client_transfer (upload_sequence, transfer_id) VALUES (?1, ?2)",
+        params![upload_sequence as i64, new_id],
+    )?;
+    let (transfer_id, attempts): (String, i64) = transaction.query_row(
+        "UPDATE rs_client_transfer SET attempts = attempts + 1 WHERE upload_sequence = ?1 \
+         RETURNING transfer_id, attempts - 1",
+        [upload_sequence as i64],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )?;
+    transaction.commit()?;
+    Ok((transfer_id, attempts.max(0) as u64))
+}
+
 /// The in-flight upload if one awaits acknowledgement (it is resent unchanged, with
 /// its sequence, so the server can tell it applied it already); otherwise a new one
 /// made by moving the change logs out, in one transaction.
@@ -940,6 +968,10 @@ impl DownloadApply {
         )?;
         connection.execute(
             "DELETE FROM rs_client_inflight WHERE upload_sequence <= ?1",
+            [upload_sequence as i64],
+        )?;
+        connection.execute(
+            "DELETE FROM rs_client_transfer WHERE upload_sequence <= ?1",
             [upload_sequence as i64],
         )?;
         connection.execute_batch("COMMIT")?;

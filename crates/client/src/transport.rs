@@ -18,7 +18,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rowsync_protocol::{
     encode_frame, Compression, Conflicts, Download, DownloadAck, EndUpload, FrameDecoder, Hello,
-    Inbound, Message, Outbound, ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT,
+    Inbound, Message, Outbound, UploadHeld, UploadResume, RESUME_SINCE_VERSION,
+    ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT,
 };
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -28,6 +29,9 @@ use tokio::net::TcpStream;
 use crate::session::{ClientSession, Received, SessionEvent};
 use crate::ClientError;
 
+/// A compressed resumable upload is flushed after this many bytes of its stream, so a
+/// cut loses at most about this much of it besides the bytes in flight (protocol v3).
+pub const RESUMABLE_FLUSH_BYTES: usize = 32 * 1024;
 /// Bytes read from the socket at a time.
 pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Default port of `tcp://` and `tls://` addresses.
@@ -215,6 +219,45 @@ pub struct Exchange<'a> {
     /// applied (the hello then has `download_ack` set). A separate exchange, so it works
     /// alike on every transport and through any server behind a proxy.
     pub acknowledge: Option<i64>,
+    /// Protocol v3: which transfer the upload is and where it goes on, or a question
+    /// about a held transfer instead of an upload. `None` with a v3 hello: a new
+    /// transfer of a random id, from its start.
+    pub transfer: Option<Transfer>,
+}
+
+/// Protocol v3: an upload's place in a resumable transfer (see docs/protocol.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transfer {
+    /// The upload's stream (its frames and the end of upload) is sent from byte
+    /// `offset` on; the server takes the bytes before it from what it holds.
+    Resume { transfer_id: String, offset: u64 },
+    /// Instead of an upload, ask what the server holds of the transfer; answered with
+    /// [`SessionEvent::Held`].
+    Query { transfer_id: String },
+}
+
+/// A new transfer id: 16 random bytes in hex.
+pub fn new_transfer_id() -> String {
+    use rand::RngCore;
+    let mut bytes = [0u8; 16];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    hex::encode(bytes)
+}
+
+/// An upload's stream as a transfer counts it: its frames, then the end of upload.
+pub fn transfer_stream<'a>(
+    upload_frames: &'a [Vec<u8>],
+    end: &'a [u8],
+) -> impl Iterator<Item = &'a [u8]> + 'a {
+    upload_frames
+        .iter()
+        .map(Vec::as_slice)
+        .chain(std::iter::once(end))
+}
+
+/// The end of upload frame of a sequence.
+pub fn end_upload_frame(upload_sequence: u64) -> Vec<u8> {
+    encode_frame(&Message::EndUpload(EndUpload { upload_sequence }))
 }
 
 /// Bytes that crossed the TCP connection, in each direction, everything included (TLS
@@ -466,19 +509,8 @@ fn upload_stream(request: &Exchange<'_>) -> Result<Vec<Vec<u8>>, ClientError> {
     }
     let mut hello = request.hello.clone();
     hello.download_ack = request.acknowledge.is_some();
+    let resumable = hello.protocol_version >= RESUME_SINCE_VERSION;
     let hello = encode_frame(&Message::Hello(hello));
-    let (upload_frames, end) = match request.acknowledge {
-        Some(watermark) => (
-            &[][..],
-            encode_frame(&Message::DownloadAck(DownloadAck { watermark })),
-        ),
-        None => (
-            request.upload_frames,
-            encode_frame(&Message::EndUpload(EndUpload {
-                upload_sequence: request.upload_sequence,
-            })),
-        ),
-    };
     // The hello goes out whole at once (a sync flush when compressing): the server
     // reads it under its header read timeout, which a slow link would otherwise spend
     // on the upload held back in the compressor's first block.
@@ -488,13 +520,79 @@ fn upload_stream(request: &Exchange<'_>) -> Result<Vec<Vec<u8>>, ClientError> {
         .map_err(compress_error)?;
     hello_piece.extend(outbound.compressor().flush().map_err(compress_error)?);
     pieces.push(hello_piece);
-    for frame in upload_frames.iter().chain(std::iter::once(&end)) {
-        let piece = outbound
-            .compressor()
-            .compress(frame)
-            .map_err(compress_error)?;
-        if !piece.is_empty() {
-            pieces.push(piece);
+    let end = end_upload_frame(request.upload_sequence);
+    let (head, upload_frames, offset): (Option<Vec<u8>>, &[Vec<u8>], u64) =
+        match (request.acknowledge, &request.transfer) {
+            (Some(watermark), _) => (
+                Some(encode_frame(&Message::DownloadAck(DownloadAck {
+                    watermark,
+                }))),
+                &[],
+                0,
+            ),
+            (None, Some(Transfer::Query { transfer_id })) => (
+                Some(encode_frame(&Message::UploadHeld(UploadHeld {
+                    transfer_id: transfer_id.clone(),
+                    length: 0,
+                    sha256: Vec::new(),
+                }))),
+                &[],
+                0,
+            ),
+            (None, transfer) => {
+                let (transfer_id, offset) = match transfer {
+                    Some(Transfer::Resume {
+                        transfer_id,
+                        offset,
+                    }) => (transfer_id.clone(), *offset),
+                    _ => (new_transfer_id(), 0),
+                };
+                let resume = resumable.then(|| {
+                    encode_frame(&Message::UploadResume(UploadResume {
+                        transfer_id,
+                        offset,
+                    }))
+                });
+                (resume, request.upload_frames, offset)
+            }
+        };
+    let upload =
+        request.acknowledge.is_none() && !matches!(request.transfer, Some(Transfer::Query { .. }));
+    // A v2 hello has no transfer: its upload goes whole.
+    let mut skip = if resumable { offset } else { 0 };
+    let stream = transfer_stream(upload_frames, &end)
+        .filter(|_| upload)
+        .filter_map(|frame| {
+            // A resumed transfer's first `offset` bytes are the server's already.
+            let skipped = skip.min(frame.len() as u64) as usize;
+            skip -= skipped as u64;
+            (skipped < frame.len()).then(|| &frame[skipped..])
+        });
+    // A resumable upload is flushed every `RESUMABLE_FLUSH_BYTES` of its stream, so
+    // what crosses the link before a cut inflates on the server (a compressed block
+    // only inflates whole) and is held: a cut costs at most that much more.
+    let flush_every = match (resumable, request.transport.compression) {
+        (true, Compression::Zlib | Compression::Zstd) => RESUMABLE_FLUSH_BYTES,
+        _ => usize::MAX,
+    };
+    let mut since_flush = 0usize;
+    for frame in head.iter().map(Vec::as_slice).chain(stream) {
+        let mut rest = frame;
+        while !rest.is_empty() {
+            let (part, after) = rest.split_at(rest.len().min(flush_every - since_flush));
+            rest = after;
+            let mut piece = outbound
+                .compressor()
+                .compress(part)
+                .map_err(compress_error)?;
+            since_flush += part.len();
+            if since_flush == flush_every {
+                piece.extend(outbound.compressor().flush().map_err(compress_error)?);
+                since_flush = 0;
+            }
+            if !piece.is_empty() {
+                pieces.push(piece);
+            }
         }
     }
     let tail = outbound.finish().map_err(compress_error)?;
@@ -910,6 +1008,7 @@ mod tests {
                 frame_bytes_max: 1 << 22,
                 timeout: Duration::from_secs(1),
                 acknowledge: None,
+                transfer: None,
             };
             let pieces = upload_stream(&request).unwrap();
             // The preamble, then a piece that inflates to the hello frame exactly.

@@ -339,6 +339,7 @@ async fn sync_as_version_1(
         frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
         timeout: std::time::Duration::from_secs(30),
         acknowledge: None,
+        transfer: None,
     })
     .await
     .unwrap();

@@ -14,6 +14,7 @@ mod echo;
 mod error;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
+mod held;
 mod history;
 pub mod mysql;
 mod names;
@@ -44,6 +45,7 @@ pub use download::{
     DownloadSender, DOWNLOAD_BATCH_BYTES, DOWNLOAD_BATCH_ROWS, DOWNLOAD_CHANNEL_CHUNKS,
 };
 pub use error::{DbError, SyncError};
+pub use held::{HeldUpload, HELD_UPLOAD_PART_BYTES};
 pub use history::HistoryRecord;
 pub use names::quote_identifier;
 /// Named parameters as a tool binds them outside a sync (`rowsync profile` runs single
@@ -178,6 +180,46 @@ pub trait ConsolidatedConnection: Send + 'static {
     fn resolve_prepared_streams(&mut self) -> impl Future<Output = Result<u64, DbError>> + Send {
         async { Ok(0) }
     }
+
+    /// Holds what a server received of a cut upload (`bytes`, whose length and digest
+    /// `held` gives): replaces whatever the client held before. False when all held
+    /// uploads together would then exceed `all_bytes_max` bytes: nothing is held then,
+    /// and the client's earlier transfer is removed too.
+    fn hold_upload(
+        &mut self,
+        held: &HeldUpload,
+        bytes: &[u8],
+        all_bytes_max: u64,
+    ) -> impl Future<Output = Result<bool, DbError>> + Send;
+
+    /// What is held of a client's transfer (not its bytes), if anything.
+    fn held_upload(
+        &mut self,
+        client_id: &str,
+        transfer_id: &str,
+    ) -> impl Future<Output = Result<Option<HeldUpload>, DbError>> + Send;
+
+    /// The first `length` bytes held of a client's transfer (fewer when less is held).
+    fn held_upload_bytes(
+        &mut self,
+        client_id: &str,
+        transfer_id: &str,
+        length: u64,
+    ) -> impl Future<Output = Result<Vec<u8>, DbError>> + Send;
+
+    /// Removes a client's held transfer; false if there was none.
+    fn release_held_upload(
+        &mut self,
+        client_id: &str,
+        transfer_id: &str,
+    ) -> impl Future<Output = Result<bool, DbError>> + Send;
+
+    /// Removes the held uploads created before `created_before_unix_ms`; returns how
+    /// many.
+    fn expire_held_uploads(
+        &mut self,
+        created_before_unix_ms: i64,
+    ) -> impl Future<Output = Result<u64, DbError>> + Send;
 
     /// Runs administrative SQL (one or more statements, no parameters), for tools such
     /// as the demo and the benchmark. Never used with client input.

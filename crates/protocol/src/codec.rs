@@ -90,6 +90,15 @@ pub(crate) fn encode_body(message: &Message, marks: &mut Marks<'_>) -> Vec<u8> {
             put_str(&mut out, &start.column);
         }
         Message::ValuePiece(piece) => put_bytes(&mut out, &piece.bytes),
+        Message::UploadResume(resume) => {
+            put_str(&mut out, &resume.transfer_id);
+            out.extend_from_slice(&resume.offset.to_be_bytes());
+        }
+        Message::UploadHeld(held) => {
+            put_str(&mut out, &held.transfer_id);
+            out.extend_from_slice(&held.length.to_be_bytes());
+            put_bytes(&mut out, &held.sha256);
+        }
         Message::Conflicts(conflicts) => {
             put_str(&mut out, &conflicts.table);
             put_names(&mut out, &conflicts.key_columns);
@@ -316,6 +325,15 @@ pub(crate) fn decode(
         }
         0x0B => Message::ValuePiece(ValuePiece {
             bytes: reader.bytes("value piece")?.to_vec(),
+        }),
+        0x0C => Message::UploadResume(UploadResume {
+            transfer_id: reader.string("transfer id")?,
+            offset: reader.u64("transfer offset")?,
+        }),
+        0x0D => Message::UploadHeld(UploadHeld {
+            transfer_id: reader.string("transfer id")?,
+            length: reader.u64("held length")?,
+            sha256: reader.bytes("held digest")?.to_vec(),
         }),
         other => return Err(DecodeError::UnknownMessageType(other)),
     };

@@ -145,6 +145,10 @@ pub enum ErrorCode {
     /// The user already has as many client ids as the server allows
     /// (`client_ids_per_user_max`): a new client id is refused.
     ClientIdsExceeded = 13,
+    /// Protocol v3: the server holds less of the transfer than the `upload_resume`
+    /// offset (nothing at all, another client's or user's, expired): the client sends
+    /// the upload again from offset 0.
+    TransferNotHeld = 14,
 }
 
 impl ErrorCode {
@@ -164,6 +168,7 @@ impl ErrorCode {
             11 => Timeout,
             12 => Internal,
             13 => ClientIdsExceeded,
+            14 => TransferNotHeld,
             _ => return None,
         })
     }

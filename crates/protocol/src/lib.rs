@@ -1,4 +1,4 @@
-//! rowsync wire protocol, version 2 (a server also speaks version 1).
+//! rowsync wire protocol, version 3 (a server also speaks versions 1 and 2).
 //!
 //! Everything here is pure: messages are encoded into byte vectors and decoded from
 //! byte slices. Reading and writing sockets is the caller's business. The contract
@@ -29,7 +29,8 @@ pub use error::{DecodeError, ErrorCode};
 pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES};
 pub use message::{
     Conflicts, Download, DownloadAck, EndDownload, EndUpload, Hello, Message, MessageType,
-    PieceKind, RowUpdate, SyncSummary, TableUpload, ValuePiece, ValueStart, WireError,
+    PieceKind, RowUpdate, SyncSummary, TableUpload, UploadHeld, UploadResume, ValuePiece,
+    ValueStart, WireError,
 };
 pub use numeric::{parse_decimal_value, Numeric, NUMERIC_SCALE_MAX, NUMERIC_WHOLE_DIGITS_MAX};
 pub use pieces::{message_frames, Frames, ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT};
@@ -44,7 +45,7 @@ pub use value::{
 
 /// The protocol version this crate speaks. A server accepts a hello of this version or
 /// any down to [`PROTOCOL_VERSION_MIN`] and refuses others.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// The oldest protocol version a server still serves: a v1 session gets every v2 value
 /// in its v1 form ([`Value::to_v1`]), and never a value in pieces.
@@ -56,3 +57,8 @@ pub const CONFLICTS_SINCE_VERSION: u16 = 2;
 /// The first protocol version that sends values larger than a frame in pieces
 /// (`ValueStart`, `ValuePiece`).
 pub const PIECES_SINCE_VERSION: u16 = 2;
+
+/// The first protocol version whose uploads are resumable transfers: every upload
+/// carries `UploadResume` right after its hello, and a client may ask what the server
+/// holds of a cut transfer with `UploadHeld`.
+pub const RESUME_SINCE_VERSION: u16 = 3;

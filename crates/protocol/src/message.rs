@@ -26,6 +26,12 @@ pub enum Message {
     ValueStart(ValueStart),
     /// Protocol v2: the next bytes of the value announced by `ValueStart`.
     ValuePiece(ValuePiece),
+    /// Protocol v3: right after the hello of an upload, which transfer it is and from
+    /// which byte of its stream the bytes that follow go on.
+    UploadResume(UploadResume),
+    /// Protocol v3: a client asks what the server holds of a cut transfer (right after a
+    /// hello, instead of an upload); the server answers with the same message.
+    UploadHeld(UploadHeld),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +48,8 @@ pub enum MessageType {
     Conflicts = 0x09,
     ValueStart = 0x0A,
     ValuePiece = 0x0B,
+    UploadResume = 0x0C,
+    UploadHeld = 0x0D,
 }
 
 impl Message {
@@ -58,13 +66,15 @@ impl Message {
             Message::Conflicts(_) => MessageType::Conflicts,
             Message::ValueStart(_) => MessageType::ValueStart,
             Message::ValuePiece(_) => MessageType::ValuePiece,
+            Message::UploadResume(_) => MessageType::UploadResume,
+            Message::UploadHeld(_) => MessageType::UploadHeld,
         }
     }
 }
 
 impl MessageType {
     /// Every message type, in type byte order.
-    pub const ALL: [MessageType; 11] = [
+    pub const ALL: [MessageType; 13] = [
         MessageType::Hello,
         MessageType::Upload,
         MessageType::EndUpload,
@@ -76,6 +86,8 @@ impl MessageType {
         MessageType::Conflicts,
         MessageType::ValueStart,
         MessageType::ValuePiece,
+        MessageType::UploadResume,
+        MessageType::UploadHeld,
     ];
 
     /// The message type of a type byte, if there is one.
@@ -98,6 +110,8 @@ impl MessageType {
             MessageType::Conflicts => "conflicts",
             MessageType::ValueStart => "value_start",
             MessageType::ValuePiece => "value_piece",
+            MessageType::UploadResume => "upload_resume",
+            MessageType::UploadHeld => "upload_held",
         }
     }
 }
@@ -168,6 +182,29 @@ impl PieceKind {
 pub struct ValuePiece {
     #[serde(with = "hex::serde")]
     pub bytes: Vec<u8>,
+}
+
+/// Which transfer an upload is, and where its bytes go on (protocol v3). The stream a
+/// transfer counts in is the upload's frames after this message, decompressed: the
+/// server takes the first `offset` bytes from what it holds of the transfer (the prefix
+/// a cut connection left), and the bytes that follow this message continue from there.
+/// `offset` 0 starts the transfer; the transfer id is the client's choice, kept until
+/// the upload is acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadResume {
+    pub transfer_id: String,
+    pub offset: u64,
+}
+
+/// What a server holds of a cut transfer (protocol v3). Asked with `length` 0 and no
+/// digest; answered with the held prefix's length in bytes and its SHA-256 (32 bytes),
+/// or length 0 and no digest when the server holds nothing of it for this client.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadHeld {
+    pub transfer_id: String,
+    pub length: u64,
+    #[serde(with = "hex::serde")]
+    pub sha256: Vec<u8>,
 }
 
 /// The client's changes to one table. A large upload of one table may span several

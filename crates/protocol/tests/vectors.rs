@@ -30,7 +30,7 @@ fn vectors() -> Vec<(&'static str, Message)> {
         (
             "hello",
             Message::Hello(Hello {
-                protocol_version: PROTOCOL_VERSION,
+                protocol_version: 2,
                 client_id: "device-7".into(),
                 user: "alice".into(),
                 password: "s3cret".into(),
@@ -44,7 +44,7 @@ fn vectors() -> Vec<(&'static str, Message)> {
         (
             "hello_with_token",
             Message::Hello(Hello {
-                protocol_version: PROTOCOL_VERSION,
+                protocol_version: 2,
                 client_id: "device-8".into(),
                 user: String::new(),
                 password: String::new(),
@@ -246,6 +246,50 @@ fn vectors() -> Vec<(&'static str, Message)> {
             "value_piece",
             Message::ValuePiece(ValuePiece {
                 bytes: vec![0x00, 0xff, 0x10, 0x20],
+            }),
+        ),
+        (
+            "hello_v3",
+            Message::Hello(Hello {
+                protocol_version: 3,
+                client_id: "device-7".into(),
+                user: "alice".into(),
+                password: "s3cret".into(),
+                script_version: "v1".into(),
+                last_download_watermark: 42,
+                token: String::new(),
+                auth_parameters: Vec::new(),
+                download_ack: false,
+            }),
+        ),
+        (
+            "upload_resume_new_transfer",
+            Message::UploadResume(UploadResume {
+                transfer_id: "3f2a9c1e0b7d4e58".into(),
+                offset: 0,
+            }),
+        ),
+        (
+            "upload_resume_at_offset",
+            Message::UploadResume(UploadResume {
+                transfer_id: "3f2a9c1e0b7d4e58".into(),
+                offset: 1_048_583,
+            }),
+        ),
+        (
+            "upload_held_question",
+            Message::UploadHeld(UploadHeld {
+                transfer_id: "3f2a9c1e0b7d4e58".into(),
+                length: 0,
+                sha256: Vec::new(),
+            }),
+        ),
+        (
+            "upload_held_answer",
+            Message::UploadHeld(UploadHeld {
+                transfer_id: "3f2a9c1e0b7d4e58".into(),
+                length: 1_048_583,
+                sha256: (0u8..32).collect(),
             }),
         ),
     ]

@@ -116,23 +116,35 @@ fn log_summary<B: Consolidated>(
     (Instant::now(), syncs, rows, busy_answers)
 }
 
-/// Removes tombstones every client has passed, on a worker, every `interval`.
+/// Removes tombstones every client has passed, and held uploads older than
+/// `held_upload_expiry`, on a worker, every `interval`.
 pub(crate) async fn clean_up_periodically<B: Consolidated>(
     pool: Arc<WorkerPool<B>>,
     interval: Duration,
+    held_upload_expiry: Duration,
 ) {
     let mut ticks = tokio::time::interval(interval);
     ticks.tick().await; // the first tick is immediate; start after one interval
     loop {
         ticks.tick().await;
-        let result = match pool.acquire("").await {
-            Ok(mut worker) => worker.connection().cleanup().await,
-            Err(error) => Err(error),
+        let mut worker = match pool.acquire("").await {
+            Ok(worker) => worker,
+            Err(error) => {
+                tracing::warn!(%error, "cleanup failed; retrying next interval");
+                continue;
+            }
         };
-        match result {
+        match worker.connection().cleanup().await {
             Ok(removed) => tracing::info!(removed, "tombstone cleanup"),
             Err(error) => {
                 tracing::warn!(%error, "tombstone cleanup failed; retrying next interval")
+            }
+        }
+        match crate::held::expire(worker.connection(), held_upload_expiry).await {
+            Ok(0) => {}
+            Ok(removed) => tracing::info!(removed, "expired held uploads removed"),
+            Err(error) => {
+                tracing::warn!(%error, "removing expired held uploads failed; retrying next interval")
             }
         }
     }

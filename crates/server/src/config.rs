@@ -83,6 +83,15 @@ pub struct ServerConfig {
     pub decompressed_bytes_max: u64,
     /// A client whose reading of the download makes no progress for this long is dropped.
     pub write_timeout: Duration,
+    /// The most bytes of one cut upload (its decompressed stream) held for its client to
+    /// resume (protocol v3); a cut upload above it is not held and is sent again whole.
+    pub held_upload_bytes_max: u64,
+    /// The most bytes all held uploads together take in the consolidated database; a cut
+    /// upload that would go beyond it is not held (and its client's earlier one goes).
+    pub held_uploads_bytes_max: u64,
+    /// Held uploads older than this are removed by the background cleanup (every
+    /// `cleanup_interval`); a client resuming later sends its upload again whole.
+    pub held_upload_expiry: Duration,
     /// Signed tokens accepted instead of passwords.
     pub tokens: TokenConfig,
     /// Records each sync for replay (`--record DIR`), when set.
@@ -121,6 +130,9 @@ impl Default for ServerConfig {
             tls_handshake_timeout: Duration::from_secs(10),
             decompressed_bytes_max: 512 * 1024 * 1024 + 1024 * 1024,
             write_timeout: Duration::from_secs(60),
+            held_upload_bytes_max: 64 * 1024 * 1024,
+            held_uploads_bytes_max: 1024 * 1024 * 1024,
+            held_upload_expiry: Duration::from_secs(24 * 60 * 60),
             tokens: TokenConfig::default(),
             recorder: None,
         }

@@ -345,13 +345,14 @@ fn receive_upload(limits: UploadLimits, check_tables: bool, reads: Vec<&[u8]>) -
     let mut upload = UploadStream::new(limits);
     let mut spool = Vec::new();
     let mut inflated = 0usize;
-    let mut hello_seen = false;
+    // Spooled from the hello on (protocol v3: from the `upload_resume` after it).
+    let mut spooling = false;
     for read in reads {
         upload.feed(read).ok()?;
         loop {
             match upload.next_event().ok()? {
                 UploadEvent::Inflated { bytes, spool: keep } => {
-                    assert_eq!(keep, hello_seen, "spooled exactly from the hello on");
+                    assert_eq!(keep, spooling, "spooled exactly from the hello on");
                     inflated += bytes.len();
                     if keep {
                         spool.extend_from_slice(bytes);
@@ -361,9 +362,10 @@ fn receive_upload(limits: UploadLimits, check_tables: bool, reads: Vec<&[u8]>) -
                 UploadEvent::NeedInput => break,
                 UploadEvent::Step(Step::Complete(_)) => return Some(spool),
                 UploadEvent::Step(Step::Acknowledge { .. }) => return None,
-                UploadEvent::Step(Step::Hello(_)) => {
+                UploadEvent::Step(Step::Hello(hello)) => {
                     assert!(spool.is_empty());
-                    hello_seen = true;
+                    spooling = hello.download_ack
+                        || hello.protocol_version < rowsync_protocol::RESUME_SINCE_VERSION;
                     if check_tables {
                         upload.check_tables();
                     }
@@ -380,6 +382,15 @@ fn receive_upload(limits: UploadLimits, check_tables: bool, reads: Vec<&[u8]>) -
                     }
                     assert_eq!(table, FUZZ_TABLE);
                 }
+                UploadEvent::Step(Step::Resume { offset, .. }) => {
+                    assert!(spool.is_empty() && !spooling);
+                    // Nothing is held here: the server refuses a resumption past 0.
+                    if offset > 0 {
+                        return None;
+                    }
+                    spooling = true;
+                }
+                UploadEvent::Step(Step::HeldQuery { .. }) => return None,
                 UploadEvent::Step(Step::Continue) => unreachable!("never handed on"),
             }
             assert!(

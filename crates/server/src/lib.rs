@@ -24,6 +24,7 @@ pub mod controller;
 mod download_frames;
 mod failure;
 pub mod fuzzing;
+mod held;
 pub mod http;
 pub mod metrics;
 pub mod monitor;

@@ -97,6 +97,10 @@ pub struct Metrics {
     pub upload_decompressed_bytes: Counter,
     /// Upload bytes appended to upload spools (memory or temporary file).
     pub upload_spooled_bytes: Counter,
+    /// Cut uploads held in the consolidated database for their clients to resume.
+    pub uploads_held: Counter,
+    /// Upload bytes taken from held transfers instead of the wire (resumed uploads).
+    pub upload_resumed_bytes: Counter,
     /// Script versions' table lists loaded from the database by the stream stage.
     pub version_tables_loads: Counter,
     /// Connections holding a slot that have not sent their hello yet.
@@ -154,6 +158,8 @@ impl Metrics {
             spilled_bytes: Counter::default(),
             upload_decompressed_bytes: Counter::default(),
             upload_spooled_bytes: Counter::default(),
+            uploads_held: Counter::default(),
+            upload_resumed_bytes: Counter::default(),
             version_tables_loads: Counter::default(),
             connections_awaiting_hello: Gauge::default(),
             hello_pending_evictions: Counter::default(),
@@ -227,6 +233,16 @@ impl Metrics {
             "upload_spooled_bytes",
             "Upload bytes appended to upload spools",
             metrics.upload_spooled_bytes.clone(),
+        );
+        registry.register(
+            "uploads_held",
+            "Cut uploads held in the consolidated database for their clients to resume",
+            metrics.uploads_held.clone(),
+        );
+        registry.register(
+            "upload_resumed_bytes",
+            "Upload bytes taken from held transfers instead of the wire",
+            metrics.upload_resumed_bytes.clone(),
         );
         registry.register(
             "version_tables_loads",

@@ -113,6 +113,7 @@ pub async fn serve_endpoints_with_metrics<B: Consolidated>(
     let cleanup = tokio::spawn(clean_up_periodically(
         Arc::clone(&shared.pool),
         shared.config.cleanup_interval,
+        shared.config.held_upload_expiry,
     ));
     let monitor = tokio::spawn(monitor_load(Arc::clone(&shared)));
     let history = shared

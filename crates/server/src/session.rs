@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use rowsync_protocol::{
     ErrorCode, Hello, Message, TableUpload, WireError, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    RESUME_SINCE_VERSION,
 };
 
 /// The end of a checked upload.
@@ -30,6 +31,18 @@ pub enum Step {
     /// The hello is in (and checked): authenticate before reading on.
     Hello(Hello),
     Complete(ReceivedUpload),
+    /// Protocol v3: the upload is this transfer, going on from `offset` of its stream
+    /// (the bytes before it come from what the server holds of the transfer).
+    Resume {
+        transfer_id: String,
+        offset: u64,
+    },
+    /// Protocol v3: instead of an upload, the client asks what the server holds of a
+    /// cut transfer.
+    HeldQuery {
+        hello: Hello,
+        transfer_id: String,
+    },
     /// A download acknowledgement instead of an upload (the hello asked for it).
     Acknowledge {
         hello: Hello,
@@ -53,6 +66,10 @@ pub struct VersionTables {
 #[derive(Debug)]
 enum State {
     AwaitingHello,
+    /// Protocol v3: which transfer the upload is (or a question about a held one).
+    AwaitingTransfer {
+        hello: Hello,
+    },
     Uploading {
         hello: Hello,
         tables: HashMap<String, TableSeen>,
@@ -156,6 +173,8 @@ impl ServerSession {
                 let step = Step::Hello(hello.clone());
                 if hello.download_ack {
                     (State::AwaitingAcknowledgement { hello }, step)
+                } else if hello.protocol_version >= RESUME_SINCE_VERSION {
+                    (State::AwaitingTransfer { hello }, step)
                 } else {
                     (
                         State::Uploading {
@@ -167,6 +186,24 @@ impl ServerSession {
                     )
                 }
             }
+            (State::AwaitingTransfer { hello }, Message::UploadResume(resume)) => (
+                State::Uploading {
+                    hello,
+                    tables: HashMap::new(),
+                    waiting: None,
+                },
+                Step::Resume {
+                    transfer_id: resume.transfer_id,
+                    offset: resume.offset,
+                },
+            ),
+            (State::AwaitingTransfer { hello }, Message::UploadHeld(held)) => (
+                State::Done,
+                Step::HeldQuery {
+                    hello,
+                    transfer_id: held.transfer_id,
+                },
+            ),
             (State::AwaitingAcknowledgement { hello }, Message::DownloadAck(ack)) => (
                 State::Done,
                 Step::Acknowledge {
@@ -217,6 +254,7 @@ impl ServerSession {
             (state, message) => {
                 let expected = match state {
                     State::AwaitingHello => "hello",
+                    State::AwaitingTransfer { .. } => "upload_resume or upload_held",
                     State::Uploading {
                         waiting: Some(_), ..
                     } => "nothing before the unknown table is resolved",
@@ -375,11 +413,12 @@ impl MergedTables {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rowsync_protocol::{EndUpload, Value};
+    use rowsync_protocol::{EndUpload, UploadHeld, UploadResume, Value};
 
+    /// A version 2 hello: its upload follows at once.
     fn hello() -> Message {
         Message::Hello(Hello {
-            protocol_version: PROTOCOL_VERSION,
+            protocol_version: 2,
             client_id: "c".into(),
             user: "u".into(),
             password: "p".into(),
@@ -533,8 +572,8 @@ mod tests {
     }
 
     #[test]
-    fn accepts_versions_1_and_2_and_refuses_others_by_name() {
-        for version in [1, 2] {
+    fn accepts_versions_1_to_3_and_refuses_others_by_name() {
+        for version in [1, 2, 3] {
             let Message::Hello(mut hello) = hello() else {
                 unreachable!()
             };
@@ -545,7 +584,7 @@ mod tests {
                 Step::Hello(_)
             ));
         }
-        for version in [0, 3] {
+        for version in [0, 4] {
             let Message::Hello(mut hello) = hello() else {
                 unreachable!()
             };
@@ -559,7 +598,7 @@ mod tests {
             );
             assert_eq!(
                 error.message,
-                format!("protocol version {version} is not supported; this server speaks versions 1 to 2")
+                format!("protocol version {version} is not supported; this server speaks versions 1 to 3")
             );
         }
     }
@@ -580,5 +619,67 @@ mod tests {
         session.handle(chunk(1), 10).unwrap();
         let error = session.handle(chunk(2), 10).unwrap_err();
         assert_eq!(error.error_code(), Some(ErrorCode::UploadTooLarge));
+    }
+
+    fn hello_v3() -> Message {
+        let Message::Hello(mut hello) = hello() else {
+            unreachable!()
+        };
+        hello.protocol_version = PROTOCOL_VERSION;
+        Message::Hello(hello)
+    }
+
+    #[test]
+    fn a_v3_upload_names_its_transfer_first_or_asks_about_a_held_one() {
+        let mut session = ServerSession::new(1 << 20);
+        session.handle(hello_v3(), 10).unwrap();
+        let error = session.handle(chunk(1), 10).unwrap_err();
+        assert!(
+            error
+                .message
+                .contains("expected upload_resume or upload_held, received upload"),
+            "{}",
+            error.message
+        );
+
+        let mut session = ServerSession::new(1 << 20);
+        session.handle(hello_v3(), 10).unwrap();
+        let resume = Message::UploadResume(UploadResume {
+            transfer_id: "t".into(),
+            offset: 7,
+        });
+        assert!(matches!(
+            session.handle(resume.clone(), 10).unwrap(),
+            Step::Resume { ref transfer_id, offset: 7 } if transfer_id == "t"
+        ));
+        session.handle(chunk(1), 10).unwrap();
+        let error = session.handle(resume, 10).unwrap_err();
+        assert!(error.message.contains("expected upload or end_upload"));
+
+        let mut session = ServerSession::new(1 << 20);
+        session.handle(hello_v3(), 10).unwrap();
+        let question = Message::UploadHeld(UploadHeld {
+            transfer_id: "t".into(),
+            length: 0,
+            sha256: Vec::new(),
+        });
+        assert!(matches!(
+            session.handle(question, 10).unwrap(),
+            Step::HeldQuery { ref transfer_id, .. } if transfer_id == "t"
+        ));
+
+        // A version 2 upload knows nothing of transfers.
+        let mut session = ServerSession::new(1 << 20);
+        session.handle(hello(), 10).unwrap();
+        let error = session
+            .handle(
+                Message::UploadResume(UploadResume {
+                    transfer_id: "t".into(),
+                    offset: 0,
+                }),
+                10,
+            )
+            .unwrap_err();
+        assert!(error.message.contains("received upload_resume"));
     }
 }

@@ -41,6 +41,8 @@ pub(crate) struct Shared<B: Consolidated> {
     pub(crate) login_throttle: LoginThrottle,
     /// The tables of each script version, for refusing unknown tables as they arrive.
     pub(crate) version_tables: VersionTablesCache,
+    /// Cut uploads being held right now, by client id (see `held::Holding`).
+    pub(crate) holding: crate::held::Holding,
 }
 
 impl<B: Consolidated> Shared<B> {
@@ -67,6 +69,7 @@ impl<B: Consolidated> Shared<B> {
                 Arc::clone(&metrics),
             ),
             version_tables: VersionTablesCache::default(),
+            holding: crate::held::Holding::default(),
             metrics,
             load: Load::default(),
             slots: Arc::new(Semaphore::new(config.connections_max)),

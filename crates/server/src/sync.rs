@@ -114,6 +114,12 @@ async fn run_sync<B: Consolidated>(
     match stream::receive(connection, peer, shared, timings).await? {
         Received::Upload(upload) => {
             let identity = crate::failure::identity(&upload.hello);
+            // A resumed transfer's held start goes once the sync committed.
+            let resumed = upload
+                .transfer
+                .clone()
+                .filter(|transfer| transfer.offset > 0)
+                .map(|transfer| (upload.hello.clone(), transfer));
             let with_identity = |mut failure: Failure| {
                 failure.identity.get_or_insert_with(|| identity.clone());
                 failure
@@ -122,6 +128,9 @@ async fn run_sync<B: Consolidated>(
             let synchronized = database::synchronize(shared, *upload, timings, gone)
                 .await
                 .map_err(with_identity)?;
+            if let Some((hello, transfer)) = resumed {
+                crate::held::release(shared, &hello, &transfer).await;
+            }
             download::send_download(connection, shared, synchronized, timings)
                 .await
                 .map_err(with_identity)
@@ -136,6 +145,26 @@ async fn run_sync<B: Consolidated>(
             download::confirm_acknowledgement(connection, shared, *acknowledgement)
                 .await
                 .map_err(|failure| failure.of(&hello))
+        }
+        Received::HeldQuery(query) => {
+            let stream::HeldQuery {
+                hello,
+                user,
+                transfer_id,
+                outbound,
+            } = *query;
+            let answer = crate::held::held_answer(shared, &hello, &user, &transfer_id)
+                .await
+                .map_err(|failure| failure.of(&hello))?;
+            let length = answer.length;
+            let message = rowsync_protocol::Message::UploadHeld(answer);
+            download::answer_exchange(connection, shared, outbound, message)
+                .await
+                .map_err(|failure| failure.of(&hello))?;
+            Ok(format!(
+                "client {:?} asked about transfer {transfer_id:?}: {length} bytes held",
+                hello.client_id
+            ))
         }
     }
 }

@@ -10,7 +10,7 @@
 
 use rowsync_protocol::{
     CompressionError, DecodeError, ErrorCode, FrameDecoder, Inbound, InboundError, Preamble,
-    WireError, PIECES_SINCE_VERSION,
+    WireError, PIECES_SINCE_VERSION, RESUME_SINCE_VERSION,
 };
 
 use std::sync::Arc;
@@ -46,7 +46,8 @@ pub enum UploadEvent<'a> {
     /// The session took a step (hello, complete upload, acknowledgement).
     Step(Step),
     /// Bytes inflated (already handed to the frame decoder); `spool` is true once the
-    /// hello is in, when the reader keeps them for the worker.
+    /// hello (and, protocol v3, the `upload_resume` after it) is in, when the reader
+    /// keeps them for the worker: the transfer's stream.
     Inflated { bytes: &'a [u8], spool: bool },
     /// Everything fed so far is used up: read and feed more.
     NeedInput,
@@ -58,6 +59,12 @@ pub struct UploadStream {
     decoder: FrameDecoder,
     session: ServerSession,
     hello_seen: bool,
+    /// Protocol v3: the hello is in, the `upload_resume` (or `upload_held`) not yet.
+    awaiting_transfer: bool,
+    /// The start of a resumed transfer's stream, as the server held it: fed to the
+    /// decoder before any more of the wire's bytes.
+    held: Vec<u8>,
+    held_fed: usize,
 }
 
 impl UploadStream {
@@ -67,7 +74,18 @@ impl UploadStream {
             decoder: upload_decoder(&limits),
             session: ServerSession::new(limits.upload_bytes_max),
             hello_seen: false,
+            awaiting_transfer: false,
+            held: Vec::new(),
+            held_fed: 0,
         }
+    }
+
+    /// Resumes a transfer after its [`Step::Resume`]: `held` (the transfer's stream up to
+    /// the offset the client named) goes through the decoder, the checks and the spool
+    /// as if it had just arrived, before the bytes that follow on the wire.
+    pub fn resume_with(&mut self, held: Vec<u8>) {
+        self.held = held;
+        self.held_fed = 0;
     }
 
     /// Adds bytes read from the wire. Feed again only after [`UploadStream::next_event`]
@@ -83,6 +101,13 @@ impl UploadStream {
             return Ok(UploadEvent::Step(step));
         }
         let needed = self.decoder.bytes_needed();
+        if self.held_fed < self.held.len() {
+            let end = self.held.len().min(self.held_fed + needed.max(1));
+            let bytes = &self.held[self.held_fed..end];
+            self.held_fed = end;
+            self.decoder.feed(bytes);
+            return Ok(UploadEvent::Inflated { bytes, spool: true });
+        }
         match self
             .inbound
             .next_chunk_at_most(needed)
@@ -92,7 +117,7 @@ impl UploadStream {
                 self.decoder.feed(bytes);
                 Ok(UploadEvent::Inflated {
                     bytes,
-                    spool: self.hello_seen,
+                    spool: self.hello_seen && !self.awaiting_transfer,
                 })
             }
             None => Ok(UploadEvent::NeedInput),
@@ -117,8 +142,13 @@ impl UploadStream {
             match self.session.handle(message, frame_bytes)? {
                 Step::Continue => {}
                 step => {
+                    if matches!(step, Step::Resume { .. } | Step::HeldQuery { .. }) {
+                        self.awaiting_transfer = false;
+                    }
                     if let Step::Hello(hello) = &step {
                         self.hello_seen = true;
+                        self.awaiting_transfer =
+                            !hello.download_ack && hello.protocol_version >= RESUME_SINCE_VERSION;
                         // A version 1 client knows nothing of values in pieces.
                         if hello.protocol_version < PIECES_SINCE_VERSION {
                             self.decoder.refuse_pieces();

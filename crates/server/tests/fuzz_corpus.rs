@@ -46,7 +46,7 @@ fn every_corpus_file_keeps_its_targets_invariants() {
 
 fn hello(download_ack: bool) -> Message {
     Message::Hello(Hello {
-        protocol_version: PROTOCOL_VERSION,
+        protocol_version: 2, // raw frames: a v2 client, its upload right after the hello
         client_id: "c1".into(),
         user: "alice".into(),
         password: "secret".into(),

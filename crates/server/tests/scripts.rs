@@ -11,9 +11,7 @@ use jsonwebtoken::{encode, EncodingKey, Header};
 use rowsync_client::{ClientError, SyncOptions};
 use rowsync_consolidated::sqlite::SqliteConsolidated;
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
-use rowsync_protocol::{
-    encode_frame, EndUpload, ErrorCode, Hello, Message, Value, PROTOCOL_VERSION,
-};
+use rowsync_protocol::{encode_frame, EndUpload, ErrorCode, Hello, Message, Value};
 use rowsync_server::{ServerConfig, TokenConfig};
 use serde::Serialize;
 use support::*;
@@ -432,7 +430,7 @@ fn token_sync(token: &str, sequence: u64, chunks: &[Message]) -> Vec<u8> {
 
 fn token_sync_in(token: &str, version: &str, sequence: u64, chunks: &[Message]) -> Vec<u8> {
     let mut frames = encode_frame(&Message::Hello(Hello {
-        protocol_version: PROTOCOL_VERSION,
+        protocol_version: 2, // raw frames: a v2 client, its upload right after the hello
         client_id: "raw-token".into(),
         user: String::new(),
         password: String::new(),

@@ -150,6 +150,7 @@ async fn stale_update(
         frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
         timeout: std::time::Duration::from_secs(30),
         acknowledge: None,
+        transfer: None,
     })
     .await
     .unwrap();

@@ -123,7 +123,7 @@ matrix! {
 
 fn hello(user: &str) -> Message {
     Message::Hello(Hello {
-        protocol_version: PROTOCOL_VERSION,
+        protocol_version: 2, // raw frames: a v2 client, its upload right after the hello
         client_id: "raw-client".into(),
         user: user.into(),
         password: password(user),

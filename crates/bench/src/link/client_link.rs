@@ -66,6 +66,9 @@ pub struct CutMeasurement {
     pub clean: Measurement,
     /// The retry after the cut.
     pub retry: WireBytes,
+    /// Bytes of the upload's (decompressed) stream the server held from the cut
+    /// attempt, which the retry did not send again (protocol v3).
+    pub resumed: u64,
     /// The cut attempt and the retry, from the first byte to the end of the retry.
     pub elapsed: Duration,
 }
@@ -308,6 +311,7 @@ impl Bench {
             cut_at,
             clean: clean.clone(),
             retry: report.wire,
+            resumed: report.upload_bytes_resumed,
             elapsed,
         })
     }
@@ -360,7 +364,7 @@ fn print_tables(
     )?;
     writeln!(
         out,
-        "{:>7} {:<11} {:>6} {:>12} {:>12} {:>12} {:>10} {:>12}",
+        "{:>7} {:<11} {:>6} {:>12} {:>12} {:>12} {:>10} {:>12} {:>12}",
         "kbit/s",
         "compression",
         "cut at",
@@ -368,12 +372,13 @@ fn print_tables(
         "extra bytes",
         "in flight",
         "extra s",
-        "retry bytes"
+        "retry bytes",
+        "resumed"
     )?;
     for cut in &results.cuts {
         writeln!(
             out,
-            "{:>7} {:<11} {:>5.0}% {:>12} {:>12} {:>12} {:>10.1} {:>12}",
+            "{:>7} {:<11} {:>5.0}% {:>12} {:>12} {:>12} {:>10.1} {:>12} {:>12}",
             cut.kbit,
             cut.compression.to_string(),
             cut.fraction * 100.0,
@@ -382,6 +387,7 @@ fn print_tables(
             bytes_in_flight(cut.kbit, options.round_trip_ms),
             cut.extra_time(),
             cut.retry.sent + cut.retry.received,
+            cut.resumed,
         )?;
     }
     Ok(())

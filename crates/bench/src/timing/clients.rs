@@ -409,6 +409,7 @@ impl VerifyClient {
                 frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
                 timeout: connection.sync_timeout,
                 acknowledge: None,
+                transfer: None,
             })
             .await;
             let hint = match exchanged {

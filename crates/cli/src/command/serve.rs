@@ -146,9 +146,18 @@ pub struct ServeArgs {
     /// streams are aborted and the upload is applied on one stream.
     #[arg(long, default_value_t = rowsync_consolidated::ApplyStreamSettings::OFF.lock_timeout_ms)]
     apply_stream_lock_timeout_ms: u64,
-    /// Remove tombstones every client has passed this often.
+    /// Remove tombstones every client has passed (and expired held uploads) this often.
     #[arg(long, default_value_t = 300)]
     cleanup_interval_seconds: u64,
+    /// Hold at most this many bytes of one cut upload for its client to resume.
+    #[arg(long, default_value_t = ServerConfig::default().held_upload_bytes_max)]
+    held_upload_bytes_max: u64,
+    /// Hold at most this many bytes of cut uploads in all (in the consolidated database).
+    #[arg(long, default_value_t = ServerConfig::default().held_uploads_bytes_max)]
+    held_uploads_bytes_max: u64,
+    /// Remove a held cut upload after this many seconds.
+    #[arg(long, default_value_t = ServerConfig::default().held_upload_expiry.as_secs())]
+    held_upload_expiry_seconds: u64,
     /// Accept HS256 tokens (JWT) signed with the secret in this file.
     #[arg(long)]
     jwt_hs256_secret_file: Option<PathBuf>,
@@ -366,6 +375,9 @@ impl ServeArgs {
             tls_handshake_timeout: Duration::from_millis(self.tls_handshake_timeout_ms),
             decompressed_bytes_max: self.decompressed_bytes_max,
             cleanup_interval: Duration::from_secs(self.cleanup_interval_seconds.max(1)),
+            held_upload_bytes_max: self.held_upload_bytes_max,
+            held_uploads_bytes_max: self.held_uploads_bytes_max,
+            held_upload_expiry: Duration::from_secs(self.held_upload_expiry_seconds),
             tokens,
             ..defaults
         }

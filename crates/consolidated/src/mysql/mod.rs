@@ -9,6 +9,7 @@
 
 pub(crate) mod error;
 mod events;
+mod held;
 mod query;
 mod schema;
 mod stage;
@@ -128,7 +129,46 @@ impl MysqlConnection {
 
 impl ConsolidatedConnection for MysqlConnection {
     async fn install_system_tables(&mut self) -> Result<(), DbError> {
-        schema::install_system_tables(&mut self.connection).await
+        schema::install_system_tables(&mut self.connection).await?;
+        held::install(&mut self.connection).await
+    }
+
+    async fn hold_upload(
+        &mut self,
+        held: &crate::HeldUpload,
+        bytes: &[u8],
+        all_bytes_max: u64,
+    ) -> Result<bool, DbError> {
+        held::hold(&mut self.connection, held, bytes, all_bytes_max).await
+    }
+
+    async fn held_upload(
+        &mut self,
+        client_id: &str,
+        transfer_id: &str,
+    ) -> Result<Option<crate::HeldUpload>, DbError> {
+        held::held(&mut self.connection, client_id, transfer_id).await
+    }
+
+    async fn held_upload_bytes(
+        &mut self,
+        client_id: &str,
+        transfer_id: &str,
+        length: u64,
+    ) -> Result<Vec<u8>, DbError> {
+        held::held_bytes(&mut self.connection, client_id, transfer_id, length).await
+    }
+
+    async fn release_held_upload(
+        &mut self,
+        client_id: &str,
+        transfer_id: &str,
+    ) -> Result<bool, DbError> {
+        held::release(&mut self.connection, client_id, transfer_id).await
+    }
+
+    async fn expire_held_uploads(&mut self, created_before_unix_ms: i64) -> Result<u64, DbError> {
+        held::expire(&mut self.connection, created_before_unix_ms).await
     }
 
     async fn set_user(&mut self, name: &str, password_hash: &str) -> Result<(), DbError> {

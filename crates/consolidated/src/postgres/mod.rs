@@ -29,6 +29,7 @@ macro_rules! snapshot_horizon {
 mod array_stage;
 mod error;
 mod events;
+mod held;
 mod query;
 mod rows;
 mod schema;
@@ -248,7 +249,46 @@ impl ConsolidatedConnection for PostgresConnection {
     }
 
     async fn install_system_tables(&mut self) -> Result<(), DbError> {
-        schema::install_system_tables(&self.client).await
+        schema::install_system_tables(&self.client).await?;
+        held::install(&self.client).await
+    }
+
+    async fn hold_upload(
+        &mut self,
+        held: &crate::HeldUpload,
+        bytes: &[u8],
+        all_bytes_max: u64,
+    ) -> Result<bool, DbError> {
+        held::hold(&mut self.client, held, bytes, all_bytes_max).await
+    }
+
+    async fn held_upload(
+        &mut self,
+        client_id: &str,
+        transfer_id: &str,
+    ) -> Result<Option<crate::HeldUpload>, DbError> {
+        held::held(&self.client, client_id, transfer_id).await
+    }
+
+    async fn held_upload_bytes(
+        &mut self,
+        client_id: &str,
+        transfer_id: &str,
+        length: u64,
+    ) -> Result<Vec<u8>, DbError> {
+        held::held_bytes(&self.client, client_id, transfer_id, length).await
+    }
+
+    async fn release_held_upload(
+        &mut self,
+        client_id: &str,
+        transfer_id: &str,
+    ) -> Result<bool, DbError> {
+        held::release(&mut self.client, client_id, transfer_id).await
+    }
+
+    async fn expire_held_uploads(&mut self, created_before_unix_ms: i64) -> Result<u64, DbError> {
+        held::expire(&mut self.client, created_before_unix_ms).await
     }
 
     async fn set_user(&mut self, name: &str, password_hash: &str) -> Result<(), DbError> {

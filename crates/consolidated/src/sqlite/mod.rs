@@ -7,6 +7,7 @@
 
 mod error;
 mod events;
+mod held;
 mod query;
 mod schema;
 mod stage;
@@ -214,7 +215,57 @@ impl SqliteConnection {
 
 impl ConsolidatedConnection for SqliteConnection {
     async fn install_system_tables(&mut self) -> Result<(), DbError> {
-        self.run(|connection| schema::install_system_tables(connection))
+        self.run(|connection| {
+            schema::install_system_tables(connection)?;
+            Ok(connection.execute_batch(held::TABLES)?)
+        })
+        .await
+    }
+
+    async fn hold_upload(
+        &mut self,
+        held: &crate::HeldUpload,
+        bytes: &[u8],
+        all_bytes_max: u64,
+    ) -> Result<bool, DbError> {
+        let (held, bytes) = (held.clone(), bytes.to_vec());
+        self.run(move |connection| held::hold(connection, &held, &bytes, all_bytes_max))
+            .await
+    }
+
+    async fn held_upload(
+        &mut self,
+        client_id: &str,
+        transfer_id: &str,
+    ) -> Result<Option<crate::HeldUpload>, DbError> {
+        let (client_id, transfer_id) = (client_id.to_string(), transfer_id.to_string());
+        self.run(move |connection| held::held(connection, &client_id, &transfer_id))
+            .await
+    }
+
+    async fn held_upload_bytes(
+        &mut self,
+        client_id: &str,
+        transfer_id: &str,
+        length: u64,
+    ) -> Result<Vec<u8>, DbError> {
+        let (client_id, transfer_id) = (client_id.to_string(), transfer_id.to_string());
+        self.run(move |connection| held::held_bytes(connection, &client_id, &transfer_id, length))
+            .await
+    }
+
+    async fn release_held_upload(
+        &mut self,
+        client_id: &str,
+        transfer_id: &str,
+    ) -> Result<bool, DbError> {
+        let (client_id, transfer_id) = (client_id.to_string(), transfer_id.to_string());
+        self.run(move |connection| held::release(connection, &client_id, &transfer_id))
+            .await
+    }
+
+    async fn expire_held_uploads(&mut self, created_before_unix_ms: i64) -> Result<u64, DbError> {
+        self.run(move |connection| held::expire(connection, created_before_unix_ms))
             .await
     }
 

@@ -128,6 +128,8 @@ macro_rules! conformance_suite {
             the_sync_history_keeps_its_newest_rows_in_order,
             a_large_upload_over_apply_streams_lands_as_on_one_stream,
             downloads_of_several_batches_arrive_whole,
+            a_held_upload_is_found_whole_in_parts_and_by_its_transfer_only,
+            held_uploads_stay_within_their_bound_and_expire,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {
@@ -142,10 +144,12 @@ macro_rules! conformance_suite {
 pub(crate) use conformance_suite;
 
 mod cancel;
+mod held;
 mod history;
 mod schema_changes;
 mod scripts;
 pub use cancel::*;
+pub use held::*;
 pub use history::*;
 pub use schema_changes::*;
 pub use scripts::*;

@@ -59,6 +59,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
         spool: upload_spool,
         mut outbound,
         wire_bytes_received,
+        ..
     } = upload;
     // The download is encoded into its spool while the worker reads it.
     let (sender, chunks) = download_channel();

@@ -95,9 +95,25 @@ pub(crate) async fn confirm_acknowledgement<B: Consolidated>(
     let Acknowledgement {
         hello,
         watermark,
-        mut outbound,
+        outbound,
         ..
     } = acknowledgement;
+    let answer = Message::DownloadAck(DownloadAck { watermark });
+    answer_exchange(stream, shared, outbound, answer).await?;
+    Ok(format!(
+        "client {:?} acknowledged the download up to {watermark}",
+        hello.client_id
+    ))
+}
+
+/// Sends the one message that answers a short exchange (an acknowledgement, a question
+/// about a held transfer), compressed as the client asked.
+pub(crate) async fn answer_exchange<B: Consolidated>(
+    stream: &mut (impl AsyncWrite + Unpin),
+    shared: &Shared<B>,
+    mut outbound: rowsync_protocol::Outbound,
+    answer: Message,
+) -> Result<(), Failure> {
     let preamble = outbound.take_preamble();
     let mut spool = Spool::new(
         shared.config.download_spool_memory_bytes_max,
@@ -106,24 +122,14 @@ pub(crate) async fn confirm_acknowledgement<B: Consolidated>(
         Arc::clone(&shared.cache),
     );
     let reply = async {
-        spool
-            .append(&encode_frame(&Message::DownloadAck(DownloadAck {
-                watermark,
-            })))
-            .await?;
+        spool.append(&encode_frame(&answer)).await?;
         spool.finish().await
     }
     .await;
     reply.map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?;
     send_spool(stream, shared, preamble, spool)
         .await
-        .map_err(|error| {
-            Failure::silent(format!("confirming the acknowledgement failed: {error}"))
-        })?;
-    Ok(format!(
-        "client {:?} acknowledged the download up to {watermark}",
-        hello.client_id
-    ))
+        .map_err(|error| Failure::silent(format!("sending the answer failed: {error}")))
 }
 
 /// Sends the preamble (if any) and everything spooled; each write must progress within

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::auth;
 use crate::config::ServerConfig;
 use crate::failure::Failure;
+use crate::held::{self, Transfer};
 use crate::metrics::{Metrics, Phase, PhaseTimings};
 use crate::monitor::Identity;
 use crate::pending::PendingHello;
@@ -28,6 +29,18 @@ use crate::upload_stream::{UploadEvent, UploadLimits, UploadStream};
 pub(crate) enum Received {
     Upload(Box<CheckedUpload>),
     Acknowledgement(Box<Acknowledgement>),
+    HeldQuery(Box<HeldQuery>),
+}
+
+/// A question about a cut transfer (protocol v3, its own short exchange): no upload
+/// follows.
+pub(crate) struct HeldQuery {
+    pub(crate) hello: Hello,
+    /// The authenticated user.
+    pub(crate) user: String,
+    pub(crate) transfer_id: String,
+    /// The reply's sender, compressing as the client asked.
+    pub(crate) outbound: Outbound,
 }
 
 /// An upload, complete and checked, kept encoded in its spool for a worker to decode.
@@ -42,6 +55,8 @@ pub(crate) struct CheckedUpload {
     pub(crate) outbound: Outbound,
     /// Bytes received on the wire (compressed, if the client compressed).
     pub(crate) wire_bytes_received: u64,
+    /// The transfer a v3 client named; its held start goes once the sync committed.
+    pub(crate) transfer: Option<Transfer>,
 }
 
 /// A download acknowledgement (its own short exchange): no upload follows.
@@ -81,11 +96,18 @@ pub(crate) async fn receive<B: Consolidated>(
         pending: Some(shared.pending_hellos.register()),
         retry_after_ms: &|| shared.retry_after_ms(),
         recording: None,
+        transfer: None,
+        receiving: None,
+        cut: false,
     };
     let Step::Hello(hello) = reader.next_step(config).await? else {
         unreachable!("the session's first step is the hello");
     };
     timings.record(metrics, Phase::connect, started.elapsed());
+    if hello.protocol_version >= rowsync_protocol::RESUME_SINCE_VERSION && !hello.download_ack {
+        // A transfer (or a question about one) from here on; see `held::Holding`.
+        reader.receiving = Some(shared.holding.begin(&hello.client_id));
+    }
     observe_hello(shared, timings, &hello);
     rowsync_consolidated::failpoint!("after_hello");
 
@@ -99,43 +121,55 @@ pub(crate) async fn receive<B: Consolidated>(
 
     let receiving = Instant::now();
     reader.recording = timings.recording.take();
-    let step = reader.rest_of_upload(shared, &hello.script_version).await;
+    let step = reader.rest_of_upload(shared, &hello, &user).await;
     timings.recording = reader.recording.take();
-    let step = step.map_err(|failure| failure.of(&hello))?;
-    let (upload_sequence, acknowledged) = match step {
-        Step::Complete(upload) => (upload.upload_sequence, None),
-        Step::Acknowledge { watermark, .. } => (0, Some(watermark)),
-        Step::Hello(_) | Step::Continue | Step::UnknownTable(_) => {
-            unreachable!("one hello, then the upload")
+    let step = match step {
+        Ok(step) => step,
+        Err(failure) => {
+            reader.hold_if_cut(shared, &hello, &user).await;
+            return Err(failure.of(&hello));
         }
     };
     let wire_bytes_received = reader.upload.wire_bytes();
     let outbound = reader.outbound()?;
     let spool = reader.spool.take().expect("spooled until complete");
     timings.record(metrics, Phase::upload_received, receiving.elapsed());
-    if acknowledged.is_some() {
-        // An acknowledgement is its own short exchange, not replayed.
-        timings.recording = None;
-    }
-    Ok(match acknowledged {
-        Some(watermark) => {
-            drop(spool);
-            Received::Acknowledgement(Box::new(Acknowledgement {
+    let upload_sequence = match step {
+        Step::Complete(upload) => upload.upload_sequence,
+        Step::Acknowledge { watermark, .. } => {
+            // An acknowledgement is its own short exchange, not replayed.
+            timings.recording = None;
+            return Ok(Received::Acknowledgement(Box::new(Acknowledgement {
                 hello,
                 user,
                 watermark,
                 outbound,
-            }))
+            })));
         }
-        None => Received::Upload(Box::new(CheckedUpload {
-            hello,
-            user,
-            upload_sequence,
-            spool,
-            outbound,
-            wire_bytes_received,
-        })),
-    })
+        Step::HeldQuery { transfer_id, .. } => {
+            timings.recording = None;
+            // The answer waits for the client's other connections, not for this one.
+            reader.receiving = None;
+            return Ok(Received::HeldQuery(Box::new(HeldQuery {
+                hello,
+                user,
+                transfer_id,
+                outbound,
+            })));
+        }
+        Step::Hello(_) | Step::Continue | Step::UnknownTable(_) | Step::Resume { .. } => {
+            unreachable!("one hello, then the upload")
+        }
+    };
+    Ok(Received::Upload(Box::new(CheckedUpload {
+        hello,
+        user,
+        upload_sequence,
+        spool,
+        outbound,
+        wire_bytes_received,
+        transfer: reader.transfer.take(),
+    })))
 }
 
 /// The hello names the sync for the monitor and opens its recording (if recording).
@@ -168,9 +202,16 @@ struct UploadReader<'s, S> {
     retry_after_ms: &'s (dyn Fn() -> u32 + Sync),
     /// The sync's recording, which keeps the upload bytes too.
     recording: Option<SyncRecording>,
+    /// The transfer a v3 upload named (protocol v3).
+    transfer: Option<Transfer>,
+    /// Marks the transfer as being received, until this reader is gone (`held`).
+    receiving: Option<held::HoldingGuard<'s>>,
+    /// The connection ended or stalled before the upload did (not a refusal): what
+    /// arrived of the transfer is worth holding.
+    cut: bool,
 }
 
-impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
+impl<'s, S: AsyncRead + Unpin> UploadReader<'s, S> {
     /// Reads until the session takes its next step (hello, complete, acknowledgement).
     /// Inflates no more than the next frame needs, and spools nothing before the hello
     /// is in (the worker reads only the upload's messages).
@@ -202,6 +243,7 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
                 UploadEvent::NeedInput => {
                     let read = self.read(config).await?;
                     if read == 0 {
+                        self.cut = true;
                         return Err(Failure::silent(self.upload.ended_early()));
                     }
                     self.upload
@@ -217,14 +259,34 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
     /// from the cache, and are loaded again (once per upload) before a table is refused.
     async fn rest_of_upload<B: Consolidated>(
         &mut self,
-        shared: &Shared<B>,
-        version: &str,
+        shared: &'s Shared<B>,
+        hello: &Hello,
+        user: &str,
     ) -> Result<Step, Failure> {
+        let version = hello.script_version.as_str();
         self.upload.check_tables();
         let mut loaded = false;
         loop {
             let table = match self.next_step(&shared.config).await? {
                 Step::UnknownTable(table) => table,
+                Step::Resume {
+                    transfer_id,
+                    offset,
+                } => {
+                    let transfer = Transfer {
+                        transfer_id,
+                        offset,
+                    };
+                    if offset > 0 {
+                        // Not counting itself, it waits for the client's other ones.
+                        self.receiving = None;
+                        let held = held::held_prefix(shared, hello, user, &transfer).await?;
+                        self.upload.resume_with(held);
+                        self.receiving = Some(shared.holding.begin(&hello.client_id));
+                    }
+                    self.transfer = Some(transfer);
+                    continue;
+                }
                 step => return Ok(step),
             };
             let cached = shared
@@ -248,6 +310,21 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
                 None => None,
             };
             self.upload.resolve_table(tables).map_err(Failure::tell)?;
+        }
+    }
+
+    /// Holds what arrived of a v3 transfer when the connection was cut (see `held`).
+    async fn hold_if_cut<B: Consolidated>(
+        &mut self,
+        shared: &Shared<B>,
+        hello: &Hello,
+        user: &str,
+    ) {
+        if !self.cut {
+            return;
+        }
+        if let (Some(transfer), Some(spool)) = (self.transfer.take(), self.spool.take()) {
+            held::hold_cut(shared, hello, user, &transfer, spool).await;
         }
     }
 
@@ -287,6 +364,9 @@ impl<S: AsyncRead + Unpin> UploadReader<'_, S> {
             },
             None => reading.await,
         };
+        if !matches!(read, Ok(Ok(read)) if read > 0) {
+            self.cut = true;
+        }
         match read {
             Err(_) => {
                 let reason = if Instant::now() >= deadline {

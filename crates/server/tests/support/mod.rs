@@ -394,7 +394,7 @@ async fn relay(
 /// The encoded hello of a raw test client logging in as `user`.
 pub fn hello_frame(user: &str) -> Vec<u8> {
     rowsync_protocol::encode_frame(&rowsync_protocol::Message::Hello(rowsync_protocol::Hello {
-        protocol_version: rowsync_protocol::PROTOCOL_VERSION,
+        protocol_version: 2, // raw frames: a v2 client, its upload right after the hello
         client_id: format!("raw-{user}"),
         user: user.into(),
         password: password(user),

@@ -1,0 +1,152 @@
+//! Held uploads (see `crate::held`) in SQLite.
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::held::{fits, stored_length, HeldUpload, HELD_UPLOAD_PART_BYTES};
+use crate::DbError;
+
+pub const TABLES: &str = "
+CREATE TABLE IF NOT EXISTS rs_held_upload (
+    client_id TEXT PRIMARY KEY,
+    transfer_id TEXT NOT NULL,
+    user_name TEXT NOT NULL,
+    length INTEGER NOT NULL,
+    sha256 BLOB NOT NULL,
+    created_unix_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rs_held_upload_part (
+    client_id TEXT NOT NULL,
+    part INTEGER NOT NULL,
+    bytes BLOB NOT NULL,
+    PRIMARY KEY (client_id, part)
+);
+";
+
+fn remove(connection: &Connection, client_id: &str) -> Result<usize, DbError> {
+    connection.execute(
+        "DELETE FROM rs_held_upload_part WHERE client_id = ?1",
+        [client_id],
+    )?;
+    Ok(connection.execute(
+        "DELETE FROM rs_held_upload WHERE client_id = ?1",
+        [client_id],
+    )?)
+}
+
+pub fn hold(
+    connection: &mut Connection,
+    held: &HeldUpload,
+    bytes: &[u8],
+    all_bytes_max: u64,
+) -> Result<bool, DbError> {
+    let length = stored_length(bytes.len() as u64)?;
+    let transaction = connection.transaction()?;
+    remove(&transaction, &held.client_id)?;
+    let others: i64 = transaction.query_row(
+        "SELECT coalesce(sum(length), 0) FROM rs_held_upload",
+        [],
+        |row| row.get(0),
+    )?;
+    if !fits(others, bytes.len() as u64, all_bytes_max) {
+        transaction.commit()?;
+        return Ok(false);
+    }
+    transaction.execute(
+        "INSERT INTO rs_held_upload (client_id, transfer_id, user_name, length, sha256, \
+         created_unix_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            held.client_id,
+            held.transfer_id,
+            held.user,
+            length,
+            held.sha256,
+            held.created_unix_ms
+        ],
+    )?;
+    {
+        let mut insert = transaction.prepare_cached(
+            "INSERT INTO rs_held_upload_part (client_id, part, bytes) VALUES (?1, ?2, ?3)",
+        )?;
+        for (part, chunk) in bytes.chunks(HELD_UPLOAD_PART_BYTES).enumerate() {
+            insert.execute(params![held.client_id, part as i64, chunk])?;
+        }
+    }
+    transaction.commit()?;
+    Ok(true)
+}
+
+pub fn held(
+    connection: &Connection,
+    client_id: &str,
+    transfer_id: &str,
+) -> Result<Option<HeldUpload>, DbError> {
+    Ok(connection
+        .query_row(
+            "SELECT user_name, length, sha256, created_unix_ms FROM rs_held_upload \
+             WHERE client_id = ?1 AND transfer_id = ?2",
+            [client_id, transfer_id],
+            |row| {
+                Ok(HeldUpload {
+                    client_id: client_id.to_string(),
+                    user: row.get(0)?,
+                    transfer_id: transfer_id.to_string(),
+                    length: row.get::<_, i64>(1)?.max(0) as u64,
+                    sha256: row.get(2)?,
+                    created_unix_ms: row.get(3)?,
+                })
+            },
+        )
+        .optional()?)
+}
+
+pub fn held_bytes(
+    connection: &Connection,
+    client_id: &str,
+    transfer_id: &str,
+    length: u64,
+) -> Result<Vec<u8>, DbError> {
+    let mut bytes = Vec::new();
+    if held(connection, client_id, transfer_id)?.is_none() {
+        return Ok(bytes);
+    }
+    let mut query = connection.prepare_cached(
+        "SELECT bytes FROM rs_held_upload_part WHERE client_id = ?1 ORDER BY part",
+    )?;
+    let mut rows = query.query([client_id])?;
+    while (bytes.len() as u64) < length {
+        let Some(row) = rows.next()? else { break };
+        let part: Vec<u8> = row.get(0)?;
+        bytes.extend_from_slice(&part);
+    }
+    bytes.truncate(length.min(bytes.len() as u64) as usize);
+    Ok(bytes)
+}
+
+pub fn release(
+    connection: &mut Connection,
+    client_id: &str,
+    transfer_id: &str,
+) -> Result<bool, DbError> {
+    let transaction = connection.transaction()?;
+    let found = held(&transaction, client_id, transfer_id)?.is_some();
+    if found {
+        remove(&transaction, client_id)?;
+    }
+    transaction.commit()?;
+    Ok(found)
+}
+
+pub fn expire(connection: &mut Connection, created_before_unix_ms: i64) -> Result<u64, DbError> {
+    let transaction = connection.transaction()?;
+    transaction.execute(
+        "DELETE FROM rs_held_upload_part WHERE client_id IN \
+         (SELECT client_id FROM rs_held_upload WHERE created_unix_ms < ?1)",
+        [created_before_unix_ms],
+    )?;
+    let removed = transaction.execute(
+        "DELETE FROM rs_held_upload WHERE created_unix_ms < ?1",
+        [created_before_unix_ms],
+    )?;
+    transaction.commit()?;
+    Ok(removed as u64)
+}

@@ -1,0 +1,271 @@
+//! Resumable uploads on the server (protocol v3): what a cut connection received of its
+//! transfer is held in the consolidated database (`ConsolidatedConnection::hold_upload`),
+//! so that the client's next attempt, on this server or another sharing the database,
+//! asks what is held (`upload_held`) and goes on from there (`upload_resume`).
+//!
+//! The stream a transfer counts in is the upload's decompressed frames after the
+//! `upload_resume` frame: what the upload spool holds. Nothing is held for a connection
+//! that was not authenticated, nor for an upload the server refused.
+
+use std::collections::HashMap;
+
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection, HeldUpload};
+use rowsync_protocol::{ErrorCode, Hello, UploadHeld, WireError};
+use sha2::{Digest, Sha256};
+
+use crate::failure::Failure;
+use crate::shared::Shared;
+use crate::spool::Spool;
+
+/// Version 3 uploads this server is receiving (and, if cut, holding) right now, counted
+/// by client id from their hello on. The client may see its connection cut before the
+/// server does (or before the server has even authenticated it), and ask about the
+/// transfer at once: a question (or resumption) of the same client waits until those
+/// connections have ended (at the latest their read timeout) and what they left is
+/// written, so it is answered with what the cut left, not with nothing.
+#[derive(Default)]
+pub(crate) struct Holding {
+    clients: std::sync::Mutex<HashMap<String, tokio::sync::watch::Sender<usize>>>,
+}
+
+impl Holding {
+    /// Counts a connection of `client_id` as receiving until the guard is dropped.
+    pub(crate) fn begin(&self, client_id: &str) -> HoldingGuard<'_> {
+        let mut clients = self.clients.lock().expect("holding lock");
+        clients
+            .entry(client_id.to_string())
+            .or_insert_with(|| tokio::sync::watch::channel(0).0)
+            .send_modify(|receiving| *receiving += 1);
+        HoldingGuard {
+            holding: self,
+            client_id: client_id.to_string(),
+        }
+    }
+
+    /// Waits until no connection of `client_id` is receiving (or holding).
+    async fn settled(&self, client_id: &str) {
+        let receiver = self
+            .clients
+            .lock()
+            .expect("holding lock")
+            .get(client_id)
+            .map(tokio::sync::watch::Sender::subscribe);
+        if let Some(mut receiver) = receiver {
+            // A closed channel means none are left either.
+            let _ = receiver.wait_for(|receiving| *receiving == 0).await;
+        }
+    }
+}
+
+pub(crate) struct HoldingGuard<'h> {
+    holding: &'h Holding,
+    client_id: String,
+}
+
+impl Drop for HoldingGuard<'_> {
+    fn drop(&mut self) {
+        let mut clients = self.holding.clients.lock().expect("holding lock");
+        if let Some(sender) = clients.get(&self.client_id) {
+            sender.send_modify(|receiving| *receiving -= 1);
+            if *sender.borrow() == 0 {
+                clients.remove(&self.client_id);
+            }
+        }
+    }
+}
+
+/// The transfer a v3 upload named, and where it went on.
+#[derive(Debug, Clone)]
+pub(crate) struct Transfer {
+    pub(crate) transfer_id: String,
+    pub(crate) offset: u64,
+}
+
+fn unix_ms_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as i64)
+}
+
+fn database_failure(error: impl std::fmt::Display) -> Failure {
+    Failure::tell(WireError::new(
+        ErrorCode::Internal,
+        format!("consolidated database error: {error}"),
+    ))
+}
+
+/// The first `offset` bytes of the transfer's stream as held for this client and user,
+/// or the refusal (code 14) that sends the client back to offset 0.
+pub(crate) async fn held_prefix<B: Consolidated>(
+    shared: &Shared<B>,
+    hello: &Hello,
+    user: &str,
+    transfer: &Transfer,
+) -> Result<Vec<u8>, Failure> {
+    let not_held = |what: String| {
+        Failure::tell(WireError::new(
+            ErrorCode::TransferNotHeld,
+            format!(
+                "transfer {:?} cannot resume at byte {}: {what}; send it again from offset 0",
+                transfer.transfer_id, transfer.offset
+            ),
+        ))
+    };
+    shared.holding.settled(&hello.client_id).await;
+    let mut worker = shared
+        .auth_pool
+        .acquire("")
+        .await
+        .map_err(database_failure)?;
+    let connection = worker.connection();
+    let held = connection
+        .held_upload(&hello.client_id, &transfer.transfer_id)
+        .await
+        .map_err(database_failure)?;
+    let Some(held) = held.filter(|held| held.user == user) else {
+        return Err(not_held(
+            "the server holds nothing of it for this client".into(),
+        ));
+    };
+    if held.length < transfer.offset {
+        return Err(not_held(format!("the server holds {} bytes", held.length)));
+    }
+    let bytes = connection
+        .held_upload_bytes(&hello.client_id, &transfer.transfer_id, transfer.offset)
+        .await
+        .map_err(database_failure)?;
+    if bytes.len() as u64 != transfer.offset {
+        return Err(not_held(format!(
+            "the server found {} bytes of it",
+            bytes.len()
+        )));
+    }
+    shared.metrics.upload_resumed_bytes.inc_by(transfer.offset);
+    Ok(bytes)
+}
+
+/// What the server holds of a transfer for this client and user, as `upload_held`
+/// answers it (length 0 and no digest: nothing).
+pub(crate) async fn held_answer<B: Consolidated>(
+    shared: &Shared<B>,
+    hello: &Hello,
+    user: &str,
+    transfer_id: &str,
+) -> Result<UploadHeld, Failure> {
+    shared.holding.settled(&hello.client_id).await;
+    let mut worker = shared
+        .auth_pool
+        .acquire("")
+        .await
+        .map_err(database_failure)?;
+    let held = worker
+        .connection()
+        .held_upload(&hello.client_id, transfer_id)
+        .await
+        .map_err(database_failure)?
+        .filter(|held| held.user == user);
+    Ok(match held {
+        Some(held) => UploadHeld {
+            transfer_id: transfer_id.to_string(),
+            length: held.length,
+            sha256: held.sha256,
+        },
+        None => UploadHeld {
+            transfer_id: transfer_id.to_string(),
+            length: 0,
+            sha256: Vec::new(),
+        },
+    })
+}
+
+/// Holds what a cut connection received of its transfer (the spool's bytes), unless it
+/// is empty or above `held_upload_bytes_max`. Failures are logged: the client then
+/// starts again from offset 0, as without resumption.
+pub(crate) async fn hold_cut<B: Consolidated>(
+    shared: &Shared<B>,
+    hello: &Hello,
+    user: &str,
+    transfer: &Transfer,
+    spool: Spool,
+) {
+    let config = &shared.config;
+    let length = spool.bytes();
+    if length == 0 || length > config.held_upload_bytes_max {
+        return;
+    }
+    let mut bytes = Vec::with_capacity(length as usize);
+    let drained = spool
+        .drain(|piece| {
+            bytes.extend_from_slice(piece);
+            Ok(())
+        })
+        .await;
+    if let Err(error) = drained {
+        tracing::warn!(%error, "reading a cut upload's spool failed; nothing held");
+        return;
+    }
+    let held = HeldUpload {
+        client_id: hello.client_id.clone(),
+        user: user.to_string(),
+        transfer_id: transfer.transfer_id.clone(),
+        length,
+        sha256: Sha256::digest(&bytes).to_vec(),
+        created_unix_ms: unix_ms_now(),
+    };
+    let stored = match shared.auth_pool.acquire("").await {
+        Ok(mut worker) => {
+            worker
+                .connection()
+                .hold_upload(&held, &bytes, config.held_uploads_bytes_max)
+                .await
+        }
+        Err(error) => Err(error),
+    };
+    match stored {
+        Ok(true) => {
+            shared.metrics.uploads_held.inc();
+            tracing::info!(
+                client_id = ?held.client_id,
+                transfer_id = ?held.transfer_id,
+                bytes = length,
+                "held a cut upload for its client to resume"
+            );
+        }
+        Ok(false) => tracing::warn!(
+            client_id = ?held.client_id,
+            bytes = length,
+            "a cut upload was not held: all held uploads would exceed held_uploads_bytes_max of {} bytes",
+            config.held_uploads_bytes_max
+        ),
+        Err(error) => tracing::warn!(%error, "holding a cut upload failed"),
+    }
+}
+
+/// Removes the held start of a transfer that has now arrived whole.
+pub(crate) async fn release<B: Consolidated>(
+    shared: &Shared<B>,
+    hello: &Hello,
+    transfer: &Transfer,
+) {
+    let released = match shared.auth_pool.acquire("").await {
+        Ok(mut worker) => {
+            worker
+                .connection()
+                .release_held_upload(&hello.client_id, &transfer.transfer_id)
+                .await
+        }
+        Err(error) => Err(error),
+    };
+    if let Err(error) = released {
+        tracing::warn!(%error, "removing a resumed upload's held bytes failed; they expire");
+    }
+}
+
+/// Removes held uploads older than `held_upload_expiry`; returns how many.
+pub(crate) async fn expire<C: ConsolidatedConnection>(
+    connection: &mut C,
+    expiry: std::time::Duration,
+) -> Result<u64, rowsync_consolidated::DbError> {
+    let before = unix_ms_now().saturating_sub(expiry.as_millis() as i64);
+    connection.expire_held_uploads(before).await
+}
