@@ -57,8 +57,12 @@ async fn server_done_with_cut(metrics: &Metrics, before: u64) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!(
-        "the server never ended the cut sync ({} ended unsuccessfully, {before} before)",
-        unsuccessful(metrics)
+        "the server never ended the cut sync ({} ended unsuccessfully, {before} before; \
+         {} syncs in progress, {} connections awaiting their hello, {} ended ok)",
+        unsuccessful(metrics),
+        metrics.connections.get(),
+        metrics.connections_awaiting_hello.get(),
+        metrics.syncs_ended(Outcome::ok)
     );
 }
 
