@@ -48,7 +48,7 @@ fn unsuccessful(metrics: &Metrics) -> u64 {
 
 /// Waits until the server has finished with a cut connection (held what it received):
 /// its count of unsuccessful syncs passed `before`.
-async fn server_done_with_cut(metrics: &Metrics, before: u64) {
+async fn server_done_with_cut(metrics: &Metrics, before: u64, client_saw: &str) {
     // At the latest after the server's read timeout (30 s).
     for _ in 0..4000 {
         if unsuccessful(metrics) > before {
@@ -58,11 +58,13 @@ async fn server_done_with_cut(metrics: &Metrics, before: u64) {
     }
     panic!(
         "the server never ended the cut sync ({} ended unsuccessfully, {before} before; \
-         {} syncs in progress, {} connections awaiting their hello, {} ended ok)",
+         {} syncs in progress, {} connections awaiting their hello, {} ended ok, {} busy; \
+         the client saw: {client_saw})",
         unsuccessful(metrics),
         metrics.connections.get(),
         metrics.connections_awaiting_hello.get(),
-        metrics.syncs_ended(Outcome::ok)
+        metrics.syncs_ended(Outcome::ok),
+        metrics.syncs_ended(Outcome::busy)
     );
 }
 
@@ -106,9 +108,11 @@ async fn cut_and_resume(
     link.cut_after(Direction::Upstream, cut_at).unwrap();
     let before = unsuccessful(server_metrics);
     eprintln!("cutting {} at {cut_at}", options.address);
-    let cut = client.sync(options).await;
-    assert!(cut.is_err(), "a sync cut after {cut_at} bytes completed");
-    server_done_with_cut(server_metrics, before).await;
+    let cut = client
+        .sync(options)
+        .await
+        .expect_err(&format!("a sync cut after {cut_at} bytes completed"));
+    server_done_with_cut(server_metrics, before, &cut.to_string()).await;
     link.remove("limit_data", Direction::Upstream).unwrap();
     let report = client.sync(retry).await.unwrap();
     assert!(!report.upload_already_applied);
@@ -187,6 +191,14 @@ async fn a_zstd_upload_cut_at_any_of_20_offsets_resumes() {
 }
 
 /// TLS, HTTP and HTTPS: cuts at a third and two thirds of the upload resume too.
+///
+/// HTTPS speaks HTTP/1.1 here. Over HTTP/2 the server grants a 1 MiB window, so the
+/// whole 236 KB upload may be in flight at once: in 3 of 15 runs the cut connection's
+/// request was dropped by the HTTP/2 layer before it reached the sync (the client saw a
+/// broken pipe right after the TLS handshake, the server began no sync), and nothing
+/// could be held. Such a cut costs no more than the bytes in flight, but they are most
+/// of this small upload, so resumption is asserted where the stream is read as it
+/// arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cuts_resume_over_tls_http_and_https() {
     let server = TestServer::start().await;
@@ -195,7 +207,7 @@ async fn cuts_resume_over_tls_http_and_https() {
     for (via, upstream) in [
         (Via::Tls, server.tls_address),
         (Via::Http, server.http_address),
-        (Via::Https, server.https_address),
+        (Via::HttpsHttp1, server.https_address),
     ] {
         let link = toxiproxy.proxy(upstream).unwrap();
         let mut options = server.options_over("alice", via, Compression::None);
@@ -307,8 +319,11 @@ async fn a_changed_upload_starts_its_transfer_again_from_zero() {
     insert_round(&client, 1);
     link.cut_after(Direction::Upstream, 120_000).unwrap();
     let before = unsuccessful(&server.metrics);
-    assert!(client.sync(&options).await.is_err());
-    server_done_with_cut(&server.metrics, before).await;
+    let cut = client
+        .sync(&options)
+        .await
+        .expect_err("the cut sync completed");
+    server_done_with_cut(&server.metrics, before, &cut.to_string()).await;
     link.remove("limit_data", Direction::Upstream).unwrap();
     let held: i64 = server
         .consolidated()
@@ -391,8 +406,11 @@ async fn held_uploads_expire() {
     insert_round(&client, 1);
     link.cut_after(Direction::Upstream, 100_000).unwrap();
     let before = unsuccessful(&server.metrics);
-    assert!(client.sync(&options).await.is_err());
-    server_done_with_cut(&server.metrics, before).await;
+    let cut = client
+        .sync(&options)
+        .await
+        .expect_err("the cut sync completed");
+    server_done_with_cut(&server.metrics, before, &cut.to_string()).await;
     assert_eq!(server.metrics.uploads_held.get(), 1);
     let count = || -> i64 {
         server
