@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rowsync_client::{ClientError, SyncReport};
+use rowsync_client::{ClientError, SyncOptions, SyncReport};
 use rowsync_protocol::{encode_frame, ErrorCode, FrameDecoder, Message, Value};
 use rowsync_server::metrics::{Outcome, PHASES};
 use rowsync_server::ServerConfig;
@@ -332,27 +332,36 @@ async fn a_burst_of_clients_beyond_the_hello_limit_all_sync() {
         .await,
     );
     for round in 0..5 {
-        let clients: Vec<_> = (0..CLIENTS)
-            .map(|index| server.client(&format!("burst-{round}-{index}")))
-            .collect();
-        let start = Arc::new(tokio::sync::Barrier::new(CLIENTS));
-        let mut tasks = tokio::task::JoinSet::new();
-        for mut client in clients {
-            let (server, start) = (Arc::clone(&server), Arc::clone(&start));
-            tasks.spawn(async move {
-                start.wait().await;
-                client.sync(&server.options("alice")).await
-            });
-        }
-        while let Some(joined) = tasks.join_next().await {
-            let report = joined.unwrap().expect("every client of the burst syncs");
-            assert_eq!(report.rows_downloaded, 2);
-        }
+        let options = server.options("alice");
+        sync_a_burst(&server, CLIENTS, &format!("burst-{round}"), options).await;
         if server.metrics.hello_pending_evictions.get() > 0 {
             return;
         }
     }
     panic!("five bursts of {CLIENTS} clients never had more than 2 hellos pending");
+}
+
+/// `count` new clients named `{name}-{index}` sync at once with `options`; each must
+/// succeed and download the server's two rows.
+async fn sync_a_burst(server: &TestServer, count: usize, name: &str, options: SyncOptions) {
+    let clients: Vec<_> = (0..count)
+        .map(|index| server.client(&format!("{name}-{index}")))
+        .collect();
+    let start = Arc::new(tokio::sync::Barrier::new(count));
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut client in clients {
+        let (options, start) = (options.clone(), Arc::clone(&start));
+        tasks.spawn(async move {
+            start.wait().await;
+            client.sync(&options).await
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        let report = joined
+            .unwrap()
+            .expect("every client of the burst syncs, none turned away");
+        assert_eq!(report.rows_downloaded, 2);
+    }
 }
 
 /// Standard-size Test 4 answered 1,360-3,382 clients busy per sync type at 1,000
@@ -371,26 +380,9 @@ async fn a_burst_beyond_the_hello_limit_is_left_its_grace() {
         })
         .await,
     );
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|index| server.client(&format!("graced-{index}")))
-        .collect();
-    let start = Arc::new(tokio::sync::Barrier::new(CLIENTS));
-    let mut tasks = tokio::task::JoinSet::new();
-    for mut client in clients {
-        let (server, start) = (Arc::clone(&server), Arc::clone(&start));
-        tasks.spawn(async move {
-            let mut options = server.options("alice");
-            options.busy_retry = rowsync_client::BusyRetry::Never;
-            start.wait().await;
-            client.sync(&options).await
-        });
-    }
-    while let Some(joined) = tasks.join_next().await {
-        let report = joined
-            .unwrap()
-            .expect("no client of the burst is turned away");
-        assert_eq!(report.rows_downloaded, 2);
-    }
+    let mut options = server.options("alice");
+    options.busy_retry = rowsync_client::BusyRetry::Never;
+    sync_a_burst(&server, CLIENTS, "graced", options).await;
     assert_eq!(server.metrics.hello_pending_evictions.get(), 0);
     assert_eq!(server.metrics.syncs_ended(Outcome::busy), 0);
 }
