@@ -95,6 +95,17 @@ fn held_rows(server: &TestServer) -> i64 {
         .unwrap()
 }
 
+/// Alice's client `name` over a new link to `server`: synchronized once, then round 1's
+/// rows inserted (not yet uploaded).
+async fn client_over_a_link(server: &TestServer, name: &str) -> (Link, SyncOptions, Client) {
+    let link = Link::start(server.address).unwrap();
+    let options = server.options_via(link.addr(), "alice");
+    let mut client = server.client(name);
+    client.sync(&options).await.unwrap();
+    insert_round(&client, 1);
+    (link, options, client)
+}
+
 /// One round: the upload is cut after `cut_at` bytes on the link, then synchronized
 /// again without the cut (through `retry`, or the link). Returns the retry's report.
 async fn cut_and_resume(
@@ -279,12 +290,8 @@ async fn second_server(
 async fn a_retry_on_another_server_resumes_from_the_shared_database() {
     let server = TestServer::start().await;
     let (other, other_metrics, stop) = second_server(&server, ServerConfig::default()).await;
-    let link = Link::start(server.address).unwrap();
-    let options = server.options_via(link.addr(), "alice");
+    let (link, options, mut client) = client_over_a_link(&server, "roaming").await;
     let on_other = server.options_via(other, "alice");
-    let mut client = server.client("roaming");
-    client.sync(&options).await.unwrap();
-    insert_round(&client, 1);
     let full = 200_000;
     let report = cut_and_resume(
         &server.metrics,
@@ -312,11 +319,7 @@ async fn a_retry_on_another_server_resumes_from_the_shared_database() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_upload_starts_its_transfer_again_from_zero() {
     let server = TestServer::start().await;
-    let link = Link::start(server.address).unwrap();
-    let options = server.options_via(link.addr(), "alice");
-    let mut client = server.client("changed");
-    client.sync(&options).await.unwrap();
-    insert_round(&client, 1);
+    let (link, options, mut client) = client_over_a_link(&server, "changed").await;
     link.cut_after(Direction::Upstream, 120_000).unwrap();
     let before = unsuccessful(&server.metrics);
     let cut = client
@@ -370,11 +373,7 @@ async fn an_upload_above_the_hold_limit_is_not_held() {
         ..ServerConfig::default()
     })
     .await;
-    let link = Link::start(server.address).unwrap();
-    let options = server.options_via(link.addr(), "alice");
-    let mut client = server.client("too-large");
-    client.sync(&options).await.unwrap();
-    insert_round(&client, 1);
+    let (link, options, mut client) = client_over_a_link(&server, "too-large").await;
     let report = cut_and_resume(
         &server.metrics,
         &link,
@@ -399,11 +398,7 @@ async fn held_uploads_expire() {
         ..ServerConfig::default()
     })
     .await;
-    let link = Link::start(server.address).unwrap();
-    let options = server.options_via(link.addr(), "alice");
-    let mut client = server.client("expired");
-    client.sync(&options).await.unwrap();
-    insert_round(&client, 1);
+    let (link, options, mut client) = client_over_a_link(&server, "expired").await;
     link.cut_after(Direction::Upstream, 100_000).unwrap();
     let before = unsuccessful(&server.metrics);
     let cut = client
@@ -542,11 +537,7 @@ async fn a_v3_client_syncs_with_a_version_2_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_at_once_finds_what_the_cut_left() {
     let server = TestServer::start().await;
-    let link = Link::start(server.address).unwrap();
-    let options = server.options_via(link.addr(), "alice");
-    let mut client = server.client("impatient");
-    client.sync(&options).await.unwrap();
-    insert_round(&client, 1);
+    let (link, options, mut client) = client_over_a_link(&server, "impatient").await;
     link.cut_after(Direction::Upstream, 150_000).unwrap();
     assert!(client.sync(&options).await.is_err());
     link.remove("limit_data", Direction::Upstream).unwrap();
