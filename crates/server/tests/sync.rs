@@ -151,6 +151,7 @@ async fn stale_update(
         timeout: std::time::Duration::from_secs(30),
         acknowledge: None,
         transfer: None,
+        download_resume: None,
     })
     .await
     .unwrap();

@@ -30,6 +30,19 @@ pub(crate) enum Received {
     Upload(Box<CheckedUpload>),
     Acknowledgement(Box<Acknowledgement>),
     HeldQuery(Box<HeldQuery>),
+    DownloadResume(Box<DownloadResumeQuery>),
+}
+
+/// A request for the rest of a cut download (protocol v4, its own short exchange): no
+/// upload follows.
+pub(crate) struct DownloadResumeQuery {
+    pub(crate) hello: Hello,
+    /// The authenticated user.
+    pub(crate) user: String,
+    pub(crate) transfer_id: String,
+    pub(crate) offset: u64,
+    /// The reply's sender, compressing as the client asked.
+    pub(crate) outbound: Outbound,
 }
 
 /// A question about a cut transfer (protocol v3, its own short exchange): no upload
@@ -154,6 +167,22 @@ pub(crate) async fn receive<B: Consolidated>(
                 hello,
                 user,
                 transfer_id,
+                outbound,
+            })));
+        }
+        Step::DownloadResume {
+            transfer_id,
+            offset,
+            ..
+        } => {
+            timings.recording = None;
+            // The answer waits for the client's other connections, not for this one.
+            reader.receiving = None;
+            return Ok(Received::DownloadResume(Box::new(DownloadResumeQuery {
+                hello,
+                user,
+                transfer_id,
+                offset,
                 outbound,
             })));
         }
