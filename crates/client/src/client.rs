@@ -351,20 +351,10 @@ impl Client {
                     transfer_id: transfer_id.clone(),
                     offset: offset.unwrap_or(0),
                 });
-            let mut apply = DownloadApply::new();
-            apply.script_version = Some(script_version.to_string());
             let keeping = self.protocol_version >= DOWNLOAD_RESUME_SINCE_VERSION;
-            let mut handler = ApplyHandler {
-                connection: &mut self.connection,
-                apply,
-                named: ConflictedRows::default(),
-                conflicted_rows: &mut report.conflicted_rows,
-                progress: &mut *progress,
-                wire_before: report.wire,
-                rows_to_upload: batch.operations,
-                rows_downloaded_before: report.rows_downloaded,
-                kept: KeptStream::new(keeping, Vec::new(), options.download_kept_bytes_max),
-            };
+            let kept = KeptStream::new(keeping, Vec::new(), options.download_kept_bytes_max);
+            let mut handler = apply_handler(&mut self.connection, report, progress, batch, kept);
+            handler.apply.script_version = Some(script_version.to_string());
             let exchanged = exchange_streaming(
                 Exchange {
                     address: &options.address,
@@ -461,37 +451,21 @@ impl Client {
             batch,
             transfer_id,
             prefix,
-        } = resume;
+        } = &resume;
         loop {
-            let mut apply = DownloadApply::new();
-            apply.script_version = Some(hello.script_version.clone());
-            let mut handler = ApplyHandler {
-                connection: &mut self.connection,
-                apply,
-                named: ConflictedRows::default(),
-                conflicted_rows: &mut report.conflicted_rows,
-                progress: &mut *progress,
-                wire_before: report.wire,
-                rows_to_upload: batch.operations,
-                rows_downloaded_before: report.rows_downloaded,
-                kept: KeptStream::new(true, prefix.clone(), options.download_kept_bytes_max),
+            let kept = KeptStream::new(true, prefix.clone(), options.download_kept_bytes_max);
+            let mut handler = apply_handler(&mut self.connection, report, progress, batch, kept);
+            handler.apply.script_version = Some(hello.script_version.clone());
+            handler.kept.verifying(prefix);
+            let held = HeldDownload {
+                transfer_id,
+                prefix,
             };
-            handler.kept.verifying(&prefix);
             let exchanged = exchange_streaming(
                 Exchange {
-                    address: &options.address,
-                    transport: &options.transport,
-                    hello: hello.clone(),
-                    upload_frames: &[],
                     upload_sequence: batch.upload_sequence,
-                    frame_bytes_max: options.frame_bytes_max,
-                    timeout: options.timeout,
-                    acknowledge: None,
-                    transfer: None,
-                    download_resume: Some(HeldDownload {
-                        transfer_id,
-                        prefix: &prefix,
-                    }),
+                    download_resume: Some(held),
+                    ..short_exchange(options, hello)
                 },
                 &mut handler,
             )
@@ -500,32 +474,13 @@ impl Client {
                 Ok(exchanged) => exchanged,
                 Err(error) => {
                     let kept = handler.kept.after(&error);
-                    DownloadApply::abort(&self.connection);
-                    if let Some(kept) = kept.filter(|kept| kept.len() > prefix.len()) {
-                        store::keep_download(
-                            &self.connection,
-                            batch.upload_sequence,
-                            transfer_id,
-                            &kept,
-                        )?;
-                    }
-                    return match error.server_code() {
-                        Some(ErrorCode::TransferNotHeld) => Ok(None),
-                        Some(ErrorCode::UnsupportedProtocolVersion) => {
-                            self.protocol_version -= 1;
-                            Ok(None)
-                        }
-                        // The kept start and the server's rest did not decode or apply
-                        // together: nothing of them stays, the sync goes on afresh.
-                        None if !is_cut(&error) => Ok(None),
-                        _ => Err(error),
-                    };
+                    return self.resume_failed(&resume, kept, error);
                 }
             };
-            report.wire.sent += wire.sent;
-            report.wire.received += wire.received;
             let whole = handler.kept.whole();
             let apply = handler.apply;
+            report.wire.sent += wire.sent;
+            report.wire.received += wire.received;
             match event {
                 SessionEvent::Complete(completed) if whole => {
                     let end = completed.end;
@@ -552,6 +507,32 @@ impl Client {
                     return Ok(None);
                 }
             }
+        }
+    }
+
+    /// A resumption failed: nothing of it stays applied; a new cut keeps what arrived
+    /// for the next attempt (and fails the sync); the server's refusal or data that did
+    /// not decode or apply sends the sync on afresh (`None`).
+    fn resume_failed(
+        &mut self,
+        resume: &DownloadResumption<'_>,
+        kept: Option<Vec<u8>>,
+        error: ClientError,
+    ) -> Result<Option<(EndDownload, u64)>, ClientError> {
+        DownloadApply::abort(&self.connection);
+        if let Some(kept) = kept.filter(|kept| kept.len() > resume.prefix.len()) {
+            let sequence = resume.batch.upload_sequence;
+            store::keep_download(&self.connection, sequence, resume.transfer_id, &kept)?;
+        }
+        match error.server_code() {
+            Some(ErrorCode::TransferNotHeld) => Ok(None),
+            Some(ErrorCode::UnsupportedProtocolVersion) => {
+                self.protocol_version -= 1;
+                Ok(None)
+            }
+            // The kept start and the server's rest did not decode or apply together.
+            None if !is_cut(&error) => Ok(None),
+            _ => Err(error),
         }
     }
 
@@ -645,6 +626,43 @@ impl Client {
             auth_parameters: options.auth_parameters.clone(),
             download_ack: false,
         }
+    }
+}
+
+/// The handler that applies a round's download as it arrives.
+fn apply_handler<'a>(
+    connection: &'a mut Connection,
+    report: &'a mut SyncReport,
+    progress: &'a mut (dyn FnMut(&SyncProgress) + Send),
+    batch: &store::Batch,
+    kept: KeptStream,
+) -> ApplyHandler<'a> {
+    ApplyHandler {
+        connection,
+        apply: DownloadApply::new(),
+        named: ConflictedRows::default(),
+        wire_before: report.wire,
+        rows_downloaded_before: report.rows_downloaded,
+        conflicted_rows: &mut report.conflicted_rows,
+        progress,
+        rows_to_upload: batch.operations,
+        kept,
+    }
+}
+
+/// An exchange without an upload (a question, an acknowledgement, a resumption).
+fn short_exchange<'a>(options: &'a SyncOptions, hello: &Hello) -> Exchange<'a> {
+    Exchange {
+        address: &options.address,
+        transport: &options.transport,
+        hello: hello.clone(),
+        upload_frames: &[],
+        upload_sequence: 0,
+        frame_bytes_max: options.frame_bytes_max,
+        timeout: options.timeout,
+        acknowledge: None,
+        transfer: None,
+        download_resume: None,
     }
 }
 

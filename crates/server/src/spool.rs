@@ -250,7 +250,14 @@ impl Spool {
                 "the client stopped reading the download",
             )
         };
-        for piece in &self.memory {
+        for (index, piece) in self.memory.iter().enumerate() {
+            #[cfg(feature = "failpoints")]
+            if index + 1 == self.memory.len() && self.file.is_none() {
+                // All but the last piece (a download's end frame) is out.
+                out.flush().await?;
+                rowsync_consolidated::failpoint!("mid_download");
+            }
+            let _ = index;
             tokio::time::timeout(write_timeout, out.write_all(piece))
                 .await
                 .map_err(|_| stalled())??;

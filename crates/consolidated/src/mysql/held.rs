@@ -44,14 +44,14 @@ async fn remove(
     let (table, part_table) = direction.tables();
     connection
         .exec_drop(
-            &format!("DELETE FROM {part_table} WHERE client_id = ?"),
+            format!("DELETE FROM {part_table} WHERE client_id = ?"),
             (client_id,),
         )
         .await
         .map_err(db)?;
     connection
         .exec_drop(
-            &format!("DELETE FROM {table} WHERE client_id = ?"),
+            format!("DELETE FROM {table} WHERE client_id = ?"),
             (client_id,),
         )
         .await
@@ -73,7 +73,7 @@ pub async fn hold(
         .map_err(db)?;
     remove(&mut transaction, direction, &held.client_id).await?;
     let others: Option<i64> = transaction
-        .query_first(&format!(
+        .query_first(format!(
             "SELECT CAST(coalesce(sum(length), 0) AS SIGNED) FROM {table}"
         ))
         .await
@@ -84,7 +84,7 @@ pub async fn hold(
     }
     transaction
         .exec_drop(
-            &format!(
+            format!(
                 "INSERT INTO {table} (client_id, transfer_id, user_name, length, sha256, \
              created_unix_ms) VALUES (?, ?, ?, ?, ?, ?)"
             ),
@@ -102,7 +102,7 @@ pub async fn hold(
     for (part, chunk) in bytes.chunks(HELD_TRANSFER_PART_BYTES).enumerate() {
         transaction
             .exec_drop(
-                &format!("INSERT INTO {part_table} (client_id, part, bytes) VALUES (?, ?, ?)"),
+                format!("INSERT INTO {part_table} (client_id, part, bytes) VALUES (?, ?, ?)"),
                 (&held.client_id, part as i64, chunk),
             )
             .await
@@ -121,7 +121,7 @@ pub async fn held(
     let (table, _) = direction.tables();
     let row: Option<(String, i64, Vec<u8>, i64)> = connection
         .exec_first(
-            &format!(
+            format!(
                 "SELECT user_name, length, sha256, created_unix_ms FROM {table} \
              WHERE client_id = ? AND transfer_id = ?"
             ),
@@ -159,7 +159,7 @@ pub async fn held_bytes(
     let parts = length.div_ceil(HELD_TRANSFER_PART_BYTES as u64);
     let rows: Vec<Vec<u8>> = connection
         .exec(
-            &format!(
+            format!(
                 "SELECT bytes FROM {part_table} WHERE client_id = ? AND part < ? \
              ORDER BY part"
             ),
@@ -206,7 +206,7 @@ pub async fn expire(
         .map_err(db)?;
     transaction
         .exec_drop(
-            &format!(
+            format!(
                 "DELETE FROM {part_table} WHERE client_id IN \
              (SELECT client_id FROM {table} WHERE created_unix_ms < ?)"
             ),
@@ -216,7 +216,7 @@ pub async fn expire(
         .map_err(db)?;
     transaction
         .exec_drop(
-            &format!("DELETE FROM {table} WHERE created_unix_ms < ?"),
+            format!("DELETE FROM {table} WHERE created_unix_ms < ?"),
             (created_before_unix_ms,),
         )
         .await
