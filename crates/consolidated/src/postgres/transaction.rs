@@ -257,6 +257,14 @@ impl EndStatement {
         }))
     }
 
+    /// A script's failure names its event.
+    fn failure(&self, error: tokio_postgres::Error) -> SyncError {
+        match &self.script {
+            Some((_, event)) => script_failure(event, "", error),
+            None => SyncError::from(error),
+        }
+    }
+
     fn sql(&self) -> &str {
         self.script.as_ref().map_or(self.sql, |(sql, _)| sql)
     }
@@ -280,11 +288,8 @@ impl PgTransaction<'_> {
     async fn run_end_steps_pipelined(&self, steps: &[EndStatement]) -> Result<(), SyncError> {
         let mut prepared = Vec::with_capacity(steps.len());
         for step in steps {
-            prepared.push(
-                self.statements
-                    .prepare(&self.transaction, step.sql())
-                    .await?,
-            );
+            let statement = self.statements.prepare(&self.transaction, step.sql()).await;
+            prepared.push(statement.map_err(|error| step.failure(error))?);
         }
         let runs = steps
             .iter()
@@ -293,10 +298,7 @@ impl PgTransaction<'_> {
                 let binds = binds_of(&step.values);
                 let parameters = step.parameters(&binds);
                 let result = self.transaction.execute(statement, &parameters).await;
-                result.map_err(|error| match &step.script {
-                    Some((_, event)) => script_failure(event, "", error),
-                    None => SyncError::from(error),
-                })
+                result.map_err(|error| step.failure(error))
             });
         futures_util::future::try_join_all(runs).await?;
         Ok(())
