@@ -122,11 +122,15 @@ impl PostgresConsolidated {
         // that run once per sync. Statements stay prepared (`statements`) but are
         // planned for each sync's own values: a generic plan guesses an upload's array
         // at 10 rows and then anti-joins its RETURNING keys by nested loop, quadratic
-        // in the rows (a 1,000-row delete took 3.5 times as long).
+        // in the rows (a 1,000-row delete took 3.5 times as long). No parallel workers:
+        // a cursor over a partition of a large table was planned parallel, and starting
+        // the worker cost more than the query (a tombstone cursor 12-15 ms instead of
+        // 2-6 ms, which in a standard Test 1 was 63 s of 13,000 syncs' database time);
+        // the server's concurrent syncs are what use the database's cores.
         client
             .batch_execute(&format!(
                 "SET temp_buffers = '{STAGING_TEMP_BUFFERS_MB}MB'; SET work_mem = '{STAGING_WORK_MEM_MB}MB'; SET jit = off; \
-                 SET plan_cache_mode = force_custom_plan"
+                 SET plan_cache_mode = force_custom_plan; SET max_parallel_workers_per_gather = 0"
             ))
             .await?;
         let version: i32 = client
