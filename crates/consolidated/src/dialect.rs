@@ -114,6 +114,16 @@ pub struct SubscriptionUpdate<'a> {
     pub late_scripts: bool,
 }
 
+/// One step of a sync's end (`driver::end_events`), run in the order given.
+pub enum EndStep<'a> {
+    Subscription(SubscriptionUpdate<'a>),
+    LateScriptsBegin,
+    /// A connection event's script, if the version has one.
+    Event(&'static str),
+    /// [`Dialect::late_scripts_end`] for the client id.
+    LateScriptsEnd(&'a str),
+}
+
 /// What every upload statement of one table runs with.
 #[derive(Clone, Copy)]
 pub struct TableApply<'a> {
@@ -242,6 +252,28 @@ pub trait Dialect {
 
     /// The scripts after the download cursors ran (see [`Dialect::late_scripts_begin`]).
     async fn late_scripts_end(&mut self, _client_id: &str) -> Result<(), SyncError> {
+        Ok(())
+    }
+
+    /// Runs `steps` in order. No step reads what an earlier one returned, so a backend
+    /// may send them all at once (pipelined, one round trip): the database still runs
+    /// them in order, and a failing step fails the transaction, as one at a time.
+    async fn run_end_steps(
+        &mut self,
+        scripts: &Scripts,
+        parameters: &Parameters<'_>,
+        steps: &[EndStep<'_>],
+    ) -> Result<(), SyncError> {
+        for step in steps {
+            match step {
+                EndStep::Subscription(update) => self.record_subscription(update).await?,
+                EndStep::LateScriptsBegin => self.late_scripts_begin().await?,
+                EndStep::Event(event) => {
+                    self.run_event(scripts, event, parameters).await?;
+                }
+                EndStep::LateScriptsEnd(client_id) => self.late_scripts_end(client_id).await?,
+            }
+        }
         Ok(())
     }
 

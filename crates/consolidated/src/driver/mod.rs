@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use rowsync_protocol::{SyncSummary, Value};
 
-use crate::dialect::{Dialect, Subscription, SubscriptionUpdate, SyncBackend};
+use crate::dialect::{Dialect, EndStep, Subscription, SubscriptionUpdate, SyncBackend};
 use crate::parameters::{error_parameters, Parameters};
 use crate::scripts::*;
 use crate::version_scripts::{single_integer, Scripts};
@@ -237,7 +237,8 @@ async fn run_events<D: Dialect, B: SyncBackend>(
 /// Records the subscription, then runs the scripts after the cursors (`end_download`,
 /// `end_synchronization`). It is recorded first so that a backend can tell what those
 /// scripts write apart from what the client now has: the client's next sync must bring
-/// it, not skip it as this sync's own (`:last_sync_xid`).
+/// it, not skip it as this sync's own (`:last_sync_xid`). None of these steps reads what
+/// another returns: a backend may send them at once (`Dialect::run_end_steps`).
 async fn end_events<D: Dialect>(
     transaction: &mut D,
     scripts: &Scripts,
@@ -248,30 +249,24 @@ async fn end_events<D: Dialect>(
     let late_scripts = [END_DOWNLOAD, END_SYNCHRONIZATION]
         .iter()
         .any(|event| scripts.connection_event(event).is_some());
-    transaction
-        .record_subscription(&SubscriptionUpdate {
-            client_id: &request.client_id,
-            user: &request.user,
-            script_version: &request.script_version,
-            upload_sequence: parameters.upload_sequence,
-            download_watermark: watermark,
-            download_acknowledged: request.last_download_watermark,
-            late_scripts,
-        })
-        .await?;
+    let mut steps = vec![EndStep::Subscription(SubscriptionUpdate {
+        client_id: &request.client_id,
+        user: &request.user,
+        script_version: &request.script_version,
+        upload_sequence: parameters.upload_sequence,
+        download_watermark: watermark,
+        download_acknowledged: request.last_download_watermark,
+        late_scripts,
+    })];
     if late_scripts {
-        transaction.late_scripts_begin().await?;
+        steps.push(EndStep::LateScriptsBegin);
     }
-    transaction
-        .run_event(scripts, END_DOWNLOAD, parameters)
-        .await?;
-    transaction
-        .run_event(scripts, END_SYNCHRONIZATION, parameters)
-        .await?;
+    steps.push(EndStep::Event(END_DOWNLOAD));
+    steps.push(EndStep::Event(END_SYNCHRONIZATION));
     if late_scripts {
-        transaction.late_scripts_end(&request.client_id).await?;
+        steps.push(EndStep::LateScriptsEnd(&request.client_id));
     }
-    Ok(())
+    transaction.run_end_steps(scripts, parameters, &steps).await
 }
 
 /// The upload sequence this client already had applied: a client id belongs to the

@@ -33,6 +33,7 @@ mod held;
 mod query;
 mod rows;
 mod schema;
+mod shapes;
 mod stage;
 mod statements;
 mod streams;
@@ -45,7 +46,6 @@ pub use statements::PREPARED_STATEMENTS_MAX;
 mod numeric;
 pub mod value;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use rowsync_protocol::Row;
@@ -60,6 +60,7 @@ use crate::{
     SyncRequest, TableInit,
 };
 pub use error::describe_postgres;
+use shapes::{ShapeCache, SyncGeneration};
 use statements::Statements;
 use transaction::PgTransaction;
 
@@ -121,11 +122,15 @@ impl PostgresConsolidated {
         // that run once per sync. Statements stay prepared (`statements`) but are
         // planned for each sync's own values: a generic plan guesses an upload's array
         // at 10 rows and then anti-joins its RETURNING keys by nested loop, quadratic
-        // in the rows (a 1,000-row delete took 3.5 times as long).
+        // in the rows (a 1,000-row delete took 3.5 times as long). No parallel workers:
+        // a cursor over a partition of a large table was planned parallel, and starting
+        // the worker cost more than the query (a tombstone cursor 12-15 ms instead of
+        // 2-6 ms, which in a standard Test 1 was 63 s of 13,000 syncs' database time);
+        // the server's concurrent syncs are what use the database's cores.
         client
             .batch_execute(&format!(
                 "SET temp_buffers = '{STAGING_TEMP_BUFFERS_MB}MB'; SET work_mem = '{STAGING_WORK_MEM_MB}MB'; SET jit = off; \
-                 SET plan_cache_mode = force_custom_plan"
+                 SET plan_cache_mode = force_custom_plan; SET max_parallel_workers_per_gather = 0"
             ))
             .await?;
         let version: i32 = client
@@ -136,6 +141,9 @@ impl PostgresConsolidated {
             client,
             cache: ScriptCache::default(),
             statements: Statements::default(),
+            shapes: ShapeCache::default(),
+            generation: SyncGeneration::default(),
+            lender: None,
             streams,
             flushes_counts: version >= FORCE_NEXT_FLUSH_VERSION,
         })
@@ -155,6 +163,12 @@ pub struct PostgresConnection {
     cache: ScriptCache,
     /// This connection's prepared statements (see `statements`).
     statements: Statements,
+    /// Table shapes kept across syncs (see `shapes`).
+    shapes: ShapeCache,
+    /// The schema generation this connection's open sync read, told to its streams.
+    generation: SyncGeneration,
+    /// On an apply stream: the generation of the sync it applies for.
+    lender: Option<SyncGeneration>,
     /// Where its syncs take apply streams from (none on a stream's own connection).
     streams: streams::SharedPool,
     /// See `PgTransaction::flushes_counts`.
@@ -174,6 +188,11 @@ impl PostgresConnection {
     pub fn prepared_statements(&self) -> usize {
         self.statements.len()
     }
+
+    /// Table shapes this connection keeps (`shapes`).
+    pub fn cached_shapes(&self) -> usize {
+        self.shapes.len()
+    }
 }
 
 impl SyncBackend for PostgresConnection {
@@ -186,16 +205,21 @@ impl SyncBackend for PostgresConnection {
             .map_or(ApplyStreamSettings::OFF.lock_timeout_ms, |pool| {
                 pool.settings.lock_timeout_ms
             });
+        self.shapes.begin();
+        self.generation.set(None);
+        if let Some(generation) = self.lender.as_ref().and_then(SyncGeneration::get) {
+            // An apply stream, inside a sync that read the generation.
+            self.shapes.confirm(Some(generation));
+        }
         Ok(PgTransaction {
             transaction: self.client.transaction().await?,
             statements: &self.statements,
-            types: HashMap::new(),
             lock_timeout_ms,
-            tables: HashMap::new(),
+            shapes: &mut self.shapes,
+            generation: &self.generation,
             subscription: None,
             flushes_counts: self.flushes_counts,
             lock_horizon: None,
-            writes_before_late_scripts: None,
         })
     }
 
@@ -204,6 +228,7 @@ impl SyncBackend for PostgresConnection {
         if stale {
             // A table changed under a prepared statement: prepare afresh.
             self.statements.clear();
+            self.shapes.clear();
         }
         stale || error::is_retryable(error)
     }
@@ -211,8 +236,9 @@ impl SyncBackend for PostgresConnection {
     fn after_failure(&mut self) {
         // A failed sync may come from a table changed under a prepared statement in a
         // way PostgreSQL does not report as such (a parameter's type): the next sync on
-        // this connection prepares afresh.
+        // this connection prepares afresh and reads table shapes again.
         self.statements.clear();
+        self.shapes.clear();
     }
 
     fn apply_streams_for(&self, rows: u64) -> usize {
@@ -223,7 +249,13 @@ impl SyncBackend for PostgresConnection {
 
     async fn take_streams(&mut self, count: usize) -> Vec<PostgresConnection> {
         match &self.streams {
-            Some(pool) => pool.take(&self.client, count).await,
+            Some(pool) => {
+                let mut streams = pool.take(&self.client, count).await;
+                for stream in &mut streams {
+                    stream.lender = Some(self.generation.clone());
+                }
+                streams
+            }
             None => Vec::new(),
         }
     }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use tokio_postgres::{Client, GenericClient, Transaction};
 
+use super::shapes::SCHEMA_GENERATION_DDL;
 use super::statements::Statements;
 use super::value::kind_of;
 use crate::names::{column_list, key_match};
@@ -98,7 +99,7 @@ pub async fn install_system_tables(client: &impl GenericClient) -> Result<(), Db
     // Concurrent installers would race on CREATE TABLE IF NOT EXISTS; serialize them.
     client
         .batch_execute(&format!(
-            "SELECT pg_advisory_xact_lock(7261); {SYSTEM_TABLES}"
+            "SELECT pg_advisory_xact_lock(7261); {SYSTEM_TABLES} {SCHEMA_GENERATION_DDL}"
         ))
         .await?;
     Ok(())

@@ -1,21 +1,21 @@
 //! One sync's transaction on PostgreSQL: the primitives the sync driver composes.
 
-use std::collections::HashMap;
-
 use rowsync_protocol::{Row, Value};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Transaction;
 
 use super::error::script_failure;
 use super::events::run_event;
-use super::query::{query_rows, query_script, read_cursor};
+use super::query::{bind_script, binds_of, query_rows, query_script, read_cursor};
 use super::rows::run_row_statements;
 use super::schema::{table_shape, tombstone_table};
+use super::shapes::{schema_generation, CachedTable, ShapeCache, SyncGeneration};
 use super::stage::{apply_staged, Stage, StageTarget};
 use super::statements::Statements;
+use super::value::Bind;
 use crate::dialect::{
-    CursorScript, CursorSink, Dialect, EchoXids, OwnWrites, RowFailure, RowStatement, StagedRows,
-    Subscription, SubscriptionUpdate, TableApply,
+    CursorScript, CursorSink, Dialect, EchoXids, EndStep, OwnWrites, RowFailure, RowStatement,
+    StagedRows, Subscription, SubscriptionUpdate, TableApply,
 };
 use crate::names::select_by_key;
 use crate::parameters::{positional_parameters, Parameters, RowImages};
@@ -40,13 +40,16 @@ const WATERMARK_QUERY: &str = concat!("SELECT ", snapshot_horizon!());
 /// advisory lock on (`ANNOUNCED_WATERMARK_LOCK`, the horizon's low 32 bits), visible in
 /// `pg_locks` at once, which cleanup reads and nobody ever takes exclusively, so no sync
 /// waits for cleanup (see `schema::cleanup`). The horizon itself is a valid watermark
-/// for every cursor that runs after it (see `Dialect::watermark` below).
+/// for every cursor that runs after it (see `Dialect::watermark` below). Last, the
+/// schema generation the connection's cached table shapes are checked against
+/// (`shapes`).
 const LOCK_CLIENT_QUERY: &str = concat!(
     "SELECT pg_try_advisory_xact_lock(7262, hashtext($1)), \
      pg_advisory_xact_lock_shared(7264, ((h.horizon & 4294967295) \
        - CASE WHEN (h.horizon & 4294967295) >= 2147483648 THEN 4294967296 ELSE 0 END)::int4), \
-     h.horizon \
-     FROM (SELECT ",
+     h.horizon, ",
+    schema_generation!(),
+    " FROM (SELECT ",
     snapshot_horizon!(),
     " AS horizon) AS h"
 );
@@ -92,12 +95,26 @@ macro_rules! tracked_writes {
     };
 }
 
+/// Where `SUBSCRIPTION_UPSERT_COUNTING` leaves what the transaction had written before
+/// the scripts after the cursors, for `LATE_WRITES_UPDATE` (a setting local to the
+/// transaction: the two can be sent at once, as neither waits for the other's result).
+macro_rules! writes_before_late_scripts {
+    () => {
+        "'rowsync.writes_before_late_scripts'"
+    };
+}
+
 /// `Dialect::late_scripts_end`: the scripts after the cursors wrote to a tracked table
-/// (or the counts cannot tell), so the client's next sync skips nothing of this one.
+/// (or the counts cannot tell, or were not recorded), so the client's next sync skips
+/// nothing of this one.
 const LATE_WRITES_UPDATE: &str = concat!(
-    "UPDATE rs_subscription SET last_sync_xid = 0 WHERE client_id = $1 AND (",
+    "UPDATE rs_subscription SET last_sync_xid = 0 \
+     FROM (SELECT NULLIF(current_setting(",
+    writes_before_late_scripts!(),
+    ", true), '')::int8 AS before) AS w \
+     WHERE client_id = $1 AND (",
     tracked_writes!(),
-    " IS DISTINCT FROM $2 OR $2 < 0)"
+    " IS DISTINCT FROM w.before OR w.before < 0)"
 );
 
 const PARTITION_COLUMN_QUERY: &str = "SELECT partition_column FROM rs_table WHERE table_name = $1";
@@ -125,26 +142,30 @@ macro_rules! subscription_upsert {
 }
 
 const SUBSCRIPTION_UPSERT: &str = subscription_upsert!("");
-/// The upsert before scripts that run after the cursors: it returns what the
-/// transaction has written to tracked tables so far (`tracked_writes!`).
-const SUBSCRIPTION_UPSERT_COUNTING: &str =
-    subscription_upsert!(concat!(" RETURNING ", tracked_writes!()));
+/// The upsert before scripts that run after the cursors: it keeps what the transaction
+/// has written to tracked tables so far (`tracked_writes!`) for `LATE_WRITES_UPDATE`.
+const SUBSCRIPTION_UPSERT_COUNTING: &str = subscription_upsert!(concat!(
+    " RETURNING set_config(",
+    writes_before_late_scripts!(),
+    ", ",
+    tracked_writes!(),
+    "::text, true)"
+));
 
 /// A sync's transaction with the connection's prepared statements, and the SQL types of
 /// the tables it has looked at (array staging binds each column by its type).
 pub struct PgTransaction<'c> {
     pub(super) transaction: Transaction<'c>,
     pub(super) statements: &'c Statements,
-    pub(super) types: HashMap<String, Vec<String>>,
     /// The apply streams' lock timeout (`limit_lock_waits`).
     pub(super) lock_timeout_ms: u64,
-    /// The shapes and partition columns of the tables this transaction has looked at:
-    /// asked again (the download after the upload), they are answered without a round
-    /// trip. Once the upload has run a statement on the table, the lock it holds until
-    /// the end keeps `ALTER TABLE` out, so the shape cannot change meanwhile; a change
-    /// committed between reading the shape and the first statement on the table is
-    /// met as before the cache, by the statements (a stale prepared statement retries).
-    pub(super) tables: HashMap<String, (TableShape, Option<String>)>,
+    /// The connection's table shapes and partition columns (`shapes`): kept across
+    /// syncs while the schema generation stays, else for this transaction only. Once
+    /// the upload has run a statement on a table, the lock it holds until the end keeps
+    /// `ALTER TABLE` out, so the shape cannot change meanwhile.
+    pub(super) shapes: &'c mut ShapeCache,
+    /// Where the generation this sync read is told to its apply streams.
+    pub(super) generation: &'c SyncGeneration,
     /// The subscription read together with the client's lock, for `subscription`.
     pub(super) subscription: Option<(String, Option<Subscription>)>,
     /// The server has `pg_stat_force_next_flush` (PostgreSQL 15 and later).
@@ -152,9 +173,6 @@ pub struct PgTransaction<'c> {
     /// The snapshot horizon read with the client's lock, while no upload statement has
     /// run since: the watermark, without a round trip of its own (see `watermark`).
     pub(super) lock_horizon: Option<i64>,
-    /// What the transaction had written to tracked tables before the scripts after the
-    /// cursors ran (`SUBSCRIPTION_UPSERT_COUNTING`).
-    pub(super) writes_before_late_scripts: Option<i64>,
 }
 
 fn subscription_of(row: &tokio_postgres::Row) -> Subscription {
@@ -175,6 +193,115 @@ impl PgTransaction<'_> {
     ) -> Result<tokio_postgres::Row, SyncError> {
         let statement = self.statements.prepare(&self.transaction, sql).await?;
         Ok(self.transaction.query_one(&statement, parameters).await?)
+    }
+}
+
+/// A statement of the sync's end (`Dialect::run_end_steps`), with its values.
+pub(super) struct EndStatement {
+    sql: &'static str,
+    script: Option<(String, &'static str)>,
+    text: Vec<String>,
+    integers: Vec<i64>,
+    values: Vec<Value>,
+}
+
+impl EndStatement {
+    fn subscription(update: &SubscriptionUpdate<'_>) -> EndStatement {
+        EndStatement {
+            sql: if update.late_scripts {
+                SUBSCRIPTION_UPSERT_COUNTING
+            } else {
+                SUBSCRIPTION_UPSERT
+            },
+            script: None,
+            text: vec![
+                update.client_id.to_string(),
+                update.user.to_string(),
+                update.script_version.to_string(),
+            ],
+            integers: vec![
+                update.upload_sequence,
+                update.download_watermark,
+                update.download_acknowledged,
+            ],
+            values: Vec::new(),
+        }
+    }
+
+    fn late_writes(client_id: &str) -> EndStatement {
+        EndStatement {
+            sql: LATE_WRITES_UPDATE,
+            script: None,
+            text: vec![client_id.to_string()],
+            integers: Vec::new(),
+            values: Vec::new(),
+        }
+    }
+
+    /// A connection event's script bound to its values, if the version has one.
+    fn event(
+        scripts: &Scripts,
+        event: &'static str,
+        parameters: &Parameters<'_>,
+    ) -> Result<Option<EndStatement>, SyncError> {
+        let Some(script) = scripts.connection_event(event) else {
+            return Ok(None);
+        };
+        let (sql, values) = bind_script(script, parameters, "", event)?;
+        Ok(Some(EndStatement {
+            sql: "",
+            script: Some((sql, event)),
+            text: Vec::new(),
+            integers: Vec::new(),
+            values,
+        }))
+    }
+
+    /// A script's failure names its event.
+    fn failure(&self, error: tokio_postgres::Error) -> SyncError {
+        match &self.script {
+            Some((_, event)) => script_failure(event, "", error),
+            None => SyncError::from(error),
+        }
+    }
+
+    fn sql(&self) -> &str {
+        self.script.as_ref().map_or(self.sql, |(sql, _)| sql)
+    }
+
+    /// Its values in order: text, then integers, then a script's values.
+    fn parameters<'v>(&'v self, binds: &'v [Bind<'v>]) -> Vec<&'v (dyn ToSql + Sync)> {
+        let text = self.text.iter().map(|value| value as &(dyn ToSql + Sync));
+        let integers = self
+            .integers
+            .iter()
+            .map(|value| value as &(dyn ToSql + Sync));
+        let binds = binds.iter().map(|bind| bind as &(dyn ToSql + Sync));
+        text.chain(integers).chain(binds).collect()
+    }
+}
+
+impl PgTransaction<'_> {
+    /// Prepares each statement, then sends them all at once: `try_join_all` polls them
+    /// in order, and each sends its request on its first poll, so they reach
+    /// PostgreSQL, which runs them in order, as written.
+    async fn run_end_steps_pipelined(&self, steps: &[EndStatement]) -> Result<(), SyncError> {
+        let mut prepared = Vec::with_capacity(steps.len());
+        for step in steps {
+            let statement = self.statements.prepare(&self.transaction, step.sql()).await;
+            prepared.push(statement.map_err(|error| step.failure(error))?);
+        }
+        let runs = steps
+            .iter()
+            .zip(&prepared)
+            .map(|(step, statement)| async move {
+                let binds = binds_of(&step.values);
+                let parameters = step.parameters(&binds);
+                let result = self.transaction.execute(statement, &parameters).await;
+                result.map_err(|error| step.failure(error))
+            });
+        futures_util::future::try_join_all(runs).await?;
+        Ok(())
     }
 }
 
@@ -200,6 +327,9 @@ impl Dialect for PgTransaction<'_> {
         .await?;
         let locked: bool = lock_row.get(0);
         self.lock_horizon = locked.then(|| lock_row.get(2));
+        let generation: Option<i64> = lock_row.get(3);
+        self.shapes.confirm(generation);
+        self.generation.set(generation);
         if locked {
             let subscription = subscription.map(|row| subscription_of(&row));
             self.subscription = Some((client_id.to_string(), subscription));
@@ -240,41 +370,37 @@ impl Dialect for PgTransaction<'_> {
         &mut self,
         update: &SubscriptionUpdate<'_>,
     ) -> Result<(), SyncError> {
-        let sql = if update.late_scripts {
-            SUBSCRIPTION_UPSERT_COUNTING
-        } else {
-            SUBSCRIPTION_UPSERT
-        };
-        let statement = self.statements.prepare(&self.transaction, sql).await?;
-        let parameters: [&(dyn ToSql + Sync); 6] = [
-            &update.client_id,
-            &update.user,
-            &update.script_version,
-            &update.upload_sequence,
-            &update.download_watermark,
-            &update.download_acknowledged,
-        ];
-        if update.late_scripts {
-            let row = self.transaction.query_one(&statement, &parameters).await?;
-            self.writes_before_late_scripts = Some(row.get(0));
-        } else {
-            self.transaction.execute(&statement, &parameters).await?;
-        }
-        Ok(())
+        self.run_end_steps_pipelined(&[EndStatement::subscription(update)])
+            .await
     }
 
     async fn late_scripts_end(&mut self, client_id: &str) -> Result<(), SyncError> {
-        let Some(before) = self.writes_before_late_scripts.take() else {
-            return Ok(());
-        };
-        let statement = self
-            .statements
-            .prepare(&self.transaction, LATE_WRITES_UPDATE)
-            .await?;
-        self.transaction
-            .execute(&statement, &[&client_id, &before])
-            .await?;
-        Ok(())
+        self.run_end_steps_pipelined(&[EndStatement::late_writes(client_id)])
+            .await
+    }
+
+    /// Every step's statement prepared first (one at a time: a statement not yet
+    /// prepared costs a round trip), then all sent at once.
+    async fn run_end_steps(
+        &mut self,
+        scripts: &Scripts,
+        parameters: &Parameters<'_>,
+        steps: &[EndStep<'_>],
+    ) -> Result<(), SyncError> {
+        let mut statements = Vec::with_capacity(steps.len());
+        for step in steps {
+            let statement = match step {
+                EndStep::Subscription(update) => EndStatement::subscription(update),
+                EndStep::LateScriptsBegin => continue,
+                EndStep::Event(event) => match EndStatement::event(scripts, event, parameters)? {
+                    Some(statement) => statement,
+                    None => continue,
+                },
+                EndStep::LateScriptsEnd(client_id) => EndStatement::late_writes(client_id),
+            };
+            statements.push(statement);
+        }
+        self.run_end_steps_pipelined(&statements).await
     }
 
     async fn run_event(
@@ -294,10 +420,10 @@ impl Dialect for PgTransaction<'_> {
     }
 
     /// The shape and the partition column are read in one round trip (pipelined) and
-    /// kept for the rest of the transaction.
+    /// kept (`shapes`).
     async fn table_shape(&mut self, table: &str) -> Result<TableShape, SyncError> {
-        if let Some((shape, _)) = self.tables.get(table) {
-            return Ok(shape.clone());
+        if let Some(cached) = self.shapes.get(table) {
+            return Ok(cached.shape.clone());
         }
         let partition = self
             .statements
@@ -316,16 +442,19 @@ impl Dialect for PgTransaction<'_> {
                 "table {table:?} does not exist in the consolidated database"
             ))
         })?;
-        self.types.insert(table.to_string(), types);
         let partition = partition.and_then(|row| row.get(0));
-        self.tables
-            .insert(table.to_string(), (shape.clone(), partition));
+        let cached = CachedTable {
+            shape: shape.clone(),
+            types,
+            partition,
+        };
+        self.shapes.insert(table, cached);
         Ok(shape)
     }
 
     async fn partition_column(&mut self, table: &str) -> Result<Option<String>, SyncError> {
-        if let Some((_, partition)) = self.tables.get(table) {
-            return Ok(partition.clone());
+        if let Some(cached) = self.shapes.get(table) {
+            return Ok(cached.partition.clone());
         }
         let statement = self
             .statements
@@ -349,7 +478,10 @@ impl Dialect for PgTransaction<'_> {
         staged: StagedRows<'_, '_>,
     ) -> Result<Vec<Row>, SyncError> {
         self.lock_horizon = None;
-        let types = self.types.get(table.table()).map_or(&[][..], Vec::as_slice);
+        let types = self
+            .shapes
+            .get(table.table())
+            .map_or(&[][..], |cached| cached.types.as_slice());
         let target = StageTarget {
             transaction: &self.transaction,
             statements: self.statements,

@@ -124,6 +124,7 @@ macro_rules! conformance_suite {
             a_dropped_column_leaves_every_version_and_old_uploads_of_it_are_ignored,
             a_new_table_goes_into_a_new_version_holding_every_table,
             a_widened_type_syncs_values_past_its_old_range,
+            a_connection_reused_across_alter_table_uses_the_new_shape,
             a_cancelled_statement_stops_with_an_error,
             the_sync_history_keeps_its_newest_rows_in_order,
             a_large_upload_over_apply_streams_lands_as_on_one_stream,

@@ -266,3 +266,51 @@ pub async fn a_widened_type_syncs_values_past_its_old_range<F: Factory>() {
         .await;
     assert_eq!(order_deletes(&after), vec![key(&[big])]);
 }
+
+/// A connection that keeps table shapes across syncs (PostgreSQL) reads a table's new
+/// shape after `ALTER TABLE`, made with no `init` in between: a wide value that only
+/// the new type takes syncs on the same connection. Skipped where the database cannot
+/// change a type.
+pub async fn a_connection_reused_across_alter_table_uses_the_new_shape<F: Factory>() {
+    let Some(widen) = F::widen_to_bigint("orders", &["quantity"]) else {
+        return;
+    };
+    let mut f = Fixture::<F>::with_orders(&[order(1, "alice", "pen", 1, None)]).await;
+    let mut connection = f.backend.connect().await.expect("connect");
+    let first = sync_on(&mut connection, request("old", "alice", 0, 1, vec![])).await;
+    let ink = order(2, "alice", "ink", 2, None);
+    let second = sync_on(
+        &mut connection,
+        request(
+            "old",
+            "alice",
+            first.watermark,
+            2,
+            vec![orders_upload(vec![ink], vec![], vec![])],
+        ),
+    )
+    .await;
+    f.sql.execute(&widen).await;
+    let wide = order(3, "alice", "crate", 5_000_000_000, None);
+    sync_on(
+        &mut connection,
+        request(
+            "old",
+            "alice",
+            second.watermark,
+            3,
+            vec![orders_upload(vec![wide.clone()], vec![], vec![])],
+        ),
+    )
+    .await;
+    assert_eq!(f.orders().await[2], wide);
+}
+
+async fn sync_on<C: ConsolidatedConnection>(
+    connection: &mut C,
+    request: SyncRequest,
+) -> CollectedSync {
+    synchronize_collect(connection, Arc::new(request))
+        .await
+        .expect("sync on the reused connection")
+}

@@ -1009,3 +1009,16 @@ pub async fn echo_xid_names_exactly_the_uploads_own_writes<F: Factory>() {
         watermark = outcome.watermark;
     }
 }
+
+/// What `expression` evaluates to inside a sync's transaction, as its
+/// `begin_synchronization` script records it: the session a backend gives its syncs.
+#[allow(dead_code)]
+pub async fn what_a_sync_sees<F: Factory>(expression: &str) -> Vec<Row> {
+    let mut f = Fixture::<F>::with_orders(&[]).await;
+    f.sql.execute("CREATE TABLE seen (value TEXT)").await;
+    let script = format!("INSERT INTO seen (value) SELECT {expression}");
+    f.set_script("v1", "", "begin_synchronization", &script)
+        .await;
+    f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    f.sql.query_rows("SELECT value FROM seen").await
+}
