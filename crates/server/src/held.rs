@@ -1,11 +1,15 @@
-//! Resumable uploads on the server (protocol v3): what a cut connection received of its
-//! transfer is held in the consolidated database (`ConsolidatedConnection::hold_upload`),
-//! so that the client's next attempt, on this server or another sharing the database,
-//! asks what is held (`upload_held`) and goes on from there (`upload_resume`).
+//! Resumable transfers on the server. Uploads (protocol v3): what a cut connection
+//! received of its transfer is held in the consolidated database
+//! (`ConsolidatedConnection::hold_transfer`, `Direction::Upload`), so that the client's
+//! next attempt, on this server or another sharing the database, asks what is held
+//! (`upload_held`) and goes on from there (`upload_resume`). The stream a transfer counts
+//! in is the upload's decompressed frames after the `upload_resume` frame: what the
+//! upload spool holds. Nothing is held for a connection that was not authenticated, nor
+//! for an upload the server refused.
 //!
-//! The stream a transfer counts in is the upload's decompressed frames after the
-//! `upload_resume` frame: what the upload spool holds. Nothing is held for a connection
-//! that was not authenticated, nor for an upload the server refused.
+//! Downloads (protocol v4): the whole decompressed stream of a download the client may
+//! lack is held (`Direction::Download`, `hold_download`), and a `download_resume` is
+//! answered from it (`held_download`).
 
 use std::collections::HashMap;
 
