@@ -374,6 +374,7 @@ async fn sync_timed_version(
         timeout: Duration::from_secs(3600),
         acknowledge: None,
         transfer: None,
+        download_resume: None,
     })
     .await?;
     let elapsed = started.elapsed();
@@ -399,6 +400,7 @@ async fn download_all(address: &str) -> Result<usize> {
         timeout: Duration::from_secs(3600),
         acknowledge: None,
         transfer: None,
+        download_resume: None,
     })
     .await?;
     match event {

@@ -117,6 +117,7 @@ async fn run_once(
                     timeout: Duration::from_secs(600),
                     acknowledge: None,
                     transfer: None,
+                    download_resume: None,
                 })
                 .await;
                 // A refused client that is still sending when the server gives up

@@ -225,6 +225,7 @@ async fn replay_one(
                 timeout: options.timeout,
                 acknowledge: None,
                 transfer: None,
+                download_resume: None,
             },
             &mut digesting,
         )

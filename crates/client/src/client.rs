@@ -2,10 +2,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rowsync_protocol::{
-    Conflicts, Download, EndDownload, ErrorCode, Hello, FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION,
-    RESUME_SINCE_VERSION,
+    Conflicts, Download, DownloadHeld, EndDownload, ErrorCode, Hello,
+    DOWNLOAD_RESUME_SINCE_VERSION, FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION, RESUME_SINCE_VERSION,
 };
 use rusqlite::Connection;
+use sha2::{Digest, Sha256};
 
 use crate::durability::{self, ClientOptions, Durability};
 use crate::report::{ConflictedRow, ConflictedRows, SyncProgress, SyncReport};
@@ -13,7 +14,7 @@ use crate::session::SessionEvent;
 use crate::store::DownloadApply;
 use crate::transport::{
     end_upload_frame, exchange_measured, exchange_streaming, new_transfer_id, transfer_stream,
-    DownloadHandler, Exchange, Transfer, TransportOptions, WireBytes,
+    DownloadHandler, Exchange, HeldDownload, Transfer, TransportOptions, WireBytes,
 };
 use crate::{store, ClientError};
 
@@ -41,7 +42,16 @@ pub struct SyncOptions {
     pub download_ack: bool,
     /// What to do when the server is at its connection limit.
     pub busy_retry: BusyRetry,
+    /// Bytes of a download's stream (decompressed) the client keeps while it arrives
+    /// (in memory), and after a cut in its database file, to continue it on the next
+    /// attempt instead of downloading again (protocol v4). A cut download longer than
+    /// this is downloaded afresh; 0 keeps nothing.
+    pub download_kept_bytes_max: u64,
 }
+
+/// Bytes of a cut download kept to resume it, by default (the server's default
+/// `held_download_bytes_max`).
+pub const DOWNLOAD_KEPT_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
 
 /// Retries of a sync the server answered *busy*.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -109,6 +119,7 @@ impl SyncOptions {
             auth_parameters: Vec::new(),
             download_ack: false,
             busy_retry: BusyRetry::default(),
+            download_kept_bytes_max: DOWNLOAD_KEPT_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -121,7 +132,8 @@ pub struct Client {
     durability: Durability,
     durable_before_sync: bool,
     /// The protocol version spoken: the newest, until a server refuses it (an older
-    /// server: this client then speaks version 2, without resumable uploads).
+    /// server: this client then speaks version 3, without resumable downloads, or 2,
+    /// without resumable uploads).
     protocol_version: u16,
 }
 
@@ -300,6 +312,24 @@ impl Client {
             batch.upload_sequence,
             &new_transfer_id(),
         )?;
+        if attempts > 0 && self.protocol_version >= DOWNLOAD_RESUME_SINCE_VERSION {
+            let kept = store::kept_download(&self.connection, batch.upload_sequence, &transfer_id)?;
+            if let Some(prefix) = kept {
+                let mut hello = self.hello(options, last_download_watermark);
+                hello.script_version = script_version.to_string();
+                let resume = DownloadResumption {
+                    options,
+                    hello,
+                    batch,
+                    transfer_id: &transfer_id,
+                    prefix,
+                };
+                if let Some(done) = self.resume_download(resume, report, progress).await? {
+                    return Ok(done);
+                }
+                store::forget_download(&self.connection)?;
+            }
+        }
         let mut offset = None;
         loop {
             let mut hello = self.hello(options, last_download_watermark);
@@ -321,18 +351,10 @@ impl Client {
                     transfer_id: transfer_id.clone(),
                     offset: offset.unwrap_or(0),
                 });
-            let mut apply = DownloadApply::new();
-            apply.script_version = Some(script_version.to_string());
-            let mut handler = ApplyHandler {
-                connection: &mut self.connection,
-                apply,
-                named: ConflictedRows::default(),
-                conflicted_rows: &mut report.conflicted_rows,
-                progress: &mut *progress,
-                wire_before: report.wire,
-                rows_to_upload: batch.operations,
-                rows_downloaded_before: report.rows_downloaded,
-            };
+            let keeping = self.protocol_version >= DOWNLOAD_RESUME_SINCE_VERSION;
+            let kept = KeptStream::new(keeping, Vec::new(), options.download_kept_bytes_max);
+            let mut handler = apply_handler(&mut self.connection, report, progress, batch, kept);
+            handler.apply.script_version = Some(script_version.to_string());
             let exchanged = exchange_streaming(
                 Exchange {
                     address: &options.address,
@@ -344,20 +366,32 @@ impl Client {
                     timeout: options.timeout,
                     acknowledge: None,
                     transfer: transfer.clone(),
+                    download_resume: None,
                 },
                 &mut handler,
             )
             .await;
             let (event, wire) = match exchanged {
                 Ok(exchanged) => exchanged,
-                Err(error) => match self.fall_back(&error, transfer.as_ref()) {
-                    Fallback::Again => {
-                        DownloadApply::abort(&self.connection);
-                        offset = Some(0);
-                        continue;
+                Err(error) => {
+                    let kept = handler.kept.after(&error);
+                    DownloadApply::abort(&self.connection);
+                    if let Some(kept) = kept {
+                        store::keep_download(
+                            &self.connection,
+                            batch.upload_sequence,
+                            &transfer_id,
+                            &kept,
+                        )?;
                     }
-                    Fallback::No => return Err(error),
-                },
+                    match self.fall_back(&error, transfer.as_ref()) {
+                        Fallback::Again => {
+                            offset = Some(0);
+                            continue;
+                        }
+                        Fallback::No => return Err(error),
+                    }
+                }
             };
             if matches!(event, SessionEvent::Complete(_)) {
                 // The whole upload is out once the download has ended.
@@ -399,6 +433,109 @@ impl Client {
         }
     }
 
+    /// Continues a cut download from the bytes the client kept (protocol v4): the
+    /// server's held stream from there, applied after the kept bytes in one transaction
+    /// that commits only if the whole stream has the length and SHA-256 the server
+    /// named. `None`: nothing to continue (not held, expired, another stream, an older
+    /// server): the sync goes on afresh. A new cut keeps what arrived for the next
+    /// attempt.
+    async fn resume_download(
+        &mut self,
+        resume: DownloadResumption<'_>,
+        report: &mut SyncReport,
+        progress: &mut (dyn FnMut(&SyncProgress) + Send),
+    ) -> Result<Option<(EndDownload, u64)>, ClientError> {
+        let DownloadResumption {
+            options,
+            hello,
+            batch,
+            transfer_id,
+            prefix,
+        } = &resume;
+        loop {
+            let kept = KeptStream::new(true, prefix.clone(), options.download_kept_bytes_max);
+            let mut handler = apply_handler(&mut self.connection, report, progress, batch, kept);
+            handler.apply.script_version = Some(hello.script_version.clone());
+            handler.kept.verifying(prefix);
+            let held = HeldDownload {
+                transfer_id,
+                prefix,
+            };
+            let exchanged = exchange_streaming(
+                Exchange {
+                    upload_sequence: batch.upload_sequence,
+                    download_resume: Some(held),
+                    ..short_exchange(options, hello)
+                },
+                &mut handler,
+            )
+            .await;
+            let (event, wire) = match exchanged {
+                Ok(exchanged) => exchanged,
+                Err(error) => {
+                    let kept = handler.kept.after(&error);
+                    return self.resume_failed(&resume, kept, error);
+                }
+            };
+            let whole = handler.kept.whole();
+            let apply = handler.apply;
+            report.wire.sent += wire.sent;
+            report.wire.received += wire.received;
+            match event {
+                SessionEvent::Complete(completed) if whole => {
+                    let end = completed.end;
+                    let applied =
+                        apply.finish(&self.connection, batch.upload_sequence, end.watermark)?;
+                    report.download_bytes_resumed += prefix.len() as u64;
+                    return Ok(Some((end, applied)));
+                }
+                SessionEvent::Busy { retry_after_ms } => {
+                    DownloadApply::abort(&self.connection);
+                    let Some(delay) = options
+                        .busy_retry
+                        .delay(retry_after_ms, report.busy_retries)
+                    else {
+                        return Err(ClientError::Busy { retry_after_ms });
+                    };
+                    report.busy_retries += 1;
+                    tokio::time::sleep(delay).await;
+                }
+                // A stream of another length or digest than the server named: nothing
+                // of it is committed, and the sync goes on afresh.
+                _ => {
+                    DownloadApply::abort(&self.connection);
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// A resumption failed: nothing of it stays applied; a new cut keeps what arrived
+    /// for the next attempt (and fails the sync); the server's refusal or data that did
+    /// not decode or apply sends the sync on afresh (`None`).
+    fn resume_failed(
+        &mut self,
+        resume: &DownloadResumption<'_>,
+        kept: Option<Vec<u8>>,
+        error: ClientError,
+    ) -> Result<Option<(EndDownload, u64)>, ClientError> {
+        DownloadApply::abort(&self.connection);
+        if let Some(kept) = kept.filter(|kept| kept.len() > resume.prefix.len()) {
+            let sequence = resume.batch.upload_sequence;
+            store::keep_download(&self.connection, sequence, resume.transfer_id, &kept)?;
+        }
+        match error.server_code() {
+            Some(ErrorCode::TransferNotHeld) => Ok(None),
+            Some(ErrorCode::UnsupportedProtocolVersion) => {
+                self.protocol_version -= 1;
+                Ok(None)
+            }
+            // The kept start and the server's rest did not decode or apply together.
+            None if !is_cut(&error) => Ok(None),
+            _ => Err(error),
+        }
+    }
+
     /// Whether a failed exchange is tried again at once: a server that does not speak
     /// this protocol version (the client falls back to version 2), or one that does not
     /// hold the start of a resumed transfer (the client sends it whole).
@@ -407,7 +544,8 @@ impl Client {
             Some(ErrorCode::UnsupportedProtocolVersion)
                 if self.protocol_version >= RESUME_SINCE_VERSION =>
             {
-                self.protocol_version = RESUME_SINCE_VERSION - 1;
+                // Version 4 to 3 (no resumable downloads), 3 to 2 (no resumable uploads).
+                self.protocol_version -= 1;
                 Fallback::Again
             }
             Some(ErrorCode::TransferNotHeld) if matches!(transfer, Some(Transfer::Resume { offset, .. }) if *offset > 0) => {
@@ -443,6 +581,7 @@ impl Client {
             transfer: Some(Transfer::Query {
                 transfer_id: transfer_id.to_string(),
             }),
+            download_resume: None,
         })
         .await;
         let (event, wire) = match asked {
@@ -488,6 +627,131 @@ impl Client {
             download_ack: false,
         }
     }
+}
+
+/// The handler that applies a round's download as it arrives.
+fn apply_handler<'a>(
+    connection: &'a mut Connection,
+    report: &'a mut SyncReport,
+    progress: &'a mut (dyn FnMut(&SyncProgress) + Send),
+    batch: &store::Batch,
+    kept: KeptStream,
+) -> ApplyHandler<'a> {
+    ApplyHandler {
+        connection,
+        apply: DownloadApply::new(),
+        named: ConflictedRows::default(),
+        wire_before: report.wire,
+        rows_downloaded_before: report.rows_downloaded,
+        conflicted_rows: &mut report.conflicted_rows,
+        progress,
+        rows_to_upload: batch.operations,
+        kept,
+    }
+}
+
+/// An exchange without an upload (a question, an acknowledgement, a resumption).
+fn short_exchange<'a>(options: &'a SyncOptions, hello: &Hello) -> Exchange<'a> {
+    Exchange {
+        address: &options.address,
+        transport: &options.transport,
+        hello: hello.clone(),
+        upload_frames: &[],
+        upload_sequence: 0,
+        frame_bytes_max: options.frame_bytes_max,
+        timeout: options.timeout,
+        acknowledge: None,
+        transfer: None,
+        download_resume: None,
+    }
+}
+
+/// A cut download to continue: the sync's hello and batch, its transfer and the start
+/// of its stream the client kept.
+struct DownloadResumption<'a> {
+    options: &'a SyncOptions,
+    hello: Hello,
+    batch: &'a store::Batch,
+    transfer_id: &'a str,
+    prefix: Vec<u8>,
+}
+
+/// The download's stream as it arrives (protocol v4): kept, up to a bound, so a cut
+/// leaves its start for the next attempt; and, for a resumed download, counted and
+/// hashed from the first byte, to be checked against what the server named.
+struct KeptStream {
+    /// `None`: not kept (an older protocol, or past the bound).
+    bytes: Option<Vec<u8>>,
+    bytes_max: u64,
+    /// The whole upload was sent: a cut from here on may leave a held download.
+    upload_sent: bool,
+    /// A resumed download: the whole stream's length and digest as the server named
+    /// them, and the stream so far.
+    held: Option<DownloadHeld>,
+    verify: Option<(Sha256, u64)>,
+}
+
+impl KeptStream {
+    fn new(keeping: bool, start: Vec<u8>, bytes_max: u64) -> KeptStream {
+        KeptStream {
+            bytes: (keeping && start.len() as u64 <= bytes_max).then_some(start),
+            bytes_max,
+            upload_sent: false,
+            held: None,
+            verify: None,
+        }
+    }
+
+    /// Counts and hashes the stream from `prefix` on.
+    fn verifying(&mut self, prefix: &[u8]) {
+        self.upload_sent = true;
+        self.verify = Some((Sha256::new_with_prefix(prefix), prefix.len() as u64));
+    }
+
+    fn take(&mut self, bytes: &[u8]) {
+        if let Some(kept) = self.bytes.as_mut() {
+            if (kept.len() + bytes.len()) as u64 > self.bytes_max {
+                self.bytes = None;
+            } else {
+                kept.extend_from_slice(bytes);
+            }
+        }
+        if let Some((hasher, length)) = self.verify.as_mut() {
+            hasher.update(bytes);
+            *length += bytes.len() as u64;
+        }
+    }
+
+    /// What to keep after a failed exchange: the stream so far, when the failure was a
+    /// cut after the whole upload was sent (not the server's refusal, nor data that
+    /// would not decode or apply).
+    fn after(&mut self, error: &ClientError) -> Option<Vec<u8>> {
+        let cut = is_cut(error);
+        self.bytes.take().filter(|_| cut && self.upload_sent)
+    }
+
+    /// A resumed download's stream has the length and SHA-256 the server named.
+    fn whole(&mut self) -> bool {
+        match (self.held.take(), self.verify.take()) {
+            (Some(held), Some((hasher, length))) => {
+                length == held.length && hasher.finalize().as_slice() == held.sha256
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Whether a failed exchange was cut (the network, a timeout, the stream ending early),
+/// rather than refused or given data that would not decode or apply.
+fn is_cut(error: &ClientError) -> bool {
+    matches!(
+        error,
+        ClientError::Io(_)
+            | ClientError::Timeout { .. }
+            | ClientError::Protocol(_)
+            | ClientError::Tls { .. }
+            | ClientError::Http { status: None, .. }
+    )
 }
 
 /// What [`Client::fall_back`] decides.
@@ -543,6 +807,8 @@ struct ApplyHandler<'a> {
     wire_before: WireBytes,
     rows_to_upload: u64,
     rows_downloaded_before: u64,
+    /// The download's stream, kept to resume it after a cut (protocol v4).
+    kept: KeptStream,
 }
 
 impl ApplyHandler<'_> {
@@ -574,6 +840,18 @@ impl DownloadHandler for ApplyHandler<'_> {
         // Upload rows are counted whole once the upload is out: until then, none.
         self.tell(wire, 0);
     }
+
+    fn upload_sent(&mut self) {
+        self.kept.upload_sent = true;
+    }
+
+    fn stream(&mut self, bytes: &[u8]) {
+        self.kept.take(bytes);
+    }
+
+    fn held(&mut self, held: &DownloadHeld) {
+        self.kept.held = Some(held.clone());
+    }
 }
 
 /// Confirms to the server, in a short exchange of its own, that the download ending at
@@ -596,6 +874,7 @@ async fn acknowledge(
                 timeout: options.timeout,
                 acknowledge: Some(watermark),
                 transfer: None,
+                download_resume: None,
             })
             .await?;
             report.wire.sent += wire.sent;

@@ -15,7 +15,10 @@ mod session;
 mod store;
 pub mod transport;
 
-pub use client::{BusyRetry, Client, SyncOptions, BUSY_RETRY_ATTEMPTS_MAX_DEFAULT};
+pub use client::{
+    BusyRetry, Client, SyncOptions, BUSY_RETRY_ATTEMPTS_MAX_DEFAULT,
+    DOWNLOAD_KEPT_BYTES_MAX_DEFAULT,
+};
 pub use durability::{ClientOptions, Durability};
 pub use error::{ClientError, FailureKind};
 pub use report::{ConflictedRow, SyncProgress, SyncReport, CONFLICTED_ROWS_REPORTED_MAX};

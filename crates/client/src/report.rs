@@ -36,6 +36,9 @@ pub struct SyncReport {
     /// Bytes of the upload's stream (decompressed) the server held from a cut earlier
     /// attempt, so they were not sent again (protocol v3).
     pub upload_bytes_resumed: u64,
+    /// Bytes of the download's stream (decompressed) kept from a cut earlier attempt, so
+    /// the server did not send them again (protocol v4).
+    pub download_bytes_resumed: u64,
 }
 
 impl SyncReport {
@@ -71,6 +74,7 @@ impl SyncReport {
             "busy_retries": self.busy_retries,
             "download_acknowledged": self.download_acknowledged,
             "upload_bytes_resumed": self.upload_bytes_resumed,
+            "download_bytes_resumed": self.download_bytes_resumed,
         })
     }
 }

@@ -47,6 +47,11 @@ CREATE TABLE IF NOT EXISTS rs_client_transfer (
     transfer_id TEXT NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS rs_client_download (
+    upload_sequence INTEGER PRIMARY KEY,
+    transfer_id TEXT NOT NULL,
+    bytes BLOB NOT NULL
+);
 ";
 
 pub fn q(name: &str) -> String {
@@ -618,6 +623,43 @@ pub fn transfer_attempt(
     Ok((transfer_id, attempts.max(0) as u64))
 }
 
+/// The start of a cut download the client keeps for its transfer (protocol v4), if any.
+pub fn kept_download(
+    connection: &Connection,
+    upload_sequence: u64,
+    transfer_id: &str,
+) -> Result<Option<Vec<u8>>, ClientError> {
+    Ok(connection
+        .query_row(
+            "SELECT bytes FROM rs_client_download WHERE upload_sequence = ?1 AND transfer_id = ?2",
+            params![upload_sequence as i64, transfer_id],
+            |row| row.get(0),
+        )
+        .optional()?)
+}
+
+/// Keeps the start of a cut download (replacing what was kept), durably: the next
+/// attempt continues from its end.
+pub fn keep_download(
+    connection: &Connection,
+    upload_sequence: u64,
+    transfer_id: &str,
+    bytes: &[u8],
+) -> Result<(), ClientError> {
+    connection.execute(
+        "INSERT OR REPLACE INTO rs_client_download (upload_sequence, transfer_id, bytes) \
+         VALUES (?1, ?2, ?3)",
+        params![upload_sequence as i64, transfer_id, bytes],
+    )?;
+    Ok(())
+}
+
+/// Drops a kept download start (the server no longer holds it, or it did not match).
+pub fn forget_download(connection: &Connection) -> Result<(), ClientError> {
+    connection.execute("DELETE FROM rs_client_download", [])?;
+    Ok(())
+}
+
 /// The in-flight upload if one awaits acknowledgement (it is resent unchanged, with
 /// its sequence, so the server can tell it applied it already); otherwise a new one
 /// made by moving the change logs out, in one transaction.
@@ -974,6 +1016,7 @@ impl DownloadApply {
             "DELETE FROM rs_client_transfer WHERE upload_sequence <= ?1",
             [upload_sequence as i64],
         )?;
+        connection.execute("DELETE FROM rs_client_download", [])?;
         connection.execute_batch("COMMIT")?;
         Ok(self.rows_applied)
     }

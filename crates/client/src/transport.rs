@@ -17,8 +17,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rowsync_protocol::{
-    encode_frame, Compression, Conflicts, Download, DownloadAck, EndUpload, FrameDecoder, Hello,
-    Inbound, Message, Outbound, UploadHeld, UploadResume, RESUME_SINCE_VERSION,
+    decode_message, encode_frame, Compression, Conflicts, Download, DownloadAck, DownloadHeld,
+    DownloadResume, EndUpload, FrameDecoder, Hello, Inbound, Message, Outbound, UploadHeld,
+    UploadResume, DOWNLOAD_RESUME_SINCE_VERSION, FRAME_HEADER_BYTES, RESUME_SINCE_VERSION,
     ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT,
 };
 use rustls_pki_types::pem::PemObject;
@@ -223,6 +224,17 @@ pub struct Exchange<'a> {
     /// about a held transfer instead of an upload. `None` with a v3 hello: a new
     /// transfer of a random id, from its start.
     pub transfer: Option<Transfer>,
+    /// Protocol v4: instead of an upload, continue the cut download of this transfer
+    /// after the bytes of its stream the client holds.
+    pub download_resume: Option<HeldDownload<'a>>,
+}
+
+/// What a client holds of a cut download (protocol v4): the transfer and the start of
+/// its stream.
+#[derive(Debug, Clone, Copy)]
+pub struct HeldDownload<'a> {
+    pub transfer_id: &'a str,
+    pub prefix: &'a [u8],
 }
 
 /// Protocol v3: an upload's place in a resumable transfer (see docs/protocol.md).
@@ -283,6 +295,19 @@ pub trait DownloadHandler: Send {
     /// Part of the upload was written; `wire` counts the bytes so far.
     fn sent(&mut self, wire: WireBytes) {
         let _ = wire;
+    }
+    /// The whole upload was written (or, on HTTP, the answer began): from here a cut
+    /// may leave a download the server holds (protocol v4).
+    fn upload_sent(&mut self) {}
+    /// Bytes of the download's stream (decompressed), as they arrive; after a resumed
+    /// download's `DownloadHeld`, only the bytes that follow the client's prefix.
+    fn stream(&mut self, bytes: &[u8]) {
+        let _ = bytes;
+    }
+    /// A resumed download's answer: the whole stream's length and digest, before the
+    /// prefix and the rest go through [`DownloadHandler::download`].
+    fn held(&mut self, held: &DownloadHeld) {
+        let _ = held;
     }
 }
 
@@ -498,8 +523,9 @@ async fn tls_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     Ok((tls, alpn))
 }
 
-/// The client's side of the byte stream: preamble (when compressed), then the frames.
-fn upload_stream(request: &Exchange<'_>) -> Result<Vec<Vec<u8>>, ClientError> {
+/// The client's side of the byte stream: preamble (when compressed), then the frames;
+/// and the transfer whose download a receipt confirms (protocol v4).
+fn upload_stream(request: &Exchange<'_>) -> Result<(Vec<Vec<u8>>, Option<String>), ClientError> {
     let mut outbound = Outbound::new(request.transport.compression, false)
         .map_err(|error| ClientError::Protocol(format!("compression: {error}")))?;
     let compress_error = |error| ClientError::Protocol(format!("compression: {error}"));
@@ -521,8 +547,22 @@ fn upload_stream(request: &Exchange<'_>) -> Result<Vec<Vec<u8>>, ClientError> {
     hello_piece.extend(outbound.compressor().flush().map_err(compress_error)?);
     pieces.push(hello_piece);
     let end = end_upload_frame(request.upload_sequence);
+    let download_resumable = request.hello.protocol_version >= DOWNLOAD_RESUME_SINCE_VERSION;
+    let mut receipt = None;
     let (head, upload_frames, offset): (Option<Vec<u8>>, &[Vec<u8>], u64) =
         match (request.acknowledge, &request.transfer) {
+            (None, _) if request.download_resume.is_some() => {
+                let held = request.download_resume.expect("matched");
+                receipt = Some(held.transfer_id.to_string());
+                (
+                    Some(encode_frame(&Message::DownloadResume(DownloadResume {
+                        transfer_id: held.transfer_id.to_string(),
+                        offset: held.prefix.len() as u64,
+                    }))),
+                    &[],
+                    0,
+                )
+            }
             (Some(watermark), _) => (
                 Some(encode_frame(&Message::DownloadAck(DownloadAck {
                     watermark,
@@ -547,6 +587,9 @@ fn upload_stream(request: &Exchange<'_>) -> Result<Vec<Vec<u8>>, ClientError> {
                     }) => (transfer_id.clone(), *offset),
                     _ => (new_transfer_id(), 0),
                 };
+                if download_resumable {
+                    receipt = Some(transfer_id.clone());
+                }
                 let resume = resumable.then(|| {
                     encode_frame(&Message::UploadResume(UploadResume {
                         transfer_id,
@@ -556,8 +599,9 @@ fn upload_stream(request: &Exchange<'_>) -> Result<Vec<Vec<u8>>, ClientError> {
                 (resume, request.upload_frames, offset)
             }
         };
-    let upload =
-        request.acknowledge.is_none() && !matches!(request.transfer, Some(Transfer::Query { .. }));
+    let upload = request.acknowledge.is_none()
+        && request.download_resume.is_none()
+        && !matches!(request.transfer, Some(Transfer::Query { .. }));
     // A v2 hello has no transfer: its upload goes whole.
     let mut skip = if resumable { offset } else { 0 };
     let stream = transfer_stream(upload_frames, &end)
@@ -599,7 +643,17 @@ fn upload_stream(request: &Exchange<'_>) -> Result<Vec<Vec<u8>>, ClientError> {
     if !tail.is_empty() {
         pieces.push(tail);
     }
-    Ok(pieces)
+    Ok((pieces, receipt))
+}
+
+/// The receipt that follows a download's end on TCP and TLS (protocol v4): a plain
+/// `download_resume` frame at the stream's length, never compressed (the client's
+/// compressed stream has ended).
+fn receipt_frame(transfer_id: &str, stream_bytes: u64) -> Vec<u8> {
+    encode_frame(&Message::DownloadResume(DownloadResume {
+        transfer_id: transfer_id.to_string(),
+        offset: stream_bytes,
+    }))
 }
 
 /// The server's side of the byte stream, turned into session events; downloads go to
@@ -610,6 +664,13 @@ struct Receiver<'h> {
     session: ClientSession,
     handler: &'h mut dyn DownloadHandler,
     counters: Arc<Counters>,
+    frame_bytes_max: usize,
+    /// A resumed download (protocol v4) until its `DownloadHeld` frame is in: the
+    /// client's prefix of the stream and the bytes of that frame so far.
+    resume: Option<(Vec<u8>, Vec<u8>)>,
+    /// Bytes of the download's stream so far (a resumed one's prefix included).
+    stream_bytes: u64,
+    upload_sent: bool,
 }
 
 impl<'h> Receiver<'h> {
@@ -627,6 +688,12 @@ impl<'h> Receiver<'h> {
             session: ClientSession::new(),
             handler,
             counters,
+            frame_bytes_max: request.frame_bytes_max,
+            resume: request
+                .download_resume
+                .map(|held| (held.prefix.to_vec(), Vec::new())),
+            stream_bytes: 0,
+            upload_sent: false,
         }
     }
 
@@ -634,33 +701,122 @@ impl<'h> Receiver<'h> {
         self.handler.sent(self.counters.get());
     }
 
+    /// The upload is out (or the answer began): told to the handler once.
+    fn upload_sent(&mut self) {
+        if !self.upload_sent {
+            self.upload_sent = true;
+            self.handler.upload_sent();
+        }
+    }
+
     /// Takes received bytes; a final event once the session is complete.
     fn take(&mut self, bytes: &[u8]) -> Result<Option<SessionEvent>, ClientError> {
         self.inbound.feed(bytes)?;
         while let Some(chunk) = self.inbound.next_chunk()? {
-            self.decoder.feed(chunk);
-            while let Some(message) = self.decoder.next_message()? {
-                match self.session.receive(message)? {
-                    Received::Download(download) => {
-                        self.handler.download(download, self.counters.get())?
-                    }
-                    Received::Conflicts(conflicts) => self.handler.conflicts(conflicts)?,
-                    Received::Event(SessionEvent::Continue) => {}
-                    Received::Event(done) => return Ok(Some(done)),
+            if let Some((_, first)) = self.resume.as_mut() {
+                first.extend_from_slice(chunk);
+                if let Some(event) = self.resume_start()? {
+                    return Ok(Some(event));
                 }
+                continue;
+            }
+            self.stream_bytes += chunk.len() as u64;
+            self.handler.stream(chunk);
+            let mut parts = Parts {
+                decoder: &mut self.decoder,
+                session: &mut self.session,
+                handler: &mut *self.handler,
+                counters: &self.counters,
+            };
+            if let Some(event) = parts.deliver(chunk)? {
+                return Ok(Some(event));
             }
         }
         Ok(None)
     }
 
-    /// The stream ended before the session did.
+    /// A resumed download's first frame, once whole: `DownloadHeld` (then the client's
+    /// prefix and the bytes after the frame go on as the stream), or the server's
+    /// refusal.
+    fn resume_start(&mut self) -> Result<Option<SessionEvent>, ClientError> {
+        let Some((_, first)) = self.resume.as_ref() else {
+            return Ok(None);
+        };
+        if first.len() < FRAME_HEADER_BYTES {
+            return Ok(None);
+        }
+        let length = u32::from_be_bytes(first[..4].try_into().expect("4 bytes")) as usize;
+        if length == 0 || length > self.frame_bytes_max {
+            return Err(ClientError::Protocol(format!(
+                "the answer to a download resumption is a frame of {length} bytes"
+            )));
+        }
+        if first.len() < FRAME_HEADER_BYTES + length {
+            return Ok(None);
+        }
+        let (prefix, first) = self.resume.take().expect("checked above");
+        let message = decode_message(&first[FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + length])?;
+        let Message::DownloadHeld(held) = message else {
+            return match self.session.receive(message)? {
+                Received::Event(event) => Ok(Some(event)),
+                _ => Err(ClientError::Protocol(
+                    "a download resumption was answered with download rows".into(),
+                )),
+            };
+        };
+        self.handler.held(&held);
+        let rest = &first[FRAME_HEADER_BYTES + length..];
+        self.stream_bytes += (prefix.len() + rest.len()) as u64;
+        self.handler.stream(rest);
+        let mut parts = Parts {
+            decoder: &mut self.decoder,
+            session: &mut self.session,
+            handler: &mut *self.handler,
+            counters: &self.counters,
+        };
+        if let Some(event) = parts.deliver(&prefix)? {
+            return Ok(Some(event));
+        }
+        parts.deliver(rest)
+    }
+
+    /// The stream ended before the session did (a cut, mid-frame or not).
     fn ended(&self) -> ClientError {
         match self.decoder.finish() {
-            Err(error) => error.into(),
+            Err(error) => ClientError::Protocol(format!(
+                "the server closed the connection before the end of the download, mid-frame \
+                 ({error})"
+            )),
             Ok(()) => ClientError::Protocol(
                 "the server closed the connection before the end of the download".into(),
             ),
         }
+    }
+}
+
+/// The parts of a [`Receiver`] that decode the stream, borrowed apart from its inbound.
+struct Parts<'r, 'h> {
+    decoder: &'r mut FrameDecoder,
+    session: &'r mut ClientSession,
+    handler: &'r mut (dyn DownloadHandler + 'h),
+    counters: &'r Counters,
+}
+
+impl Parts<'_, '_> {
+    /// Decodes stream bytes into messages for the session and the handler.
+    fn deliver(&mut self, bytes: &[u8]) -> Result<Option<SessionEvent>, ClientError> {
+        self.decoder.feed(bytes);
+        while let Some(message) = self.decoder.next_message()? {
+            match self.session.receive(message)? {
+                Received::Download(download) => {
+                    self.handler.download(download, self.counters.get())?
+                }
+                Received::Conflicts(conflicts) => self.handler.conflicts(conflicts)?,
+                Received::Event(SessionEvent::Continue) => {}
+                Received::Event(done) => return Ok(Some(done)),
+            }
+        }
+        Ok(None)
     }
 }
 
@@ -686,7 +842,8 @@ async fn exchange_stream<S: AsyncRead + AsyncWrite + Unpin>(
     let timeout_ms = request.timeout.as_millis() as u64;
     // Each write must progress within the timeout; a large upload may take longer.
     let mut written = Ok(Ok(()));
-    for piece in upload_stream(request)? {
+    let (pieces, receipt) = upload_stream(request)?;
+    for piece in pieces {
         written = tokio::time::timeout(request.timeout, stream.write_all(&piece)).await;
         if !matches!(written, Ok(Ok(()))) {
             break;
@@ -720,9 +877,21 @@ async fn exchange_stream<S: AsyncRead + AsyncWrite + Unpin>(
                 Err(_) => Err(stream_error(write_error, request.address)),
             }
         }
-        Ok(Ok(())) => {}
+        Ok(Ok(())) => receiver.upload_sent(),
     }
-    read_until_done(&mut stream, &mut receiver, request.timeout, request.address).await
+    let event =
+        read_until_done(&mut stream, &mut receiver, request.timeout, request.address).await?;
+    if let (Some(transfer_id), SessionEvent::Complete(_)) = (receipt, &event) {
+        // The server holds the download unless this arrives; failing to send it costs
+        // only that (the download is here).
+        let frame = receipt_frame(&transfer_id, receiver.stream_bytes);
+        let sending = async {
+            stream.write_all(&frame).await?;
+            stream.flush().await
+        };
+        let _ = tokio::time::timeout(request.timeout, sending).await;
+    }
+    Ok(event)
 }
 
 async fn read_until_done<S: AsyncRead + Unpin>(
@@ -768,7 +937,7 @@ where
         during,
         timeout_ms: timeout.as_millis() as u64,
     };
-    let body: Vec<u8> = upload_stream(request)?.concat();
+    let body: Vec<u8> = upload_stream(request)?.0.concat();
     let scheme = if address.scheme.uses_tls() {
         "https"
     } else {
@@ -895,6 +1064,7 @@ where
             }
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
+                    receiver.upload_sent();
                     if let Some(event) = receiver.take(&data)? {
                         return Ok(event);
                     }
@@ -1009,8 +1179,9 @@ mod tests {
                 timeout: Duration::from_secs(1),
                 acknowledge: None,
                 transfer: None,
+                download_resume: None,
             };
-            let pieces = upload_stream(&request).unwrap();
+            let (pieces, _) = upload_stream(&request).unwrap();
             // The preamble, then a piece that inflates to the hello frame exactly.
             let mut inbound = Inbound::new(1 << 30);
             inbound.feed(&pieces[0]).unwrap();

@@ -340,6 +340,7 @@ async fn sync_as_version_1(
         timeout: std::time::Duration::from_secs(30),
         acknowledge: None,
         transfer: None,
+        download_resume: None,
     })
     .await
     .unwrap();

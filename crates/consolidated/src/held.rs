@@ -1,12 +1,44 @@
-//! Uploads held for resumption: what a server received of an upload whose connection
-//! was cut (the decompressed stream after the `upload_resume` frame), kept in the
-//! consolidated database so the client's next attempt, on whichever server it reaches,
-//! goes on from where the cut left it (`rs_held_upload`, and its bytes in parts in
-//! `rs_held_upload_part`). One transfer is held per client: holding another replaces it.
+//! Transfers held for resumption, kept in the consolidated database so the client's next
+//! attempt, on whichever server it reaches, goes on from where a cut left it. Uploads:
+//! what a server received of an upload whose connection was cut (the decompressed
+//! stream after the `upload_resume` frame; `rs_held_upload`, its bytes in parts in
+//! `rs_held_upload_part`). Downloads: the whole decompressed stream of a download whose
+//! sending was cut (`rs_held_download`, `rs_held_download_part`). Each direction holds one
+//! transfer per client: holding another replaces it. Both directions are one
+//! implementation over two pairs of tables of the same shape.
+
+/// Which way a held transfer went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Client to server: what the server received of a cut upload.
+    Upload,
+    /// Server to client: the whole stream of a download whose sending was cut.
+    Download,
+}
+
+impl Direction {
+    pub const ALL: [Direction; 2] = [Direction::Upload, Direction::Download];
+
+    /// The direction's table and its parts' table.
+    pub fn tables(self) -> (&'static str, &'static str) {
+        match self {
+            Direction::Upload => ("rs_held_upload", "rs_held_upload_part"),
+            Direction::Download => ("rs_held_download", "rs_held_download_part"),
+        }
+    }
+
+    /// "upload" or "download", for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Upload => "upload",
+            Direction::Download => "download",
+        }
+    }
+}
 
 /// A held transfer, without its bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldUpload {
+pub struct HeldTransfer {
     pub client_id: String,
     /// The authenticated user whose connection left it: only that user resumes it.
     pub user: String,
@@ -18,10 +50,10 @@ pub struct HeldUpload {
     pub created_unix_ms: i64,
 }
 
-/// Bytes of one part row of a held upload (under every backend's packet limit).
-pub const HELD_UPLOAD_PART_BYTES: usize = 1024 * 1024;
+/// Bytes of one part row of a held transfer (under every backend's packet limit).
+pub const HELD_TRANSFER_PART_BYTES: usize = 1024 * 1024;
 
-/// Whether holding `length` more bytes keeps all held uploads within `all_bytes_max`,
+/// Whether holding `length` more bytes keeps all held transfers of a direction within `all_bytes_max`,
 /// given `held_by_others` bytes held by other clients.
 pub(crate) fn fits(held_by_others: i64, length: u64, all_bytes_max: u64) -> bool {
     (held_by_others.max(0) as u64).saturating_add(length) <= all_bytes_max
@@ -30,5 +62,5 @@ pub(crate) fn fits(held_by_others: i64, length: u64, all_bytes_max: u64) -> bool
 /// The length as the tables store it.
 pub(crate) fn stored_length(length: u64) -> Result<i64, crate::DbError> {
     i64::try_from(length)
-        .map_err(|_| crate::DbError::Invalid(format!("a held upload of {length} bytes")))
+        .map_err(|_| crate::DbError::Invalid(format!("a held transfer of {length} bytes")))
 }

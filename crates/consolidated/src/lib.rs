@@ -45,7 +45,7 @@ pub use download::{
     DownloadSender, DOWNLOAD_BATCH_BYTES, DOWNLOAD_BATCH_ROWS, DOWNLOAD_CHANNEL_CHUNKS,
 };
 pub use error::{DbError, SyncError};
-pub use held::{HeldUpload, HELD_UPLOAD_PART_BYTES};
+pub use held::{Direction, HeldTransfer, HELD_TRANSFER_PART_BYTES};
 pub use history::HistoryRecord;
 pub use names::quote_identifier;
 /// Named parameters as a tool binds them outside a sync (`rowsync profile` runs single
@@ -181,43 +181,49 @@ pub trait ConsolidatedConnection: Send + 'static {
         async { Ok(0) }
     }
 
-    /// Holds what a server received of a cut upload (`bytes`, whose length and digest
-    /// `held` gives): replaces whatever the client held before. False when all held
-    /// uploads together would then exceed `all_bytes_max` bytes: nothing is held then,
-    /// and the client's earlier transfer is removed too.
-    fn hold_upload(
+    /// Holds a cut transfer of a direction (`bytes`, whose length and digest `held`
+    /// gives: for an upload what the server received, for a download its whole stream):
+    /// replaces whatever the client held before in that direction. False when all held
+    /// transfers of the direction would then exceed `all_bytes_max` bytes: nothing is
+    /// held then, and the client's earlier transfer is removed too.
+    fn hold_transfer(
         &mut self,
-        held: &HeldUpload,
+        direction: Direction,
+        held: &HeldTransfer,
         bytes: &[u8],
         all_bytes_max: u64,
     ) -> impl Future<Output = Result<bool, DbError>> + Send;
 
     /// What is held of a client's transfer (not its bytes), if anything.
-    fn held_upload(
+    fn held_transfer(
         &mut self,
+        direction: Direction,
         client_id: &str,
         transfer_id: &str,
-    ) -> impl Future<Output = Result<Option<HeldUpload>, DbError>> + Send;
+    ) -> impl Future<Output = Result<Option<HeldTransfer>, DbError>> + Send;
 
     /// The first `length` bytes held of a client's transfer (fewer when less is held).
-    fn held_upload_bytes(
+    fn held_transfer_bytes(
         &mut self,
+        direction: Direction,
         client_id: &str,
         transfer_id: &str,
         length: u64,
     ) -> impl Future<Output = Result<Vec<u8>, DbError>> + Send;
 
     /// Removes a client's held transfer; false if there was none.
-    fn release_held_upload(
+    fn release_held_transfer(
         &mut self,
+        direction: Direction,
         client_id: &str,
         transfer_id: &str,
     ) -> impl Future<Output = Result<bool, DbError>> + Send;
 
-    /// Removes the held uploads created before `created_before_unix_ms`; returns how
-    /// many.
-    fn expire_held_uploads(
+    /// Removes the held transfers of a direction created before
+    /// `created_before_unix_ms`; returns how many.
+    fn expire_held_transfers(
         &mut self,
+        direction: Direction,
         created_before_unix_ms: i64,
     ) -> impl Future<Output = Result<u64, DbError>> + Send;
 

@@ -99,6 +99,15 @@ pub(crate) fn encode_body(message: &Message, marks: &mut Marks<'_>) -> Vec<u8> {
             out.extend_from_slice(&held.length.to_be_bytes());
             put_bytes(&mut out, &held.sha256);
         }
+        Message::DownloadResume(resume) => {
+            put_str(&mut out, &resume.transfer_id);
+            out.extend_from_slice(&resume.offset.to_be_bytes());
+        }
+        Message::DownloadHeld(held) => {
+            put_str(&mut out, &held.transfer_id);
+            out.extend_from_slice(&held.length.to_be_bytes());
+            put_bytes(&mut out, &held.sha256);
+        }
         Message::Conflicts(conflicts) => {
             put_str(&mut out, &conflicts.table);
             put_names(&mut out, &conflicts.key_columns);
@@ -331,6 +340,15 @@ pub(crate) fn decode(
             offset: reader.u64("transfer offset")?,
         }),
         0x0D => Message::UploadHeld(UploadHeld {
+            transfer_id: reader.string("transfer id")?,
+            length: reader.u64("held length")?,
+            sha256: reader.bytes("held digest")?.to_vec(),
+        }),
+        0x0E => Message::DownloadResume(DownloadResume {
+            transfer_id: reader.string("transfer id")?,
+            offset: reader.u64("transfer offset")?,
+        }),
+        0x0F => Message::DownloadHeld(DownloadHeld {
             transfer_id: reader.string("transfer id")?,
             length: reader.u64("held length")?,
             sha256: reader.bytes("held digest")?.to_vec(),

@@ -28,9 +28,9 @@ pub use compression::{
 pub use error::{DecodeError, ErrorCode};
 pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES};
 pub use message::{
-    Conflicts, Download, DownloadAck, EndDownload, EndUpload, Hello, Message, MessageType,
-    PieceKind, RowUpdate, SyncSummary, TableUpload, UploadHeld, UploadResume, ValuePiece,
-    ValueStart, WireError,
+    Conflicts, Download, DownloadAck, DownloadHeld, DownloadResume, EndDownload, EndUpload, Hello,
+    Message, MessageType, PieceKind, RowUpdate, SyncSummary, TableUpload, UploadHeld, UploadResume,
+    ValuePiece, ValueStart, WireError,
 };
 pub use numeric::{parse_decimal_value, Numeric, NUMERIC_SCALE_MAX, NUMERIC_WHOLE_DIGITS_MAX};
 pub use pieces::{message_frames, Frames, ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT};
@@ -45,7 +45,7 @@ pub use value::{
 
 /// The protocol version this crate speaks. A server accepts a hello of this version or
 /// any down to [`PROTOCOL_VERSION_MIN`] and refuses others.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// The oldest protocol version a server still serves: a v1 session gets every v2 value
 /// in its v1 form ([`Value::to_v1`]), and never a value in pieces.
@@ -62,3 +62,8 @@ pub const PIECES_SINCE_VERSION: u16 = 2;
 /// carries `UploadResume` right after its hello, and a client may ask what the server
 /// holds of a cut transfer with `UploadHeld`.
 pub const RESUME_SINCE_VERSION: u16 = 3;
+
+/// The first protocol version whose downloads are resumable too: a cut download is held
+/// by the server under the sync's transfer id, and the client continues it with
+/// `DownloadResume`, answered by `DownloadHeld` and the rest of the stream.
+pub const DOWNLOAD_RESUME_SINCE_VERSION: u16 = 4;

@@ -32,6 +32,13 @@ pub enum Message {
     /// Protocol v3: a client asks what the server holds of a cut transfer (right after a
     /// hello, instead of an upload); the server answers with the same message.
     UploadHeld(UploadHeld),
+    /// Protocol v4: a client asks for the rest of a cut download from a byte of its
+    /// stream (right after a hello, instead of an upload), or, after a download's end on
+    /// TCP and TLS, says it received the whole stream (`offset` = its length).
+    DownloadResume(DownloadResume),
+    /// Protocol v4: the server's answer to `DownloadResume`: the held download's whole
+    /// length and SHA-256; the stream's bytes from the asked offset follow.
+    DownloadHeld(DownloadHeld),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +57,8 @@ pub enum MessageType {
     ValuePiece = 0x0B,
     UploadResume = 0x0C,
     UploadHeld = 0x0D,
+    DownloadResume = 0x0E,
+    DownloadHeld = 0x0F,
 }
 
 impl Message {
@@ -68,13 +77,15 @@ impl Message {
             Message::ValuePiece(_) => MessageType::ValuePiece,
             Message::UploadResume(_) => MessageType::UploadResume,
             Message::UploadHeld(_) => MessageType::UploadHeld,
+            Message::DownloadResume(_) => MessageType::DownloadResume,
+            Message::DownloadHeld(_) => MessageType::DownloadHeld,
         }
     }
 }
 
 impl MessageType {
     /// Every message type, in type byte order.
-    pub const ALL: [MessageType; 13] = [
+    pub const ALL: [MessageType; 15] = [
         MessageType::Hello,
         MessageType::Upload,
         MessageType::EndUpload,
@@ -88,6 +99,8 @@ impl MessageType {
         MessageType::ValuePiece,
         MessageType::UploadResume,
         MessageType::UploadHeld,
+        MessageType::DownloadResume,
+        MessageType::DownloadHeld,
     ];
 
     /// The message type of a type byte, if there is one.
@@ -112,6 +125,8 @@ impl MessageType {
             MessageType::ValuePiece => "value_piece",
             MessageType::UploadResume => "upload_resume",
             MessageType::UploadHeld => "upload_held",
+            MessageType::DownloadResume => "download_resume",
+            MessageType::DownloadHeld => "download_held",
         }
     }
 }
@@ -201,6 +216,27 @@ pub struct UploadResume {
 /// or length 0 and no digest when the server holds nothing of it for this client.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UploadHeld {
+    pub transfer_id: String,
+    pub length: u64,
+    #[serde(with = "hex::serde")]
+    pub sha256: Vec<u8>,
+}
+
+/// Which cut download a client continues, and from which byte of its stream (protocol
+/// v4). The download's stream is its frames (`conflicts`, `download`, `end_download`),
+/// decompressed; its transfer id is the one the sync's `UploadResume` named. After a
+/// download's end (TCP and TLS), the same message with `offset` = the stream's length
+/// is the client's receipt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DownloadResume {
+    pub transfer_id: String,
+    pub offset: u64,
+}
+
+/// A held download as the server answers `DownloadResume` (protocol v4): the whole
+/// stream's length in bytes and SHA-256 (32 bytes), before the bytes from the offset.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DownloadHeld {
     pub transfer_id: String,
     pub length: u64,
     #[serde(with = "hex::serde")]

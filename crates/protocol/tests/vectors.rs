@@ -292,6 +292,21 @@ fn vectors() -> Vec<(&'static str, Message)> {
                 sha256: (0u8..32).collect(),
             }),
         ),
+        (
+            "download_resume_at_offset",
+            Message::DownloadResume(DownloadResume {
+                transfer_id: "3f2a9c1e0b7d4e58".into(),
+                offset: 65_543,
+            }),
+        ),
+        (
+            "download_held_answer",
+            Message::DownloadHeld(DownloadHeld {
+                transfer_id: "3f2a9c1e0b7d4e58".into(),
+                length: 1_048_583,
+                sha256: (0u8..32).collect(),
+            }),
+        ),
     ]
 }
 

@@ -6,7 +6,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rowsync_consolidated::{Consolidated, ConsolidatedConnection, DbError, HistoryRecord};
+use rowsync_consolidated::{
+    Consolidated, ConsolidatedConnection, DbError, Direction, HistoryRecord,
+};
 
 use crate::config::ServerConfig;
 use crate::controller::{ControllerConfig, Sample, WorkerController};
@@ -116,12 +118,13 @@ fn log_summary<B: Consolidated>(
     (Instant::now(), syncs, rows, busy_answers)
 }
 
-/// Removes tombstones every client has passed, and held uploads older than
-/// `held_upload_expiry`, on a worker, every `interval`.
+/// Removes tombstones every client has passed, and held transfers older than their
+/// direction's expiry (`held_upload_expiry`, `held_download_expiry`), on a worker, every
+/// `interval`.
 pub(crate) async fn clean_up_periodically<B: Consolidated>(
     pool: Arc<WorkerPool<B>>,
     interval: Duration,
-    held_upload_expiry: Duration,
+    held_expiry: [(Direction, Duration); 2],
 ) {
     let mut ticks = tokio::time::interval(interval);
     ticks.tick().await; // the first tick is immediate; start after one interval
@@ -140,11 +143,17 @@ pub(crate) async fn clean_up_periodically<B: Consolidated>(
                 tracing::warn!(%error, "tombstone cleanup failed; retrying next interval")
             }
         }
-        match crate::held::expire(worker.connection(), held_upload_expiry).await {
-            Ok(0) => {}
-            Ok(removed) => tracing::info!(removed, "expired held uploads removed"),
-            Err(error) => {
-                tracing::warn!(%error, "removing expired held uploads failed; retrying next interval")
+        for (direction, expiry) in held_expiry {
+            let direction_name = direction.name();
+            match crate::held::expire(worker.connection(), direction, expiry).await {
+                Ok(0) => {}
+                Ok(removed) => {
+                    tracing::info!(removed, "expired held {direction_name}s removed")
+                }
+                Err(error) => tracing::warn!(
+                    %error,
+                    "removing expired held {direction_name}s failed; retrying next interval"
+                ),
             }
         }
     }

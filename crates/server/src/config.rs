@@ -92,6 +92,17 @@ pub struct ServerConfig {
     /// Held uploads older than this are removed by the background cleanup (every
     /// `cleanup_interval`); a client resuming later sends its upload again whole.
     pub held_upload_expiry: Duration,
+    /// The most bytes of one cut download (its whole decompressed stream) held for its
+    /// client to resume (protocol v4); a cut download above it is not held, and the
+    /// client's next sync downloads afresh.
+    pub held_download_bytes_max: u64,
+    /// The most bytes all held downloads together take in the consolidated database; a
+    /// cut download that would go beyond it is not held (and its client's earlier one
+    /// goes).
+    pub held_downloads_bytes_max: u64,
+    /// Held downloads older than this are removed by the background cleanup; a client
+    /// resuming later downloads afresh.
+    pub held_download_expiry: Duration,
     /// Signed tokens accepted instead of passwords.
     pub tokens: TokenConfig,
     /// Records each sync for replay (`--record DIR`), when set.
@@ -133,6 +144,9 @@ impl Default for ServerConfig {
             held_upload_bytes_max: 64 * 1024 * 1024,
             held_uploads_bytes_max: 1024 * 1024 * 1024,
             held_upload_expiry: Duration::from_secs(24 * 60 * 60),
+            held_download_bytes_max: 64 * 1024 * 1024,
+            held_downloads_bytes_max: 1024 * 1024 * 1024,
+            held_download_expiry: Duration::from_secs(24 * 60 * 60),
             tokens: TokenConfig::default(),
             recorder: None,
         }

@@ -1,16 +1,20 @@
-//! Resumable uploads on the server (protocol v3): what a cut connection received of its
-//! transfer is held in the consolidated database (`ConsolidatedConnection::hold_upload`),
-//! so that the client's next attempt, on this server or another sharing the database,
-//! asks what is held (`upload_held`) and goes on from there (`upload_resume`).
+//! Resumable transfers on the server. Uploads (protocol v3): what a cut connection
+//! received of its transfer is held in the consolidated database
+//! (`ConsolidatedConnection::hold_transfer`, `Direction::Upload`), so that the client's
+//! next attempt, on this server or another sharing the database, asks what is held
+//! (`upload_held`) and goes on from there (`upload_resume`). The stream a transfer counts
+//! in is the upload's decompressed frames after the `upload_resume` frame: what the
+//! upload spool holds. Nothing is held for a connection that was not authenticated, nor
+//! for an upload the server refused.
 //!
-//! The stream a transfer counts in is the upload's decompressed frames after the
-//! `upload_resume` frame: what the upload spool holds. Nothing is held for a connection
-//! that was not authenticated, nor for an upload the server refused.
+//! Downloads (protocol v4): the whole decompressed stream of a download the client may
+//! lack is held (`Direction::Download`, `hold_download`), and a `download_resume` is
+//! answered from it (`held_download`).
 
 use std::collections::HashMap;
 
-use rowsync_consolidated::{Consolidated, ConsolidatedConnection, HeldUpload};
-use rowsync_protocol::{ErrorCode, Hello, UploadHeld, WireError};
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection, Direction, HeldTransfer};
+use rowsync_protocol::{DownloadHeld, ErrorCode, Hello, UploadHeld, WireError};
 use sha2::{Digest, Sha256};
 
 use crate::failure::Failure;
@@ -119,7 +123,7 @@ pub(crate) async fn held_prefix<B: Consolidated>(
         .map_err(database_failure)?;
     let connection = worker.connection();
     let held = connection
-        .held_upload(&hello.client_id, &transfer.transfer_id)
+        .held_transfer(Direction::Upload, &hello.client_id, &transfer.transfer_id)
         .await
         .map_err(database_failure)?;
     let Some(held) = held.filter(|held| held.user == user) else {
@@ -131,7 +135,12 @@ pub(crate) async fn held_prefix<B: Consolidated>(
         return Err(not_held(format!("the server holds {} bytes", held.length)));
     }
     let bytes = connection
-        .held_upload_bytes(&hello.client_id, &transfer.transfer_id, transfer.offset)
+        .held_transfer_bytes(
+            Direction::Upload,
+            &hello.client_id,
+            &transfer.transfer_id,
+            transfer.offset,
+        )
         .await
         .map_err(database_failure)?;
     if bytes.len() as u64 != transfer.offset {
@@ -160,7 +169,7 @@ pub(crate) async fn held_answer<B: Consolidated>(
         .map_err(database_failure)?;
     let held = worker
         .connection()
-        .held_upload(&hello.client_id, transfer_id)
+        .held_transfer(Direction::Upload, &hello.client_id, transfer_id)
         .await
         .map_err(database_failure)?
         .filter(|held| held.user == user);
@@ -204,68 +213,199 @@ pub(crate) async fn hold_cut<B: Consolidated>(
         tracing::warn!(%error, "reading a cut upload's spool failed; nothing held");
         return;
     }
-    let held = HeldUpload {
+    let limits = HoldLimits {
+        direction: Direction::Upload,
+        all_bytes_max: config.held_uploads_bytes_max,
+    };
+    hold(shared, limits, hello, user, &transfer.transfer_id, &bytes).await;
+}
+
+/// Where a transfer is held, and the bound on all held transfers of its direction.
+pub(crate) struct HoldLimits {
+    pub(crate) direction: Direction,
+    pub(crate) all_bytes_max: u64,
+}
+
+/// Holds `bytes` of a client's transfer (one per client and direction), logged; a
+/// failure is logged only: the client then starts again as without resumption.
+pub(crate) async fn hold<B: Consolidated>(
+    shared: &Shared<B>,
+    limits: HoldLimits,
+    hello: &Hello,
+    user: &str,
+    transfer_id: &str,
+    bytes: &[u8],
+) {
+    let HoldLimits {
+        direction,
+        all_bytes_max,
+    } = limits;
+    let what = direction.name();
+    let held = HeldTransfer {
         client_id: hello.client_id.clone(),
         user: user.to_string(),
-        transfer_id: transfer.transfer_id.clone(),
-        length,
-        sha256: Sha256::digest(&bytes).to_vec(),
+        transfer_id: transfer_id.to_string(),
+        length: bytes.len() as u64,
+        sha256: Sha256::digest(bytes).to_vec(),
         created_unix_ms: unix_ms_now(),
     };
     let stored = match shared.auth_pool.acquire("").await {
         Ok(mut worker) => {
             worker
                 .connection()
-                .hold_upload(&held, &bytes, config.held_uploads_bytes_max)
+                .hold_transfer(direction, &held, bytes, all_bytes_max)
                 .await
         }
         Err(error) => Err(error),
     };
     match stored {
         Ok(true) => {
-            shared.metrics.uploads_held.inc();
+            match direction {
+                Direction::Upload => shared.metrics.uploads_held.inc(),
+                Direction::Download => shared.metrics.downloads_held.inc(),
+            };
             tracing::info!(
                 client_id = ?held.client_id,
                 transfer_id = ?held.transfer_id,
-                bytes = length,
-                "held a cut upload for its client to resume"
+                bytes = held.length,
+                "held a cut {what} for its client to resume"
             );
         }
         Ok(false) => tracing::warn!(
             client_id = ?held.client_id,
-            bytes = length,
-            "a cut upload was not held: all held uploads would exceed held_uploads_bytes_max of {} bytes",
-            config.held_uploads_bytes_max
+            bytes = held.length,
+            "a cut {what} was not held: all held {what}s would exceed {all_bytes_max} bytes \
+             (held_{what}s_bytes_max)"
         ),
-        Err(error) => tracing::warn!(%error, "holding a cut upload failed"),
+        Err(error) => tracing::warn!(%error, "holding a cut {what} failed"),
     }
 }
 
-/// Removes the held start of a transfer that has now arrived whole.
+/// Removes a held transfer that is no longer needed: an upload's start once it arrived
+/// whole, a download once its client has all of it.
 pub(crate) async fn release<B: Consolidated>(
     shared: &Shared<B>,
+    direction: Direction,
     hello: &Hello,
-    transfer: &Transfer,
+    transfer_id: &str,
 ) {
     let released = match shared.auth_pool.acquire("").await {
         Ok(mut worker) => {
             worker
                 .connection()
-                .release_held_upload(&hello.client_id, &transfer.transfer_id)
+                .release_held_transfer(direction, &hello.client_id, transfer_id)
                 .await
         }
         Err(error) => Err(error),
     };
     if let Err(error) = released {
-        tracing::warn!(%error, "removing a resumed upload's held bytes failed; they expire");
+        let what = direction.name();
+        tracing::warn!(%error, "removing a held {what} failed; it expires");
     }
 }
 
-/// Removes held uploads older than `held_upload_expiry`; returns how many.
+/// Removes held transfers of a direction older than `expiry`; returns how many.
 pub(crate) async fn expire<C: ConsolidatedConnection>(
     connection: &mut C,
+    direction: Direction,
     expiry: std::time::Duration,
 ) -> Result<u64, rowsync_consolidated::DbError> {
     let before = unix_ms_now().saturating_sub(expiry.as_millis() as i64);
-    connection.expire_held_uploads(before).await
+    connection.expire_held_transfers(direction, before).await
+}
+
+/// Holds a download whose client may not have all of it (protocol v4): its whole
+/// stream, decompressed from the spool that was sent, unless above
+/// `held_download_bytes_max`.
+pub(crate) async fn hold_download<B: Consolidated>(
+    shared: &Shared<B>,
+    hello: &Hello,
+    user: &str,
+    transfer_id: &str,
+    spool: Spool,
+) {
+    let config = &shared.config;
+    let bytes = match spool.decompressed(config.held_download_bytes_max).await {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => {
+            tracing::info!(
+                client_id = ?hello.client_id,
+                "a cut download above held_download_bytes_max ({} bytes) was not held",
+                config.held_download_bytes_max
+            );
+            return;
+        }
+        Err(error) => {
+            tracing::warn!(%error, "reading a cut download's spool failed; nothing held");
+            return;
+        }
+    };
+    let limits = HoldLimits {
+        direction: Direction::Download,
+        all_bytes_max: config.held_downloads_bytes_max,
+    };
+    hold(shared, limits, hello, user, transfer_id, &bytes).await;
+}
+
+/// The answer to a `download_resume` and the held download's stream from its offset, or
+/// the refusal (code 14) that sends the client to a fresh sync.
+pub(crate) async fn held_download<B: Consolidated>(
+    shared: &Shared<B>,
+    hello: &Hello,
+    user: &str,
+    transfer_id: &str,
+    offset: u64,
+) -> Result<(DownloadHeld, Vec<u8>), Failure> {
+    let not_held = |what: String| {
+        Failure::tell(WireError::new(
+            ErrorCode::TransferNotHeld,
+            format!(
+                "the download of transfer {transfer_id:?} cannot resume at byte {offset}: \
+                 {what}; synchronize afresh"
+            ),
+        ))
+    };
+    shared.holding.settled(&hello.client_id).await;
+    let mut worker = shared
+        .auth_pool
+        .acquire("")
+        .await
+        .map_err(database_failure)?;
+    let connection = worker.connection();
+    let held = connection
+        .held_transfer(Direction::Download, &hello.client_id, transfer_id)
+        .await
+        .map_err(database_failure)?;
+    let Some(held) = held.filter(|held| held.user == user) else {
+        return Err(not_held(
+            "the server holds no download of it for this client".into(),
+        ));
+    };
+    if held.length < offset {
+        return Err(not_held(format!("the download is {} bytes", held.length)));
+    }
+    let mut bytes = connection
+        .held_transfer_bytes(
+            Direction::Download,
+            &hello.client_id,
+            transfer_id,
+            held.length,
+        )
+        .await
+        .map_err(database_failure)?;
+    if bytes.len() as u64 != held.length {
+        return Err(not_held(format!(
+            "the server found {} of its {} bytes",
+            bytes.len(),
+            held.length
+        )));
+    }
+    shared.metrics.download_resumed_bytes.inc_by(offset);
+    let rest = bytes.split_off(offset as usize);
+    let answer = DownloadHeld {
+        transfer_id: transfer_id.to_string(),
+        length: held.length,
+        sha256: held.sha256,
+    };
+    Ok((answer, rest))
 }

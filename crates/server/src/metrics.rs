@@ -101,6 +101,10 @@ pub struct Metrics {
     pub uploads_held: Counter,
     /// Upload bytes taken from held transfers instead of the wire (resumed uploads).
     pub upload_resumed_bytes: Counter,
+    /// Cut downloads held in the consolidated database for their clients to resume.
+    pub downloads_held: Counter,
+    /// Download bytes a resumed download did not send again (the client had them).
+    pub download_resumed_bytes: Counter,
     /// Script versions' table lists loaded from the database by the stream stage.
     pub version_tables_loads: Counter,
     /// Connections holding a slot that have not sent their hello yet.
@@ -160,6 +164,8 @@ impl Metrics {
             upload_spooled_bytes: Counter::default(),
             uploads_held: Counter::default(),
             upload_resumed_bytes: Counter::default(),
+            downloads_held: Counter::default(),
+            download_resumed_bytes: Counter::default(),
             version_tables_loads: Counter::default(),
             connections_awaiting_hello: Gauge::default(),
             hello_pending_evictions: Counter::default(),
@@ -243,6 +249,16 @@ impl Metrics {
             "upload_resumed_bytes",
             "Upload bytes taken from held transfers instead of the wire",
             metrics.upload_resumed_bytes.clone(),
+        );
+        registry.register(
+            "downloads_held",
+            "Cut downloads held in the consolidated database for their clients to resume",
+            metrics.downloads_held.clone(),
+        );
+        registry.register(
+            "download_resumed_bytes",
+            "Download bytes a resumed download did not send again",
+            metrics.download_resumed_bytes.clone(),
         );
         registry.register(
             "version_tables_loads",

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rowsync_consolidated::Consolidated;
+use rowsync_consolidated::{Consolidated, Direction};
 use rowsync_protocol::Message;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -113,7 +113,10 @@ pub async fn serve_endpoints_with_metrics<B: Consolidated>(
     let cleanup = tokio::spawn(clean_up_periodically(
         Arc::clone(&shared.pool),
         shared.config.cleanup_interval,
-        shared.config.held_upload_expiry,
+        [
+            (Direction::Upload, shared.config.held_upload_expiry),
+            (Direction::Download, shared.config.held_download_expiry),
+        ],
     ));
     let monitor = tokio::spawn(monitor_load(Arc::clone(&shared)));
     let history = shared

@@ -7,8 +7,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use rowsync_protocol::{
-    ErrorCode, Hello, Message, TableUpload, WireError, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
-    RESUME_SINCE_VERSION,
+    ErrorCode, Hello, Message, TableUpload, WireError, DOWNLOAD_RESUME_SINCE_VERSION,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, RESUME_SINCE_VERSION,
 };
 
 /// The end of a checked upload.
@@ -42,6 +42,13 @@ pub enum Step {
     HeldQuery {
         hello: Hello,
         transfer_id: String,
+    },
+    /// Protocol v4: instead of an upload, the client asks for the rest of a cut download
+    /// of this transfer, from `offset` of its stream.
+    DownloadResume {
+        hello: Hello,
+        transfer_id: String,
+        offset: u64,
     },
     /// A download acknowledgement instead of an upload (the hello asked for it).
     Acknowledge {
@@ -204,6 +211,18 @@ impl ServerSession {
                     transfer_id: held.transfer_id,
                 },
             ),
+            (State::AwaitingTransfer { hello }, Message::DownloadResume(resume))
+                if hello.protocol_version >= DOWNLOAD_RESUME_SINCE_VERSION =>
+            {
+                (
+                    State::Done,
+                    Step::DownloadResume {
+                        hello,
+                        transfer_id: resume.transfer_id,
+                        offset: resume.offset,
+                    },
+                )
+            }
             (State::AwaitingAcknowledgement { hello }, Message::DownloadAck(ack)) => (
                 State::Done,
                 Step::Acknowledge {

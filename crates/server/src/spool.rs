@@ -3,7 +3,7 @@
 //! while the shared cache has room, else in an unnamed temporary file, so no worker waits
 //! on a client and no sync holds its bytes whole in memory.
 
-use rowsync_protocol::{CompressionError, Outbound};
+use rowsync_protocol::{Compression, CompressionError, Decompressor, Outbound};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -70,6 +70,12 @@ pub struct Spool {
     memory_bytes_max: usize,
     bytes_max: u64,
     outbound: Option<Outbound>,
+    /// How the stored bytes are compressed.
+    compression: Compression,
+    /// A resumable download's compressor is flushed after this many bytes of frames, so
+    /// what crosses the link before a cut inflates at the client (`usize::MAX`: never).
+    flush_every_bytes: usize,
+    since_flush_bytes: usize,
     cache: Arc<Cache>,
 }
 
@@ -79,10 +85,13 @@ impl Spool {
     pub fn new(
         memory_bytes_max: usize,
         bytes_max: u64,
-        outbound: Outbound,
+        mut outbound: Outbound,
         cache: Arc<Cache>,
     ) -> Spool {
         Spool {
+            compression: outbound.compressor().compression(),
+            flush_every_bytes: usize::MAX,
+            since_flush_bytes: 0,
             memory: VecDeque::new(),
             memory_bytes: 0,
             file: None,
@@ -93,6 +102,11 @@ impl Spool {
             outbound: Some(outbound),
             cache,
         }
+    }
+
+    /// Flushes the compressor after every `bytes` of frames (a resumable download).
+    pub fn flush_every(&mut self, bytes: usize) {
+        self.flush_every_bytes = bytes.max(1);
     }
 
     /// Frame bytes appended (before compression).
@@ -117,7 +131,15 @@ impl Spool {
             });
         }
         let compressed = match self.outbound.as_mut() {
-            Some(outbound) => outbound.compressor().compress(frame)?,
+            Some(outbound) => {
+                let mut compressed = outbound.compressor().compress(frame)?;
+                self.since_flush_bytes += frame.len();
+                if self.since_flush_bytes >= self.flush_every_bytes {
+                    self.since_flush_bytes = 0;
+                    compressed.extend(outbound.compressor().flush()?);
+                }
+                compressed
+            }
             None => {
                 return Err(SpoolError::Io(std::io::Error::other(
                     "append after the download was finished",
@@ -214,6 +236,68 @@ impl Spool {
 }
 
 impl Spool {
+    /// [`Spool::send_to`], keeping every byte: what was sent can still be read back
+    /// ([`Spool::decompressed`]) when the client may not have received it (a resumable
+    /// download, protocol v4).
+    pub async fn send_kept(
+        &mut self,
+        out: &mut (impl AsyncWrite + Unpin),
+        write_timeout: std::time::Duration,
+    ) -> std::io::Result<()> {
+        let stalled = || {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client stopped reading the download",
+            )
+        };
+        for (index, piece) in self.memory.iter().enumerate() {
+            #[cfg(feature = "failpoints")]
+            if index + 1 == self.memory.len() && self.file.is_none() {
+                // All but the last piece (a download's end frame) is out.
+                out.flush().await?;
+                rowsync_consolidated::failpoint!("mid_download");
+            }
+            let _ = index;
+            tokio::time::timeout(write_timeout, out.write_all(piece))
+                .await
+                .map_err(|_| stalled())??;
+        }
+        if let Some(file) = self.file.as_mut() {
+            file.flush().await?;
+            file.seek(std::io::SeekFrom::Start(0)).await?;
+            let mut buffer = vec![0u8; SPOOL_READ_BYTES];
+            loop {
+                let read = file.read(&mut buffer).await?;
+                if read == 0 {
+                    break;
+                }
+                tokio::time::timeout(write_timeout, out.write_all(&buffer[..read]))
+                    .await
+                    .map_err(|_| stalled())??;
+            }
+        }
+        Ok(())
+    }
+
+    /// Everything stored, decompressed (the frames as appended), or `None` when that is
+    /// more than `bytes_max`.
+    pub async fn decompressed(self, bytes_max: u64) -> Result<Option<Vec<u8>>, SpoolError> {
+        if self.bytes > bytes_max {
+            return Ok(None);
+        }
+        let mut decompressor = Decompressor::new(self.compression, bytes_max)?;
+        let mut frames = Vec::with_capacity(self.bytes as usize);
+        self.drain(|piece| {
+            decompressor.feed(piece);
+            while let Some(chunk) = decompressor.next_chunk()? {
+                frames.extend_from_slice(chunk);
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(Some(frames))
+    }
+
     /// Hands every stored piece, in order, to `take`, freeing each piece from memory (and
     /// the cache) as soon as it was taken: the upload is decoded from its spool this way.
     pub async fn drain(

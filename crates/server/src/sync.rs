@@ -5,7 +5,8 @@
 
 use std::net::SocketAddr;
 
-use rowsync_consolidated::Consolidated;
+use rowsync_consolidated::{Consolidated, Direction};
+use rowsync_protocol::DOWNLOAD_RESUME_SINCE_VERSION;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -124,14 +125,20 @@ async fn run_sync<B: Consolidated>(
                 failure.identity.get_or_insert_with(|| identity.clone());
                 failure
             };
+            let resumable = resumable_download(&upload, close);
+            // A resumption of this download waits until it is sent (or held).
+            let _sending = resumable
+                .as_ref()
+                .map(|resumable| shared.holding.begin(&resumable.hello.client_id));
             let gone = client_gone(connection, close);
             let synchronized = database::synchronize(shared, *upload, timings, gone)
                 .await
                 .map_err(with_identity)?;
             if let Some((hello, transfer)) = resumed {
-                crate::held::release(shared, &hello, &transfer).await;
+                crate::held::release(shared, Direction::Upload, &hello, &transfer.transfer_id)
+                    .await;
             }
-            download::send_download(connection, shared, synchronized, timings)
+            download::send_download(connection, shared, synchronized, timings, resumable)
                 .await
                 .map_err(with_identity)
         }
@@ -143,6 +150,13 @@ async fn run_sync<B: Consolidated>(
                 .map_err(|failure| failure.of(&hello))?;
             rowsync_consolidated::failpoint!("after_ack");
             download::confirm_acknowledgement(connection, shared, *acknowledgement)
+                .await
+                .map_err(|failure| failure.of(&hello))
+        }
+        Received::DownloadResume(query) => {
+            let hello = query.hello.clone();
+            let receipt = close == ClientClose::Watched;
+            download::send_held_download(connection, shared, *query, receipt)
                 .await
                 .map_err(|failure| failure.of(&hello))
         }
@@ -167,6 +181,20 @@ async fn run_sync<B: Consolidated>(
             ))
         }
     }
+}
+
+/// A protocol v4 upload's download is resumable under the upload's transfer id.
+fn resumable_download(
+    upload: &stream::CheckedUpload,
+    close: ClientClose,
+) -> Option<download::Resumable> {
+    let transfer = upload.transfer.as_ref()?;
+    (upload.hello.protocol_version >= DOWNLOAD_RESUME_SINCE_VERSION).then(|| download::Resumable {
+        hello: upload.hello.clone(),
+        user: upload.user.clone(),
+        transfer_id: transfer.transfer_id.clone(),
+        receipt: close == ClientClose::Watched,
+    })
 }
 
 /// Resolves when the client closed its connection (a read ends or fails), if `close`

@@ -142,7 +142,10 @@ impl UploadStream {
             match self.session.handle(message, frame_bytes)? {
                 Step::Continue => {}
                 step => {
-                    if matches!(step, Step::Resume { .. } | Step::HeldQuery { .. }) {
+                    if matches!(
+                        step,
+                        Step::Resume { .. } | Step::HeldQuery { .. } | Step::DownloadResume { .. }
+                    ) {
                         self.awaiting_transfer = false;
                     }
                     if let Step::Hello(hello) = &step {

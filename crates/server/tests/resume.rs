@@ -1,7 +1,7 @@
-//! Resumable uploads (protocol v3): an upload cut at any byte offset, over a real link
-//! (toxiproxy's `limit_data` closes the connection after that many bytes), goes on from
-//! what the server held on the next attempt, on every transport, also on another server
-//! sharing the consolidated database; the data lands exactly once.
+//! Resumable transfers: an upload (protocol v3) or a download (v4) cut at any byte
+//! offset, over a real link (toxiproxy's `limit_data` closes the connection after that
+//! many bytes in one direction), goes on from where it stopped on the next attempt, also
+//! on another server sharing the consolidated database; the data lands exactly once.
 
 mod support;
 
@@ -41,9 +41,19 @@ fn insert_round(client: &Client, round: usize) {
     connection.execute_batch("COMMIT").unwrap();
 }
 
-/// Syncs that ended without success so far.
+/// Syncs that ended so far. A cut upload ends unsuccessfully; a cut download may end
+/// "ok" when every write had succeeded (its stream is then held for want of the
+/// client's receipt).
 fn unsuccessful(metrics: &Metrics) -> u64 {
-    metrics.syncs_ended(Outcome::failed) + metrics.syncs_ended(Outcome::refused)
+    [
+        Outcome::ok,
+        Outcome::failed,
+        Outcome::refused,
+        Outcome::busy,
+    ]
+    .into_iter()
+    .map(|outcome| metrics.syncs_ended(outcome))
+    .sum()
 }
 
 /// Waits until the server has finished with a cut connection (held what it received):
@@ -116,19 +126,47 @@ async fn cut_and_resume(
     retry: &SyncOptions,
     cut_at: u64,
 ) -> SyncReport {
-    link.cut_after(Direction::Upstream, cut_at).unwrap();
-    let before = unsuccessful(server_metrics);
-    eprintln!("cutting {} at {cut_at}", options.address);
-    let cut = client
-        .sync(options)
-        .await
-        .expect_err(&format!("a sync cut after {cut_at} bytes completed"));
-    server_done_with_cut(server_metrics, before, &cut.to_string()).await;
-    link.remove("limit_data", Direction::Upstream).unwrap();
-    let report = client.sync(retry).await.unwrap();
+    let cut = Cut {
+        direction: Direction::Upstream,
+        at: cut_at,
+    };
+    let report = cut_then_retry(server_metrics, link, client, options, retry, cut).await;
     assert!(!report.upload_already_applied);
     assert_eq!(report.rows_uploaded, ROWS_PER_ROUND as u64);
     report
+}
+
+/// Where a link is cut: after `at` bytes in `direction`.
+#[derive(Clone, Copy)]
+struct Cut {
+    direction: Direction,
+    at: u64,
+}
+
+/// A sync cut on the link as `cut` says, then synchronized again without the cut
+/// (through `retry`, or the link), after the server ended the cut sync. Returns the
+/// retry's report.
+async fn cut_then_retry(
+    server_metrics: &Metrics,
+    link: &Link,
+    client: &mut Client,
+    options: &SyncOptions,
+    retry: &SyncOptions,
+    cut: Cut,
+) -> SyncReport {
+    link.cut_after(cut.direction, cut.at).unwrap();
+    let before = unsuccessful(server_metrics);
+    eprintln!(
+        "cutting {} at {} {:?}",
+        options.address, cut.at, cut.direction
+    );
+    let failed = client
+        .sync(options)
+        .await
+        .expect_err(&format!("a sync cut after {} bytes completed", cut.at));
+    server_done_with_cut(server_metrics, before, &failed.to_string()).await;
+    link.remove("limit_data", cut.direction).unwrap();
+    client.sync(retry).await.unwrap()
 }
 
 /// 20 cuts across the upload's bytes over plain TCP, each resumed: uncompressed, what the
@@ -448,6 +486,7 @@ async fn resuming_a_transfer_the_server_does_not_hold_is_refused_with_code_14() 
             transfer_id: "t-unknown".into(),
             offset: 100,
         }),
+        download_resume: None,
     })
     .await
     .unwrap_err();
@@ -478,6 +517,12 @@ fn hello_v3(user: &str) -> rowsync_protocol::Hello {
 /// code 4, as such a server does, before reading anything after it; an older hello goes
 /// through to the real server.
 async fn version_2_server(upstream: SocketAddr) -> SocketAddr {
+    older_server(upstream, 2).await
+}
+
+/// A server of protocol version `version_max` in front of the real one (see
+/// [`version_2_server`]).
+async fn older_server(upstream: SocketAddr, version_max: u16) -> SocketAddr {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
@@ -491,11 +536,11 @@ async fn version_2_server(upstream: SocketAddr) -> SocketAddr {
                 let Message::Hello(hello) = rowsync_protocol::decode_message(&body).unwrap() else {
                     panic!("the first frame is a hello");
                 };
-                if hello.protocol_version > 2 {
+                if hello.protocol_version > version_max {
                     let refusal = rowsync_protocol::WireError::new(
                         ErrorCode::UnsupportedProtocolVersion,
                         format!(
-                            "protocol version {} is not supported; this server speaks versions 1 to 2",
+                            "protocol version {} is not supported; this server speaks versions 1 to {version_max}",
                             hello.protocol_version
                         ),
                     );
@@ -548,5 +593,366 @@ async fn a_retry_at_once_finds_what_the_cut_left() {
         report.upload_bytes_resumed
     );
     assert_landed_once(&server, &client, 1);
+    server.stop().await;
+}
+
+// Resumable downloads (protocol v4).
+
+/// Alice's rows reach the server from a writer client: the next download of every
+/// other client of alice carries them.
+async fn write_round(server: &TestServer, writer: &mut Client, round: usize) {
+    insert_round(writer, round);
+    writer.sync(&server.options("alice")).await.unwrap();
+}
+
+/// One row of the downloading client's own, so its sync has an upload too.
+fn insert_own_row(client: &Client, round: usize) {
+    client
+        .connection()
+        .execute(
+            "INSERT INTO orders VALUES (?1, 'alice', 'own row', 1)",
+            [format!("own-{round:03}")],
+        )
+        .unwrap();
+}
+
+fn held_download_rows(server: &TestServer) -> i64 {
+    server
+        .consolidated()
+        .query_row("SELECT count(*) FROM rs_held_download", [], |row| {
+            row.get(0)
+        })
+        .unwrap()
+}
+
+/// The downloading client holds what the server holds for alice, as an uncut sync
+/// would have left it.
+fn assert_same_as_server(server: &TestServer, client: &Client) {
+    assert!(
+        server.consolidated_orders(Some("alice")) == client_orders(client),
+        "client and server agree"
+    );
+}
+
+/// A client behind a link, a writer beside it, both synchronized once.
+async fn downloader_over_a_link(
+    server: &TestServer,
+    name: &str,
+) -> (Link, SyncOptions, Client, Client) {
+    let link = Link::start(server.address).unwrap();
+    let options = server.options_via(link.addr(), "alice");
+    let mut client = server.client(name);
+    client.sync(&options).await.unwrap();
+    let mut writer = server.client(&format!("{name}-writer"));
+    writer.sync(&server.options("alice")).await.unwrap();
+    (link, options, client, writer)
+}
+
+/// A download cut `cuts` times across its bytes (over `options`, a link to `server`),
+/// each resumed; the client's data equals the server's after each.
+async fn cuts_across_the_download(compression: Compression, cuts: u64) {
+    let server = TestServer::start().await;
+    let name = format!("down-{compression}");
+    let (link, mut options, mut client, mut writer) = downloader_over_a_link(&server, &name).await;
+    options.transport.compression = compression;
+    write_round(&server, &mut writer, 0).await;
+    insert_own_row(&client, 0);
+    let clean = client.sync(&options).await.unwrap();
+    assert_eq!(clean.download_bytes_resumed, 0);
+    assert_eq!(
+        held_download_rows(&server),
+        0,
+        "a received download is not held"
+    );
+    let full = clean.wire.received;
+    let mut resumed_total = 0;
+    for k in 1..=cuts {
+        write_round(&server, &mut writer, k as usize).await;
+        insert_own_row(&client, k as usize);
+        let cut = Cut {
+            direction: Direction::Downstream,
+            at: full * k / (cuts + 1),
+        };
+        let report =
+            cut_then_retry(&server.metrics, &link, &mut client, &options, &options, cut).await;
+        let resumed = report.download_bytes_resumed;
+        resumed_total += resumed;
+        eprintln!(
+            "{compression}: download cut at {} of {full}: {resumed} bytes resumed, the retry \
+             received {} and sent {}",
+            cut.at, report.wire.received, report.wire.sent
+        );
+        // The upload went with the cut sync, once: the retry only asked for the rest.
+        assert!(!report.upload_already_applied);
+        assert_eq!(report.rows_uploaded, 1);
+        assert!(
+            report.wire.sent < 1_000,
+            "the retry sent {}",
+            report.wire.sent
+        );
+        if compression == Compression::None {
+            // Every byte that crossed the link was kept and not sent again.
+            assert_eq!(resumed, cut.at, "cut at {}", cut.at);
+            assert!(
+                report.wire.received + cut.at <= full + 1_000,
+                "cut at {}: the retry received {} of {full}",
+                cut.at,
+                report.wire.received
+            );
+        }
+        assert_same_as_server(&server, &client);
+    }
+    assert!(resumed_total > 0, "{compression}: nothing was ever resumed");
+    assert_eq!(
+        held_download_rows(&server),
+        0,
+        "a resumed download is released"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_cut_at_any_of_12_offsets_resumes_where_it_stopped() {
+    cuts_across_the_download(Compression::None, 12).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zstd_download_cut_at_6_offsets_resumes() {
+    cuts_across_the_download(Compression::Zstd, 6).await;
+}
+
+/// Over TLS the receipt follows the download as over TCP: cuts resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn download_cuts_resume_over_tls() {
+    let server = TestServer::start().await;
+    let toxiproxy = Toxiproxy::start().unwrap();
+    let link = toxiproxy.proxy(server.tls_address).unwrap();
+    let mut options = server.options_over("alice", Via::Tls, Compression::None);
+    let real = server.tls_address.to_string();
+    options.address = options.address.replace(&real, &link.addr().to_string());
+    let mut client = server.client("down-tls");
+    client.sync(&options).await.unwrap();
+    let mut writer = server.client("down-tls-writer");
+    writer.sync(&server.options("alice")).await.unwrap();
+    for round in 1..=2 {
+        write_round(&server, &mut writer, round).await;
+        insert_own_row(&client, round);
+        let cut = Cut {
+            direction: Direction::Downstream,
+            at: 70_000 * round as u64,
+        };
+        let report =
+            cut_then_retry(&server.metrics, &link, &mut client, &options, &options, cut).await;
+        assert!(
+            report.download_bytes_resumed > 0,
+            "a TLS download cut at {} resumed nothing",
+            cut.at
+        );
+        assert_same_as_server(&server, &client);
+    }
+    server.stop().await;
+}
+
+/// Behind a load balancer the retry may reach another server: it continues the download
+/// from the consolidated database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_resumes_on_another_server_from_the_shared_database() {
+    let server = TestServer::start().await;
+    let (other, other_metrics, stop) = second_server(&server, ServerConfig::default()).await;
+    let (link, options, mut client, mut writer) = downloader_over_a_link(&server, "roam").await;
+    write_round(&server, &mut writer, 1).await;
+    insert_own_row(&client, 1);
+    let on_other = server.options_via(other, "alice");
+    let cut = Cut {
+        direction: Direction::Downstream,
+        at: 100_000,
+    };
+    let report = cut_then_retry(
+        &server.metrics,
+        &link,
+        &mut client,
+        &options,
+        &on_other,
+        cut,
+    )
+    .await;
+    assert_eq!(report.download_bytes_resumed, 100_000);
+    assert_eq!(other_metrics.download_resumed_bytes.get(), 100_000);
+    assert_eq!(server.metrics.downloads_held.get(), 1);
+    assert_same_as_server(&server, &client);
+    assert_eq!(held_download_rows(&server), 0);
+    let _ = stop.send(());
+    server.stop().await;
+}
+
+/// A download cut, `spoil` run, then the client's next attempt, which must fall back to
+/// a fresh sync: the client's data equals the server's, the cut sync's upload applied
+/// once.
+async fn cut_download_then_sync(server: &TestServer, name: &str, spoil: impl FnOnce(&Client)) {
+    let (link, options, mut client, mut writer) = downloader_over_a_link(server, name).await;
+    write_round(server, &mut writer, 1).await;
+    insert_own_row(&client, 1);
+    link.cut_after(Direction::Downstream, 100_000).unwrap();
+    let before = unsuccessful(&server.metrics);
+    let cut = client
+        .sync(&options)
+        .await
+        .expect_err("the cut sync completed");
+    server_done_with_cut(&server.metrics, before, &cut.to_string()).await;
+    link.remove("limit_data", Direction::Downstream).unwrap();
+    spoil(&client);
+    let report = client.sync(&options).await.unwrap();
+    assert_eq!(report.download_bytes_resumed, 0, "{name}: nothing resumed");
+    // The fresh sync resent the upload, answered as applied already: applied once.
+    assert!(report.upload_already_applied, "{name}");
+    assert_same_as_server(server, &client);
+    let own: i64 = server
+        .consolidated()
+        .query_row(
+            "SELECT count(*) FROM orders WHERE id = 'own-001'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(own, 1, "{name}: the cut sync's upload landed once");
+}
+
+/// A cut download above `held_download_bytes_max` is not held; one held and expired, or
+/// whose kept start does not match the server's (its digest differs), is not resumed:
+/// each falls back to a fresh sync, nothing mixed applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_not_held_expired_or_mismatched_falls_back_to_a_fresh_sync() {
+    let small = TestServer::start_with(ServerConfig {
+        held_download_bytes_max: 50_000,
+        ..ServerConfig::default()
+    })
+    .await;
+    cut_download_then_sync(&small, "too-large", |_| {}).await;
+    assert_eq!(small.metrics.downloads_held.get(), 0);
+    small.stop().await;
+
+    let expiring = TestServer::start_with(ServerConfig {
+        held_download_expiry: Duration::ZERO,
+        cleanup_interval: Duration::from_millis(50),
+        ..ServerConfig::default()
+    })
+    .await;
+    cut_download_then_sync(&expiring, "expired", |_| {
+        for _ in 0..1000 {
+            if held_download_rows(&expiring) == 0 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("the held download never expired");
+    })
+    .await;
+    assert_eq!(expiring.metrics.downloads_held.get(), 1);
+    expiring.stop().await;
+
+    let server = TestServer::start().await;
+    cut_download_then_sync(&server, "mismatched", |client| {
+        // The kept start differs from what the server sent (as a disk fault would make
+        // it): the whole stream's digest then differs from the server's.
+        let connection = client.connection();
+        let mut kept: Vec<u8> = connection
+            .query_row("SELECT bytes FROM rs_client_download", [], |row| row.get(0))
+            .expect("the cut left a kept download");
+        kept[40_000] ^= 0xff;
+        let changed = connection
+            .execute("UPDATE rs_client_download SET bytes = ?1", [kept])
+            .unwrap();
+        assert_eq!(changed, 1, "the cut left a kept download");
+    })
+    .await;
+    server.stop().await;
+}
+
+/// Bad resumptions get a clear refusal (code 14), nothing applied: an unknown transfer,
+/// another user's, an offset past the held length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_download_resumptions_are_refused_with_code_14() {
+    let server = TestServer::start().await;
+    let (link, options, mut client, mut writer) = downloader_over_a_link(&server, "held").await;
+    write_round(&server, &mut writer, 1).await;
+    insert_own_row(&client, 1);
+    link.cut_after(Direction::Downstream, 50_000).unwrap();
+    let before = unsuccessful(&server.metrics);
+    let cut = client
+        .sync(&options)
+        .await
+        .expect_err("the cut sync completed");
+    server_done_with_cut(&server.metrics, before, &cut.to_string()).await;
+    let (transfer_id, length): (String, i64) = server
+        .consolidated()
+        .query_row(
+            "SELECT transfer_id, length FROM rs_held_download",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .unwrap();
+    let too_long = vec![0u8; length as usize + 1];
+    let ask = |user: &'static str, client_id: String, transfer: String, prefix: Vec<u8>| {
+        let options = server.options(user);
+        async move {
+            let mut hello = hello_v3(user);
+            hello.client_id = client_id;
+            let error = transport::exchange(transport::Exchange {
+                address: &options.address,
+                transport: &options.transport,
+                hello,
+                upload_frames: &[],
+                upload_sequence: 1,
+                frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
+                timeout: Duration::from_secs(10),
+                acknowledge: None,
+                transfer: None,
+                download_resume: Some(transport::HeldDownload {
+                    transfer_id: &transfer,
+                    prefix: &prefix,
+                }),
+            })
+            .await
+            .unwrap_err();
+            let ClientError::Server(wire) = &error else {
+                panic!("expected the server's refusal, got {error}");
+            };
+            assert_eq!(
+                wire.error_code(),
+                Some(ErrorCode::TransferNotHeld),
+                "{error}"
+            );
+            wire.message.clone()
+        }
+    };
+    let id = client.client_id().to_string();
+    let unknown = ask("alice", id.clone(), "t-unknown".into(), vec![1, 2, 3]).await;
+    assert!(unknown.contains("t-unknown"), "{unknown}");
+    let past = ask("alice", id.clone(), transfer_id.clone(), too_long).await;
+    assert!(past.contains(&format!("{length} bytes")), "{past}");
+    // Bob asks with a client id of his own about alice's transfer: not his.
+    let other = ask("bob", "bobs-client".into(), transfer_id.clone(), Vec::new()).await;
+    assert!(other.contains("no download"), "{other}");
+    // The refusals changed nothing: alice's client resumes.
+    link.remove("limit_data", Direction::Downstream).unwrap();
+    let report = client.sync(&options).await.unwrap();
+    assert_eq!(report.download_bytes_resumed, 50_000);
+    assert_same_as_server(&server, &client);
+    server.stop().await;
+}
+
+/// A client of version 4 meeting a server of version 3 speaks version 3 to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v4_client_syncs_with_a_version_3_server() {
+    let server = TestServer::start().await;
+    let old = older_server(server.address, 3).await;
+    let options = server.options_via(old, "alice");
+    let mut client = server.client("meets-v3");
+    client.sync(&options).await.unwrap();
+    insert_round(&client, 1);
+    let report = client.sync(&options).await.unwrap();
+    assert_eq!(report.rows_uploaded, ROWS_PER_ROUND as u64);
+    assert_landed_once(&server, &client, 1);
+    assert_eq!(server.metrics.downloads_held.get(), 0);
     server.stop().await;
 }

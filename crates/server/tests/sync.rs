@@ -151,6 +151,7 @@ async fn stale_update(
         timeout: std::time::Duration::from_secs(30),
         acknowledge: None,
         transfer: None,
+        download_resume: None,
     })
     .await
     .unwrap();
@@ -334,7 +335,10 @@ async fn cut_after_commit_then_retry_applies_nothing_twice() {
         .execute("UPDATE orders SET quantity = 3 WHERE id = 'a-1'", [])
         .unwrap();
     let report = alice.sync(&options).await.unwrap();
-    assert!(report.upload_already_applied);
+    // The first round continues the download the server held for the cut reply
+    // (protocol v4; the client had none of it), so the upload is not sent again; had
+    // nothing been held, it would go again and be answered as applied already. Either
+    // way it lands once, as the audit shows.
     assert_eq!(report.rounds, 2);
     assert_eq!(report.conflicts, 0, "a double application would conflict");
     let audit: i64 = server

@@ -54,30 +54,46 @@ impl Measurement {
     }
 }
 
-/// One client's upload cut after `cut_at` bytes, then synchronized again.
+/// One client's upload (or download) cut after `cut_at` bytes, then synchronized again.
 #[derive(Debug, Clone)]
 pub struct CutMeasurement {
     pub kbit: u64,
     pub compression: Compression,
+    /// Which way the cut transfer went: `Upstream` an upload, `Downstream` a download.
+    pub direction: Direction,
     pub fraction: f64,
-    /// Bytes the link let through before it closed the connection (client to server).
+    /// Bytes the link let through in the cut direction before it closed the connection.
     pub cut_at: u64,
     /// The same backlog synchronized without a cut.
     pub clean: Measurement,
     /// The retry after the cut.
     pub retry: WireBytes,
-    /// Bytes of the upload's (decompressed) stream the server held from the cut
-    /// attempt, which the retry did not send again (protocol v3).
+    /// Bytes of the transfer's (decompressed) stream kept from the cut attempt (by the
+    /// server for an upload, protocol v3; by the client for a download, v4), which the
+    /// retry did not send again.
     pub resumed: u64,
     /// The cut attempt and the retry, from the first byte to the end of the retry.
     pub elapsed: Duration,
 }
 
 impl CutMeasurement {
-    /// Bytes on the wire beyond those of the clean sync.
+    /// Bytes on the wire beyond those of the clean sync. A cut download's attempt sent
+    /// what the clean sync sent (its hello and upload) before the cut bytes came down.
     pub fn extra_bytes(&self) -> i64 {
         let clean = self.clean.wire.sent + self.clean.wire.received;
-        (self.cut_at + self.retry.sent + self.retry.received) as i64 - clean as i64
+        let cut_attempt = match self.direction {
+            Direction::Upstream => self.cut_at,
+            Direction::Downstream => self.clean.wire.sent + self.cut_at,
+        };
+        (cut_attempt + self.retry.sent + self.retry.received) as i64 - clean as i64
+    }
+
+    /// "upload" or "download".
+    pub fn transfer(&self) -> &'static str {
+        match self.direction {
+            Direction::Upstream => "upload",
+            Direction::Downstream => "download",
+        }
     }
 
     /// Time beyond the clean sync's.
@@ -129,15 +145,25 @@ pub async fn run(options: &LinkOptions, out: &mut dyn Write) -> Result<ClientLin
                     measurement.ratio()
                 );
                 if clients == 1 {
+                    let download = if options.cuts.is_empty() {
+                        None
+                    } else {
+                        Some(bench.clean_download(options, kbit, compression).await?)
+                    };
                     for &fraction in &options.cuts {
-                        let cut = bench.cut(options, &measurement, fraction).await?;
-                        eprintln!(
-                            "bench-link: cut at {:.0}%: {} extra bytes, {:.1} s extra",
-                            fraction * 100.0,
-                            cut.extra_bytes(),
-                            cut.extra_time()
-                        );
-                        results.cuts.push(cut);
+                        let upload = bench.cut(options, &measurement, fraction).await?;
+                        let clean = download.as_ref().expect("measured with cuts");
+                        let download = bench.cut_download(options, clean, fraction).await?;
+                        for cut in [upload, download] {
+                            eprintln!(
+                                "bench-link: {} cut at {:.0}%: {} extra bytes, {:.1} s extra",
+                                cut.transfer(),
+                                fraction * 100.0,
+                                cut.extra_bytes(),
+                                cut.extra_time()
+                            );
+                            results.cuts.push(cut);
+                        }
                     }
                 }
                 results.backlogs.push(measurement);
@@ -307,11 +333,112 @@ impl Bench {
         Ok(CutMeasurement {
             kbit: clean.kbit,
             compression: clean.compression,
+            direction: Direction::Upstream,
             fraction,
             cut_at,
             clean: clean.clone(),
             retry: report.wire,
             resumed: report.upload_bytes_resumed,
+            elapsed,
+        })
+    }
+}
+
+impl Bench {
+    /// A new client of an existing user (its first sync downloads the user's rows),
+    /// over `link`.
+    fn reader(&mut self, user: &str, compression: Compression, link: &Link) -> Result<Subject> {
+        self.users += 1;
+        let name = format!("reader{:05}", self.users);
+        let client = Client::open(self.dir.path().join(format!("{name}.db")))?;
+        client.connection().execute_batch(TABLE_DDL)?;
+        let mut client = client;
+        client.track("bench_rows")?;
+        let mut options = SyncOptions::new(format!("tcp://{}", link.addr()), user, PASSWORD);
+        options.timeout = SLOW_LINK_TIMEOUT;
+        options.transport.compression = compression;
+        Ok(Subject { client, options })
+    }
+
+    /// The backlog of one client (uploaded over the loopback), downloaded whole by a
+    /// new client of its user over the link: the clean download a cut one is held
+    /// against. Returns it with the user.
+    async fn clean_download(
+        &mut self,
+        options: &LinkOptions,
+        kbit: u64,
+        compression: Compression,
+    ) -> Result<(Measurement, String)> {
+        let mut subjects = self.clients(1, options.changes, compression).await?;
+        let subject = &mut subjects[0];
+        subject.client.sync(&subject.options).await?;
+        let user = subject.options.user.clone();
+        let link = self.link(options, kbit, 1)?;
+        let mut reader = self.reader(&user, compression, &link)?;
+        let started = Instant::now();
+        let report = reader.client.sync(&reader.options).await?;
+        if report.rows_downloaded != options.changes as u64 {
+            bail!(
+                "a new client downloaded {} rows, expected {}",
+                report.rows_downloaded,
+                options.changes
+            );
+        }
+        let measurement = Measurement {
+            kbit,
+            compression,
+            clients: 1,
+            changes: options.changes,
+            elapsed: started.elapsed(),
+            wire: report.wire,
+        };
+        Ok((measurement, user))
+    }
+
+    /// Another new client of the clean download's user, its download cut at `fraction`
+    /// of the bytes the clean one received, then synchronized again without the cut.
+    async fn cut_download(
+        &mut self,
+        options: &LinkOptions,
+        (clean, user): &(Measurement, String),
+        fraction: f64,
+    ) -> Result<CutMeasurement> {
+        let link = self.link(options, clean.kbit, 1)?;
+        let mut reader = self.reader(user, clean.compression, &link)?;
+        let cut_at = (clean.wire.received as f64 * fraction) as u64;
+        link.cut_after(Direction::Downstream, cut_at)
+            .map_err(anyhow::Error::msg)?;
+        let started = Instant::now();
+        if reader.client.sync(&reader.options).await.is_ok() {
+            bail!(
+                "a download cut after {cut_at} of {} bytes completed",
+                clean.wire.received
+            );
+        }
+        link.remove("limit_data", Direction::Downstream)
+            .map_err(anyhow::Error::msg)?;
+        let report = reader
+            .client
+            .sync(&reader.options)
+            .await
+            .context("the retry after a download cut")?;
+        let elapsed = started.elapsed();
+        if report.rows_downloaded != options.changes as u64 {
+            bail!(
+                "the retry after a download cut applied {} rows, expected {}",
+                report.rows_downloaded,
+                options.changes
+            );
+        }
+        Ok(CutMeasurement {
+            kbit: clean.kbit,
+            compression: clean.compression,
+            direction: Direction::Downstream,
+            fraction,
+            cut_at,
+            clean: clean.clone(),
+            retry: report.wire,
+            resumed: report.download_bytes_resumed,
             elapsed,
         })
     }
@@ -360,13 +487,15 @@ fn print_tables(
     }
     writeln!(
         out,
-        "\none client's upload cut, then synchronized again (bytes in flight: bandwidth x round trip)"
+        "\none client's upload or download cut, then synchronized again (bytes in flight: \
+         bandwidth x round trip)"
     )?;
     writeln!(
         out,
-        "{:>7} {:<11} {:>6} {:>12} {:>12} {:>12} {:>10} {:>12} {:>12}",
+        "{:>7} {:<11} {:<9} {:>6} {:>12} {:>12} {:>12} {:>10} {:>12} {:>12}",
         "kbit/s",
         "compression",
+        "transfer",
         "cut at",
         "cut byte",
         "extra bytes",
@@ -378,9 +507,10 @@ fn print_tables(
     for cut in &results.cuts {
         writeln!(
             out,
-            "{:>7} {:<11} {:>5.0}% {:>12} {:>12} {:>12} {:>10.1} {:>12} {:>12}",
+            "{:>7} {:<11} {:<9} {:>5.0}% {:>12} {:>12} {:>12} {:>10.1} {:>12} {:>12}",
             cut.kbit,
             cut.compression.to_string(),
+            cut.transfer(),
             cut.fraction * 100.0,
             cut.cut_at,
             cut.extra_bytes(),

@@ -410,6 +410,7 @@ impl VerifyClient {
                 timeout: connection.sync_timeout,
                 acknowledge: None,
                 transfer: None,
+                download_resume: None,
             })
             .await;
             let hint = match exchanged {
@@ -476,6 +477,7 @@ impl SqliteClient {
             auth_parameters: Vec::new(),
             download_ack: false,
             busy_retry: connection.retry.policy(),
+            download_kept_bytes_max: rowsync_client::DOWNLOAD_KEPT_BYTES_MAX_DEFAULT,
         };
         let policy = connection.retry.policy();
         let client_start = SystemTime::now();

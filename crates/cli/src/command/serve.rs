@@ -158,6 +158,15 @@ pub struct ServeArgs {
     /// Remove a held cut upload after this many seconds.
     #[arg(long, default_value_t = ServerConfig::default().held_upload_expiry.as_secs())]
     held_upload_expiry_seconds: u64,
+    /// Hold at most this many bytes of one cut download for its client to resume.
+    #[arg(long, default_value_t = ServerConfig::default().held_download_bytes_max)]
+    held_download_bytes_max: u64,
+    /// Hold at most this many bytes of cut downloads in all (in the consolidated database).
+    #[arg(long, default_value_t = ServerConfig::default().held_downloads_bytes_max)]
+    held_downloads_bytes_max: u64,
+    /// Remove a held cut download after this many seconds.
+    #[arg(long, default_value_t = ServerConfig::default().held_download_expiry.as_secs())]
+    held_download_expiry_seconds: u64,
     /// Accept HS256 tokens (JWT) signed with the secret in this file.
     #[arg(long)]
     jwt_hs256_secret_file: Option<PathBuf>,
@@ -378,6 +387,9 @@ impl ServeArgs {
             held_upload_bytes_max: self.held_upload_bytes_max,
             held_uploads_bytes_max: self.held_uploads_bytes_max,
             held_upload_expiry: Duration::from_secs(self.held_upload_expiry_seconds),
+            held_download_bytes_max: self.held_download_bytes_max,
+            held_downloads_bytes_max: self.held_downloads_bytes_max,
+            held_download_expiry: Duration::from_secs(self.held_download_expiry_seconds),
             tokens,
             ..defaults
         }

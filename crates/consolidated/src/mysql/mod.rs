@@ -133,42 +133,57 @@ impl ConsolidatedConnection for MysqlConnection {
         held::install(&mut self.connection).await
     }
 
-    async fn hold_upload(
+    async fn hold_transfer(
         &mut self,
-        held: &crate::HeldUpload,
+        direction: crate::Direction,
+        held: &crate::HeldTransfer,
         bytes: &[u8],
         all_bytes_max: u64,
     ) -> Result<bool, DbError> {
-        held::hold(&mut self.connection, held, bytes, all_bytes_max).await
+        held::hold(&mut self.connection, direction, held, bytes, all_bytes_max).await
     }
 
-    async fn held_upload(
+    async fn held_transfer(
         &mut self,
+        direction: crate::Direction,
         client_id: &str,
         transfer_id: &str,
-    ) -> Result<Option<crate::HeldUpload>, DbError> {
-        held::held(&mut self.connection, client_id, transfer_id).await
+    ) -> Result<Option<crate::HeldTransfer>, DbError> {
+        held::held(&mut self.connection, direction, client_id, transfer_id).await
     }
 
-    async fn held_upload_bytes(
+    async fn held_transfer_bytes(
         &mut self,
+        direction: crate::Direction,
         client_id: &str,
         transfer_id: &str,
         length: u64,
     ) -> Result<Vec<u8>, DbError> {
-        held::held_bytes(&mut self.connection, client_id, transfer_id, length).await
+        held::held_bytes(
+            &mut self.connection,
+            direction,
+            client_id,
+            transfer_id,
+            length,
+        )
+        .await
     }
 
-    async fn release_held_upload(
+    async fn release_held_transfer(
         &mut self,
+        direction: crate::Direction,
         client_id: &str,
         transfer_id: &str,
     ) -> Result<bool, DbError> {
-        held::release(&mut self.connection, client_id, transfer_id).await
+        held::release(&mut self.connection, direction, client_id, transfer_id).await
     }
 
-    async fn expire_held_uploads(&mut self, created_before_unix_ms: i64) -> Result<u64, DbError> {
-        held::expire(&mut self.connection, created_before_unix_ms).await
+    async fn expire_held_transfers(
+        &mut self,
+        direction: crate::Direction,
+        created_before_unix_ms: i64,
+    ) -> Result<u64, DbError> {
+        held::expire(&mut self.connection, direction, created_before_unix_ms).await
     }
 
     async fn set_user(&mut self, name: &str, password_hash: &str) -> Result<(), DbError> {

@@ -2,43 +2,56 @@
 
 use tokio_postgres::{Client, GenericClient};
 
-use crate::held::{fits, stored_length, HeldUpload, HELD_UPLOAD_PART_BYTES};
+use crate::held::{fits, stored_length, Direction, HeldTransfer, HELD_TRANSFER_PART_BYTES};
 use crate::DbError;
 
-const TABLES: &str = "
-SELECT pg_advisory_xact_lock(7262);
-CREATE TABLE IF NOT EXISTS rs_held_upload (
-    client_id TEXT PRIMARY KEY,
-    transfer_id TEXT NOT NULL,
-    user_name TEXT NOT NULL,
-    length BIGINT NOT NULL,
-    sha256 BYTEA NOT NULL,
-    created_unix_ms BIGINT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS rs_held_upload_part (
-    client_id TEXT NOT NULL,
-    part INTEGER NOT NULL,
-    bytes BYTEA NOT NULL,
-    PRIMARY KEY (client_id, part)
-);
-";
+/// The tables of both directions' held transfers, created under a lock that serializes
+/// concurrent installers.
+fn tables_sql() -> String {
+    let mut sql = String::from("SELECT pg_advisory_xact_lock(7262);");
+    for direction in Direction::ALL {
+        let (table, part_table) = direction.tables();
+        sql.push_str(&format!(
+            "CREATE TABLE IF NOT EXISTS {table} (
+                client_id TEXT PRIMARY KEY,
+                transfer_id TEXT NOT NULL,
+                user_name TEXT NOT NULL,
+                length BIGINT NOT NULL,
+                sha256 BYTEA NOT NULL,
+                created_unix_ms BIGINT NOT NULL
+            );
+            CREATE TABLE IF NOT EXISTS {part_table} (
+                client_id TEXT NOT NULL,
+                part INTEGER NOT NULL,
+                bytes BYTEA NOT NULL,
+                PRIMARY KEY (client_id, part)
+            );"
+        ));
+    }
+    sql
+}
 
 pub async fn install(client: &Client) -> Result<(), DbError> {
     // One implicit transaction: the lock serializes concurrent installers.
-    client.batch_execute(TABLES).await?;
+    client.batch_execute(&tables_sql()).await?;
     Ok(())
 }
 
-async fn remove(client: &impl GenericClient, client_id: &str) -> Result<u64, DbError> {
+async fn remove(
+    client: &impl GenericClient,
+    direction: Direction,
+    client_id: &str,
+) -> Result<u64, DbError> {
+    let (table, part_table) = direction.tables();
     client
         .execute(
-            "DELETE FROM rs_held_upload_part WHERE client_id = $1",
+            &format!("DELETE FROM {part_table} WHERE client_id = $1"),
             &[&client_id],
         )
         .await?;
     Ok(client
         .execute(
-            "DELETE FROM rs_held_upload WHERE client_id = $1",
+            &format!("DELETE FROM {table} WHERE client_id = $1"),
             &[&client_id],
         )
         .await?)
@@ -46,16 +59,18 @@ async fn remove(client: &impl GenericClient, client_id: &str) -> Result<u64, DbE
 
 pub async fn hold(
     client: &mut Client,
-    held: &HeldUpload,
+    direction: Direction,
+    held: &HeldTransfer,
     bytes: &[u8],
     all_bytes_max: u64,
 ) -> Result<bool, DbError> {
+    let (table, part_table) = direction.tables();
     let length = stored_length(bytes.len() as u64)?;
     let transaction = client.transaction().await?;
-    remove(&transaction, &held.client_id).await?;
+    remove(&transaction, direction, &held.client_id).await?;
     let others: i64 = transaction
         .query_one(
-            "SELECT coalesce(sum(length), 0)::bigint FROM rs_held_upload",
+            &format!("SELECT coalesce(sum(length), 0)::bigint FROM {table}"),
             &[],
         )
         .await?
@@ -66,8 +81,10 @@ pub async fn hold(
     }
     transaction
         .execute(
-            "INSERT INTO rs_held_upload (client_id, transfer_id, user_name, length, sha256, \
-             created_unix_ms) VALUES ($1, $2, $3, $4, $5, $6)",
+            &format!(
+                "INSERT INTO {table} (client_id, transfer_id, user_name, length, sha256, \
+             created_unix_ms) VALUES ($1, $2, $3, $4, $5, $6)"
+            ),
             &[
                 &held.client_id,
                 &held.transfer_id,
@@ -79,9 +96,11 @@ pub async fn hold(
         )
         .await?;
     let insert = transaction
-        .prepare("INSERT INTO rs_held_upload_part (client_id, part, bytes) VALUES ($1, $2, $3)")
+        .prepare(&format!(
+            "INSERT INTO {part_table} (client_id, part, bytes) VALUES ($1, $2, $3)"
+        ))
         .await?;
-    for (part, chunk) in bytes.chunks(HELD_UPLOAD_PART_BYTES).enumerate() {
+    for (part, chunk) in bytes.chunks(HELD_TRANSFER_PART_BYTES).enumerate() {
         transaction
             .execute(&insert, &[&held.client_id, &(part as i32), &chunk])
             .await?;
@@ -92,17 +111,21 @@ pub async fn hold(
 
 pub async fn held(
     client: &impl GenericClient,
+    direction: Direction,
     client_id: &str,
     transfer_id: &str,
-) -> Result<Option<HeldUpload>, DbError> {
+) -> Result<Option<HeldTransfer>, DbError> {
+    let (table, _) = direction.tables();
     let row = client
         .query_opt(
-            "SELECT user_name, length, sha256, created_unix_ms FROM rs_held_upload \
-             WHERE client_id = $1 AND transfer_id = $2",
+            &format!(
+                "SELECT user_name, length, sha256, created_unix_ms FROM {table} \
+             WHERE client_id = $1 AND transfer_id = $2"
+            ),
             &[&client_id, &transfer_id],
         )
         .await?;
-    Ok(row.map(|row| HeldUpload {
+    Ok(row.map(|row| HeldTransfer {
         client_id: client_id.to_string(),
         user: row.get(0),
         transfer_id: transfer_id.to_string(),
@@ -114,20 +137,27 @@ pub async fn held(
 
 pub async fn held_bytes(
     client: &Client,
+    direction: Direction,
     client_id: &str,
     transfer_id: &str,
     length: u64,
 ) -> Result<Vec<u8>, DbError> {
+    let (_, part_table) = direction.tables();
     let mut bytes = Vec::new();
-    if held(client, client_id, transfer_id).await?.is_none() {
+    if held(client, direction, client_id, transfer_id)
+        .await?
+        .is_none()
+    {
         return Ok(bytes);
     }
-    let parts = length.div_ceil(HELD_UPLOAD_PART_BYTES as u64);
+    let parts = length.div_ceil(HELD_TRANSFER_PART_BYTES as u64);
     let parts = i32::try_from(parts).unwrap_or(i32::MAX);
     let rows = client
         .query(
-            "SELECT bytes FROM rs_held_upload_part WHERE client_id = $1 AND part < $2 \
-             ORDER BY part",
+            &format!(
+                "SELECT bytes FROM {part_table} WHERE client_id = $1 AND part < $2 \
+             ORDER BY part"
+            ),
             &[&client_id, &parts],
         )
         .await?;
@@ -140,30 +170,40 @@ pub async fn held_bytes(
 
 pub async fn release(
     client: &mut Client,
+    direction: Direction,
     client_id: &str,
     transfer_id: &str,
 ) -> Result<bool, DbError> {
     let transaction = client.transaction().await?;
-    let found = held(&transaction, client_id, transfer_id).await?.is_some();
+    let found = held(&transaction, direction, client_id, transfer_id)
+        .await?
+        .is_some();
     if found {
-        remove(&transaction, client_id).await?;
+        remove(&transaction, direction, client_id).await?;
     }
     transaction.commit().await?;
     Ok(found)
 }
 
-pub async fn expire(client: &mut Client, created_before_unix_ms: i64) -> Result<u64, DbError> {
+pub async fn expire(
+    client: &mut Client,
+    direction: Direction,
+    created_before_unix_ms: i64,
+) -> Result<u64, DbError> {
+    let (table, part_table) = direction.tables();
     let transaction = client.transaction().await?;
     transaction
         .execute(
-            "DELETE FROM rs_held_upload_part WHERE client_id IN \
-             (SELECT client_id FROM rs_held_upload WHERE created_unix_ms < $1)",
+            &format!(
+                "DELETE FROM {part_table} WHERE client_id IN \
+             (SELECT client_id FROM {table} WHERE created_unix_ms < $1)"
+            ),
             &[&created_before_unix_ms],
         )
         .await?;
     let removed = transaction
         .execute(
-            "DELETE FROM rs_held_upload WHERE created_unix_ms < $1",
+            &format!("DELETE FROM {table} WHERE created_unix_ms < $1"),
             &[&created_before_unix_ms],
         )
         .await?;

@@ -285,42 +285,50 @@ impl ConsolidatedConnection for PostgresConnection {
         held::install(&self.client).await
     }
 
-    async fn hold_upload(
+    async fn hold_transfer(
         &mut self,
-        held: &crate::HeldUpload,
+        direction: crate::Direction,
+        held: &crate::HeldTransfer,
         bytes: &[u8],
         all_bytes_max: u64,
     ) -> Result<bool, DbError> {
-        held::hold(&mut self.client, held, bytes, all_bytes_max).await
+        held::hold(&mut self.client, direction, held, bytes, all_bytes_max).await
     }
 
-    async fn held_upload(
+    async fn held_transfer(
         &mut self,
+        direction: crate::Direction,
         client_id: &str,
         transfer_id: &str,
-    ) -> Result<Option<crate::HeldUpload>, DbError> {
-        held::held(&self.client, client_id, transfer_id).await
+    ) -> Result<Option<crate::HeldTransfer>, DbError> {
+        held::held(&self.client, direction, client_id, transfer_id).await
     }
 
-    async fn held_upload_bytes(
+    async fn held_transfer_bytes(
         &mut self,
+        direction: crate::Direction,
         client_id: &str,
         transfer_id: &str,
         length: u64,
     ) -> Result<Vec<u8>, DbError> {
-        held::held_bytes(&self.client, client_id, transfer_id, length).await
+        held::held_bytes(&self.client, direction, client_id, transfer_id, length).await
     }
 
-    async fn release_held_upload(
+    async fn release_held_transfer(
         &mut self,
+        direction: crate::Direction,
         client_id: &str,
         transfer_id: &str,
     ) -> Result<bool, DbError> {
-        held::release(&mut self.client, client_id, transfer_id).await
+        held::release(&mut self.client, direction, client_id, transfer_id).await
     }
 
-    async fn expire_held_uploads(&mut self, created_before_unix_ms: i64) -> Result<u64, DbError> {
-        held::expire(&mut self.client, created_before_unix_ms).await
+    async fn expire_held_transfers(
+        &mut self,
+        direction: crate::Direction,
+        created_before_unix_ms: i64,
+    ) -> Result<u64, DbError> {
+        held::expire(&mut self.client, direction, created_before_unix_ms).await
     }
 
     async fn set_user(&mut self, name: &str, password_hash: &str) -> Result<(), DbError> {

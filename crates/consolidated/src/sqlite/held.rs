@@ -2,48 +2,64 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::held::{fits, stored_length, HeldUpload, HELD_UPLOAD_PART_BYTES};
+use crate::held::{fits, stored_length, Direction, HeldTransfer, HELD_TRANSFER_PART_BYTES};
 use crate::DbError;
 
-pub const TABLES: &str = "
-CREATE TABLE IF NOT EXISTS rs_held_upload (
-    client_id TEXT PRIMARY KEY,
-    transfer_id TEXT NOT NULL,
-    user_name TEXT NOT NULL,
-    length INTEGER NOT NULL,
-    sha256 BLOB NOT NULL,
-    created_unix_ms INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS rs_held_upload_part (
-    client_id TEXT NOT NULL,
-    part INTEGER NOT NULL,
-    bytes BLOB NOT NULL,
-    PRIMARY KEY (client_id, part)
-);
-";
+/// The tables of both directions' held transfers.
+pub fn tables_sql() -> String {
+    Direction::ALL
+        .iter()
+        .map(|direction| {
+            let (table, part_table) = direction.tables();
+            format!(
+                "CREATE TABLE IF NOT EXISTS {table} (
+                    client_id TEXT PRIMARY KEY,
+                    transfer_id TEXT NOT NULL,
+                    user_name TEXT NOT NULL,
+                    length INTEGER NOT NULL,
+                    sha256 BLOB NOT NULL,
+                    created_unix_ms INTEGER NOT NULL
+                );
+                CREATE TABLE IF NOT EXISTS {part_table} (
+                    client_id TEXT NOT NULL,
+                    part INTEGER NOT NULL,
+                    bytes BLOB NOT NULL,
+                    PRIMARY KEY (client_id, part)
+                );"
+            )
+        })
+        .collect()
+}
 
-fn remove(connection: &Connection, client_id: &str) -> Result<usize, DbError> {
+fn remove(
+    connection: &Connection,
+    direction: Direction,
+    client_id: &str,
+) -> Result<usize, DbError> {
+    let (table, part_table) = direction.tables();
     connection.execute(
-        "DELETE FROM rs_held_upload_part WHERE client_id = ?1",
+        &format!("DELETE FROM {part_table} WHERE client_id = ?1"),
         [client_id],
     )?;
     Ok(connection.execute(
-        "DELETE FROM rs_held_upload WHERE client_id = ?1",
+        &format!("DELETE FROM {table} WHERE client_id = ?1"),
         [client_id],
     )?)
 }
 
 pub fn hold(
     connection: &mut Connection,
-    held: &HeldUpload,
+    direction: Direction,
+    held: &HeldTransfer,
     bytes: &[u8],
     all_bytes_max: u64,
 ) -> Result<bool, DbError> {
+    let (table, part_table) = direction.tables();
     let length = stored_length(bytes.len() as u64)?;
     let transaction = connection.transaction()?;
-    remove(&transaction, &held.client_id)?;
+    remove(&transaction, direction, &held.client_id)?;
     let others: i64 = transaction.query_row(
-        "SELECT coalesce(sum(length), 0) FROM rs_held_upload",
+        &format!("SELECT coalesce(sum(length), 0) FROM {table}"),
         [],
         |row| row.get(0),
     )?;
@@ -52,8 +68,10 @@ pub fn hold(
         return Ok(false);
     }
     transaction.execute(
-        "INSERT INTO rs_held_upload (client_id, transfer_id, user_name, length, sha256, \
-         created_unix_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        &format!(
+            "INSERT INTO {table} (client_id, transfer_id, user_name, length, sha256, \
+         created_unix_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+        ),
         params![
             held.client_id,
             held.transfer_id,
@@ -64,10 +82,10 @@ pub fn hold(
         ],
     )?;
     {
-        let mut insert = transaction.prepare_cached(
-            "INSERT INTO rs_held_upload_part (client_id, part, bytes) VALUES (?1, ?2, ?3)",
-        )?;
-        for (part, chunk) in bytes.chunks(HELD_UPLOAD_PART_BYTES).enumerate() {
+        let mut insert = transaction.prepare_cached(&format!(
+            "INSERT INTO {part_table} (client_id, part, bytes) VALUES (?1, ?2, ?3)"
+        ))?;
+        for (part, chunk) in bytes.chunks(HELD_TRANSFER_PART_BYTES).enumerate() {
             insert.execute(params![held.client_id, part as i64, chunk])?;
         }
     }
@@ -77,16 +95,20 @@ pub fn hold(
 
 pub fn held(
     connection: &Connection,
+    direction: Direction,
     client_id: &str,
     transfer_id: &str,
-) -> Result<Option<HeldUpload>, DbError> {
+) -> Result<Option<HeldTransfer>, DbError> {
+    let (table, _) = direction.tables();
     Ok(connection
         .query_row(
-            "SELECT user_name, length, sha256, created_unix_ms FROM rs_held_upload \
-             WHERE client_id = ?1 AND transfer_id = ?2",
+            &format!(
+                "SELECT user_name, length, sha256, created_unix_ms FROM {table} \
+             WHERE client_id = ?1 AND transfer_id = ?2"
+            ),
             [client_id, transfer_id],
             |row| {
-                Ok(HeldUpload {
+                Ok(HeldTransfer {
                     client_id: client_id.to_string(),
                     user: row.get(0)?,
                     transfer_id: transfer_id.to_string(),
@@ -101,17 +123,19 @@ pub fn held(
 
 pub fn held_bytes(
     connection: &Connection,
+    direction: Direction,
     client_id: &str,
     transfer_id: &str,
     length: u64,
 ) -> Result<Vec<u8>, DbError> {
+    let (_, part_table) = direction.tables();
     let mut bytes = Vec::new();
-    if held(connection, client_id, transfer_id)?.is_none() {
+    if held(connection, direction, client_id, transfer_id)?.is_none() {
         return Ok(bytes);
     }
-    let mut query = connection.prepare_cached(
-        "SELECT bytes FROM rs_held_upload_part WHERE client_id = ?1 ORDER BY part",
-    )?;
+    let mut query = connection.prepare_cached(&format!(
+        "SELECT bytes FROM {part_table} WHERE client_id = ?1 ORDER BY part"
+    ))?;
     let mut rows = query.query([client_id])?;
     while (bytes.len() as u64) < length {
         let Some(row) = rows.next()? else { break };
@@ -124,27 +148,35 @@ pub fn held_bytes(
 
 pub fn release(
     connection: &mut Connection,
+    direction: Direction,
     client_id: &str,
     transfer_id: &str,
 ) -> Result<bool, DbError> {
     let transaction = connection.transaction()?;
-    let found = held(&transaction, client_id, transfer_id)?.is_some();
+    let found = held(&transaction, direction, client_id, transfer_id)?.is_some();
     if found {
-        remove(&transaction, client_id)?;
+        remove(&transaction, direction, client_id)?;
     }
     transaction.commit()?;
     Ok(found)
 }
 
-pub fn expire(connection: &mut Connection, created_before_unix_ms: i64) -> Result<u64, DbError> {
+pub fn expire(
+    connection: &mut Connection,
+    direction: Direction,
+    created_before_unix_ms: i64,
+) -> Result<u64, DbError> {
+    let (table, part_table) = direction.tables();
     let transaction = connection.transaction()?;
     transaction.execute(
-        "DELETE FROM rs_held_upload_part WHERE client_id IN \
-         (SELECT client_id FROM rs_held_upload WHERE created_unix_ms < ?1)",
+        &format!(
+            "DELETE FROM {part_table} WHERE client_id IN \
+         (SELECT client_id FROM {table} WHERE created_unix_ms < ?1)"
+        ),
         [created_before_unix_ms],
     )?;
     let removed = transaction.execute(
-        "DELETE FROM rs_held_upload WHERE created_unix_ms < ?1",
+        &format!("DELETE FROM {table} WHERE created_unix_ms < ?1"),
         [created_before_unix_ms],
     )?;
     transaction.commit()?;

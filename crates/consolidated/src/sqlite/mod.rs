@@ -217,55 +217,65 @@ impl ConsolidatedConnection for SqliteConnection {
     async fn install_system_tables(&mut self) -> Result<(), DbError> {
         self.run(|connection| {
             schema::install_system_tables(connection)?;
-            Ok(connection.execute_batch(held::TABLES)?)
+            Ok(connection.execute_batch(&held::tables_sql())?)
         })
         .await
     }
 
-    async fn hold_upload(
+    async fn hold_transfer(
         &mut self,
-        held: &crate::HeldUpload,
+        direction: crate::Direction,
+        held: &crate::HeldTransfer,
         bytes: &[u8],
         all_bytes_max: u64,
     ) -> Result<bool, DbError> {
         let (held, bytes) = (held.clone(), bytes.to_vec());
-        self.run(move |connection| held::hold(connection, &held, &bytes, all_bytes_max))
+        self.run(move |connection| held::hold(connection, direction, &held, &bytes, all_bytes_max))
             .await
     }
 
-    async fn held_upload(
+    async fn held_transfer(
         &mut self,
+        direction: crate::Direction,
         client_id: &str,
         transfer_id: &str,
-    ) -> Result<Option<crate::HeldUpload>, DbError> {
+    ) -> Result<Option<crate::HeldTransfer>, DbError> {
         let (client_id, transfer_id) = (client_id.to_string(), transfer_id.to_string());
-        self.run(move |connection| held::held(connection, &client_id, &transfer_id))
+        self.run(move |connection| held::held(connection, direction, &client_id, &transfer_id))
             .await
     }
 
-    async fn held_upload_bytes(
+    async fn held_transfer_bytes(
         &mut self,
+        direction: crate::Direction,
         client_id: &str,
         transfer_id: &str,
         length: u64,
     ) -> Result<Vec<u8>, DbError> {
         let (client_id, transfer_id) = (client_id.to_string(), transfer_id.to_string());
-        self.run(move |connection| held::held_bytes(connection, &client_id, &transfer_id, length))
-            .await
+        self.run(move |connection| {
+            held::held_bytes(connection, direction, &client_id, &transfer_id, length)
+        })
+        .await
     }
 
-    async fn release_held_upload(
+    async fn release_held_transfer(
         &mut self,
+        direction: crate::Direction,
         client_id: &str,
         transfer_id: &str,
     ) -> Result<bool, DbError> {
         let (client_id, transfer_id) = (client_id.to_string(), transfer_id.to_string());
-        self.run(move |connection| held::release(connection, &client_id, &transfer_id))
+        self.run(move |connection| held::release(connection, direction, &client_id, &transfer_id))
             .await
     }
 
-    async fn expire_held_uploads(&mut self, created_before_unix_ms: i64) -> Result<u64, DbError> {
-        self.run(move |connection| held::expire(connection, created_before_unix_ms))
+    async fn expire_held_transfers(
+        &mut self,
+        direction: crate::Direction,
+        created_before_unix_ms: i64,
+    ) -> Result<u64, DbError> {
+        self.run(move |connection| held::expire(connection, direction, created_before_unix_ms))
             .await
     }
 

@@ -129,8 +129,9 @@ macro_rules! conformance_suite {
             the_sync_history_keeps_its_newest_rows_in_order,
             a_large_upload_over_apply_streams_lands_as_on_one_stream,
             downloads_of_several_batches_arrive_whole,
-            a_held_upload_is_found_whole_in_parts_and_by_its_transfer_only,
-            held_uploads_stay_within_their_bound_and_expire,
+            a_held_transfer_is_found_whole_in_parts_and_by_its_transfer_only,
+            held_transfers_stay_within_their_bound_and_expire,
+            held_uploads_and_downloads_of_a_client_are_apart,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {

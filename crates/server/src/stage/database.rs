@@ -13,7 +13,7 @@ use rowsync_consolidated::{
 };
 use rowsync_protocol::{
     ErrorCode, FrameDecoder, Message, TableUpload, WireError, CONFLICTS_SINCE_VERSION,
-    PREAMBLE_BYTES,
+    DOWNLOAD_RESUME_SINCE_VERSION, PREAMBLE_BYTES,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -29,6 +29,10 @@ use crate::shared::Shared;
 use crate::spool::{Spool, SpoolError};
 use crate::stage::stream::{Acknowledgement, CheckedUpload};
 use crate::upload_stream::{upload_decoder, UploadLimits};
+
+/// A compressed resumable download (protocol v4) is flushed after this many bytes of its
+/// frames, as the client flushes a resumable upload.
+pub(crate) const RESUMABLE_DOWNLOAD_FLUSH_BYTES: usize = 32 * 1024;
 
 /// What the database stage hands on: the committed sync and its whole download, spooled
 /// (the end of the download not yet appended).
@@ -64,12 +68,16 @@ pub(crate) async fn synchronize<B: Consolidated>(
     // The download is encoded into its spool while the worker reads it.
     let (sender, chunks) = download_channel();
     let preamble = outbound.take_preamble();
-    let spool = Spool::new(
+    let mut spool = Spool::new(
         config.download_spool_memory_bytes_max,
         config.download_bytes_max,
         outbound,
         Arc::clone(&shared.cache),
     );
+    if hello.protocol_version >= DOWNLOAD_RESUME_SINCE_VERSION {
+        // A cut costs at most this much more than the bytes in flight.
+        spool.flush_every(RESUMABLE_DOWNLOAD_FLUSH_BYTES);
+    }
     let framing = DownloadFraming {
         message_bytes_max: config.download_message_bytes_max,
         name_conflicts: hello.protocol_version >= CONFLICTS_SINCE_VERSION,

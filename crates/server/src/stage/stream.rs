@@ -30,6 +30,19 @@ pub(crate) enum Received {
     Upload(Box<CheckedUpload>),
     Acknowledgement(Box<Acknowledgement>),
     HeldQuery(Box<HeldQuery>),
+    DownloadResume(Box<DownloadResumeQuery>),
+}
+
+/// A request for the rest of a cut download (protocol v4, its own short exchange): no
+/// upload follows.
+pub(crate) struct DownloadResumeQuery {
+    pub(crate) hello: Hello,
+    /// The authenticated user.
+    pub(crate) user: String,
+    pub(crate) transfer_id: String,
+    pub(crate) offset: u64,
+    /// The reply's sender, compressing as the client asked.
+    pub(crate) outbound: Outbound,
 }
 
 /// A question about a cut transfer (protocol v3, its own short exchange): no upload
@@ -136,29 +149,12 @@ pub(crate) async fn receive<B: Consolidated>(
     timings.record(metrics, Phase::upload_received, receiving.elapsed());
     let upload_sequence = match step {
         Step::Complete(upload) => upload.upload_sequence,
-        Step::Acknowledge { watermark, .. } => {
-            // An acknowledgement is its own short exchange, not replayed.
+        step => {
+            // A short exchange of its own, not replayed; an answer about a transfer
+            // waits for the client's other connections, not for this one.
             timings.recording = None;
-            return Ok(Received::Acknowledgement(Box::new(Acknowledgement {
-                hello,
-                user,
-                watermark,
-                outbound,
-            })));
-        }
-        Step::HeldQuery { transfer_id, .. } => {
-            timings.recording = None;
-            // The answer waits for the client's other connections, not for this one.
             reader.receiving = None;
-            return Ok(Received::HeldQuery(Box::new(HeldQuery {
-                hello,
-                user,
-                transfer_id,
-                outbound,
-            })));
-        }
-        Step::Hello(_) | Step::Continue | Step::UnknownTable(_) | Step::Resume { .. } => {
-            unreachable!("one hello, then the upload")
+            return Ok(short_exchange(step, hello, user, outbound));
         }
     };
     Ok(Received::Upload(Box::new(CheckedUpload {
@@ -170,6 +166,43 @@ pub(crate) async fn receive<B: Consolidated>(
         wire_bytes_received,
         transfer: reader.transfer.take(),
     })))
+}
+
+/// What the stream stage hands on for a session that is not an upload: a download
+/// acknowledgement, a question about a held upload, a download resumption.
+fn short_exchange(step: Step, hello: Hello, user: String, outbound: Outbound) -> Received {
+    match step {
+        Step::Acknowledge { watermark, .. } => {
+            Received::Acknowledgement(Box::new(Acknowledgement {
+                hello,
+                user,
+                watermark,
+                outbound,
+            }))
+        }
+        Step::HeldQuery { transfer_id, .. } => Received::HeldQuery(Box::new(HeldQuery {
+            hello,
+            user,
+            transfer_id,
+            outbound,
+        })),
+        Step::DownloadResume {
+            transfer_id,
+            offset,
+            ..
+        } => Received::DownloadResume(Box::new(DownloadResumeQuery {
+            hello,
+            user,
+            transfer_id,
+            offset,
+            outbound,
+        })),
+        Step::Complete(_)
+        | Step::Hello(_)
+        | Step::Continue
+        | Step::UnknownTable(_)
+        | Step::Resume { .. } => unreachable!("one hello, then the upload"),
+    }
 }
 
 /// The hello names the sync for the monitor and opens its recording (if recording).
