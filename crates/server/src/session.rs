@@ -591,8 +591,8 @@ mod tests {
     }
 
     #[test]
-    fn accepts_versions_1_to_3_and_refuses_others_by_name() {
-        for version in [1, 2, 3] {
+    fn accepts_versions_1_to_4_and_refuses_others_by_name() {
+        for version in [1, 2, 3, 4] {
             let Message::Hello(mut hello) = hello() else {
                 unreachable!()
             };
@@ -603,7 +603,7 @@ mod tests {
                 Step::Hello(_)
             ));
         }
-        for version in [0, 4] {
+        for version in [0, 5] {
             let Message::Hello(mut hello) = hello() else {
                 unreachable!()
             };
@@ -617,7 +617,7 @@ mod tests {
             );
             assert_eq!(
                 error.message,
-                format!("protocol version {version} is not supported; this server speaks versions 1 to 3")
+                format!("protocol version {version} is not supported; this server speaks versions 1 to 4")
             );
         }
     }

@@ -193,74 +193,30 @@ impl Spool {
     }
 
     /// Writes everything spooled, in order, to `out`; each write must progress within
-    /// `write_timeout` (a slow client is dropped, a large download is not).
-    pub async fn send_to(
-        mut self,
-        out: &mut (impl AsyncWrite + Unpin),
-        write_timeout: std::time::Duration,
-    ) -> std::io::Result<()> {
-        let stalled = || {
-            std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the client stopped reading the download",
-            )
-        };
-        while let Some(piece) = self.memory.pop_front() {
-            #[cfg(feature = "failpoints")]
-            if self.memory.is_empty() && self.file.is_none() {
-                // All but the last piece (a download's end frame) is out.
-                out.flush().await?;
-                rowsync_consolidated::failpoint!("mid_download");
-            }
-            tokio::time::timeout(write_timeout, out.write_all(&piece))
-                .await
-                .map_err(|_| stalled())??;
-            self.forget(piece.len());
-        }
-        if let Some(mut file) = self.file.take() {
-            file.flush().await?;
-            file.seek(std::io::SeekFrom::Start(0)).await?;
-            let mut buffer = vec![0u8; SPOOL_READ_BYTES];
-            loop {
-                let read = file.read(&mut buffer).await?;
-                if read == 0 {
-                    break;
-                }
-                tokio::time::timeout(write_timeout, out.write_all(&buffer[..read]))
-                    .await
-                    .map_err(|_| stalled())??;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Spool {
-    /// [`Spool::send_to`], keeping every byte: what was sent can still be read back
-    /// ([`Spool::decompressed`]) when the client may not have received it (a resumable
-    /// download, protocol v4).
-    pub async fn send_kept(
+    /// `write_timeout` (a slow client is dropped, a large download is not). `sending`
+    /// says whether memory is given back as it goes.
+    pub(crate) async fn send(
         &mut self,
         out: &mut (impl AsyncWrite + Unpin),
         write_timeout: std::time::Duration,
+        sending: Sending,
     ) -> std::io::Result<()> {
-        let stalled = || {
-            std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the client stopped reading the download",
-            )
-        };
-        for (index, piece) in self.memory.iter().enumerate() {
+        let mut index = 0;
+        while index < self.memory.len() {
             #[cfg(feature = "failpoints")]
             if index + 1 == self.memory.len() && self.file.is_none() {
                 // All but the last piece (a download's end frame) is out.
                 out.flush().await?;
                 rowsync_consolidated::failpoint!("mid_download");
             }
-            let _ = index;
-            tokio::time::timeout(write_timeout, out.write_all(piece))
-                .await
-                .map_err(|_| stalled())??;
+            write_within(out, &self.memory[index], write_timeout).await?;
+            match sending {
+                Sending::Keep => index += 1,
+                Sending::Release => {
+                    let piece = self.memory.pop_front().expect("a piece at the index");
+                    self.forget(piece.len());
+                }
+            }
         }
         if let Some(file) = self.file.as_mut() {
             file.flush().await?;
@@ -271,9 +227,7 @@ impl Spool {
                 if read == 0 {
                     break;
                 }
-                tokio::time::timeout(write_timeout, out.write_all(&buffer[..read]))
-                    .await
-                    .map_err(|_| stalled())??;
+                write_within(out, &buffer[..read], write_timeout).await?;
             }
         }
         Ok(())
@@ -335,6 +289,32 @@ impl Drop for Spool {
     }
 }
 
+/// Whether sending a spool gives its memory back as it goes or keeps every byte.
+#[derive(Clone, Copy)]
+pub(crate) enum Sending {
+    Release,
+    /// What was sent can still be read back ([`Spool::decompressed`]) when the client
+    /// may not have received it (a resumable download, protocol v4).
+    Keep,
+}
+
+/// Writes `bytes` to `out`, which must take them within `write_timeout`.
+async fn write_within(
+    out: &mut (impl AsyncWrite + Unpin),
+    bytes: &[u8],
+    write_timeout: std::time::Duration,
+) -> std::io::Result<()> {
+    let stalled = || {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the client stopped reading the download",
+        )
+    };
+    tokio::time::timeout(write_timeout, out.write_all(bytes))
+        .await
+        .map_err(|_| stalled())?
+}
+
 /// Bytes read back from a spilled spool at a time.
 const SPOOL_READ_BYTES: usize = 256 * 1024;
 
@@ -375,7 +355,11 @@ mod tests {
         assert_eq!(spool.wire_bytes(), expected.len() as u64);
         let mut out = Vec::new();
         spool
-            .send_to(&mut out, std::time::Duration::from_secs(5))
+            .send(
+                &mut out,
+                std::time::Duration::from_secs(5),
+                Sending::Release,
+            )
             .await
             .unwrap();
         assert_eq!(out, expected);
@@ -404,7 +388,11 @@ mod tests {
             assert!(spool.wire_bytes() * 4 < spool.bytes(), "{compression}");
             let mut out = Vec::new();
             spool
-                .send_to(&mut out, std::time::Duration::from_secs(5))
+                .send(
+                    &mut out,
+                    std::time::Duration::from_secs(5),
+                    Sending::Release,
+                )
                 .await
                 .unwrap();
             let mut decompressor =

@@ -17,7 +17,7 @@ use crate::failure::Failure;
 use crate::metrics::{Phase, PhaseTimings};
 use crate::monitor::SyncFacts;
 use crate::shared::Shared;
-use crate::spool::Spool;
+use crate::spool::{Sending, Spool};
 use crate::stage::database::Synchronized;
 use crate::stage::stream::Acknowledgement;
 
@@ -260,34 +260,33 @@ pub(crate) async fn answer_exchange<B: Consolidated>(
         .map_err(|error| Failure::silent(format!("sending the answer failed: {error}")))
 }
 
-/// [`send_spool`], keeping the spool's bytes (`Spool::send_kept`).
-async fn send_spool_kept<B: Consolidated>(
-    stream: &mut (impl AsyncWrite + Unpin),
-    shared: &Shared<B>,
-    preamble: Option<[u8; PREAMBLE_BYTES]>,
-    spool: &mut Spool,
-) -> std::io::Result<()> {
-    let write_timeout = shared.config.write_timeout;
-    let stopped =
-        || std::io::Error::new(std::io::ErrorKind::TimedOut, "the client stopped reading");
-    if let Some(preamble) = preamble {
-        tokio::time::timeout(write_timeout, stream.write_all(&preamble))
-            .await
-            .map_err(|_| stopped())??;
-    }
-    spool.send_kept(stream, write_timeout).await?;
-    tokio::time::timeout(write_timeout, stream.flush())
-        .await
-        .map_err(|_| stopped())?
-}
-
 /// Sends the preamble (if any) and everything spooled; each write must progress within
 /// the write timeout.
 async fn send_spool<B: Consolidated>(
     stream: &mut (impl AsyncWrite + Unpin),
     shared: &Shared<B>,
     preamble: Option<[u8; PREAMBLE_BYTES]>,
-    spool: Spool,
+    mut spool: Spool,
+) -> std::io::Result<()> {
+    send_spool_as(stream, shared, preamble, &mut spool, Sending::Release).await
+}
+
+/// [`send_spool`], keeping the spool's bytes for a download the client may lack.
+async fn send_spool_kept<B: Consolidated>(
+    stream: &mut (impl AsyncWrite + Unpin),
+    shared: &Shared<B>,
+    preamble: Option<[u8; PREAMBLE_BYTES]>,
+    spool: &mut Spool,
+) -> std::io::Result<()> {
+    send_spool_as(stream, shared, preamble, spool, Sending::Keep).await
+}
+
+async fn send_spool_as<B: Consolidated>(
+    stream: &mut (impl AsyncWrite + Unpin),
+    shared: &Shared<B>,
+    preamble: Option<[u8; PREAMBLE_BYTES]>,
+    spool: &mut Spool,
+    sending: Sending,
 ) -> std::io::Result<()> {
     let write_timeout = shared.config.write_timeout;
     let stopped =
@@ -297,7 +296,7 @@ async fn send_spool<B: Consolidated>(
             .await
             .map_err(|_| stopped())??;
     }
-    spool.send_to(stream, write_timeout).await?;
+    spool.send(stream, write_timeout, sending).await?;
     tokio::time::timeout(write_timeout, stream.flush())
         .await
         .map_err(|_| stopped())?
