@@ -115,40 +115,30 @@ pub(crate) async fn held_prefix<B: Consolidated>(
             ),
         ))
     };
-    shared.holding.settled(&hello.client_id).await;
-    let mut worker = shared
-        .auth_pool
-        .acquire("")
-        .await
-        .map_err(database_failure)?;
-    let connection = worker.connection();
-    let held = connection
-        .held_transfer(Direction::Upload, &hello.client_id, &transfer.transfer_id)
-        .await
-        .map_err(database_failure)?;
-    let Some(held) = held.filter(|held| held.user == user) else {
-        return Err(not_held(
-            "the server holds nothing of it for this client".into(),
-        ));
+    let read = read_held(
+        shared,
+        Direction::Upload,
+        hello,
+        user,
+        &transfer.transfer_id,
+        transfer.offset,
+        |_| transfer.offset,
+    )
+    .await?;
+    let bytes = match read {
+        Ok((_, bytes)) => bytes,
+        Err(NotHeld::Nothing) => {
+            return Err(not_held(
+                "the server holds nothing of it for this client".into(),
+            ))
+        }
+        Err(NotHeld::Shorter { length }) => {
+            return Err(not_held(format!("the server holds {length} bytes")))
+        }
+        Err(NotHeld::Missing { found, .. }) => {
+            return Err(not_held(format!("the server found {found} bytes of it")))
+        }
     };
-    if held.length < transfer.offset {
-        return Err(not_held(format!("the server holds {} bytes", held.length)));
-    }
-    let bytes = connection
-        .held_transfer_bytes(
-            Direction::Upload,
-            &hello.client_id,
-            &transfer.transfer_id,
-            transfer.offset,
-        )
-        .await
-        .map_err(database_failure)?;
-    if bytes.len() as u64 != transfer.offset {
-        return Err(not_held(format!(
-            "the server found {} bytes of it",
-            bytes.len()
-        )));
-    }
     shared.metrics.upload_resumed_bytes.inc_by(transfer.offset);
     Ok(bytes)
 }
@@ -365,41 +355,32 @@ pub(crate) async fn held_download<B: Consolidated>(
             ),
         ))
     };
-    shared.holding.settled(&hello.client_id).await;
-    let mut worker = shared
-        .auth_pool
-        .acquire("")
-        .await
-        .map_err(database_failure)?;
-    let connection = worker.connection();
-    let held = connection
-        .held_transfer(Direction::Download, &hello.client_id, transfer_id)
-        .await
-        .map_err(database_failure)?;
-    let Some(held) = held.filter(|held| held.user == user) else {
-        return Err(not_held(
-            "the server holds no download of it for this client".into(),
-        ));
+    let read = read_held(
+        shared,
+        Direction::Download,
+        hello,
+        user,
+        transfer_id,
+        offset,
+        |length| length,
+    )
+    .await?;
+    let (held, mut bytes) = match read {
+        Ok(read) => read,
+        Err(NotHeld::Nothing) => {
+            return Err(not_held(
+                "the server holds no download of it for this client".into(),
+            ))
+        }
+        Err(NotHeld::Shorter { length }) => {
+            return Err(not_held(format!("the download is {length} bytes")))
+        }
+        Err(NotHeld::Missing { found, wanted }) => {
+            return Err(not_held(format!(
+                "the server found {found} of its {wanted} bytes"
+            )))
+        }
     };
-    if held.length < offset {
-        return Err(not_held(format!("the download is {} bytes", held.length)));
-    }
-    let mut bytes = connection
-        .held_transfer_bytes(
-            Direction::Download,
-            &hello.client_id,
-            transfer_id,
-            held.length,
-        )
-        .await
-        .map_err(database_failure)?;
-    if bytes.len() as u64 != held.length {
-        return Err(not_held(format!(
-            "the server found {} of its {} bytes",
-            bytes.len(),
-            held.length
-        )));
-    }
     shared.metrics.download_resumed_bytes.inc_by(offset);
     let rest = bytes.split_off(offset as usize);
     let answer = DownloadHeld {
@@ -408,4 +389,59 @@ pub(crate) async fn held_download<B: Consolidated>(
         sha256: held.sha256,
     };
     Ok((answer, rest))
+}
+
+/// Why a held transfer cannot go on at an offset.
+enum NotHeld {
+    /// Nothing is held of it for this client and user.
+    Nothing,
+    /// Less than the offset is held.
+    Shorter { length: u64 },
+    /// The database gave back fewer bytes than were asked for.
+    Missing { found: usize, wanted: u64 },
+}
+
+/// The client's held transfer (its user's only) and the first `wanted(length)` of its
+/// bytes, once the client's other live connections have settled; or why it cannot go
+/// on at `offset`.
+async fn read_held<B: Consolidated>(
+    shared: &Shared<B>,
+    direction: Direction,
+    hello: &Hello,
+    user: &str,
+    transfer_id: &str,
+    offset: u64,
+    wanted: impl FnOnce(u64) -> u64,
+) -> Result<Result<(HeldTransfer, Vec<u8>), NotHeld>, Failure> {
+    shared.holding.settled(&hello.client_id).await;
+    let mut worker = shared
+        .auth_pool
+        .acquire("")
+        .await
+        .map_err(database_failure)?;
+    let connection = worker.connection();
+    let held = connection
+        .held_transfer(direction, &hello.client_id, transfer_id)
+        .await
+        .map_err(database_failure)?;
+    let Some(held) = held.filter(|held| held.user == user) else {
+        return Ok(Err(NotHeld::Nothing));
+    };
+    if held.length < offset {
+        return Ok(Err(NotHeld::Shorter {
+            length: held.length,
+        }));
+    }
+    let wanted = wanted(held.length);
+    let bytes = connection
+        .held_transfer_bytes(direction, &hello.client_id, transfer_id, wanted)
+        .await
+        .map_err(database_failure)?;
+    if bytes.len() as u64 != wanted {
+        return Ok(Err(NotHeld::Missing {
+            found: bytes.len(),
+            wanted,
+        }));
+    }
+    Ok(Ok((held, bytes)))
 }
