@@ -413,14 +413,7 @@ impl Client {
                 SessionEvent::Busy { retry_after_ms } => {
                     // Nothing came down before a busy answer; if something did, it goes.
                     DownloadApply::abort(&self.connection);
-                    let Some(delay) = options
-                        .busy_retry
-                        .delay(retry_after_ms, report.busy_retries)
-                    else {
-                        return Err(ClientError::Busy { retry_after_ms });
-                    };
-                    report.busy_retries += 1;
-                    tokio::time::sleep(delay).await;
+                    wait_when_busy(options, report, retry_after_ms).await?;
                 }
                 SessionEvent::Acknowledged { .. }
                 | SessionEvent::Held(_)
@@ -491,14 +484,7 @@ impl Client {
                 }
                 SessionEvent::Busy { retry_after_ms } => {
                     DownloadApply::abort(&self.connection);
-                    let Some(delay) = options
-                        .busy_retry
-                        .delay(retry_after_ms, report.busy_retries)
-                    else {
-                        return Err(ClientError::Busy { retry_after_ms });
-                    };
-                    report.busy_retries += 1;
-                    tokio::time::sleep(delay).await;
+                    wait_when_busy(options, report, retry_after_ms).await?;
                 }
                 // A stream of another length or digest than the server named: nothing
                 // of it is committed, and the sync goes on afresh.
@@ -885,14 +871,7 @@ async fn acknowledge(
                     return Ok(());
                 }
                 SessionEvent::Busy { retry_after_ms } => {
-                    let Some(delay) = options
-                        .busy_retry
-                        .delay(retry_after_ms, report.busy_retries)
-                    else {
-                        return Err(ClientError::Busy { retry_after_ms });
-                    };
-                    report.busy_retries += 1;
-                    tokio::time::sleep(delay).await;
+                    wait_when_busy(options, report, retry_after_ms).await?;
                 }
                 other => {
                     return Err(ClientError::Protocol(format!(
@@ -902,4 +881,22 @@ async fn acknowledge(
             }
         }
     }
+}
+
+/// Waits as `options.busy_retry` says after a busy answer and counts the retry, or
+/// gives up with [`ClientError::Busy`] when it says not to try again.
+async fn wait_when_busy(
+    options: &SyncOptions,
+    report: &mut SyncReport,
+    retry_after_ms: u32,
+) -> Result<(), ClientError> {
+    let Some(delay) = options
+        .busy_retry
+        .delay(retry_after_ms, report.busy_retries)
+    else {
+        return Err(ClientError::Busy { retry_after_ms });
+    };
+    report.busy_retries += 1;
+    tokio::time::sleep(delay).await;
+    Ok(())
 }
