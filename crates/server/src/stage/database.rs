@@ -61,19 +61,13 @@ pub(crate) async fn synchronize<B: Consolidated>(
         user,
         upload_sequence,
         spool: upload_spool,
-        mut outbound,
+        outbound,
         wire_bytes_received,
         ..
     } = upload;
     // The download is encoded into its spool while the worker reads it.
     let (sender, chunks) = download_channel();
-    let preamble = outbound.take_preamble();
-    let mut spool = Spool::new(
-        config.download_spool_memory_bytes_max,
-        config.download_bytes_max,
-        outbound,
-        Arc::clone(&shared.cache),
-    );
+    let (preamble, mut spool) = crate::stage::download::download_spool(shared, outbound);
     if hello.protocol_version >= DOWNLOAD_RESUME_SINCE_VERSION {
         // A cut costs at most this much more than the bytes in flight.
         spool.flush_every(RESUMABLE_DOWNLOAD_FLUSH_BYTES);

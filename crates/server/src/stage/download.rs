@@ -145,28 +145,13 @@ pub(crate) async fn send_held_download<B: Consolidated>(
         user,
         transfer_id,
         offset,
-        mut outbound,
+        outbound,
     } = query;
     let (answer, rest) =
         crate::held::held_download(shared, &hello, &user, &transfer_id, offset).await?;
     let length = answer.length;
-    let preamble = outbound.take_preamble();
-    let mut spool = Spool::new(
-        shared.config.download_spool_memory_bytes_max,
-        shared.config.download_bytes_max,
-        outbound,
-        Arc::clone(&shared.cache),
-    );
-    let spooled = async {
-        spool
-            .append(&encode_frame(&Message::DownloadHeld(answer)))
-            .await?;
-        spool.append(&rest).await?;
-        spool.finish().await
-    }
-    .await;
-    spooled
-        .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?;
+    let frame = encode_frame(&Message::DownloadHeld(answer));
+    let (preamble, mut spool) = spooled(shared, outbound, &[&frame, &rest]).await?;
     send_spool_kept(stream, shared, preamble, &mut spool)
         .await
         .map_err(|error| Failure::silent(format!("resuming the download failed: {error}")))?;
@@ -239,22 +224,10 @@ pub(crate) async fn confirm_acknowledgement<B: Consolidated>(
 pub(crate) async fn answer_exchange<B: Consolidated>(
     stream: &mut (impl AsyncWrite + Unpin),
     shared: &Shared<B>,
-    mut outbound: rowsync_protocol::Outbound,
+    outbound: rowsync_protocol::Outbound,
     answer: Message,
 ) -> Result<(), Failure> {
-    let preamble = outbound.take_preamble();
-    let mut spool = Spool::new(
-        shared.config.download_spool_memory_bytes_max,
-        shared.config.download_bytes_max,
-        outbound,
-        Arc::clone(&shared.cache),
-    );
-    let reply = async {
-        spool.append(&encode_frame(&answer)).await?;
-        spool.finish().await
-    }
-    .await;
-    reply.map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?;
+    let (preamble, spool) = spooled(shared, outbound, &[&encode_frame(&answer)]).await?;
     send_spool(stream, shared, preamble, spool)
         .await
         .map_err(|error| Failure::silent(format!("sending the answer failed: {error}")))
@@ -300,4 +273,40 @@ async fn send_spool_as<B: Consolidated>(
     tokio::time::timeout(write_timeout, stream.flush())
         .await
         .map_err(|_| stopped())?
+}
+
+/// A download spool for `outbound`, within the server's download bounds and its spool
+/// cache, and the preamble to send before it.
+pub(crate) fn download_spool<B: Consolidated>(
+    shared: &Shared<B>,
+    mut outbound: rowsync_protocol::Outbound,
+) -> (Option<[u8; PREAMBLE_BYTES]>, Spool) {
+    let preamble = outbound.take_preamble();
+    let spool = Spool::new(
+        shared.config.download_spool_memory_bytes_max,
+        shared.config.download_bytes_max,
+        outbound,
+        Arc::clone(&shared.cache),
+    );
+    (preamble, spool)
+}
+
+/// A finished download spool of `pieces` (frames, or a held stream's bytes); a failure
+/// to spool them is the client's internal error.
+async fn spooled<B: Consolidated>(
+    shared: &Shared<B>,
+    outbound: rowsync_protocol::Outbound,
+    pieces: &[&[u8]],
+) -> Result<(Option<[u8; PREAMBLE_BYTES]>, Spool), Failure> {
+    let (preamble, mut spool) = download_spool(shared, outbound);
+    let stored = async {
+        for piece in pieces {
+            spool.append(piece).await?;
+        }
+        spool.finish().await
+    }
+    .await;
+    stored
+        .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?;
+    Ok((preamble, spool))
 }
