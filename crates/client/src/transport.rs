@@ -19,8 +19,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rowsync_protocol::{
     decode_message, encode_frame, Compression, Conflicts, Download, DownloadAck, DownloadHeld,
     DownloadResume, EndUpload, FrameDecoder, Hello, Inbound, Message, Outbound, UploadHeld,
-    UploadResume, DOWNLOAD_RESUME_SINCE_VERSION, FRAME_HEADER_BYTES, RESUME_SINCE_VERSION,
-    ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT,
+    UploadResume, DOWNLOAD_RECEIPT_BYTES_MIN, DOWNLOAD_RESUME_SINCE_VERSION, FRAME_HEADER_BYTES,
+    RESUME_SINCE_VERSION, ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT,
 };
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -373,28 +373,88 @@ pub async fn exchange_streaming(
             let (tls, _) = tls_handshake(stream, &address, &request, &[b"rowsync"]).await?;
             exchange_stream(tls, &request, receiver).await
         }
-        Scheme::Http => {
-            let http2 = request.transport.http_version == HttpVersion::Http2;
-            exchange_http(stream, &address, http2, &request, receiver).await
-        }
-        Scheme::Https => {
-            let alpn: &[&[u8]] = match request.transport.http_version {
-                HttpVersion::Auto => &[b"h2", b"http/1.1"],
-                HttpVersion::Http1 => &[b"http/1.1"],
-                HttpVersion::Http2 => &[b"h2"],
-            };
-            let (tls, alpn) = tls_handshake(stream, &address, &request, alpn).await?;
-            let http2 = alpn.as_deref() == Some(b"h2".as_slice());
-            if request.transport.http_version == HttpVersion::Http2 && !http2 {
-                return Err(ClientError::Http {
-                    status: None,
-                    message: format!("{} did not agree to HTTP/2", address.authority()),
-                });
+        Scheme::Http | Scheme::Https => {
+            let (event, undelivered) = match http_connection(stream, &address, &request).await? {
+                HttpConnection::Plain(stream, http2) => {
+                    exchange_http(stream, &address, http2, &request, receiver).await
+                }
+                HttpConnection::Tls(tls, http2) => {
+                    exchange_http(*tls, &address, http2, &request, receiver).await
+                }
+            }?;
+            if let Some(frame) = undelivered {
+                receipt_anew(&address, &request, frame, &counters).await;
             }
-            exchange_http(tls, &address, http2, &request, receiver).await
+            Ok(event)
         }
     }?;
     Ok((event, counters.get()))
+}
+
+/// An HTTP(S) connection, TLS done, and whether it speaks HTTP/2.
+enum HttpConnection {
+    Plain(Counted<TcpStream>, bool),
+    Tls(
+        Box<tokio_rustls::client::TlsStream<Counted<TcpStream>>>,
+        bool,
+    ),
+}
+
+/// The HTTP(S) connection over `stream`: TLS for `https://` (HTTP/2 if ALPN agrees to
+/// it, or as the request asks).
+async fn http_connection(
+    stream: Counted<TcpStream>,
+    address: &ServerAddress,
+    request: &Exchange<'_>,
+) -> Result<HttpConnection, ClientError> {
+    if address.scheme == Scheme::Http {
+        let http2 = request.transport.http_version == HttpVersion::Http2;
+        return Ok(HttpConnection::Plain(stream, http2));
+    }
+    let alpn: &[&[u8]] = match request.transport.http_version {
+        HttpVersion::Auto => &[b"h2", b"http/1.1"],
+        HttpVersion::Http1 => &[b"http/1.1"],
+        HttpVersion::Http2 => &[b"h2"],
+    };
+    let (tls, alpn) = tls_handshake(stream, address, request, alpn).await?;
+    let http2 = alpn.as_deref() == Some(b"h2".as_slice());
+    if request.transport.http_version == HttpVersion::Http2 && !http2 {
+        return Err(ClientError::Http {
+            status: None,
+            message: format!("{} did not agree to HTTP/2", address.authority()),
+        });
+    }
+    Ok(HttpConnection::Tls(Box::new(tls), http2))
+}
+
+/// Sends a download's receipt on a connection of its own, when the sync's connection
+/// could not take it (an HTTP/1.1 server closes a keep-alive connection that stays idle
+/// past its header timeout, which a slow link's buffered download may outlast). Any
+/// failure costs only a held download.
+async fn receipt_anew(
+    address: &ServerAddress,
+    request: &Exchange<'_>,
+    frame: Vec<u8>,
+    counters: &Arc<Counters>,
+) {
+    let sending = async {
+        let tcp = connect_tcp(address, request.timeout).await.ok()?;
+        let stream = Counted {
+            inner: tcp,
+            counters: Arc::clone(counters),
+        };
+        let (mut sender, http2) = match http_connection(stream, address, request).await.ok()? {
+            HttpConnection::Plain(stream, http2) => {
+                (HttpSender::handshake(stream, http2).await.ok()?, http2)
+            }
+            HttpConnection::Tls(tls, http2) => {
+                (HttpSender::handshake(*tls, http2).await.ok()?, http2)
+            }
+        };
+        let answer = sender.send(http_post(address, http2, frame).ok()?).await;
+        drain(&mut answer.ok()?.into_body()).await
+    };
+    let _ = tokio::time::timeout(request.timeout, sending).await;
 }
 
 async fn connect_tcp(address: &ServerAddress, timeout: Duration) -> Result<TcpStream, ClientError> {
@@ -918,26 +978,68 @@ async fn read_until_done<S: AsyncRead + Unpin>(
     }
 }
 
+/// One sync over an HTTP connection; with the final event, a download's receipt that
+/// is due but could not go on this connection.
 async fn exchange_http<S>(
     stream: S,
     address: &ServerAddress,
     http2: bool,
     request: &Exchange<'_>,
     mut receiver: Receiver<'_>,
-) -> Result<SessionEvent, ClientError>
+) -> Result<(SessionEvent, Option<Vec<u8>>), ClientError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let http_error = |message: String| ClientError::Http {
-        status: None,
-        message,
-    };
     let timeout = request.timeout;
-    let timed_out = |during| ClientError::Timeout {
-        during,
-        timeout_ms: timeout.as_millis() as u64,
+    let (pieces, receipt) = upload_stream(request)?;
+    let http_request = http_post(address, http2, pieces.concat())?;
+    let sending = async {
+        let mut sender = HttpSender::handshake(stream, http2)
+            .await
+            .map_err(|error| http_failure(address, error, None))?;
+        let response = sender.send(http_request).await;
+        match response {
+            Ok(response) => Ok((sender, response)),
+            Err(error) => {
+                let connection = sender.connection_error().await;
+                Err(http_failure(address, error, connection))
+            }
+        }
     };
-    let body: Vec<u8> = upload_stream(request)?.0.concat();
+    let (mut sender, response) = tokio::time::timeout(timeout, sending)
+        .await
+        .map_err(|_| timed_out("waiting for the HTTP response", timeout))??;
+    receiver.sent();
+    let (event, mut body) = read_http_answer(address, response, &mut receiver, timeout).await?;
+    // Protocol v4: a download of at least `DOWNLOAD_RECEIPT_BYTES_MIN`, and any resumed
+    // one, is confirmed by a receipt of its own on the same connection.
+    let due =
+        request.download_resume.is_some() || receiver.stream_bytes >= DOWNLOAD_RECEIPT_BYTES_MIN;
+    let (Some(transfer_id), SessionEvent::Complete(_), true) = (receipt, &event, due) else {
+        return Ok((event, None));
+    };
+    let frame = receipt_frame(&transfer_id, receiver.stream_bytes);
+    // The server holds the download unless this arrives; failing to send it costs only
+    // that (the download is here).
+    let confirming = async {
+        drain(&mut body).await?;
+        let answer = sender
+            .send(http_post(address, http2, frame.clone()).ok()?)
+            .await;
+        drain(&mut answer.ok()?.into_body()).await
+    };
+    match tokio::time::timeout(timeout, confirming).await {
+        Ok(Some(())) => Ok((event, None)),
+        _ => Ok((event, Some(frame))),
+    }
+}
+
+/// The POST that carries `body` to the server's path.
+fn http_post(
+    address: &ServerAddress,
+    http2: bool,
+    body: Vec<u8>,
+) -> Result<http::Request<Full<Bytes>>, ClientError> {
     let scheme = if address.scheme.uses_tls() {
         "https"
     } else {
@@ -954,69 +1056,137 @@ where
     } else {
         builder.header(http::header::HOST, address.authority())
     };
-    let http_request = builder
+    builder
         .body(Full::new(Bytes::from(body)))
-        .map_err(|error| http_error(format!("building the request: {error}")))?;
-    let io = TokioIo::new(stream);
-    let authority = address.authority();
-    // The connection's own error (a TLS alert, say) says more than the request's.
-    let failed = |error: hyper::Error, connection: Option<hyper::Error>| {
-        let error = connection.unwrap_or(error);
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
-        let mut chain = String::new();
-        let mut closed = false;
-        while let Some(cause) = source {
-            if let Some(tls) = cause.downcast_ref::<rustls::Error>() {
-                return tls_error(address, tls);
-            }
-            closed |= cause.downcast_ref::<std::io::Error>().is_some_and(|io| {
-                matches!(
-                    io.kind(),
-                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
-                )
-            });
-            chain.push_str(&format!(": {cause}"));
-            source = cause.source();
+        .map_err(|error| ClientError::Http {
+            status: None,
+            message: format!("building the request: {error}"),
+        })
+}
+
+fn timed_out(during: &'static str, timeout: Duration) -> ClientError {
+    ClientError::Timeout {
+        during,
+        timeout_ms: timeout.as_millis() as u64,
+    }
+}
+
+/// Reads a response body to its end, dropping what it holds; `None` if it fails.
+async fn drain(body: &mut hyper::body::Incoming) -> Option<()> {
+    loop {
+        match body.frame().await {
+            None => return Some(()),
+            Some(Ok(_)) => {}
+            Some(Err(_)) => return None,
         }
-        // In TLS 1.3 a server refuses a client's certificate (or its lack of one) after
-        // the client's side of the handshake ended: the request then often meets the
-        // closed connection before the server's alert is read.
-        let hint = if closed && address.scheme.uses_tls() {
-            " (the server closed the connection after the TLS handshake, as a server \
-             that requires client certificates does when the client's certificate is \
-             missing or not trusted)"
+    }
+}
+
+/// One HTTP/1.1 or HTTP/2 client connection, its requests sent one after another.
+enum HttpSender {
+    One(
+        hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+        tokio::task::JoinHandle<Result<(), hyper::Error>>,
+    ),
+    Two(
+        hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+        tokio::task::JoinHandle<Result<(), hyper::Error>>,
+    ),
+}
+
+impl HttpSender {
+    async fn handshake<S>(stream: S, http2: bool) -> Result<HttpSender, hyper::Error>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let io = TokioIo::new(stream);
+        Ok(if http2 {
+            let (sender, connection) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await?;
+            HttpSender::Two(sender, tokio::spawn(connection))
         } else {
-            ""
-        };
-        http_error(format!("HTTP request to {authority} failed{chain}{hint}"))
-    };
-    let sending = async {
-        if http2 {
-            let (mut sender, connection) =
-                hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-                    .await
-                    .map_err(|error| failed(error, None))?;
-            let connection = tokio::spawn(connection);
-            match sender.send_request(http_request).await {
-                Ok(response) => Ok(response),
-                Err(error) => Err(failed(error, connection.await.ok().and_then(Result::err))),
+            let (sender, connection) = hyper::client::conn::http1::handshake(io).await?;
+            HttpSender::One(sender, tokio::spawn(connection))
+        })
+    }
+
+    /// Sends a request once the connection can take it (HTTP/1.1: after the last
+    /// response was read to its end).
+    async fn send(
+        &mut self,
+        request: http::Request<Full<Bytes>>,
+    ) -> Result<http::Response<hyper::body::Incoming>, hyper::Error> {
+        match self {
+            HttpSender::One(sender, _) => {
+                sender.ready().await?;
+                sender.send_request(request).await
             }
-        } else {
-            let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
-                .await
-                .map_err(|error| failed(error, None))?;
-            let connection = tokio::spawn(connection);
-            match sender.send_request(http_request).await {
-                Ok(response) => Ok(response),
-                Err(error) => Err(failed(error, connection.await.ok().and_then(Result::err))),
+            HttpSender::Two(sender, _) => {
+                sender.ready().await?;
+                sender.send_request(request).await
             }
         }
+    }
+
+    /// The connection's own error, once a request failed (it ends then).
+    async fn connection_error(self) -> Option<hyper::Error> {
+        let (HttpSender::One(_, connection) | HttpSender::Two(_, connection)) = self;
+        connection.await.ok().and_then(Result::err)
+    }
+}
+
+/// A failed HTTP request as the client reports it: the connection's own error (a TLS
+/// alert, say) says more than the request's.
+fn http_failure(
+    address: &ServerAddress,
+    error: hyper::Error,
+    connection: Option<hyper::Error>,
+) -> ClientError {
+    let error = connection.unwrap_or(error);
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+    let mut chain = String::new();
+    let mut closed = false;
+    while let Some(cause) = source {
+        if let Some(tls) = cause.downcast_ref::<rustls::Error>() {
+            return tls_error(address, tls);
+        }
+        closed |= cause.downcast_ref::<std::io::Error>().is_some_and(|io| {
+            matches!(
+                io.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            )
+        });
+        chain.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    // In TLS 1.3 a server refuses a client's certificate (or its lack of one) after
+    // the client's side of the handshake ended: the request then often meets the
+    // closed connection before the server's alert is read.
+    let hint = if closed && address.scheme.uses_tls() {
+        " (the server closed the connection after the TLS handshake, as a server \
+         that requires client certificates does when the client's certificate is \
+         missing or not trusted)"
+    } else {
+        ""
     };
-    let response = tokio::time::timeout(timeout, sending)
-        .await
-        .map_err(|_| timed_out("waiting for the HTTP response"))??;
+    ClientError::Http {
+        status: None,
+        message: format!(
+            "HTTP request to {} failed{chain}{hint}",
+            address.authority()
+        ),
+    }
+}
+
+/// The server's answer to a sync's request: its body read through the session until
+/// the session's final event. Returns the event and the body (its end not yet read).
+async fn read_http_answer(
+    address: &ServerAddress,
+    response: http::Response<hyper::body::Incoming>,
+    receiver: &mut Receiver<'_>,
+    timeout: Duration,
+) -> Result<(SessionEvent, hyper::body::Incoming), ClientError> {
     let status = response.status();
-    receiver.sent();
     // A 503 without a busy frame (from a proxy, say): its Retry-After is the hint.
     let retry_after_ms = response
         .headers()
@@ -1028,49 +1198,62 @@ where
         });
     let mut body = response.into_body();
     if status != http::StatusCode::OK && status != http::StatusCode::SERVICE_UNAVAILABLE {
-        // Not rowsync's answer (a proxy's, or a refusal of the request itself).
-        let mut text = Vec::new();
-        while text.len() < HTTP_ERROR_BODY_BYTES_MAX {
-            match tokio::time::timeout(timeout, body.frame()).await {
-                Ok(Some(Ok(frame))) => {
-                    if let Ok(data) = frame.into_data() {
-                        text.extend_from_slice(&data);
-                    }
-                }
-                _ => break,
-            }
-        }
-        text.truncate(HTTP_ERROR_BODY_BYTES_MAX);
-        return Err(ClientError::Http {
-            status: Some(status.as_u16()),
-            message: format!(
-                "{} answered {status}: {}",
-                address.authority(),
-                String::from_utf8_lossy(&text).trim()
-            ),
-        });
+        return Err(not_rowsync(address, status, &mut body, timeout).await);
     }
     loop {
         let frame = tokio::time::timeout(timeout, body.frame())
             .await
-            .map_err(|_| timed_out("waiting for the download"))?;
+            .map_err(|_| timed_out("waiting for the download", timeout))?;
         match frame {
             None if status == http::StatusCode::SERVICE_UNAVAILABLE => {
-                return Ok(SessionEvent::Busy { retry_after_ms })
+                return Ok((SessionEvent::Busy { retry_after_ms }, body))
             }
             None => return Err(receiver.ended()),
             Some(Err(error)) => {
-                return Err(http_error(format!("reading the HTTP response: {error}")))
+                return Err(ClientError::Http {
+                    status: None,
+                    message: format!("reading the HTTP response: {error}"),
+                })
             }
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
                     receiver.upload_sent();
                     if let Some(event) = receiver.take(&data)? {
-                        return Ok(event);
+                        return Ok((event, body));
                     }
                 }
             }
         }
+    }
+}
+
+/// An answer that is not rowsync's (a proxy's, or a refusal of the request itself),
+/// named with its status and the start of its body.
+async fn not_rowsync(
+    address: &ServerAddress,
+    status: http::StatusCode,
+    body: &mut hyper::body::Incoming,
+    timeout: Duration,
+) -> ClientError {
+    let mut text = Vec::new();
+    while text.len() < HTTP_ERROR_BODY_BYTES_MAX {
+        match tokio::time::timeout(timeout, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    text.extend_from_slice(&data);
+                }
+            }
+            _ => break,
+        }
+    }
+    text.truncate(HTTP_ERROR_BODY_BYTES_MAX);
+    ClientError::Http {
+        status: Some(status.as_u16()),
+        message: format!(
+            "{} answered {status}: {}",
+            address.authority(),
+            String::from_utf8_lossy(&text).trim()
+        ),
     }
 }
 

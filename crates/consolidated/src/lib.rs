@@ -202,6 +202,14 @@ pub trait ConsolidatedConnection: Send + 'static {
         transfer_id: &str,
     ) -> impl Future<Output = Result<Option<HeldTransfer>, DbError>> + Send;
 
+    /// The client that holds a transfer of a direction, found by its transfer id alone
+    /// (a download's receipt names only its transfer; ids are random, 128 bits), if any.
+    fn held_transfer_client(
+        &mut self,
+        direction: Direction,
+        transfer_id: &str,
+    ) -> impl Future<Output = Result<Option<String>, DbError>> + Send;
+
     /// The first `length` bytes held of a client's transfer (fewer when less is held).
     fn held_transfer_bytes(
         &mut self,

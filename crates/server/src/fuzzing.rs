@@ -390,9 +390,9 @@ fn receive_upload(limits: UploadLimits, check_tables: bool, reads: Vec<&[u8]>) -
                     }
                     spooling = true;
                 }
-                UploadEvent::Step(Step::HeldQuery { .. } | Step::DownloadResume { .. }) => {
-                    return None
-                }
+                UploadEvent::Step(
+                    Step::HeldQuery { .. } | Step::DownloadResume { .. } | Step::Receipt { .. },
+                ) => return None,
                 UploadEvent::Step(Step::Continue) => unreachable!("never handed on"),
             }
             assert!(

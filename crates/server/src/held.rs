@@ -47,7 +47,7 @@ impl Holding {
     }
 
     /// Waits until no connection of `client_id` is receiving (or holding).
-    async fn settled(&self, client_id: &str) {
+    pub(crate) async fn settled(&self, client_id: &str) {
         let receiver = self
             .clients
             .lock()
@@ -355,6 +355,7 @@ pub(crate) async fn held_download<B: Consolidated>(
             ),
         ))
     };
+    shared.receipts.resuming(transfer_id);
     let read = read_held(
         shared,
         Direction::Download,

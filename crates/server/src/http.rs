@@ -21,7 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::io::{ReaderStream, StreamReader};
 
 use crate::shared::Shared;
-use crate::sync::{handle_connection, ClientClose};
+use crate::sync::{handle_connection, ClientClose, ConnectionEnd};
 
 /// The media type of request and response bodies.
 pub const CONTENT_TYPE_ROWSYNC: &str = "application/x-rowsync";
@@ -46,14 +46,17 @@ pub(crate) async fn serve_connection<B, I>(
     let header_read_timeout = shared.config.header_read_timeout;
     let request_seen = Arc::new(tokio::sync::Notify::new());
     let seen = Arc::clone(&request_seen);
+    // Its syncs waiting for a download's receipt stop waiting when the connection ends.
+    let (open, end) = ConnectionEnd::new();
     let service = service_fn(move |request| {
         seen.notify_one();
         let shared = Arc::clone(&shared);
+        let end = end.clone();
         async move {
             Ok::<_, Infallible>(if over_limit {
                 busy_response(shared.busy_retry_after_ms())
             } else {
-                handle_request(request, peer, shared)
+                handle_request(request, peer, shared, end)
             })
         }
     });
@@ -91,6 +94,12 @@ pub(crate) async fn serve_connection<B, I>(
         None => serving.await,
     };
     if let Err(error) = result {
+        let idle = error
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_timeout);
+        if idle {
+            open.closed_idle();
+        }
         tracing::debug!(%peer, %error, "HTTP connection ended with an error");
     }
 }
@@ -137,6 +146,7 @@ fn handle_request<B: Consolidated>(
     request: Request<Incoming>,
     peer: SocketAddr,
     shared: Arc<Shared<B>>,
+    end: ConnectionEnd,
 ) -> Response<ResponseBody> {
     if request.method() != Method::POST {
         let mut response = plain_response(
@@ -160,7 +170,7 @@ fn handle_request<B: Consolidated>(
     tokio::spawn(async move {
         // The request body ends before the download: its end says nothing of the client.
         let stream = tokio::io::join(reader, ours);
-        handle_connection(stream, peer, &shared, permit, ClientClose::Unseen).await;
+        handle_connection(stream, peer, &shared, permit, ClientClose::Unseen(end)).await;
     });
     let body = StreamBody::new(ReaderStream::new(theirs).map_ok(Frame::data)).boxed();
     let mut response = Response::new(body);

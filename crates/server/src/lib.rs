@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod monitor;
 mod pending;
 pub mod pool;
+mod receipt;
 pub mod record;
 mod reply;
 pub mod server;

@@ -50,6 +50,14 @@ pub enum Step {
         transfer_id: String,
         offset: u64,
     },
+    /// Protocol v4: a download's receipt as a session of its own (HTTP, where it cannot
+    /// follow the download): the first frame is `download_resume`, no hello. The
+    /// transfer id (random, 128 bits) is all it proves, and all it can do is release
+    /// that transfer's download.
+    Receipt {
+        transfer_id: String,
+        offset: u64,
+    },
     /// A download acknowledgement instead of an upload (the hello asked for it).
     Acknowledge {
         hello: Hello,
@@ -193,6 +201,13 @@ impl ServerSession {
                     )
                 }
             }
+            (State::AwaitingHello, Message::DownloadResume(receipt)) => (
+                State::Done,
+                Step::Receipt {
+                    transfer_id: receipt.transfer_id,
+                    offset: receipt.offset,
+                },
+            ),
             (State::AwaitingTransfer { hello }, Message::UploadResume(resume)) => (
                 State::Uploading {
                     hello,

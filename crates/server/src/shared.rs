@@ -43,6 +43,8 @@ pub(crate) struct Shared<B: Consolidated> {
     pub(crate) version_tables: VersionTablesCache,
     /// Cut uploads being held right now, by client id (see `held::Holding`).
     pub(crate) holding: crate::held::Holding,
+    /// Downloads sent over HTTP, kept until their receipt (see `receipt`).
+    pub(crate) receipts: crate::receipt::Receipts,
 }
 
 impl<B: Consolidated> Shared<B> {
@@ -70,6 +72,7 @@ impl<B: Consolidated> Shared<B> {
             ),
             version_tables: VersionTablesCache::default(),
             holding: crate::held::Holding::default(),
+            receipts: crate::receipt::Receipts::default(),
             metrics,
             load: Load::default(),
             slots: Arc::new(Semaphore::new(config.connections_max)),

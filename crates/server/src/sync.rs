@@ -20,13 +20,48 @@ use crate::stage::{database, download, stream};
 
 /// Whether a read tells that the client closed its connection while its sync waits for
 /// the database.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub(crate) enum ClientClose {
     /// TCP and TLS: after its upload a client sends nothing until the download ends, so
     /// a read that ends or fails means it is gone.
     Watched,
-    /// HTTP: the request body ends before the download, whether the client stays or not.
-    Unseen,
+    /// HTTP: the request body ends before the download, whether the client stays or not;
+    /// only the end of the HTTP connection that carried the request tells.
+    Unseen(ConnectionEnd),
+}
+
+/// Resolves once an HTTP connection has ended (its [`ConnectionOpen`] dropped), unless
+/// the server closed it for idling (see [`ConnectionOpen::closed_idle`]).
+#[derive(Clone)]
+pub(crate) struct ConnectionEnd(tokio::sync::watch::Receiver<bool>);
+
+/// Held while an HTTP connection is served; dropping it ends its [`ConnectionEnd`]s.
+pub(crate) struct ConnectionOpen {
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl ConnectionOpen {
+    /// The server closed the connection because no next request began within its
+    /// header timeout: the client may still be reading the last response out of the
+    /// network's buffers, and send its receipt on a connection of its own.
+    pub(crate) fn closed_idle(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+impl ConnectionEnd {
+    pub(crate) fn new() -> (ConnectionOpen, ConnectionEnd) {
+        let (open, end) = tokio::sync::watch::channel(false);
+        (ConnectionOpen { open }, ConnectionEnd(end))
+    }
+
+    pub(crate) async fn ended(mut self) {
+        // `changed` fails once the sender is gone.
+        while self.0.changed().await.is_ok() {}
+        if *self.0.borrow() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// Runs one sync over any byte stream (TCP, TLS, or an HTTP request and its response).
@@ -44,7 +79,7 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
         ..PhaseTimings::default()
     };
     shared.metrics.connections.inc();
-    let result = run_sync(&mut stream, peer, shared, &mut timings, close).await;
+    let result = run_sync(&mut stream, peer, shared, &mut timings, &close).await;
     shared.metrics.connections.dec();
     // The slot is free before the client hears the end of its sync: a client that
     // reconnects at once, after the answer or the close, finds it free (the reply and
@@ -110,7 +145,7 @@ async fn run_sync<B: Consolidated>(
     peer: SocketAddr,
     shared: &Shared<B>,
     timings: &mut PhaseTimings,
-    close: ClientClose,
+    close: &ClientClose,
 ) -> Result<String, Failure> {
     match stream::receive(connection, peer, shared, timings).await? {
         Received::Upload(upload) => {
@@ -155,11 +190,15 @@ async fn run_sync<B: Consolidated>(
         }
         Received::DownloadResume(query) => {
             let hello = query.hello.clone();
-            let receipt = close == ClientClose::Watched;
+            let receipt = matches!(close, ClientClose::Watched);
             download::send_held_download(connection, shared, *query, receipt)
                 .await
                 .map_err(|failure| failure.of(&hello))
         }
+        Received::Receipt {
+            transfer_id,
+            offset,
+        } => Ok(crate::receipt::confirm(shared, &transfer_id, offset).await),
         Received::HeldQuery(query) => {
             let stream::HeldQuery {
                 hello,
@@ -186,22 +225,25 @@ async fn run_sync<B: Consolidated>(
 /// A protocol v4 upload's download is resumable under the upload's transfer id.
 fn resumable_download(
     upload: &stream::CheckedUpload,
-    close: ClientClose,
+    close: &ClientClose,
 ) -> Option<download::Resumable> {
     let transfer = upload.transfer.as_ref()?;
     (upload.hello.protocol_version >= DOWNLOAD_RESUME_SINCE_VERSION).then(|| download::Resumable {
         hello: upload.hello.clone(),
         user: upload.user.clone(),
         transfer_id: transfer.transfer_id.clone(),
-        receipt: close == ClientClose::Watched,
+        receipt: match close {
+            ClientClose::Watched => download::Receipt::Follows,
+            ClientClose::Unseen(end) => download::Receipt::Request(end.clone()),
+        },
     })
 }
 
 /// Resolves when the client closed its connection (a read ends or fails), if `close`
 /// says a read can tell; bytes it sends instead are none of the protocol's: they are
 /// dropped and the watch ends.
-async fn client_gone(connection: &mut (impl AsyncRead + Unpin), close: ClientClose) {
-    if close == ClientClose::Watched {
+async fn client_gone(connection: &mut (impl AsyncRead + Unpin), close: &ClientClose) {
+    if matches!(close, ClientClose::Watched) {
         let mut byte = [0u8; 1];
         if matches!(connection.read(&mut byte).await, Ok(0) | Err(_)) {
             return;

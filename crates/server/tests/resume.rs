@@ -6,8 +6,11 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use bytes::Bytes;
 
 use rowsync_client::transport::{self, Transfer};
 use rowsync_client::{Client, ClientError, Compression, SyncOptions, SyncReport};
@@ -297,6 +300,15 @@ async fn second_server(
     server: &TestServer,
     config: ServerConfig,
 ) -> (SocketAddr, Arc<Metrics>, tokio::sync::oneshot::Sender<()>) {
+    second_server_over(server, config, Transport::Tcp).await
+}
+
+/// A second server on the same consolidated database, on one transport.
+async fn second_server_over(
+    server: &TestServer,
+    config: ServerConfig,
+    transport: Transport,
+) -> (SocketAddr, Arc<Metrics>, tokio::sync::oneshot::Sender<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let backend = SqliteConsolidated::new(&server.consolidated_path);
@@ -307,7 +319,7 @@ async fn second_server(
         rowsync_server::serve_endpoints_with_metrics(
             vec![Endpoint {
                 listener,
-                transport: Transport::Tcp,
+                transport,
             }],
             backend,
             config,
@@ -954,5 +966,390 @@ async fn a_v4_client_syncs_with_a_version_3_server() {
     assert_eq!(report.rows_uploaded, ROWS_PER_ROUND as u64);
     assert_landed_once(&server, &client, 1);
     assert_eq!(server.metrics.downloads_held.get(), 0);
+    server.stop().await;
+}
+
+// Resumable downloads over HTTP(S): the request body has ended before the download, so
+// the receipt is a request of its own (docs/protocol.md §5.12).
+
+/// The endpoint of `server` that `via` speaks to.
+fn endpoint_of(server: &TestServer, via: Via) -> SocketAddr {
+    match via {
+        Via::Tcp => server.address,
+        Via::Tls => server.tls_address,
+        Via::Http | Via::H2c => server.http_address,
+        Via::Https | Via::HttpsHttp1 => server.https_address,
+    }
+}
+
+/// Alice's client over a toxiproxy link to `server`'s endpoint for `via` (uncompressed),
+/// a writer beside it on plain TCP, both synchronized once.
+async fn downloader_via(
+    server: &TestServer,
+    toxiproxy: &Toxiproxy,
+    via: Via,
+    name: &str,
+) -> (Link, SyncOptions, Client, Client) {
+    let upstream = endpoint_of(server, via);
+    let link = toxiproxy.proxy(upstream).unwrap();
+    let mut options = server.options_over("alice", via, Compression::None);
+    options.address = options
+        .address
+        .replace(&upstream.to_string(), &link.addr().to_string());
+    let mut client = server.client(name);
+    client.sync(&options).await.unwrap();
+    let mut writer = server.client(&format!("{name}-writer"));
+    writer.sync(&server.options("alice")).await.unwrap();
+    (link, options, client, writer)
+}
+
+/// Waits until the server has no sync in progress: a download waiting for its receipt
+/// is a sync in progress until the receipt comes or it is held.
+async fn server_idle(metrics: &Metrics) {
+    for _ in 0..3000 {
+        if metrics.connections.get() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{} syncs still in progress", metrics.connections.get());
+}
+
+/// What a cut's count of wire bytes holds besides the download's stream that reached
+/// the client: the response's head and chunk headers (HTTP/1.1); over HTTPS also the
+/// TLS handshake and, since a TLS record decrypts only whole, up to one record (16 KiB)
+/// cut in the middle.
+fn framing_bytes_max(via: Via) -> u64 {
+    match via {
+        Via::Http | Via::H2c => 1_500,
+        _ => 24_000,
+    }
+}
+
+/// Cuts an HTTP(S) download at offsets across it, three of them within its last 64 KiB
+/// (before, the server took a response written into its buffers as delivered, and such
+/// a cut fell back to a fresh sync); each resumed: what the client received of the
+/// stream before the cut is not sent again, the data is the server's, and the resumed
+/// download is released by its receipt.
+async fn http_download_cuts(via: Via) {
+    let server = TestServer::start().await;
+    let toxiproxy = Toxiproxy::start().unwrap();
+    let name = format!("down-{via:?}");
+    let (link, options, mut client, mut writer) =
+        downloader_via(&server, &toxiproxy, via, &name).await;
+    write_round(&server, &mut writer, 0).await;
+    insert_own_row(&client, 0);
+    let clean = client.sync(&options).await.unwrap();
+    let full = clean.wire.received;
+    let slack = framing_bytes_max(via);
+    let cuts = [
+        full / 4,
+        full / 2,
+        full - 60_000,
+        full - 20_000,
+        full - 1_000,
+    ];
+    let mut resumed_total = 0;
+    for (k, at) in cuts.into_iter().enumerate() {
+        let round = k + 1;
+        write_round(&server, &mut writer, round).await;
+        insert_own_row(&client, round);
+        let cut = Cut {
+            direction: Direction::Downstream,
+            at,
+        };
+        let report =
+            cut_then_retry(&server.metrics, &link, &mut client, &options, &options, cut).await;
+        let resumed = report.download_bytes_resumed;
+        resumed_total += resumed;
+        eprintln!(
+            "{via:?}: download cut at {at} of {full}: {resumed} bytes resumed, the retry \
+             received {} and sent {}",
+            report.wire.received, report.wire.sent
+        );
+        assert!(!report.upload_already_applied, "{via:?}: cut at {at}");
+        assert_eq!(report.rows_uploaded, 1);
+        // What crossed the link was kept, less the HTTP (and TLS) framing around it.
+        assert!(
+            resumed <= at && resumed + slack >= at,
+            "{via:?}: cut at {at} of {full}: {resumed} bytes resumed"
+        );
+        assert!(
+            report.wire.received + resumed <= full + slack,
+            "{via:?}: cut at {at}: the retry received {} of {full}",
+            report.wire.received
+        );
+        assert_same_as_server(&server, &client);
+        assert_eq!(
+            held_download_rows(&server),
+            0,
+            "{via:?}: the resumed download was released by its receipt"
+        );
+    }
+    // The server sent none of what the client had kept.
+    assert_eq!(server.metrics.download_resumed_bytes.get(), resumed_total);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_download_cuts_resume_also_in_the_last_64_kib() {
+    http_download_cuts(Via::Http).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_download_cuts_resume_also_in_the_last_64_kib() {
+    http_download_cuts(Via::HttpsHttp1).await;
+}
+
+/// A download received whole over HTTP or HTTPS (HTTP/1.1 and HTTP/2), large or small,
+/// is never held: the receipt of a large one arrives, a small one needs none; the
+/// server writes nothing to `rs_held_download`. The server's read timeout is short, so
+/// a receipt that did not come would have it held within the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_received_whole_over_http_is_not_held() {
+    let server = TestServer::start_with(ServerConfig {
+        read_timeout: Duration::from_secs(2),
+        ..ServerConfig::default()
+    })
+    .await;
+    let mut writer = server.client("whole-writer");
+    writer.sync(&server.options("alice")).await.unwrap();
+    let mut round = 0;
+    for via in [Via::Http, Via::H2c, Via::Https, Via::HttpsHttp1] {
+        let options = server.options_over("alice", via, Compression::None);
+        let mut client = server.client(&format!("whole-{via:?}"));
+        client.sync(&options).await.unwrap();
+        for rows in [ROWS_PER_ROUND, 3] {
+            round += 1;
+            insert_own_row(&client, round);
+            if rows == ROWS_PER_ROUND {
+                write_round(&server, &mut writer, round).await;
+            }
+            let report = client.sync(&options).await.unwrap();
+            assert_eq!(report.download_bytes_resumed, 0);
+            server_idle(&server.metrics).await;
+            assert_eq!(
+                held_download_rows(&server),
+                0,
+                "{via:?}: a download of {} bytes received whole was held",
+                report.wire.received
+            );
+            assert_same_as_server(&server, &client);
+        }
+    }
+    assert_eq!(server.metrics.downloads_held.get(), 0);
+    server.stop().await;
+}
+
+/// POSTs a bare receipt (a `download_resume` frame, no hello) to an HTTP endpoint, as a
+/// client does after an HTTP download; returns the status and the body (chunked
+/// framing removed when it is only the end).
+async fn post_receipt(address: SocketAddr, transfer_id: &str, offset: u64) -> (u16, Vec<u8>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let frame = encode_frame(&Message::DownloadResume(rowsync_protocol::DownloadResume {
+        transfer_id: transfer_id.to_string(),
+        offset,
+    }));
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let head = format!(
+        "POST /sync HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/x-rowsync\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        frame.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&frame).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let split = answer
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")
+        .expect("an HTTP answer");
+    let head = String::from_utf8_lossy(&answer[..split]).to_string();
+    let status = head[9..12].parse().unwrap();
+    let mut body = answer[split + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+        && body == b"0\r\n\r\n"
+    {
+        body.clear();
+    }
+    (status, body)
+}
+
+/// Behind a load balancer the receipt may reach another server, which does not keep
+/// the download: it releases the download held in the shared database when the
+/// receipt names its transfer at its length (and nothing else), and answers with an
+/// empty body. The client's next attempt then finds nothing held and syncs afresh, its
+/// upload applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_reaching_another_server_releases_the_held_download() {
+    let server = TestServer::start().await;
+    let toxiproxy = Toxiproxy::start().unwrap();
+    let (other, _other_metrics, stop) =
+        second_server_over(&server, ServerConfig::default(), Transport::Http).await;
+    let (link, options, mut client, mut writer) =
+        downloader_via(&server, &toxiproxy, Via::Http, "roam-http").await;
+    write_round(&server, &mut writer, 1).await;
+    insert_own_row(&client, 1);
+    link.cut_after(Direction::Downstream, 100_000).unwrap();
+    let before = unsuccessful(&server.metrics);
+    let cut = client
+        .sync(&options)
+        .await
+        .expect_err("the cut sync completed");
+    server_done_with_cut(&server.metrics, before, &cut.to_string()).await;
+    link.remove("limit_data", Direction::Downstream).unwrap();
+    let (transfer_id, length): (String, i64) = server
+        .consolidated()
+        .query_row(
+            "SELECT transfer_id, length FROM rs_held_download",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .unwrap();
+    let length = length as u64;
+    // Another length, another transfer: answered, nothing released.
+    for (transfer, offset) in [(transfer_id.as_str(), length - 1), ("t-unknown", length)] {
+        let (status, body) = post_receipt(other, transfer, offset).await;
+        assert_eq!(
+            (status, body.as_slice()),
+            (200, &b""[..]),
+            "{transfer} {offset}"
+        );
+        assert_eq!(held_download_rows(&server), 1);
+    }
+    let (status, body) = post_receipt(other, &transfer_id, length).await;
+    assert_eq!((status, body.as_slice()), (200, &b""[..]));
+    assert_eq!(held_download_rows(&server), 0, "the receipt released it");
+    let report = client.sync(&options).await.unwrap();
+    assert_eq!(report.download_bytes_resumed, 0);
+    assert!(report.upload_already_applied);
+    assert_same_as_server(&server, &client);
+    let _ = stop.send(());
+    server.stop().await;
+}
+
+/// An HTTP server of protocol version 3 in front of the real one's HTTP endpoint: it
+/// refuses a newer hello with code 4, and anything but a hello first (a receipt) with
+/// code 1, as such a server does; an older sync goes through. Returns its address and
+/// the count of requests it refused for not starting with a hello.
+async fn version_3_http_server(upstream: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>) {
+    use http_body_util::{BodyExt, Full};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let not_hello = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&not_hello);
+    tokio::spawn(async move {
+        while let Ok((connection, _)) = listener.accept().await {
+            let counted = Arc::clone(&counted);
+            let service = hyper::service::service_fn(move |request: hyper::Request<_>| {
+                let counted = Arc::clone(&counted);
+                async move {
+                    let body: hyper::body::Incoming = request.into_body();
+                    let body = body.collect().await?.to_bytes();
+                    let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
+                    decoder.feed(&body);
+                    let refusal = match decoder.next_message() {
+                        Ok(Some(Message::Hello(hello))) if hello.protocol_version > 3 => {
+                            Some(rowsync_protocol::WireError::new(
+                                ErrorCode::UnsupportedProtocolVersion,
+                                "this server speaks versions 1 to 3",
+                            ))
+                        }
+                        Ok(Some(Message::Hello(_))) => None,
+                        _ => {
+                            counted.fetch_add(1, AtomicOrdering::SeqCst);
+                            Some(rowsync_protocol::WireError::new(
+                                ErrorCode::Protocol,
+                                "expected hello",
+                            ))
+                        }
+                    };
+                    let answer = match refusal {
+                        Some(refusal) => Bytes::from(encode_frame(&Message::Error(refusal))),
+                        None => forward(upstream, body).await,
+                    };
+                    Ok::<_, hyper::Error>(hyper::Response::new(Full::new(answer)))
+                }
+            });
+            tokio::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(connection);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    (address, not_hello)
+}
+
+/// One POST of `body` to the real server's HTTP endpoint; its response body.
+async fn forward(upstream: SocketAddr, body: Bytes) -> Bytes {
+    use http_body_util::{BodyExt, Full};
+    let stream = tokio::net::TcpStream::connect(upstream).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let request = hyper::Request::post("/sync")
+        .header("host", upstream.to_string())
+        .header("content-type", "application/x-rowsync")
+        .body(Full::new(body))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    response.into_body().collect().await.unwrap().to_bytes()
+}
+
+/// A client of version 4 meeting an HTTP server of version 3 speaks version 3 to it,
+/// and sends it no receipt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v4_client_syncs_over_http_with_a_version_3_server() {
+    let server = TestServer::start().await;
+    let (old, not_hello) = version_3_http_server(server.http_address).await;
+    let mut options = server.options_over("alice", Via::Http, Compression::None);
+    options.address = format!("http://{old}/sync");
+    let mut client = server.client("meets-v3-http");
+    client.sync(&options).await.unwrap();
+    let mut writer = server.client("meets-v3-http-writer");
+    writer.sync(&server.options("alice")).await.unwrap();
+    write_round(&server, &mut writer, 1).await;
+    insert_own_row(&client, 1);
+    let report = client.sync(&options).await.unwrap();
+    assert_eq!(report.rows_uploaded, 1);
+    assert!(report.rows_downloaded >= ROWS_PER_ROUND as u64);
+    assert_same_as_server(&server, &client);
+    assert_eq!(not_hello.load(AtomicOrdering::SeqCst), 0, "no receipt sent");
+    server_idle(&server.metrics).await;
+    assert_eq!(held_download_rows(&server), 0);
+    server.stop().await;
+}
+
+/// Over a slow link the network's buffers hold the end of a download long after the
+/// server wrote it, and an HTTP/1.1 server closes the idle keep-alive connection after
+/// its header timeout, before the client can send its receipt on it: the client sends
+/// it on a connection of its own, and the server, which did not take that close for a
+/// cut, still waits for it: nothing is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_outlasting_the_keep_alive_comes_on_a_new_connection() {
+    let server = TestServer::start_with(ServerConfig {
+        header_read_timeout: Duration::from_millis(500),
+        ..ServerConfig::default()
+    })
+    .await;
+    let toxiproxy = Toxiproxy::start().unwrap();
+    let (link, options, mut client, mut writer) =
+        downloader_via(&server, &toxiproxy, Via::Http, "slow-http").await;
+    write_round(&server, &mut writer, 1).await;
+    insert_own_row(&client, 1);
+    // About 240 KB at 1,000 kbit/s: 2 s, most of it after the server wrote the last byte.
+    link.set_bandwidth(Direction::Downstream, 1_000).unwrap();
+    let report = client.sync(&options).await.unwrap();
+    assert_eq!(report.download_bytes_resumed, 0);
+    assert_same_as_server(&server, &client);
+    server_idle(&server.metrics).await;
+    assert_eq!(held_download_rows(&server), 0);
+    assert_eq!(server.metrics.downloads_held.get(), 0, "nothing was held");
     server.stop().await;
 }

@@ -125,13 +125,17 @@ struct Bench {
     hash: String,
     server: LocalServer,
     address: SocketAddr,
+    /// The endpoint the links lead to: `address`, or the HTTP endpoint.
+    upstream: SocketAddr,
+    /// `tcp` or `http`: the clients' transport over the links.
+    scheme: &'static str,
     toxiproxy: Toxiproxy,
     users: usize,
 }
 
 /// Runs part (a) and prints its tables.
 pub async fn run(options: &LinkOptions, out: &mut dyn Write) -> Result<ClientLinkResults> {
-    let mut bench = Bench::start().await?;
+    let mut bench = Bench::start(options.http).await?;
     let mut results = ClientLinkResults::default();
     for &kbit in &options.kbits {
         for &compression in &options.compressions {
@@ -181,7 +185,7 @@ struct Subject {
 }
 
 impl Bench {
-    async fn start() -> Result<Bench> {
+    async fn start(http: bool) -> Result<Bench> {
         let dir = tempfile::tempdir().context("creating a temporary directory")?;
         let (backend, admin) = bench_rows_consolidated(&dir.path().join("consolidated.db")).await?;
         let hash = auth::hash_password(PASSWORD).map_err(|error| anyhow::anyhow!("{error}"))?;
@@ -189,8 +193,12 @@ impl Bench {
             upload_timeout: SLOW_LINK_TIMEOUT,
             ..ServerConfig::default()
         };
-        let server = LocalServer::start(backend, config).await?;
+        let server = LocalServer::start_on(backend, config, http).await?;
         let address = server.address.parse().context("the server's address")?;
+        let upstream = match &server.http_address {
+            Some(http) => http.parse().context("the server's HTTP address")?,
+            None => address,
+        };
         let toxiproxy = Toxiproxy::start().map_err(anyhow::Error::msg)?;
         Ok(Bench {
             dir,
@@ -198,6 +206,8 @@ impl Bench {
             hash,
             server,
             address,
+            upstream,
+            scheme: if http { "http" } else { "tcp" },
             toxiproxy,
             users: 0,
         })
@@ -208,7 +218,7 @@ impl Bench {
     fn link(&self, options: &LinkOptions, kbit: u64, clients: usize) -> Result<Link> {
         let link = self
             .toxiproxy
-            .proxy(self.address)
+            .proxy(self.upstream)
             .map_err(anyhow::Error::msg)?;
         for direction in Direction::BOTH {
             link.set_latency(direction, options.round_trip_ms / 2)
@@ -259,7 +269,7 @@ impl Bench {
         let mut subjects = self.clients(clients, rows, compression).await?;
         let link = self.link(options, kbit, clients)?;
         for subject in &mut subjects {
-            subject.options.address = format!("tcp://{}", link.addr());
+            subject.options.address = self.url(link.addr());
         }
         let started = Instant::now();
         let reports = futures_util::future::join_all(
@@ -303,7 +313,7 @@ impl Bench {
         let mut subjects = self.clients(1, options.changes, clean.compression).await?;
         let subject = &mut subjects[0];
         let link = self.link(options, clean.kbit, 1)?;
-        subject.options.address = format!("tcp://{}", link.addr());
+        subject.options.address = self.url(link.addr());
         let cut_at = (clean.wire.sent as f64 * fraction) as u64;
         link.cut_after(Direction::Upstream, cut_at)
             .map_err(anyhow::Error::msg)?;
@@ -345,6 +355,14 @@ impl Bench {
 }
 
 impl Bench {
+    /// The URL of the server through a link at `link` (HTTP's default path).
+    fn url(&self, link: SocketAddr) -> String {
+        match self.scheme {
+            "http" => format!("http://{link}/sync"),
+            _ => format!("tcp://{link}"),
+        }
+    }
+
     /// A new client of an existing user (its first sync downloads the user's rows),
     /// over `link`.
     fn reader(&mut self, user: &str, compression: Compression, link: &Link) -> Result<Subject> {
@@ -354,7 +372,7 @@ impl Bench {
         client.connection().execute_batch(TABLE_DDL)?;
         let mut client = client;
         client.track("bench_rows")?;
-        let mut options = SyncOptions::new(format!("tcp://{}", link.addr()), user, PASSWORD);
+        let mut options = SyncOptions::new(self.url(link.addr()), user, PASSWORD);
         options.timeout = SLOW_LINK_TIMEOUT;
         options.transport.compression = compression;
         Ok(Subject { client, options })
@@ -451,8 +469,10 @@ fn print_tables(
 ) -> Result<()> {
     writeln!(
         out,
-        "(a) client link: {} changes, {} ms round trip; wire limit = bytes on the wire / bandwidth",
-        options.changes, options.round_trip_ms
+        "(a) client link: {} changes, {} ms round trip, over {}; wire limit = bytes on the wire / bandwidth",
+        options.changes,
+        options.round_trip_ms,
+        if options.http { "HTTP" } else { "TCP" }
     )?;
     writeln!(
         out,
@@ -518,6 +538,42 @@ fn print_tables(
             cut.extra_time(),
             cut.retry.sent + cut.retry.received,
             cut.resumed,
+        )?;
+    }
+    print_clean_downloads(results, out)
+}
+
+/// The clean downloads the download cuts are measured against: a new client's first
+/// sync over the link (over HTTP, a download's receipt is part of it).
+fn print_clean_downloads(results: &ClientLinkResults, out: &mut dyn Write) -> Result<()> {
+    writeln!(
+        out,
+        "\nclean downloads (a new client's first sync of the backlog over the link)"
+    )?;
+    writeln!(
+        out,
+        "{:>7} {:<11} {:>10} {:>12} {:>12}",
+        "kbit/s", "compression", "time s", "bytes up", "bytes down"
+    )?;
+    let mut seen = Vec::new();
+    for cut in results
+        .cuts
+        .iter()
+        .filter(|cut| cut.direction == Direction::Downstream)
+    {
+        let clean = &cut.clean;
+        if seen.contains(&(clean.kbit, clean.compression)) {
+            continue;
+        }
+        seen.push((clean.kbit, clean.compression));
+        writeln!(
+            out,
+            "{:>7} {:<11} {:>10.2} {:>12} {:>12}",
+            clean.kbit,
+            clean.compression.to_string(),
+            clean.elapsed.as_secs_f64(),
+            clean.wire.sent,
+            clean.wire.received,
         )?;
     }
     Ok(())

@@ -38,6 +38,8 @@ pub struct LinkOptions {
     /// Also cut a one-client upload at these fractions of its bytes (0 < f < 1) and
     /// measure the retry.
     pub cuts: Vec<f64>,
+    /// The clients' transport over the link: plain TCP, or HTTP (one POST per sync).
+    pub http: bool,
 }
 
 impl LinkOptions {
@@ -55,6 +57,7 @@ impl LinkOptions {
             compressions: vec![Compression::None, Compression::Zstd],
             spreads: vec![1, if size == "quick" { 4 } else { 16 }],
             cuts: vec![0.5, 0.99],
+            http: false,
         })
     }
 

@@ -297,6 +297,10 @@ pub struct BenchLinkArgs {
     /// Leave out the cut rows.
     #[arg(long)]
     no_cuts: bool,
+    /// The clients' transport over the link: tcp, or http (one POST per sync, and a
+    /// download's receipt as a request of its own).
+    #[arg(long, default_value = "tcp")]
+    transport: String,
     /// Also the server-to-database link (issue 20, 4(b)): a postgres:// URL of a scratch
     /// database, reached through a toxiproxy at --round-trip-ms; drops and recreates its
     /// table link_rows.
@@ -323,6 +327,11 @@ pub async fn run_link(args: BenchLinkArgs) -> Result<()> {
     if !args.clients.is_empty() {
         options.spreads = args.clients.clone();
     }
+    options.http = match args.transport.as_str() {
+        "tcp" => false,
+        "http" => true,
+        other => bail!("unknown transport {other:?}: tcp or http"),
+    };
     options.cuts = if args.no_cuts {
         Vec::new()
     } else {

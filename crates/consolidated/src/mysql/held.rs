@@ -112,6 +112,22 @@ pub async fn hold(
     Ok(true)
 }
 
+/// The client holding a transfer, by its id alone (a table of few rows: no index).
+pub async fn held_client(
+    connection: &mut impl Queryable,
+    direction: Direction,
+    transfer_id: &str,
+) -> Result<Option<String>, DbError> {
+    let (table, _) = direction.tables();
+    connection
+        .exec_first(
+            format!("SELECT client_id FROM {table} WHERE transfer_id = ? LIMIT 1"),
+            (transfer_id,),
+        )
+        .await
+        .map_err(db)
+}
+
 pub async fn held(
     connection: &mut impl Queryable,
     direction: Direction,

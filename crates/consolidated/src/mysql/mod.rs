@@ -152,6 +152,14 @@ impl ConsolidatedConnection for MysqlConnection {
         held::held(&mut self.connection, direction, client_id, transfer_id).await
     }
 
+    async fn held_transfer_client(
+        &mut self,
+        direction: crate::Direction,
+        transfer_id: &str,
+    ) -> Result<Option<String>, DbError> {
+        held::held_client(&mut self.connection, direction, transfer_id).await
+    }
+
     async fn held_transfer_bytes(
         &mut self,
         direction: crate::Direction,

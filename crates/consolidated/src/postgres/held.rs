@@ -109,6 +109,22 @@ pub async fn hold(
     Ok(true)
 }
 
+/// The client holding a transfer, by its id alone (a table of few rows: no index).
+pub async fn held_client(
+    client: &impl GenericClient,
+    direction: Direction,
+    transfer_id: &str,
+) -> Result<Option<String>, DbError> {
+    let (table, _) = direction.tables();
+    let row = client
+        .query_opt(
+            &format!("SELECT client_id FROM {table} WHERE transfer_id = $1 LIMIT 1"),
+            &[&transfer_id],
+        )
+        .await?;
+    Ok(row.map(|row| row.get(0)))
+}
+
 pub async fn held(
     client: &impl GenericClient,
     direction: Direction,

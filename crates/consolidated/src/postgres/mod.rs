@@ -304,6 +304,14 @@ impl ConsolidatedConnection for PostgresConnection {
         held::held(&self.client, direction, client_id, transfer_id).await
     }
 
+    async fn held_transfer_client(
+        &mut self,
+        direction: crate::Direction,
+        transfer_id: &str,
+    ) -> Result<Option<String>, DbError> {
+        held::held_client(&self.client, direction, transfer_id).await
+    }
+
     async fn held_transfer_bytes(
         &mut self,
         direction: crate::Direction,

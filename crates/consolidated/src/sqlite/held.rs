@@ -93,6 +93,22 @@ pub fn hold(
     Ok(true)
 }
 
+/// The client holding a transfer, by its id alone (a table of few rows: no index).
+pub fn held_client(
+    connection: &Connection,
+    direction: Direction,
+    transfer_id: &str,
+) -> Result<Option<String>, DbError> {
+    let (table, _) = direction.tables();
+    Ok(connection
+        .query_row(
+            &format!("SELECT client_id FROM {table} WHERE transfer_id = ?1 LIMIT 1"),
+            [transfer_id],
+            |row| row.get(0),
+        )
+        .optional()?)
+}
+
 pub fn held(
     connection: &Connection,
     direction: Direction,

@@ -245,6 +245,16 @@ impl ConsolidatedConnection for SqliteConnection {
             .await
     }
 
+    async fn held_transfer_client(
+        &mut self,
+        direction: crate::Direction,
+        transfer_id: &str,
+    ) -> Result<Option<String>, DbError> {
+        let transfer_id = transfer_id.to_string();
+        self.run(move |connection| held::held_client(connection, direction, &transfer_id))
+            .await
+    }
+
     async fn held_transfer_bytes(
         &mut self,
         direction: crate::Direction,

@@ -55,6 +55,22 @@ async fn found_whole_in_parts<F: Factory>(direction: Direction) {
         f.admin.held_transfer(direction, "c2", "t1").await.unwrap(),
         None
     );
+    // A receipt names only its transfer: the client holding it is found by it.
+    assert_eq!(
+        f.admin
+            .held_transfer_client(direction, "t1")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("c1")
+    );
+    assert_eq!(
+        f.admin
+            .held_transfer_client(direction, "other")
+            .await
+            .unwrap(),
+        None
+    );
     let all = f
         .admin
         .held_transfer_bytes(direction, "c1", "t1", u64::MAX)

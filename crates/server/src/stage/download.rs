@@ -1,14 +1,18 @@
 //! The download stage: after the worker is released, the end of the download joins its
 //! spool and all of it is sent, each write within the write timeout; a download
 //! acknowledgement is confirmed by echoing it. A protocol v4 download is resumable: when
-//! its sending fails, or (TCP and TLS) the client's receipt does not follow it, its
-//! stream is held (`held::hold_download`) and a later `download_resume` is answered with
-//! the rest.
+//! its sending fails, or the client's receipt does not come (TCP and TLS: on the same
+//! connection, after it; HTTP: as a request of its own, for a download of at least
+//! `DOWNLOAD_RECEIPT_BYTES_MIN`, see `receipt`), its stream is held
+//! (`held::hold_download`) and a later `download_resume` is answered with the rest.
 
 use std::sync::Arc;
 
 use rowsync_consolidated::Consolidated;
-use rowsync_protocol::{encode_frame, DownloadAck, ErrorCode, Message, WireError, PREAMBLE_BYTES};
+use rowsync_protocol::{
+    encode_frame, DownloadAck, ErrorCode, Message, WireError, DOWNLOAD_RECEIPT_BYTES_MIN,
+    PREAMBLE_BYTES,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
@@ -20,15 +24,24 @@ use crate::shared::Shared;
 use crate::spool::{Sending, Spool};
 use crate::stage::database::Synchronized;
 use crate::stage::stream::Acknowledgement;
+use crate::sync::ConnectionEnd;
 
 /// A download the client can resume (protocol v4): held when it may not have arrived.
 pub(crate) struct Resumable {
     pub(crate) hello: rowsync_protocol::Hello,
     pub(crate) user: String,
     pub(crate) transfer_id: String,
-    /// The client sends a receipt after the download's end (TCP and TLS, where the
-    /// server can read after writing; an HTTP request body has ended by then).
-    pub(crate) receipt: bool,
+    pub(crate) receipt: Receipt,
+}
+
+/// How the client says that a resumable download arrived whole.
+pub(crate) enum Receipt {
+    /// TCP and TLS: a frame on the same connection, right after the download.
+    Follows,
+    /// HTTP (the request body has ended by then): a request of its own, for a download
+    /// of at least `DOWNLOAD_RECEIPT_BYTES_MIN` stream bytes, on the connection that
+    /// carried the sync; none comes once that connection has ended.
+    Request(ConnectionEnd),
 }
 
 /// Appends the end of the download and sends the whole spool; the phase
@@ -112,28 +125,50 @@ async fn send_resumable<B: Consolidated>(
     mut spool: Spool,
     resumable: Resumable,
 ) -> std::io::Result<()> {
+    let Resumable {
+        hello,
+        user,
+        transfer_id,
+        receipt,
+    } = resumable;
+    let length = spool.bytes();
+    // Expected before the first byte goes, so the receipt cannot come first.
+    let mut awaiting = match &receipt {
+        Receipt::Request(_) if length >= DOWNLOAD_RECEIPT_BYTES_MIN => Some(
+            shared
+                .receipts
+                .expect(&hello.client_id, &transfer_id, length),
+        ),
+        _ => None,
+    };
     let sent = send_spool_kept(stream, shared, preamble, &mut spool).await;
-    let delivered = match &sent {
-        Ok(()) if resumable.receipt => {
-            receipt(stream, shared, &resumable.transfer_id, spool.bytes()).await
+    let delivered = match (&sent, receipt, awaiting.as_mut()) {
+        (Err(_), _, _) => false,
+        (Ok(()), Receipt::Follows, _) => {
+            receipt_follows(stream, shared, &transfer_id, length).await
         }
-        Ok(()) => true,
-        Err(_) => false,
+        // Below the receipt's size a written response counts as delivered.
+        (Ok(()), Receipt::Request(_), None) => true,
+        (Ok(()), Receipt::Request(end), Some(waiting)) => {
+            // The request and the response end here, so that the client can send its
+            // receipt on the same connection.
+            let config = &shared.config;
+            let _ = tokio::time::timeout(config.write_timeout, stream.shutdown()).await;
+            let _ = tokio::time::timeout(config.read_timeout, request_end(stream)).await;
+            waiting.arrived(config.read_timeout, end.ended()).await
+        }
     };
     if !delivered {
-        let Resumable {
-            hello,
-            user,
-            transfer_id,
-            ..
-        } = &resumable;
-        crate::held::hold_download(shared, hello, user, transfer_id, spool).await;
+        crate::held::hold_download(shared, &hello, &user, &transfer_id, spool).await;
     }
+    // Only now: a receipt that came late waited for the download to be held.
+    drop(awaiting);
     sent
 }
 
 /// Answers a `download_resume`: the held download's length and digest, then its stream
-/// from the offset asked; released once the client's receipt says it has all of it.
+/// from the offset asked; released once the client's receipt says it has all of it (TCP
+/// and TLS: it follows here; HTTP: a request of its own releases it, see `receipt`).
 pub(crate) async fn send_held_download<B: Consolidated>(
     stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
     shared: &Shared<B>,
@@ -155,7 +190,7 @@ pub(crate) async fn send_held_download<B: Consolidated>(
     send_spool_kept(stream, shared, preamble, &mut spool)
         .await
         .map_err(|error| Failure::silent(format!("resuming the download failed: {error}")))?;
-    if receipt_expected && receipt(stream, shared, &transfer_id, length).await {
+    if receipt_expected && receipt_follows(stream, shared, &transfer_id, length).await {
         crate::held::release(
             shared,
             rowsync_consolidated::Direction::Download,
@@ -172,7 +207,7 @@ pub(crate) async fn send_held_download<B: Consolidated>(
 
 /// Whether the client's receipt arrives within the read timeout: a plain
 /// `download_resume` frame naming the transfer at the stream's length.
-async fn receipt<B: Consolidated>(
+async fn receipt_follows<B: Consolidated>(
     stream: &mut (impl AsyncRead + Unpin),
     shared: &Shared<B>,
     transfer_id: &str,
@@ -192,6 +227,20 @@ async fn receipt<B: Consolidated>(
         match read.await {
             Ok(Ok(read)) if read > 0 => decoder.feed(&buffer[..read]),
             _ => return false,
+        }
+    }
+}
+
+/// Reads an HTTP request's body to its end (nothing follows the `end_upload`; at most
+/// `RECEIPT_FRAME_BYTES_MAX` bytes are read, in case): until the body's end is read, an
+/// HTTP/1.1 connection takes no next request, such as the receipt.
+async fn request_end(stream: &mut (impl AsyncRead + Unpin)) {
+    let mut buffer = [0u8; RECEIPT_FRAME_BYTES_MAX];
+    let mut left = RECEIPT_FRAME_BYTES_MAX;
+    while left > 0 {
+        match stream.read(&mut buffer[..left]).await {
+            Ok(read) if read > 0 => left -= read,
+            _ => return,
         }
     }
 }

@@ -31,6 +31,11 @@ pub(crate) enum Received {
     Acknowledgement(Box<Acknowledgement>),
     HeldQuery(Box<HeldQuery>),
     DownloadResume(Box<DownloadResumeQuery>),
+    /// A download's receipt as a request of its own (HTTP; see `receipt`): no hello.
+    Receipt {
+        transfer_id: String,
+        offset: u64,
+    },
 }
 
 /// A request for the rest of a cut download (protocol v4, its own short exchange): no
@@ -113,8 +118,19 @@ pub(crate) async fn receive<B: Consolidated>(
         receiving: None,
         cut: false,
     };
-    let Step::Hello(hello) = reader.next_step(config).await? else {
-        unreachable!("the session's first step is the hello");
+    let hello = match reader.next_step(config).await? {
+        Step::Hello(hello) => hello,
+        Step::Receipt {
+            transfer_id,
+            offset,
+        } => {
+            reader.pending = None;
+            return Ok(Received::Receipt {
+                transfer_id,
+                offset,
+            });
+        }
+        _ => unreachable!("the session's first step is the hello or a receipt"),
     };
     timings.record(metrics, Phase::connect, started.elapsed());
     if hello.protocol_version >= rowsync_protocol::RESUME_SINCE_VERSION && !hello.download_ack {
@@ -199,6 +215,7 @@ fn short_exchange(step: Step, hello: Hello, user: String, outbound: Outbound) ->
         })),
         Step::Complete(_)
         | Step::Hello(_)
+        | Step::Receipt { .. }
         | Step::Continue
         | Step::UnknownTable(_)
         | Step::Resume { .. } => unreachable!("one hello, then the upload"),
