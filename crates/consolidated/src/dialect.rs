@@ -312,6 +312,29 @@ pub trait Dialect {
         staged: StagedRows<'_, '_>,
     ) -> Result<Vec<Row>, SyncError>;
 
+    /// Whether [`Dialect::apply_staged_fast`] runs a fast form in this transaction now:
+    /// false where the backend has none (the default), or when it has run as many as
+    /// it allows in one transaction.
+    fn runs_fast_forms(&self) -> bool {
+        false
+    }
+
+    /// Stages the rows and runs `fast_event`'s set script (`upload_insert_fast`, a plain
+    /// insert that checks nothing) over them as one statement under a savepoint, and
+    /// returns the rows it changed. `None` when it failed with a unique violation: the
+    /// transaction is rolled back to the savepoint (nothing of it applied, the stamp of
+    /// every later write still the transaction's own) and the driver applies the rows
+    /// with the checked script. Any other failure is the script's, as in
+    /// [`Dialect::apply_staged`]. Asked only when [`Dialect::runs_fast_forms`].
+    async fn apply_staged_fast(
+        &mut self,
+        _table: &TableApply<'_>,
+        _staged: StagedRows<'_, '_>,
+        _fast_event: &'static str,
+    ) -> Result<Option<u64>, SyncError> {
+        Ok(None)
+    }
+
     /// Runs a row script once per row, in order, and returns the rows each changed. On a
     /// script failure it returns `Ok(Err(RowFailure))` with nothing of this call applied
     /// (the driver asks `handle_error` and runs the rows before the failing one again).

@@ -306,3 +306,26 @@ async fn a_sync_runs_without_parallel_workers() {
     .await;
     assert_eq!(seen, vec![vec![Value::Text("0".into())]]);
 }
+
+/// Issue 17: `upload_insert_fast` (docs/scripts.md): tried first, one INSERT when no key
+/// conflicts, the checked script after a unique violation, conflicts as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_without_conflicts_runs_only_the_fast_form() {
+    conformance::an_insert_without_conflicts_runs_only_the_fast_form::<PostgresFactory>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_with_existing_keys_falls_back_to_the_checked_script() {
+    conformance::an_insert_with_existing_keys_falls_back_to_the_checked_script::<PostgresFactory>()
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_insert_reports_a_row_of_another_partition() {
+    conformance::a_fast_insert_reports_a_row_of_another_partition::<PostgresFactory>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setting_upload_insert_removes_its_fast_form() {
+    conformance::setting_upload_insert_removes_its_fast_form::<PostgresFactory>().await;
+}

@@ -220,6 +220,7 @@ impl SyncBackend for PostgresConnection {
             subscription: None,
             flushes_counts: self.flushes_counts,
             lock_horizon: None,
+            fast_forms_run: 0,
         })
     }
 

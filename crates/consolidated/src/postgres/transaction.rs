@@ -10,7 +10,7 @@ use super::query::{bind_script, binds_of, query_rows, query_script, read_cursor}
 use super::rows::run_row_statements;
 use super::schema::{table_shape, tombstone_table};
 use super::shapes::{schema_generation, CachedTable, ShapeCache, SyncGeneration};
-use super::stage::{apply_staged, Stage, StageTarget};
+use super::stage::{apply_staged, apply_staged_fast, Stage, StageTarget};
 use super::statements::Statements;
 use super::value::Bind;
 use crate::dialect::{
@@ -173,7 +173,17 @@ pub struct PgTransaction<'c> {
     /// The snapshot horizon read with the client's lock, while no upload statement has
     /// run since: the watermark, without a round trip of its own (see `watermark`).
     pub(super) lock_horizon: Option<i64>,
+    /// Fast forms run in this transaction, each in a subtransaction of its own (see
+    /// [`FAST_FORMS_PER_TRANSACTION_MAX`]).
+    pub(super) fast_forms_run: usize,
 }
+
+/// Fast forms (`upload_insert_fast`) one sync transaction runs at most; beyond it the
+/// checked scripts run alone. Each fast form that inserts takes a subtransaction id,
+/// which stays in the backend's cache of 64 (`PGPROC_MAX_CACHED_SUBXIDS`) until the
+/// transaction ends, released or not; past 64 every other session's snapshot checks
+/// must read `pg_subtrans`. Half of it leaves room for the scripts' own savepoints.
+pub(super) const FAST_FORMS_PER_TRANSACTION_MAX: usize = 32;
 
 fn subscription_of(row: &tokio_postgres::Row) -> Subscription {
     Subscription {
@@ -488,6 +498,30 @@ impl Dialect for PgTransaction<'_> {
             types,
         };
         apply_staged(&target, table, staged).await
+    }
+
+    fn runs_fast_forms(&self) -> bool {
+        self.fast_forms_run < FAST_FORMS_PER_TRANSACTION_MAX
+    }
+
+    async fn apply_staged_fast(
+        &mut self,
+        table: &TableApply<'_>,
+        staged: StagedRows<'_, '_>,
+        fast_event: &'static str,
+    ) -> Result<Option<u64>, SyncError> {
+        self.lock_horizon = None;
+        self.fast_forms_run += 1;
+        let types = self
+            .shapes
+            .get(table.table())
+            .map_or(&[][..], |cached| cached.types.as_slice());
+        let target = StageTarget {
+            transaction: &self.transaction,
+            statements: self.statements,
+            types,
+        };
+        apply_staged_fast(&target, table, staged, fast_event).await
     }
 
     async fn run_row_statements(
