@@ -67,6 +67,11 @@ pub enum SyncError {
     },
     #[error("authentication failed: {0}")]
     AuthenticationRefused(String),
+    /// The apply streams' prepared transactions were rolled back by a server starting
+    /// (its recovery found no decision) before this sync could record its decision; the
+    /// driver applies the upload again on one stream.
+    #[error("a starting server rolled back the apply streams of group {group:?}")]
+    StreamsRolledBack { group: String },
     #[error("the download's receiver went away before the sync ended")]
     DownloadAbandoned,
     #[error("the download could not be taken: {0}")]
@@ -167,7 +172,9 @@ impl SyncError {
             SyncError::Script { .. } => ErrorCode::Script,
             SyncError::AuthenticationRefused(_) => ErrorCode::AuthenticationFailed,
             SyncError::DownloadAbandoned | SyncError::Database(_) => ErrorCode::Internal,
-            SyncError::DownloadRefused(_) => ErrorCode::Internal,
+            SyncError::DownloadRefused(_) | SyncError::StreamsRolledBack { .. } => {
+                ErrorCode::Internal
+            }
         }
     }
 }

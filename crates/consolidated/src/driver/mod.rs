@@ -137,9 +137,9 @@ async fn attempt_with_streams<B: SyncBackend>(
         crate::failpoint!("streams_prepared");
         result = match transaction.record_decision(group).await {
             Ok(true) => result,
-            Ok(false) => Err(SyncError::Schema(format!(
-                "a starting server rolled back the apply streams of group {group}"
-            ))),
+            Ok(false) => Err(SyncError::StreamsRolledBack {
+                group: group.to_string(),
+            }),
             Err(error) => Err(error),
         };
     }
