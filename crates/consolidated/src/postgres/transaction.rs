@@ -168,6 +168,9 @@ pub struct PgTransaction<'c> {
     pub(super) generation: &'c SyncGeneration,
     /// The subscription read together with the client's lock, for `subscription`.
     pub(super) subscription: Option<(String, Option<Subscription>)>,
+    /// The script version and revision the sync started with, checked together with
+    /// the client's lock (no round trip of its own); none on an apply stream.
+    pub(super) scripts_revision: Option<(&'c str, i64)>,
     /// The server has `pg_stat_force_next_flush` (PostgreSQL 15 and later).
     pub(super) flushes_counts: bool,
     /// The snapshot horizon read with the client's lock, while no upload statement has
@@ -316,10 +319,11 @@ impl PgTransaction<'_> {
 }
 
 impl Dialect for PgTransaction<'_> {
-    /// The lock and the subscription in one round trip: both statements are sent at
-    /// once (pipelined) and PostgreSQL runs them in order, so the subscription is read
-    /// by a statement that starts after the lock is held, as if sent after it. Read
-    /// without the lock, it is dropped unused.
+    /// The lock, the subscription and the scripts' revision in one round trip: the
+    /// statements are sent at once (pipelined) and PostgreSQL runs them in order, so
+    /// the subscription is read by a statement that starts after the lock is held, as
+    /// if sent after it. Read without the lock, it is dropped unused. A revision other
+    /// than the one the sync started with is `SyncError::ScriptsChanged`.
     async fn lock_client(&mut self, client_id: &str) -> Result<bool, SyncError> {
         let lock = self
             .statements
@@ -329,12 +333,31 @@ impl Dialect for PgTransaction<'_> {
             .statements
             .prepare(&self.transaction, SUBSCRIPTION_QUERY)
             .await?;
-        // `try_join` polls the lock first, so its statement is sent first.
-        let (lock_row, subscription) = futures_util::future::try_join(
+        let revision = self
+            .statements
+            .prepare(&self.transaction, super::events::SCRIPT_REVISION_QUERY)
+            .await?;
+        let version = self.scripts_revision.map_or("", |(version, _)| version);
+        // `try_join3` polls in order, so the lock's statement is sent first.
+        let (lock_row, subscription, revision_row) = futures_util::future::try_join3(
             self.transaction.query_one(&lock, &[&client_id]),
             self.transaction.query_opt(&read, &[&client_id]),
+            async {
+                match self.scripts_revision {
+                    Some(_) => self.transaction.query_opt(&revision, &[&version]).await,
+                    None => Ok(None),
+                }
+            },
         )
         .await?;
+        if let Some((version, started_with)) = self.scripts_revision {
+            let current: Option<i64> = revision_row.map(|row| row.get(0));
+            if current != Some(started_with) {
+                return Err(SyncError::ScriptsChanged {
+                    version: version.to_string(),
+                });
+            }
+        }
         let locked: bool = lock_row.get(0);
         self.lock_horizon = locked.then(|| lock_row.get(2));
         let generation: Option<i64> = lock_row.get(3);
