@@ -1078,7 +1078,7 @@ fn written(id: i64, in_subtransaction: bool) -> Vec<Value> {
 #[allow(dead_code)]
 pub async fn an_insert_without_conflicts_runs_only_the_fast_form<F: Factory>() {
     let one = order(1, "alice", "pen", 1, None);
-    let mut f = Fixture::<F>::with_orders(&[one.clone()]).await;
+    let mut f = Fixture::<F>::with_orders(std::slice::from_ref(&one)).await;
     f.sql.execute(INSERT_STATEMENTS_DDL).await;
     let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
     let (four, five) = (
