@@ -17,6 +17,7 @@ use rowsync_protocol::{Row, Value};
 
 use crate::echo::DownloadFilter;
 use crate::parameters::{Parameters, RowImages};
+use crate::scripts::DOWNLOAD_DELETE_CURSOR;
 use crate::shape::TableShape;
 use crate::upload_rows::UploadedRow;
 use crate::version_scripts::{ScriptRows, Scripts};
@@ -208,7 +209,20 @@ pub struct CursorSink<'a, 'f> {
     pub(crate) deletes: bool,
 }
 
-impl CursorSink<'_, '_> {
+impl<'a, 'f> CursorSink<'a, 'f> {
+    /// Where `cursor`'s rows go: deletes for `download_delete_cursor`, else upserts.
+    pub fn for_cursor(
+        cursor: &CursorScript<'_>,
+        filter: &'a mut DownloadFilter<'f>,
+        download: &'a DownloadSender,
+    ) -> CursorSink<'a, 'f> {
+        CursorSink {
+            filter,
+            download,
+            deletes: cursor.event == DOWNLOAD_DELETE_CURSOR,
+        }
+    }
+
     /// Takes one batch of at most `DOWNLOAD_BATCH_ROWS` rows, named by `columns`.
     pub async fn take(&mut self, columns: &[String], rows: Vec<Row>) -> Result<(), SyncError> {
         let chunk = if self.deletes {
@@ -404,6 +418,22 @@ pub trait Dialect {
         cursor: &CursorScript<'_>,
         sink: &mut CursorSink<'_, '_>,
     ) -> Result<(), SyncError>;
+
+    /// Reads the cursors one after the other into one filter, each as `read_cursor`
+    /// does. A backend that can send a cursor's statement before the previous cursor's
+    /// rows are read does so: one round trip for all.
+    async fn read_cursors(
+        &mut self,
+        cursors: &[CursorScript<'_>],
+        filter: &mut DownloadFilter<'_>,
+        download: &DownloadSender,
+    ) -> Result<(), SyncError> {
+        for cursor in cursors {
+            let mut sink = CursorSink::for_cursor(cursor, filter, download);
+            self.read_cursor(cursor, &mut sink).await?;
+        }
+        Ok(())
+    }
 
     /// Waits for a lock at most the apply streams' lock timeout from now until the
     /// transaction ends: a sync whose apply streams are prepared must not wait for a lock

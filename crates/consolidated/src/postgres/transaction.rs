@@ -6,7 +6,9 @@ use tokio_postgres::Transaction;
 
 use super::error::script_failure;
 use super::events::run_event;
-use super::query::{bind_script, binds_of, query_rows, query_script, read_cursor};
+use super::query::{
+    bind_script, binds_of, query_rows, query_script, read_cursor, read_cursor_pair,
+};
 use super::rows::run_row_statements;
 use super::schema::{table_shape, tombstone_table};
 use super::shapes::{schema_generation, CachedTable, ShapeCache, SyncGeneration};
@@ -17,13 +19,14 @@ use crate::dialect::{
     CursorScript, CursorSink, Dialect, EchoXids, EndStep, OwnWrites, RowFailure, RowStatement,
     StagedRows, Subscription, SubscriptionUpdate, TableApply,
 };
+use crate::echo::DownloadFilter;
 use crate::names::select_by_key;
 use crate::parameters::{positional_parameters, Parameters, RowImages};
 use crate::scripts::*;
 use crate::shape::TableShape;
 use crate::upload_rows::UploadedRow;
 use crate::version_scripts::{ScriptRows, Scripts};
-use crate::{quote_identifier as q, SyncError};
+use crate::{quote_identifier as q, DownloadSender, SyncError};
 
 /// The download watermark: the lowest transaction id still running in this statement's
 /// snapshot, or the snapshot's `xmax` (latest completed + 1) when none is. Every
@@ -698,6 +701,24 @@ impl Dialect for PgTransaction<'_> {
         sink: &mut CursorSink<'_, '_>,
     ) -> Result<(), SyncError> {
         read_cursor(&self.transaction, self.statements, cursor, sink).await
+    }
+
+    async fn read_cursors(
+        &mut self,
+        cursors: &[CursorScript<'_>],
+        filter: &mut DownloadFilter<'_>,
+        download: &DownloadSender,
+    ) -> Result<(), SyncError> {
+        if let [first, second] = cursors {
+            let pair = [first, second];
+            return read_cursor_pair(&self.transaction, self.statements, pair, filter, download)
+                .await;
+        }
+        for cursor in cursors {
+            let mut sink = CursorSink::for_cursor(cursor, filter, download);
+            read_cursor(&self.transaction, self.statements, cursor, &mut sink).await?;
+        }
+        Ok(())
     }
 
     async fn limit_lock_waits(&mut self) -> Result<(), SyncError> {
