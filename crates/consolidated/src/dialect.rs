@@ -17,6 +17,7 @@ use rowsync_protocol::{Row, Value};
 
 use crate::echo::DownloadFilter;
 use crate::parameters::{Parameters, RowImages};
+use crate::scripts::DOWNLOAD_DELETE_CURSOR;
 use crate::shape::TableShape;
 use crate::upload_rows::UploadedRow;
 use crate::version_scripts::{ScriptRows, Scripts};
@@ -208,7 +209,20 @@ pub struct CursorSink<'a, 'f> {
     pub(crate) deletes: bool,
 }
 
-impl CursorSink<'_, '_> {
+impl<'a, 'f> CursorSink<'a, 'f> {
+    /// Where `cursor`'s rows go: deletes for `download_delete_cursor`, else upserts.
+    pub fn for_cursor(
+        cursor: &CursorScript<'_>,
+        filter: &'a mut DownloadFilter<'f>,
+        download: &'a DownloadSender,
+    ) -> CursorSink<'a, 'f> {
+        CursorSink {
+            filter,
+            download,
+            deletes: cursor.event == DOWNLOAD_DELETE_CURSOR,
+        }
+    }
+
     /// Takes one batch of at most `DOWNLOAD_BATCH_ROWS` rows, named by `columns`.
     pub async fn take(&mut self, columns: &[String], rows: Vec<Row>) -> Result<(), SyncError> {
         let chunk = if self.deletes {
@@ -312,6 +326,29 @@ pub trait Dialect {
         staged: StagedRows<'_, '_>,
     ) -> Result<Vec<Row>, SyncError>;
 
+    /// Whether [`Dialect::apply_staged_fast`] runs a fast form in this transaction now:
+    /// false where the backend has none (the default), or when it has run as many as
+    /// it allows in one transaction.
+    fn runs_fast_forms(&self) -> bool {
+        false
+    }
+
+    /// Stages the rows and runs `fast_event`'s set script (`upload_insert_fast`, a plain
+    /// insert that checks nothing) over them as one statement under a savepoint, and
+    /// returns the rows it changed. `None` when it failed with a unique violation: the
+    /// transaction is rolled back to the savepoint (nothing of it applied, the stamp of
+    /// every later write still the transaction's own) and the driver applies the rows
+    /// with the checked script. Any other failure is the script's, as in
+    /// [`Dialect::apply_staged`]. Asked only when [`Dialect::runs_fast_forms`].
+    async fn apply_staged_fast(
+        &mut self,
+        _table: &TableApply<'_>,
+        _staged: StagedRows<'_, '_>,
+        _fast_event: &'static str,
+    ) -> Result<Option<u64>, SyncError> {
+        Ok(None)
+    }
+
     /// Runs a row script once per row, in order, and returns the rows each changed. On a
     /// script failure it returns `Ok(Err(RowFailure))` with nothing of this call applied
     /// (the driver asks `handle_error` and runs the rows before the failing one again).
@@ -381,6 +418,22 @@ pub trait Dialect {
         cursor: &CursorScript<'_>,
         sink: &mut CursorSink<'_, '_>,
     ) -> Result<(), SyncError>;
+
+    /// Reads the cursors one after the other into one filter, each as `read_cursor`
+    /// does. A backend that can send a cursor's statement before the previous cursor's
+    /// rows are read does so: one round trip for all.
+    async fn read_cursors(
+        &mut self,
+        cursors: &[CursorScript<'_>],
+        filter: &mut DownloadFilter<'_>,
+        download: &DownloadSender,
+    ) -> Result<(), SyncError> {
+        for cursor in cursors {
+            let mut sink = CursorSink::for_cursor(cursor, filter, download);
+            self.read_cursor(cursor, &mut sink).await?;
+        }
+        Ok(())
+    }
 
     /// Waits for a lock at most the apply streams' lock timeout from now until the
     /// transaction ends: a sync whose apply streams are prepared must not wait for a lock

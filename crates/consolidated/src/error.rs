@@ -67,6 +67,16 @@ pub enum SyncError {
     },
     #[error("authentication failed: {0}")]
     AuthenticationRefused(String),
+    /// The scripts a sync started with are not its version's current ones: a backend
+    /// that checks the revision inside the sync's transaction (with the client's lock)
+    /// found it moved. Nothing was done; the backend loads the scripts and starts again.
+    #[error("the scripts of version {version:?} changed while the sync began; try again")]
+    ScriptsChanged { version: String },
+    /// The apply streams' prepared transactions were rolled back by a server starting
+    /// (its recovery found no decision) before this sync could record its decision; the
+    /// driver applies the upload again on one stream.
+    #[error("a starting server rolled back the apply streams of group {group:?}")]
+    StreamsRolledBack { group: String },
     #[error("the download's receiver went away before the sync ended")]
     DownloadAbandoned,
     #[error("the download could not be taken: {0}")]
@@ -167,7 +177,9 @@ impl SyncError {
             SyncError::Script { .. } => ErrorCode::Script,
             SyncError::AuthenticationRefused(_) => ErrorCode::AuthenticationFailed,
             SyncError::DownloadAbandoned | SyncError::Database(_) => ErrorCode::Internal,
-            SyncError::DownloadRefused(_) => ErrorCode::Internal,
+            SyncError::DownloadRefused(_)
+            | SyncError::StreamsRolledBack { .. }
+            | SyncError::ScriptsChanged { .. } => ErrorCode::Internal,
         }
     }
 }

@@ -41,6 +41,12 @@ pub const CONNECTION_EVENTS: [&str; 12] = [
 pub const UPLOAD_INSERT: &str = "upload_insert";
 pub const UPLOAD_UPDATE: &str = "upload_update";
 pub const UPLOAD_DELETE: &str = "upload_delete";
+/// A set script tried before `upload_insert` where the backend runs it (PostgreSQL): a
+/// plain insert with no conflict check, under a savepoint. On a unique violation the
+/// sync rolls back to the savepoint and runs `upload_insert`, so conflicts are found
+/// as without it; when it inserts fewer rows than were staged, the staged rows are
+/// compared with the table as after any set script.
+pub const UPLOAD_INSERT_FAST: &str = "upload_insert_fast";
 /// Fetches the current server rows, within the client's partition, for staged keys;
 /// what the client receives for each conflict.
 pub const UPLOAD_FETCH: &str = "upload_fetch";
@@ -50,8 +56,9 @@ pub const RESOLVE_CONFLICT: &str = "resolve_conflict";
 pub const DOWNLOAD_CURSOR: &str = "download_cursor";
 pub const DOWNLOAD_DELETE_CURSOR: &str = "download_delete_cursor";
 
-pub const TABLE_EVENTS: [&str; 7] = [
+pub const TABLE_EVENTS: [&str; 8] = [
     UPLOAD_INSERT,
+    UPLOAD_INSERT_FAST,
     UPLOAD_UPDATE,
     UPLOAD_DELETE,
     RESOLVE_CONFLICT,

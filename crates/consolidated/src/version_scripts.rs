@@ -28,6 +28,14 @@ impl ScriptCache {
             .map(|(_, scripts)| Arc::clone(scripts))
     }
 
+    /// The scripts cached for `version` whatever their revision, with that revision: a
+    /// backend that checks the revision inside the sync's transaction starts with them.
+    pub fn latest(&self, version: &str) -> Option<(Arc<Scripts>, i64)> {
+        self.versions
+            .get(version)
+            .map(|(revision, scripts)| (Arc::clone(scripts), *revision))
+    }
+
     pub fn insert(&mut self, version: &str, revision: i64, scripts: Scripts) -> Arc<Scripts> {
         let scripts = Arc::new(scripts);
         self.versions

@@ -306,3 +306,283 @@ async fn a_sync_runs_without_parallel_workers() {
     .await;
     assert_eq!(seen, vec![vec![Value::Text("0".into())]]);
 }
+
+/// Issue 17: `upload_insert_fast` (docs/scripts.md): tried first, one INSERT when no key
+/// conflicts, the checked script after a unique violation, conflicts as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_without_conflicts_runs_only_the_fast_form() {
+    conformance::an_insert_without_conflicts_runs_only_the_fast_form::<PostgresFactory>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_with_existing_keys_falls_back_to_the_checked_script() {
+    conformance::an_insert_with_existing_keys_falls_back_to_the_checked_script::<PostgresFactory>()
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_insert_reports_a_row_of_another_partition() {
+    conformance::a_fast_insert_reports_a_row_of_another_partition::<PostgresFactory>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setting_upload_insert_removes_its_fast_form() {
+    conformance::setting_upload_insert_removes_its_fast_form::<PostgresFactory>().await;
+}
+
+/// A TCP proxy in front of PostgreSQL that counts a connection's round trips: the
+/// flights of bytes the client sends after an answer came back (statements sent at once,
+/// pipelined, are one flight). Returns the URL through it and the count.
+async fn round_trip_counting_proxy(
+    url: &str,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config: tokio_postgres::Config = url.parse().expect("a PostgreSQL URL");
+    let port = config.get_ports()[0];
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_port = listener.local_addr().unwrap().port();
+    let flights = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&flights);
+    tokio::spawn(async move {
+        loop {
+            let Ok((client, _)) = listener.accept().await else {
+                return;
+            };
+            let server = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            let (mut client_read, mut client_write) = client.into_split();
+            let (mut server_read, mut server_write) = server.into_split();
+            // Whether the last bytes that passed were the server's (an answer).
+            let answered = Arc::new(AtomicBool::new(true));
+            let (answered_up, flights) = (Arc::clone(&answered), Arc::clone(&counted));
+            tokio::spawn(async move {
+                let mut buffer = vec![0u8; 64 * 1024];
+                while let Ok(read) = client_read.read(&mut buffer).await {
+                    if read == 0 {
+                        return;
+                    }
+                    // Counted before it is passed on: the answer comes only after.
+                    if answered_up.swap(false, Ordering::SeqCst) {
+                        flights.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if server_write.write_all(&buffer[..read]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                let mut buffer = vec![0u8; 64 * 1024];
+                while let Ok(read) = server_read.read(&mut buffer).await {
+                    // Marked before it is passed on: the client answers only after.
+                    answered.store(true, Ordering::SeqCst);
+                    if read == 0 || client_write.write_all(&buffer[..read]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let through = url.replacen(&format!(":{port}/"), &format!(":{proxy_port}/"), 1);
+    assert_ne!(through, url, "the URL names port {port}");
+    (through, flights)
+}
+
+/// Issues 17 and 20: an empty sync on a warm connection takes 5 round trips (BEGIN;
+/// the client's lock with its subscription and the scripts' revision; the delete and
+/// download cursors, sent at once; the subscription; COMMIT), each of which costs a
+/// whole round trip when the database is far away. The scripts' revision is read with the lock, in the
+/// sync's own transaction, and a script changed between syncs is still used by the
+/// next one. On one thread, so that statements sent at once leave in one write (on
+/// several, the connection's task may write the first before the second is queued,
+/// and the proxy would count the answer between them as a round trip).
+#[tokio::test(flavor = "current_thread")]
+async fn an_empty_sync_on_a_warm_connection_takes_five_round_trips() {
+    use rowsync_consolidated::{
+        synchronize_collect, Consolidated, ConsolidatedConnection, ScriptEntry, SyncRequest,
+        TableInit,
+    };
+    use std::sync::atomic::Ordering;
+    let _exclusive = rowsync_testkit::exclusive().await;
+    let database_url = rowsync_testkit::fresh_database("conformance").await;
+    let backend = PostgresConsolidated::new(&database_url);
+    let sql = connect(&database_url).await;
+    let mut admin = backend.connect().await.expect("connect");
+    admin.install_system_tables().await.expect("install");
+    sql.batch_execute(
+        "CREATE TABLE orders (id INTEGER PRIMARY KEY, rep TEXT NOT NULL); \
+         CREATE TABLE event_log (detail TEXT NOT NULL)",
+    )
+    .await
+    .expect("create the tables");
+    admin
+        .init_table(&TableInit {
+            table: "orders".into(),
+            partition_column: "rep".into(),
+            script_version: Some("v1".into()),
+            based_on: None,
+        })
+        .await
+        .expect("init");
+    let (url, flights) = round_trip_counting_proxy(&database_url).await;
+    let mut connection = PostgresConsolidated::new(&url)
+        .connect()
+        .await
+        .expect("connect");
+    let mut watermark = 0;
+    let mut round_trips = Vec::new();
+    for sequence in 1..=4 {
+        if sequence == 4 {
+            admin
+                .set_script(&ScriptEntry {
+                    script_version: "v1".into(),
+                    table: String::new(),
+                    event: "begin_synchronization".into(),
+                    script: "INSERT INTO event_log (detail) VALUES (:user)".into(),
+                })
+                .await
+                .expect("set a script");
+        }
+        let before = flights.load(Ordering::SeqCst);
+        let outcome = synchronize_collect(
+            &mut connection,
+            std::sync::Arc::new(SyncRequest {
+                client_id: "c1".into(),
+                user: "alice".into(),
+                script_version: "v1".into(),
+                last_download_watermark: watermark,
+                upload_sequence: sequence,
+                tables: Vec::new(),
+                auth_parameters: Vec::new(),
+                client_ids_per_user_max: None,
+            }),
+        )
+        .await
+        .expect("sync");
+        watermark = outcome.watermark;
+        round_trips.push(flights.load(Ordering::SeqCst) - before);
+    }
+    eprintln!("round trips per sync: {round_trips:?}");
+    // The first sync reads the version's scripts, prepares its statements and the table
+    // shape; the fourth finds the scripts changed with the lock, loads them and starts
+    // again.
+    assert_eq!(
+        round_trips[1..3],
+        [5, 5],
+        "round trips per sync: {round_trips:?}"
+    );
+    assert!(round_trips[3] > 5, "round trips per sync: {round_trips:?}");
+    let logged: Vec<String> = sql
+        .query("SELECT detail FROM event_log", &[])
+        .await
+        .expect("read the log")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(logged, ["alice"], "the changed scripts ran once");
+}
+
+/// Issue 17: the fast form's SAVEPOINT, INSERT and RELEASE go in one flight, so an
+/// insert sync on a warm connection takes no more round trips with `upload_insert_fast`
+/// (which it runs: its rows are written in a subtransaction) than with `upload_insert`
+/// alone. On one thread, so the connection's task writes the three requests together
+/// (on several, it may write the first before the others are queued, which the proxy
+/// counts as a flight of its own although nothing waited).
+#[tokio::test(flavor = "current_thread")]
+async fn the_fast_form_costs_no_round_trip() {
+    use rowsync_consolidated::{
+        synchronize_collect, Consolidated, ConsolidatedConnection, SyncRequest, TableInit,
+    };
+    use rowsync_protocol::TableUpload;
+    use std::sync::atomic::Ordering;
+    let _exclusive = rowsync_testkit::exclusive().await;
+    let database_url = rowsync_testkit::fresh_database("conformance").await;
+    let backend = PostgresConsolidated::new(&database_url);
+    let sql = connect(&database_url).await;
+    let mut admin = backend.connect().await.expect("connect");
+    admin.install_system_tables().await.expect("install");
+    sql.batch_execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, rep TEXT NOT NULL)")
+        .await
+        .expect("create the table");
+    admin
+        .init_table(&TableInit {
+            table: "orders".into(),
+            partition_column: "rep".into(),
+            script_version: Some("v1".into()),
+            based_on: None,
+        })
+        .await
+        .expect("init");
+    let (url, flights) = round_trip_counting_proxy(&database_url).await;
+    let mut connection = PostgresConsolidated::new(&url)
+        .connect()
+        .await
+        .expect("connect");
+    let mut watermark = 0;
+    let mut round_trips = Vec::new();
+    for sequence in 1..=6_u64 {
+        if sequence == 4 {
+            sql.batch_execute("DELETE FROM rs_script WHERE event = 'upload_insert_fast'")
+                .await
+                .expect("remove the fast form");
+        }
+        let inserts = (0..3)
+            .map(|offset| {
+                vec![
+                    Value::Int(sequence as i64 * 10 + offset),
+                    Value::Text("alice".into()),
+                ]
+            })
+            .collect();
+        let before = flights.load(Ordering::SeqCst);
+        let outcome = synchronize_collect(
+            &mut connection,
+            std::sync::Arc::new(SyncRequest {
+                client_id: "c1".into(),
+                user: "alice".into(),
+                script_version: "v1".into(),
+                last_download_watermark: watermark,
+                upload_sequence: sequence,
+                tables: vec![TableUpload {
+                    table: "orders".into(),
+                    columns: vec!["id".into(), "rep".into()],
+                    key_columns: vec!["id".into()],
+                    inserts,
+                    updates: Vec::new(),
+                    deletes: Vec::new(),
+                }],
+                auth_parameters: Vec::new(),
+                client_ids_per_user_max: None,
+            }),
+        )
+        .await
+        .expect("sync");
+        assert_eq!(outcome.summary.conflicts, 0);
+        watermark = outcome.watermark;
+        round_trips.push(flights.load(Ordering::SeqCst) - before);
+    }
+    eprintln!("round trips per insert sync: {round_trips:?}");
+    let in_subtransactions: Vec<bool> = sql
+        .query(
+            "SELECT xmin::text::bigint <> rs_xid % 4294967296 FROM orders WHERE id IN (30, 60) ORDER BY id",
+            &[],
+        )
+        .await
+        .expect("read how the rows were written")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(
+        in_subtransactions,
+        [true, false],
+        "sync 3 ran the fast form, sync 6 upload_insert alone"
+    );
+    // Syncs 1 and 4 prepare their statements (4 also reloads the changed scripts).
+    assert_eq!(
+        round_trips[1..3],
+        round_trips[4..6],
+        "round trips per insert sync: {round_trips:?}"
+    );
+}

@@ -166,3 +166,57 @@ async fn deleting_rows_through_a_sync_takes_steps_in_proportion_to_the_rows() {
         );
     }
 }
+
+/// Held transfers are held and released by many connections at once (one per syncing
+/// client): none of them fails with "database is locked". Releasing reads the held row
+/// before deleting it; in a deferred transaction a commit by another connection between
+/// the two makes the delete fail at once (SQLite's stale snapshot; no busy timeout
+/// waits for it), which is how a release once failed on a real server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn held_transfers_held_and_released_at_once_by_many_connections_all_succeed() {
+    use rowsync_consolidated::{Consolidated, ConsolidatedConnection, Direction, HeldTransfer};
+    const CONNECTIONS: usize = 6;
+    const ROUNDS: usize = 60;
+    let (backend, _sql) = SqliteFactory::create().await;
+    backend
+        .connect()
+        .await
+        .unwrap()
+        .install_system_tables()
+        .await
+        .unwrap();
+    let tasks = (0..CONNECTIONS).map(|task| {
+        let backend = backend.clone();
+        tokio::spawn(async move {
+            let mut connection = backend.connect().await.unwrap();
+            let bytes = vec![task as u8; 4096];
+            for round in 0..ROUNDS {
+                let held = HeldTransfer {
+                    client_id: format!("client-{task}"),
+                    user: "u".into(),
+                    transfer_id: format!("transfer-{round}"),
+                    length: bytes.len() as u64,
+                    sha256: vec![0; 32],
+                    created_unix_ms: 1,
+                };
+                let direction = Direction::ALL[round % 2];
+                let held_now = connection
+                    .hold_transfer(direction, &held, &bytes, u64::MAX)
+                    .await
+                    .unwrap_or_else(|error| panic!("hold, task {task} round {round}: {error}"));
+                assert!(held_now);
+                let released = connection
+                    .release_held_transfer(direction, &held.client_id, &held.transfer_id)
+                    .await
+                    .unwrap_or_else(|error| panic!("release, task {task} round {round}: {error}"));
+                assert!(
+                    released,
+                    "task {task} round {round}: the held row was found"
+                );
+            }
+        })
+    });
+    for task in futures_util::future::join_all(tasks).await {
+        task.expect("a task that held and released");
+    }
+}

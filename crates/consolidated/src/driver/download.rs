@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use rowsync_protocol::{Conflicts, Value};
 
 use crate::conflicts::Resolution;
-use crate::dialect::{CursorScript, CursorSink, Dialect, EchoXids, OwnWrites};
+use crate::dialect::{CursorScript, Dialect, EchoXids, OwnWrites};
 use crate::echo::DownloadFilter;
 use crate::parameters::Parameters;
 use crate::scripts::*;
@@ -57,23 +57,27 @@ pub async fn send_download<D: Dialect>(
         };
         let mut filter = DownloadFilter::new(&shape, resolution);
         // Within a table, deletes come before upserts: a key deleted and written again
-        // ends up written on a client that applies chunks in order.
+        // ends up written on a client that applies chunks in order. The two cursors
+        // are read one after the other, in one round trip where the backend can.
+        download.send(filter.conflict_deletes()).await?;
         let delete_parameters = parameters.with(vec![(ECHO_XID, Value::Int(echo.deletes))]);
-        let deletes = CursorScript {
+        let upsert_parameters = parameters.with(vec![(ECHO_XID, Value::Int(echo.upserts))]);
+        let cursors: Vec<CursorScript> = [
+            (DOWNLOAD_DELETE_CURSOR, &delete_parameters),
+            (DOWNLOAD_CURSOR, &upsert_parameters),
+        ]
+        .into_iter()
+        .filter(|(event, _)| scripts.get(table, event).is_some())
+        .map(|(event, parameters)| CursorScript {
             scripts,
             table,
-            event: DOWNLOAD_DELETE_CURSOR,
-            parameters: &delete_parameters,
-        };
-        read_cursor(transaction, &deletes, &mut filter, download).await?;
-        download.send(filter.conflict_deletes()).await?;
-        let upsert_parameters = parameters.with(vec![(ECHO_XID, Value::Int(echo.upserts))]);
-        let upserts = CursorScript {
-            event: DOWNLOAD_CURSOR,
-            parameters: &upsert_parameters,
-            ..deletes
-        };
-        read_cursor(transaction, &upserts, &mut filter, download).await?;
+            event,
+            parameters,
+        })
+        .collect();
+        transaction
+            .read_cursors(&cursors, &mut filter, download)
+            .await?;
         download.send(filter.conflict_upserts()).await?;
         download_rows += filter.rows_sent;
     }
@@ -107,24 +111,6 @@ fn own_writes(
         upserts: resolution.uploaded_upsert_keys.len() as u64,
         deletes: resolution.uploaded_delete_keys.len() as u64,
     })
-}
-
-/// Reads one cursor, if the version has it, through the filter into the download.
-async fn read_cursor<D: Dialect>(
-    transaction: &mut D,
-    cursor: &CursorScript<'_>,
-    filter: &mut DownloadFilter<'_>,
-    download: &DownloadSender,
-) -> Result<(), SyncError> {
-    if cursor.scripts.get(cursor.table, cursor.event).is_none() {
-        return Ok(());
-    }
-    let mut sink = CursorSink {
-        filter,
-        download,
-        deletes: cursor.event == DOWNLOAD_DELETE_CURSOR,
-    };
-    transaction.read_cursor(cursor, &mut sink).await
 }
 
 #[cfg(test)]

@@ -58,6 +58,11 @@ pub async fn synchronize<B: SyncBackend>(
     let error = loop {
         match attempt_sync(backend, stream_count, scripts, request, download).await {
             Ok(outcome) => return Ok(outcome),
+            // Found with the client's lock, before anything ran: the backend starts
+            // the sync again with the current scripts.
+            Err(failed) if matches!(failed.error, SyncError::ScriptsChanged { .. }) => {
+                return Err(failed.error)
+            }
             Err(failed) if failed.streams_used && download.chunks_sent() == 0 => {
                 tracing::warn!(error = %failed.error, stream_count,
                     "an attempt over apply streams failed: applying the upload on one stream");
@@ -137,9 +142,9 @@ async fn attempt_with_streams<B: SyncBackend>(
         crate::failpoint!("streams_prepared");
         result = match transaction.record_decision(group).await {
             Ok(true) => result,
-            Ok(false) => Err(SyncError::Schema(format!(
-                "a starting server rolled back the apply streams of group {group}"
-            ))),
+            Ok(false) => Err(SyncError::StreamsRolledBack {
+                group: group.to_string(),
+            }),
             Err(error) => Err(error),
         };
     }

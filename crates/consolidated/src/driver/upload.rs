@@ -290,6 +290,16 @@ async fn apply_kind<D: Dialect>(
     }
     let script = context.scripts.require(context.table(), kind.event)?;
     let row_script = apply && !is_set_script(script);
+    let mut run_script = apply && !row_script;
+    if run_script {
+        match apply_fast(transaction, context, kind).await? {
+            // Every staged row inserted: none can be a conflict.
+            Some(changed) if changed >= kind.count() as u64 => return Ok(Vec::new()),
+            // Some not inserted (another partition's): compared with the table.
+            Some(_) => run_script = false,
+            None => {}
+        }
+    }
     let mut conflict_keys = Vec::new();
     let rows: Vec<UploadedRow>;
     let staged = if row_script {
@@ -322,11 +332,48 @@ async fn apply_kind<D: Dialect>(
         kind: kind.name(),
         columns: kind.staged_columns(),
         rows: staged,
-        run_script: apply && !row_script,
+        run_script,
         after_row_script: row_script,
     };
     conflict_keys.extend(transaction.apply_staged(context, staged).await?);
     Ok(conflict_keys)
+}
+
+/// The kind's fast form, tried first where the version has one and the backend runs
+/// it (`upload_insert_fast`, see [`Dialect::apply_staged_fast`]): the rows it
+/// inserted, or `None` when it did not run or a unique violation rolled it back.
+async fn apply_fast<D: Dialect>(
+    transaction: &mut D,
+    context: &TableApply<'_>,
+    kind: &UploadKind<'_>,
+) -> Result<Option<u64>, SyncError> {
+    let fast_event = match kind.event {
+        UPLOAD_INSERT => UPLOAD_INSERT_FAST,
+        _ => return Ok(None),
+    };
+    let Some(script) = context.scripts.get(context.table(), fast_event) else {
+        return Ok(None);
+    };
+    if !transaction.runs_fast_forms() {
+        return Ok(None);
+    }
+    if !is_set_script(script) {
+        return Err(SyncError::Schema(format!(
+            "script {fast_event} of table {:?} must be a set script (read {UPLOAD_PLACEHOLDER})",
+            context.table()
+        )));
+    }
+    let staged = StagedRows {
+        event: kind.event,
+        kind: kind.name(),
+        columns: kind.staged_columns(),
+        rows: kind.staged_rows(),
+        run_script: true,
+        after_row_script: false,
+    };
+    transaction
+        .apply_staged_fast(context, staged, fast_event)
+        .await
 }
 
 /// Runs `resolve_conflict` for conflicting rows: a set script once over `{conflicts}`,

@@ -25,14 +25,24 @@ pub async fn scripts_for(
     cache: &mut ScriptCache,
     version: &str,
 ) -> Result<Arc<Scripts>, SyncError> {
+    Ok(scripts_and_revision(client, statements, cache, version)
+        .await?
+        .0)
+}
+
+/// Reads a version's current revision (bumped by any change of its scripts).
+pub const SCRIPT_REVISION_QUERY: &str = "SELECT revision FROM rs_script_version WHERE name = $1";
+
+/// As [`scripts_for`], with the revision the scripts are of.
+pub async fn scripts_and_revision(
+    client: &Client,
+    statements: &Statements,
+    cache: &mut ScriptCache,
+    version: &str,
+) -> Result<(Arc<Scripts>, i64), SyncError> {
     let revision: i64 = client
         .query_opt(
-            &statements
-                .prepare(
-                    client,
-                    "SELECT revision FROM rs_script_version WHERE name = $1",
-                )
-                .await?,
+            &statements.prepare(client, SCRIPT_REVISION_QUERY).await?,
             &[&version],
         )
         .await?
@@ -65,7 +75,7 @@ pub async fn scripts_for(
         run_event(client, statements, &scripts, BEGIN_CONNECTION, &parameters).await?;
         cache.mark_connected(version);
     }
-    Ok(scripts)
+    Ok((scripts, revision))
 }
 
 /// Runs a connection event's script if the version has one; returns what it selected.

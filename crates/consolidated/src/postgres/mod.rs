@@ -146,6 +146,7 @@ impl PostgresConsolidated {
             lender: None,
             streams,
             flushes_counts: version >= FORCE_NEXT_FLUSH_VERSION,
+            scripts_revision: None,
         })
     }
 }
@@ -173,7 +174,14 @@ pub struct PostgresConnection {
     streams: streams::SharedPool,
     /// See `PgTransaction::flushes_counts`.
     flushes_counts: bool,
+    /// The script version and revision the open sync started with (see
+    /// `PgTransaction::scripts_revision`).
+    scripts_revision: Option<(String, i64)>,
 }
+
+/// Times one sync loads its version's scripts again after finding them changed with
+/// the client's lock, before it fails with `SyncError::ScriptsChanged`.
+pub const SCRIPT_RELOADS_MAX: u32 = 3;
 
 /// The first `server_version_num` with `pg_stat_force_next_flush`.
 const FORCE_NEXT_FLUSH_VERSION: i32 = 150_000;
@@ -218,8 +226,13 @@ impl SyncBackend for PostgresConnection {
             shapes: &mut self.shapes,
             generation: &self.generation,
             subscription: None,
+            scripts_revision: self
+                .scripts_revision
+                .as_ref()
+                .map(|(version, revision)| (version.as_str(), *revision)),
             flushes_counts: self.flushes_counts,
             lock_horizon: None,
+            fast_forms_run: 0,
         })
     }
 
@@ -375,14 +388,32 @@ impl ConsolidatedConnection for PostgresConnection {
         request: Arc<SyncRequest>,
         download: DownloadSender,
     ) -> Result<SyncOutcome, SyncError> {
-        let scripts = events::scripts_for(
-            &self.client,
-            &self.statements,
-            &mut self.cache,
-            &request.script_version,
-        )
-        .await?;
-        crate::driver::synchronize(self, &scripts, &request, &download).await
+        let version = &request.script_version;
+        // The scripts cached are checked with the client's lock, in the sync's own
+        // transaction; only the first sync of a version on this connection, or one
+        // that found them changed, reads them (and their revision) first.
+        let mut cached = self.cache.latest(version);
+        let mut reloads = 0;
+        loop {
+            let (scripts, revision) = match cached.take() {
+                Some(found) => found,
+                None => {
+                    let (client, statements) = (&self.client, &self.statements);
+                    events::scripts_and_revision(client, statements, &mut self.cache, version)
+                        .await?
+                }
+            };
+            self.scripts_revision = Some((version.clone(), revision));
+            let synchronized =
+                crate::driver::synchronize(self, &scripts, &request, &download).await;
+            self.scripts_revision = None;
+            match synchronized {
+                Err(SyncError::ScriptsChanged { .. }) if reloads < SCRIPT_RELOADS_MAX => {
+                    reloads += 1;
+                }
+                synchronized => return synchronized,
+            }
+        }
     }
 
     async fn authenticate(&mut self, request: &AuthRequest) -> Result<AuthCheck, SyncError> {

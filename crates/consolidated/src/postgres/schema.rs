@@ -90,6 +90,19 @@ BEGIN
 END $$;
 CREATE OR REPLACE TRIGGER rs_script_changed AFTER INSERT OR UPDATE OR DELETE ON rs_script
     FOR EACH ROW EXECUTE FUNCTION rs_script_changed();
+-- A table's upload_insert_fast is written for its upload_insert, which it replaces
+-- whenever no key conflicts: changing or removing that upload_insert removes it, however
+-- the change is made (write the fast form after its upload_insert).
+CREATE OR REPLACE FUNCTION rs_insert_script_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' OR NEW IS DISTINCT FROM OLD THEN
+        DELETE FROM rs_script WHERE script_version = OLD.script_version
+            AND table_name = OLD.table_name AND event = 'upload_insert_fast';
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER rs_insert_script_changed AFTER UPDATE OR DELETE ON rs_script
+    FOR EACH ROW WHEN (OLD.event = 'upload_insert') EXECUTE FUNCTION rs_insert_script_changed();
 ";
 
 /// The id of the current transaction as a bigint (xid8 fits for 2^63 transactions).
@@ -561,7 +574,8 @@ CREATE TRIGGER {delete_trigger} AFTER DELETE ON {table} REFERENCING OLD TABLE AS
 }
 
 /// The default set scripts. Upload scripts return the keys they applied, so the server
-/// finds conflicts (staged keys not returned) in the same statement.
+/// finds conflicts (staged keys not returned) in the same statement; inserts are first
+/// tried without that check (`upload_insert_fast`).
 pub fn default_scripts(
     shape: &TableShape,
     types: &[String],
@@ -626,6 +640,17 @@ pub fn default_scripts(
                  RETURNING {returning_keys}",
                 upload_columns = column_list(&all, "u."),
                 tu = key_match(keys, "t", "u"),
+            ),
+        ),
+        (
+            UPLOAD_INSERT_FAST,
+            // What an insert with no conflict needs: no anti-join, no RETURNING, no
+            // comparison. A key that exists fails it with a unique violation; the sync
+            // then rolls it back and runs upload_insert (docs/scripts.md).
+            format!(
+                "INSERT INTO {table} ({columns}) SELECT {upload_columns} FROM {UPLOAD_PLACEHOLDER} AS u \
+                 WHERE u.{partition} = {user}",
+                upload_columns = column_list(&all, "u."),
             ),
         ),
         (

@@ -5,6 +5,7 @@
 use futures_util::pin_mut;
 use rowsync_protocol::{Row, Value};
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Transaction;
 
@@ -376,6 +377,64 @@ pub(super) async fn apply_staged(
         return Ok(Vec::new());
     }
     unlanded_keys(target, context, event, &stage).await
+}
+
+/// The savepoint a fast form runs under.
+const FAST_SAVEPOINT: &str = "rs_fast";
+
+/// Stages the rows and runs the fast form `fast_event` over them under a savepoint:
+/// the rows it changed, or `None` when a unique violation rolled it back to the
+/// savepoint. `SAVEPOINT`, the statement and `RELEASE` are sent together (their futures
+/// polled at once are pipelined), so the fast path costs no round trip of its own; a
+/// failed statement makes the `RELEASE` fail too, which the `ROLLBACK TO` then undoes.
+/// The savepoint is a subtransaction, but the rows' stamp (`CURRENT_XID`) is the
+/// top-level transaction's id, as `pg_current_xact_id` gives inside one.
+pub(super) async fn apply_staged_fast(
+    target: &StageTarget<'_>,
+    context: &TableApply<'_>,
+    staged: StagedRows<'_, '_>,
+    fast_event: &str,
+) -> Result<Option<u64>, SyncError> {
+    let table = context.table();
+    let script = context.scripts.require(table, fast_event)?;
+    let arrays = takes_cte(script) && !target.types.iter().any(|ty| ty.ends_with(']'));
+    let stage = UploadStage::create(target, context.shape, staged, arrays).await?;
+    let script =
+        context
+            .scripts
+            .expand(table, fast_event, &[(UPLOAD_PLACEHOLDER, stage.name())])?;
+    let (sql, values) = bind_script(&script, context.parameters, table, fast_event)?;
+    let binds = binds_of(&values);
+    let (sql, parameters) = stage.bound(&sql, &binds);
+    let (transaction, statements) = (target.transaction, target.statements);
+    let statement = statements
+        .prepare(transaction, &sql)
+        .await
+        .map_err(|error| script_failure(fast_event, table, error))?;
+    // `join3` polls them in this order, so they are sent in it.
+    let (saved, inserted, released) = futures_util::future::join3(
+        transaction.batch_execute(&format!("SAVEPOINT {FAST_SAVEPOINT}")),
+        transaction.execute(&statement, &parameters),
+        transaction.batch_execute(&format!("RELEASE SAVEPOINT {FAST_SAVEPOINT}")),
+    )
+    .await;
+    saved?;
+    match inserted {
+        Err(error) if error.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+            transaction
+                .batch_execute(&format!(
+                    "ROLLBACK TO SAVEPOINT {FAST_SAVEPOINT}; RELEASE SAVEPOINT {FAST_SAVEPOINT}"
+                ))
+                .await?;
+            Ok(None)
+        }
+        inserted => {
+            let changed = refused_by_column(table, inserted)?
+                .map_err(|error| script_failure(fast_event, table, error))?;
+            released?;
+            Ok(Some(changed))
+        }
+    }
 }
 
 /// Deletes of keys already gone are not conflicts: only keys still present are.

@@ -6,24 +6,27 @@ use tokio_postgres::Transaction;
 
 use super::error::script_failure;
 use super::events::run_event;
-use super::query::{bind_script, binds_of, query_rows, query_script, read_cursor};
+use super::query::{
+    bind_script, binds_of, query_rows, query_script, read_cursor, read_cursor_pair,
+};
 use super::rows::run_row_statements;
 use super::schema::{table_shape, tombstone_table};
 use super::shapes::{schema_generation, CachedTable, ShapeCache, SyncGeneration};
-use super::stage::{apply_staged, Stage, StageTarget};
+use super::stage::{apply_staged, apply_staged_fast, Stage, StageTarget};
 use super::statements::Statements;
 use super::value::Bind;
 use crate::dialect::{
     CursorScript, CursorSink, Dialect, EchoXids, EndStep, OwnWrites, RowFailure, RowStatement,
     StagedRows, Subscription, SubscriptionUpdate, TableApply,
 };
+use crate::echo::DownloadFilter;
 use crate::names::select_by_key;
 use crate::parameters::{positional_parameters, Parameters, RowImages};
 use crate::scripts::*;
 use crate::shape::TableShape;
 use crate::upload_rows::UploadedRow;
 use crate::version_scripts::{ScriptRows, Scripts};
-use crate::{quote_identifier as q, SyncError};
+use crate::{quote_identifier as q, DownloadSender, SyncError};
 
 /// The download watermark: the lowest transaction id still running in this statement's
 /// snapshot, or the snapshot's `xmax` (latest completed + 1) when none is. Every
@@ -168,12 +171,25 @@ pub struct PgTransaction<'c> {
     pub(super) generation: &'c SyncGeneration,
     /// The subscription read together with the client's lock, for `subscription`.
     pub(super) subscription: Option<(String, Option<Subscription>)>,
+    /// The script version and revision the sync started with, checked together with
+    /// the client's lock (no round trip of its own); none on an apply stream.
+    pub(super) scripts_revision: Option<(&'c str, i64)>,
     /// The server has `pg_stat_force_next_flush` (PostgreSQL 15 and later).
     pub(super) flushes_counts: bool,
     /// The snapshot horizon read with the client's lock, while no upload statement has
     /// run since: the watermark, without a round trip of its own (see `watermark`).
     pub(super) lock_horizon: Option<i64>,
+    /// Fast forms run in this transaction, each in a subtransaction of its own (see
+    /// [`FAST_FORMS_PER_TRANSACTION_MAX`]).
+    pub(super) fast_forms_run: usize,
 }
+
+/// Fast forms (`upload_insert_fast`) one sync transaction runs at most; beyond it the
+/// checked scripts run alone. Each fast form that inserts takes a subtransaction id,
+/// which stays in the backend's cache of 64 (`PGPROC_MAX_CACHED_SUBXIDS`) until the
+/// transaction ends, released or not; past 64 every other session's snapshot checks
+/// must read `pg_subtrans`. Half of it leaves room for the scripts' own savepoints.
+pub(super) const FAST_FORMS_PER_TRANSACTION_MAX: usize = 32;
 
 fn subscription_of(row: &tokio_postgres::Row) -> Subscription {
     Subscription {
@@ -306,10 +322,11 @@ impl PgTransaction<'_> {
 }
 
 impl Dialect for PgTransaction<'_> {
-    /// The lock and the subscription in one round trip: both statements are sent at
-    /// once (pipelined) and PostgreSQL runs them in order, so the subscription is read
-    /// by a statement that starts after the lock is held, as if sent after it. Read
-    /// without the lock, it is dropped unused.
+    /// The lock, the subscription and the scripts' revision in one round trip: the
+    /// statements are sent at once (pipelined) and PostgreSQL runs them in order, so
+    /// the subscription is read by a statement that starts after the lock is held, as
+    /// if sent after it. Read without the lock, it is dropped unused. A revision other
+    /// than the one the sync started with is `SyncError::ScriptsChanged`.
     async fn lock_client(&mut self, client_id: &str) -> Result<bool, SyncError> {
         let lock = self
             .statements
@@ -319,12 +336,31 @@ impl Dialect for PgTransaction<'_> {
             .statements
             .prepare(&self.transaction, SUBSCRIPTION_QUERY)
             .await?;
-        // `try_join` polls the lock first, so its statement is sent first.
-        let (lock_row, subscription) = futures_util::future::try_join(
+        let revision = self
+            .statements
+            .prepare(&self.transaction, super::events::SCRIPT_REVISION_QUERY)
+            .await?;
+        let version = self.scripts_revision.map_or("", |(version, _)| version);
+        // `try_join3` polls in order, so the lock's statement is sent first.
+        let (lock_row, subscription, revision_row) = futures_util::future::try_join3(
             self.transaction.query_one(&lock, &[&client_id]),
             self.transaction.query_opt(&read, &[&client_id]),
+            async {
+                match self.scripts_revision {
+                    Some(_) => self.transaction.query_opt(&revision, &[&version]).await,
+                    None => Ok(None),
+                }
+            },
         )
         .await?;
+        if let Some((version, started_with)) = self.scripts_revision {
+            let current: Option<i64> = revision_row.map(|row| row.get(0));
+            if current != Some(started_with) {
+                return Err(SyncError::ScriptsChanged {
+                    version: version.to_string(),
+                });
+            }
+        }
         let locked: bool = lock_row.get(0);
         self.lock_horizon = locked.then(|| lock_row.get(2));
         let generation: Option<i64> = lock_row.get(3);
@@ -490,6 +526,30 @@ impl Dialect for PgTransaction<'_> {
         apply_staged(&target, table, staged).await
     }
 
+    fn runs_fast_forms(&self) -> bool {
+        self.fast_forms_run < FAST_FORMS_PER_TRANSACTION_MAX
+    }
+
+    async fn apply_staged_fast(
+        &mut self,
+        table: &TableApply<'_>,
+        staged: StagedRows<'_, '_>,
+        fast_event: &'static str,
+    ) -> Result<Option<u64>, SyncError> {
+        self.lock_horizon = None;
+        self.fast_forms_run += 1;
+        let types = self
+            .shapes
+            .get(table.table())
+            .map_or(&[][..], |cached| cached.types.as_slice());
+        let target = StageTarget {
+            transaction: &self.transaction,
+            statements: self.statements,
+            types,
+        };
+        apply_staged_fast(&target, table, staged, fast_event).await
+    }
+
     async fn run_row_statements(
         &mut self,
         statement: &RowStatement<'_>,
@@ -641,6 +701,24 @@ impl Dialect for PgTransaction<'_> {
         sink: &mut CursorSink<'_, '_>,
     ) -> Result<(), SyncError> {
         read_cursor(&self.transaction, self.statements, cursor, sink).await
+    }
+
+    async fn read_cursors(
+        &mut self,
+        cursors: &[CursorScript<'_>],
+        filter: &mut DownloadFilter<'_>,
+        download: &DownloadSender,
+    ) -> Result<(), SyncError> {
+        if let [first, second] = cursors {
+            let pair = [first, second];
+            return read_cursor_pair(&self.transaction, self.statements, pair, filter, download)
+                .await;
+        }
+        for cursor in cursors {
+            let mut sink = CursorSink::for_cursor(cursor, filter, download);
+            read_cursor(&self.transaction, self.statements, cursor, &mut sink).await?;
+        }
+        Ok(())
     }
 
     async fn limit_lock_waits(&mut self) -> Result<(), SyncError> {

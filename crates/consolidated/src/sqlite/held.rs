@@ -1,6 +1,6 @@
 //! Held uploads (see `crate::held`) in SQLite.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::held::{fits, stored_length, Direction, HeldTransfer, HELD_TRANSFER_PART_BYTES};
 use crate::DbError;
@@ -56,7 +56,7 @@ pub fn hold(
 ) -> Result<bool, DbError> {
     let (table, part_table) = direction.tables();
     let length = stored_length(bytes.len() as u64)?;
-    let transaction = connection.transaction()?;
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     remove(&transaction, direction, &held.client_id)?;
     let others: i64 = transaction.query_row(
         &format!("SELECT coalesce(sum(length), 0) FROM {table}"),
@@ -168,7 +168,10 @@ pub fn release(
     client_id: &str,
     transfer_id: &str,
 ) -> Result<bool, DbError> {
-    let transaction = connection.transaction()?;
+    // IMMEDIATE: a deferred transaction that reads first cannot then write once another
+    // connection has committed (SQLite's stale snapshot, "database is locked" at once,
+    // no busy timeout waits for it).
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let found = held(&transaction, direction, client_id, transfer_id)?.is_some();
     if found {
         remove(&transaction, direction, client_id)?;
@@ -183,7 +186,7 @@ pub fn expire(
     created_before_unix_ms: i64,
 ) -> Result<u64, DbError> {
     let (table, part_table) = direction.tables();
-    let transaction = connection.transaction()?;
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     transaction.execute(
         &format!(
             "DELETE FROM {part_table} WHERE client_id IN \

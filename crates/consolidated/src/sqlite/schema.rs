@@ -1,6 +1,6 @@
 //! System tables, users, and `init` (change tracking plus default scripts) for SQLite.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use std::collections::HashMap;
 
@@ -246,7 +246,7 @@ pub fn tombstone_table(table: &str) -> String {
 }
 
 pub fn init_table(connection: &mut Connection, init: &TableInit) -> Result<InitOutcome, DbError> {
-    let transaction = connection.transaction()?;
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     install_system_tables(&transaction)?;
     let shape = table_shape(&transaction, &init.table)?
         .ok_or_else(|| DbError::Invalid(format!("table {:?} does not exist", init.table)))?;
@@ -615,8 +615,7 @@ pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'sta
 /// See `ConsolidatedConnection::cleanup`. The delete cursor asks for versions above the
 /// client's watermark, so tombstones at or below every acknowledged watermark are done.
 pub fn cleanup(connection: &mut Connection) -> Result<u64, DbError> {
-    let transaction =
-        connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     // With no subscription at all, every future client starts empty: all tombstones go.
     let threshold: i64 = transaction.query_row(
         "SELECT coalesce(min(download_acknowledged), (SELECT version FROM rs_clock WHERE id = 1)) FROM rs_subscription",
@@ -648,7 +647,7 @@ pub fn append_sync_history(
     records: &[crate::HistoryRecord],
     rows_max: u64,
 ) -> Result<(), DbError> {
-    let transaction = connection.transaction()?;
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     {
         let mut insert = transaction.prepare_cached(
             "INSERT INTO rs_sync_history (ended_unix_ms, user_name, outcome, record) VALUES (?1, ?2, ?3, ?4)",

@@ -1022,3 +1022,248 @@ pub async fn what_a_sync_sees<F: Factory>(expression: &str) -> Vec<Row> {
     f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
     f.sql.query_rows("SELECT value FROM seen").await
 }
+
+/// PostgreSQL only (`tests/postgres.rs`): counts the INSERT statements run on orders,
+/// failed ones included (a sequence is not rolled back), and tells for each row of
+/// orders whether it was written by a subtransaction (its `xmin` is not the stamp's
+/// transaction) and whether its stamp is the transaction id the client's sync recorded.
+#[allow(dead_code)]
+const INSERT_STATEMENTS_DDL: &str = "CREATE SEQUENCE insert_statements;
+    CREATE FUNCTION count_insert_statement() RETURNS trigger LANGUAGE plpgsql AS
+      $$ BEGIN PERFORM nextval('insert_statements'); RETURN NULL; END $$;
+    CREATE TRIGGER count_insert_statements BEFORE INSERT ON orders
+      FOR EACH STATEMENT EXECUTE FUNCTION count_insert_statement()";
+
+#[allow(dead_code)]
+impl<F: Factory> Fixture<F> {
+    /// INSERT statements run on orders since [`INSERT_STATEMENTS_DDL`] (0 before any).
+    async fn insert_statements(&mut self) -> i64 {
+        let rows = self
+            .sql
+            .query_rows(
+                "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM insert_statements",
+            )
+            .await;
+        match rows[0][0] {
+            Value::Int(count) => count,
+            ref other => panic!("statement count {other:?}"),
+        }
+    }
+
+    /// For each of `ids`: (written in a subtransaction, stamped with the id of the sync
+    /// `client_id` recorded last).
+    async fn how_written(&mut self, client_id: &str, ids: &str) -> Vec<Vec<Value>> {
+        self.sql
+            .query_rows(&format!(
+                "SELECT o.id, o.xmin::text::bigint <> o.rs_xid % 4294967296, o.rs_xid = s.last_sync_xid \
+                 FROM orders AS o, rs_subscription AS s WHERE s.client_id = '{client_id}' \
+                 AND o.id IN ({ids}) ORDER BY o.id"
+            ))
+            .await
+    }
+}
+
+#[allow(dead_code)]
+fn written(id: i64, in_subtransaction: bool) -> Vec<Value> {
+    vec![
+        Value::Int(id),
+        Value::Bool(in_subtransaction),
+        Value::Bool(true),
+    ]
+}
+
+/// Issue 17: an insert upload with no conflict runs the default `upload_insert_fast`
+/// alone (one INSERT statement, in a subtransaction), its rows stamped with the sync's
+/// own transaction id.
+#[allow(dead_code)]
+pub async fn an_insert_without_conflicts_runs_only_the_fast_form<F: Factory>() {
+    let one = order(1, "alice", "pen", 1, None);
+    let mut f = Fixture::<F>::with_orders(std::slice::from_ref(&one)).await;
+    f.sql.execute(INSERT_STATEMENTS_DDL).await;
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    let (four, five) = (
+        order(4, "alice", "new", 4, None),
+        order(5, "alice", "cap", 5, None),
+    );
+    let upload = orders_upload(vec![four.clone(), five.clone()], vec![], vec![]);
+    let second = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![upload],
+        ))
+        .await;
+    assert_summary(&second, 2, 0, false);
+    assert_eq!(f.orders().await, vec![one, four, five]);
+    assert_eq!(f.insert_statements().await, 1, "one INSERT: the fast form");
+    assert_eq!(
+        f.how_written("alice-1", "4, 5").await,
+        vec![written(4, true), written(5, true)],
+        "inserted under the savepoint, stamped with the top-level transaction's id"
+    );
+    assert_eq!(order_upserts(&second), Vec::<Row>::new(), "no echo");
+}
+
+/// Issue 17: an insert upload mixing new keys, a key of the user's and a key of another
+/// partition: the fast form fails on the existing keys, is rolled back, and the checked
+/// `upload_insert` reports exactly those conflicts and applies the new rows once.
+#[allow(dead_code)]
+pub async fn an_insert_with_existing_keys_falls_back_to_the_checked_script<F: Factory>() {
+    let three = order(3, "alice", "pad", 3, None);
+    let bobs = order(10, "bob", "bob's", 10, None);
+    let mut f = Fixture::<F>::with_orders(&[three.clone(), bobs.clone()]).await;
+    f.sql.execute(INSERT_STATEMENTS_DDL).await;
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    let (four, five) = (
+        order(4, "alice", "new", 4, None),
+        order(5, "alice", "cap", 5, None),
+    );
+    let inserts = vec![
+        four.clone(),
+        order(3, "alice", "mine", 33, None),
+        order(10, "alice", "stolen", 1, None),
+        five.clone(),
+    ];
+    let upload = orders_upload(inserts, vec![], vec![]);
+    let second = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![upload],
+        ))
+        .await;
+    assert_summary(&second, 4, 2, false);
+    assert_eq!(
+        f.orders().await,
+        vec![three.clone(), four, five, bobs],
+        "the new rows once, the existing ones untouched"
+    );
+    assert_eq!(
+        order_upserts(&second),
+        vec![three],
+        "the server's row 3 wins"
+    );
+    assert_eq!(
+        order_deletes(&second),
+        vec![key(&[10])],
+        "bob's key is a delete"
+    );
+    assert_eq!(
+        f.insert_statements().await,
+        2,
+        "the fast form, rolled back, then upload_insert"
+    );
+    assert_eq!(
+        f.how_written("alice-1", "4, 5").await,
+        vec![written(4, false), written(5, false)],
+        "inserted by upload_insert, after the savepoint was rolled back"
+    );
+}
+
+/// Issue 17: a row of another partition in an insert upload with no existing key: the
+/// fast form inserts the others, and the row is reported as before (the staged rows
+/// compared with the table, no second INSERT).
+#[allow(dead_code)]
+pub async fn a_fast_insert_reports_a_row_of_another_partition<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[]).await;
+    f.sql.execute(INSERT_STATEMENTS_DDL).await;
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    let four = order(4, "alice", "new", 4, None);
+    let upload = orders_upload(
+        vec![four.clone(), order(20, "bob", "planted", 1, None)],
+        vec![],
+        vec![],
+    );
+    let second = f
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![upload],
+        ))
+        .await;
+    assert_summary(&second, 2, 1, false);
+    assert_eq!(f.orders().await, vec![four]);
+    assert_eq!(order_deletes(&second), vec![key(&[20])]);
+    assert_eq!(f.insert_statements().await, 1, "only the fast form");
+    assert_eq!(f.how_written("alice-1", "4").await, vec![written(4, true)]);
+}
+
+/// Issue 17: changing or removing `upload_insert`, by `set_script` or by SQL, removes the
+/// table's `upload_insert_fast` of the same version (it would bypass the new script
+/// whenever no key conflicts); copying a version keeps it, and setting the fast form
+/// again after its `upload_insert` keeps it.
+#[allow(dead_code)]
+pub async fn setting_upload_insert_removes_its_fast_form<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[]).await;
+    let fast_forms = "SELECT script FROM rs_script WHERE script_version = 'v1' \
+                      AND table_name = 'orders' AND event = 'upload_insert_fast'";
+    let defaults = f.sql.query_rows(fast_forms).await;
+    assert_eq!(defaults.len(), 1, "a default");
+    let Value::Text(default) = defaults[0][0].clone() else {
+        panic!("{defaults:?}")
+    };
+    let checked = f.current_script("orders", "upload_insert").await;
+    f.sql
+        .execute(
+            "INSERT INTO rs_script_version (name) VALUES ('v2'); \
+             INSERT INTO rs_script (script_version, table_name, event, script) \
+             SELECT 'v2', table_name, event, script FROM rs_script WHERE script_version = 'v1'",
+        )
+        .await;
+    let copied =
+        "SELECT 1 FROM rs_script WHERE script_version = 'v2' AND event = 'upload_insert_fast'";
+    assert_eq!(f.sql.query_rows(copied).await.len(), 1, "a copy keeps it");
+    f.replace_script("orders", "upload_insert", &checked).await;
+    assert_eq!(
+        f.sql.query_rows(fast_forms).await.len(),
+        1,
+        "unchanged: kept"
+    );
+    f.replace_script("orders", "upload_insert", &format!("{checked} "))
+        .await;
+    assert_eq!(
+        f.sql.query_rows(fast_forms).await.len(),
+        0,
+        "changed by SQL"
+    );
+    f.set_script("v1", "orders", "upload_insert_fast", &default)
+        .await;
+    f.sql
+        .execute("DELETE FROM rs_script WHERE script_version = 'v1' AND event = 'upload_insert'")
+        .await;
+    assert_eq!(f.sql.query_rows(fast_forms).await.len(), 0, "removed");
+    f.set_script("v1", "orders", "upload_insert", &checked)
+        .await;
+    f.set_script("v1", "orders", "upload_insert_fast", &default)
+        .await;
+    assert_eq!(f.sql.query_rows(fast_forms).await.len(), 1, "set after it");
+    let row_script = "INSERT INTO orders (id, rep, item, quantity, amount) \
+                      VALUES (:new.id, :new.rep, 'by hand', :new.quantity, :new.amount)";
+    f.set_script("v1", "orders", "upload_insert", row_script)
+        .await;
+    assert_eq!(f.sql.query_rows(fast_forms).await.len(), 0);
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    let upload = orders_upload(vec![order(4, "alice", "new", 4, None)], vec![], vec![]);
+    f.sync_ok(request(
+        "alice-1",
+        "alice",
+        first.watermark,
+        2,
+        vec![upload],
+    ))
+    .await;
+    assert_eq!(
+        f.orders().await,
+        vec![order(4, "alice", "by hand", 4, None)]
+    );
+    let fast = "INSERT INTO orders SELECT * FROM {upload}";
+    f.set_script("v1", "orders", "upload_insert_fast", fast)
+        .await;
+    assert_eq!(f.sql.query_rows(fast_forms).await, vec![vec![text(fast)]]);
+}
