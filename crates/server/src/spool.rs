@@ -132,11 +132,21 @@ impl Spool {
         }
         let compressed = match self.outbound.as_mut() {
             Some(outbound) => {
-                let mut compressed = outbound.compressor().compress(frame)?;
-                self.since_flush_bytes += frame.len();
-                if self.since_flush_bytes >= self.flush_every_bytes {
-                    self.since_flush_bytes = 0;
-                    compressed.extend(outbound.compressor().flush()?);
+                // Flushed every `flush_every_bytes` of frames, within a frame too (a
+                // batch of rows is one frame of up to megabytes): a cut loses at most
+                // that much of what the client could not inflate.
+                let mut compressed = Vec::new();
+                let mut rest = frame;
+                while !rest.is_empty() {
+                    let room = self.flush_every_bytes - self.since_flush_bytes;
+                    let (slice, after) = rest.split_at(room.min(rest.len()));
+                    compressed.extend(outbound.compressor().compress(slice)?);
+                    self.since_flush_bytes += slice.len();
+                    if self.since_flush_bytes >= self.flush_every_bytes {
+                        self.since_flush_bytes = 0;
+                        compressed.extend(outbound.compressor().flush()?);
+                    }
+                    rest = after;
                 }
                 compressed
             }
@@ -405,6 +415,49 @@ mod tests {
             assert!(decompressor.is_finished());
             assert!(replayed == expected, "{compression}");
         }
+    }
+
+    /// A resumable download's compressor is flushed every `flush_every` bytes within a
+    /// frame too: a frame holds a whole batch of rows (up to megabytes), and a cut loses
+    /// what the client cannot inflate. Fed the compressed bytes a little at a time, the
+    /// client inflates at least every `flush_every` bytes of the stream (not once per
+    /// frame, nor per zstd block of up to 128 KiB).
+    #[tokio::test]
+    async fn a_resumable_spool_is_flushed_within_a_large_frame() {
+        const EVERY: usize = 32 * 1024;
+        let outbound = Outbound::new(Compression::Zstd, true).unwrap();
+        let mut spool = Spool::new(1 << 24, 1 << 24, outbound, cache());
+        spool.flush_every(EVERY);
+        // One frame of 1 MiB that compresses (a counter in text), as a batch would be.
+        let frame: Vec<u8> = (0..200_000u32)
+            .flat_map(|n| format!("{n:06};").into_bytes())
+            .take(1 << 20)
+            .collect();
+        spool.append(&frame).await.unwrap();
+        spool.finish().await.unwrap();
+        let mut out = Vec::new();
+        let sent = spool.send(
+            &mut out,
+            std::time::Duration::from_secs(5),
+            Sending::Release,
+        );
+        sent.await.unwrap();
+        let mut decompressor =
+            rowsync_protocol::Decompressor::new(Compression::Zstd, u64::MAX).unwrap();
+        let (mut inflated, mut largest_step) = (Vec::new(), 0);
+        for piece in out.chunks(64) {
+            decompressor.feed(piece);
+            let before = inflated.len();
+            while let Some(chunk) = decompressor.next_chunk().unwrap() {
+                inflated.extend_from_slice(chunk);
+            }
+            largest_step = largest_step.max(inflated.len() - before);
+        }
+        assert!(inflated == frame, "the frame inflates whole");
+        assert!(
+            largest_step <= EVERY,
+            "{largest_step} bytes became readable at once (flush every {EVERY})"
+        );
     }
 
     #[tokio::test]
