@@ -201,6 +201,20 @@ fn subscription_of(row: &tokio_postgres::Row) -> Subscription {
 }
 
 impl PgTransaction<'_> {
+    /// What staging a table's upload works with: its columns' SQL types as this
+    /// transaction read its shape.
+    fn stage_target(&mut self, table: &str) -> StageTarget<'_> {
+        let types = self
+            .shapes
+            .get(table)
+            .map_or(&[][..], |cached| cached.types.as_slice());
+        StageTarget {
+            transaction: &self.transaction,
+            statements: self.statements,
+            types,
+        }
+    }
+
     /// Runs a statement (prepared once per connection) that returns exactly one row.
     async fn query_one(
         &self,
@@ -514,16 +528,7 @@ impl Dialect for PgTransaction<'_> {
         staged: StagedRows<'_, '_>,
     ) -> Result<Vec<Row>, SyncError> {
         self.lock_horizon = None;
-        let types = self
-            .shapes
-            .get(table.table())
-            .map_or(&[][..], |cached| cached.types.as_slice());
-        let target = StageTarget {
-            transaction: &self.transaction,
-            statements: self.statements,
-            types,
-        };
-        apply_staged(&target, table, staged).await
+        apply_staged(&self.stage_target(table.table()), table, staged).await
     }
 
     fn runs_fast_forms(&self) -> bool {
@@ -538,16 +543,7 @@ impl Dialect for PgTransaction<'_> {
     ) -> Result<Option<u64>, SyncError> {
         self.lock_horizon = None;
         self.fast_forms_run += 1;
-        let types = self
-            .shapes
-            .get(table.table())
-            .map_or(&[][..], |cached| cached.types.as_slice());
-        let target = StageTarget {
-            transaction: &self.transaction,
-            statements: self.statements,
-            types,
-        };
-        apply_staged_fast(&target, table, staged, fast_event).await
+        apply_staged_fast(&self.stage_target(table.table()), table, staged, fast_event).await
     }
 
     async fn run_row_statements(
