@@ -312,22 +312,12 @@ impl Client {
             batch.upload_sequence,
             &new_transfer_id(),
         )?;
-        if attempts > 0 && self.protocol_version >= DOWNLOAD_RESUME_SINCE_VERSION {
-            let kept = store::kept_download(&self.connection, batch.upload_sequence, &transfer_id)?;
-            if let Some(prefix) = kept {
-                let mut hello = self.hello(options, last_download_watermark);
-                hello.script_version = script_version.to_string();
-                let resume = DownloadResumption {
-                    options,
-                    hello,
-                    batch,
-                    transfer_id: &transfer_id,
-                    prefix,
-                };
-                if let Some(done) = self.resume_download(resume, report, progress).await? {
-                    return Ok(done);
-                }
-                store::forget_download(&self.connection)?;
+        if attempts > 0 {
+            let mut hello = self.hello(options, last_download_watermark);
+            hello.script_version = script_version.to_string();
+            let kept = (options, hello, batch, transfer_id.as_str());
+            if let Some(done) = self.continue_kept_download(kept, report, progress).await? {
+                return Ok(done);
             }
         }
         let mut offset = None;
@@ -355,35 +345,18 @@ impl Client {
             let kept = KeptStream::new(keeping, Vec::new(), options.download_kept_bytes_max);
             let mut handler = apply_handler(&mut self.connection, report, progress, batch, kept);
             handler.apply.script_version = Some(script_version.to_string());
-            let exchanged = exchange_streaming(
-                Exchange {
-                    address: &options.address,
-                    transport: &options.transport,
-                    hello,
-                    upload_frames: &batch.frames,
-                    upload_sequence: batch.upload_sequence,
-                    frame_bytes_max: options.frame_bytes_max,
-                    timeout: options.timeout,
-                    acknowledge: None,
-                    transfer: transfer.clone(),
-                    download_resume: None,
-                },
-                &mut handler,
-            )
-            .await;
+            let exchange = Exchange {
+                upload_frames: &batch.frames,
+                upload_sequence: batch.upload_sequence,
+                transfer: transfer.clone(),
+                ..short_exchange(options, &hello)
+            };
+            let exchanged = exchange_streaming(exchange, &mut handler).await;
             let (event, wire) = match exchanged {
                 Ok(exchanged) => exchanged,
                 Err(error) => {
                     let kept = handler.kept.after(&error);
-                    DownloadApply::abort(&self.connection);
-                    if let Some(kept) = kept {
-                        store::keep_download(
-                            &self.connection,
-                            batch.upload_sequence,
-                            &transfer_id,
-                            &kept,
-                        )?;
-                    }
+                    self.keep_after_cut(kept, batch, &transfer_id)?;
                     match self.fall_back(&error, transfer.as_ref()) {
                         Fallback::Again => {
                             offset = Some(0);
@@ -400,30 +373,92 @@ impl Client {
             let apply = handler.apply;
             report.wire.sent += wire.sent;
             report.wire.received += wire.received;
-            match event {
-                SessionEvent::Complete(completed) => {
-                    let end = completed.end;
-                    let applied =
-                        apply.finish(&self.connection, batch.upload_sequence, end.watermark)?;
-                    if let Some(Transfer::Resume { offset, .. }) = transfer {
-                        report.upload_bytes_resumed += offset;
-                    }
-                    return Ok((end, applied));
-                }
-                SessionEvent::Busy { retry_after_ms } => {
-                    // Nothing came down before a busy answer; if something did, it goes.
-                    DownloadApply::abort(&self.connection);
-                    wait_when_busy(options, report, retry_after_ms).await?;
-                }
-                SessionEvent::Acknowledged { .. }
-                | SessionEvent::Held(_)
-                | SessionEvent::Continue => {
-                    return Err(ClientError::Protocol(
-                        "the server answered an upload with an acknowledgement".into(),
-                    ))
-                }
+            let answered = (event, apply, transfer);
+            if let Some(done) = self
+                .round_answered(answered, batch, options, report)
+                .await?
+            {
+                return Ok(done);
             }
         }
+    }
+
+    /// What a round's answer comes to: its download applied (`Some`), or a busy answer
+    /// waited out (`None`: the batch is sent again).
+    async fn round_answered(
+        &mut self,
+        (event, apply, transfer): (SessionEvent, DownloadApply, Option<Transfer>),
+        batch: &store::Batch,
+        options: &SyncOptions,
+        report: &mut SyncReport,
+    ) -> Result<Option<(EndDownload, u64)>, ClientError> {
+        match event {
+            SessionEvent::Complete(completed) => {
+                let end = completed.end;
+                let applied =
+                    apply.finish(&self.connection, batch.upload_sequence, end.watermark)?;
+                if let Some(Transfer::Resume { offset, .. }) = transfer {
+                    report.upload_bytes_resumed += offset;
+                }
+                Ok(Some((end, applied)))
+            }
+            SessionEvent::Busy { retry_after_ms } => {
+                // Nothing came down before a busy answer; if something did, it goes.
+                DownloadApply::abort(&self.connection);
+                wait_when_busy(options, report, retry_after_ms).await?;
+                Ok(None)
+            }
+            SessionEvent::Acknowledged { .. } | SessionEvent::Held(_) | SessionEvent::Continue => {
+                Err(ClientError::Protocol(
+                    "the server answered an upload with an acknowledgement".into(),
+                ))
+            }
+        }
+    }
+
+    /// After a cut attempt: continues the download the client kept from it, if any
+    /// (protocol v4). `None`: nothing kept or nothing to continue (what was kept is
+    /// then forgotten); the sync goes on afresh.
+    async fn continue_kept_download(
+        &mut self,
+        (options, hello, batch, transfer_id): (&SyncOptions, Hello, &store::Batch, &str),
+        report: &mut SyncReport,
+        progress: &mut (dyn FnMut(&SyncProgress) + Send),
+    ) -> Result<Option<(EndDownload, u64)>, ClientError> {
+        if self.protocol_version < DOWNLOAD_RESUME_SINCE_VERSION {
+            return Ok(None);
+        }
+        let kept = store::kept_download(&self.connection, batch.upload_sequence, transfer_id)?;
+        let Some(prefix) = kept else {
+            return Ok(None);
+        };
+        let resume = DownloadResumption {
+            options,
+            hello,
+            batch,
+            transfer_id,
+            prefix,
+        };
+        let done = self.resume_download(resume, report, progress).await?;
+        if done.is_none() {
+            store::forget_download(&self.connection)?;
+        }
+        Ok(done)
+    }
+
+    /// A cut exchange: what it applied is rolled back, and the download's stream it
+    /// kept (protocol v4) is stored for the next attempt to continue.
+    fn keep_after_cut(
+        &self,
+        kept: Option<Vec<u8>>,
+        batch: &store::Batch,
+        transfer_id: &str,
+    ) -> Result<(), ClientError> {
+        DownloadApply::abort(&self.connection);
+        if let Some(kept) = kept {
+            store::keep_download(&self.connection, batch.upload_sequence, transfer_id, &kept)?;
+        }
+        Ok(())
     }
 
     /// Continues a cut download from the bytes the client kept (protocol v4): the
@@ -556,18 +591,10 @@ impl Client {
             return Ok(0);
         }
         let asked = exchange_measured(Exchange {
-            address: &options.address,
-            transport: &options.transport,
-            hello: hello.clone(),
-            upload_frames: &[],
-            upload_sequence: 0,
-            frame_bytes_max: options.frame_bytes_max,
-            timeout: options.timeout,
-            acknowledge: None,
             transfer: Some(Transfer::Query {
                 transfer_id: transfer_id.to_string(),
             }),
-            download_resume: None,
+            ..short_exchange(options, hello)
         })
         .await;
         let (event, wire) = match asked {
@@ -636,7 +663,8 @@ fn apply_handler<'a>(
     }
 }
 
-/// An exchange without an upload (a question, an acknowledgement, a resumption).
+/// An exchange without an upload (a question, an acknowledgement, a resumption); a
+/// batch's exchange sets its upload over it.
 fn short_exchange<'a>(options: &'a SyncOptions, hello: &Hello) -> Exchange<'a> {
     Exchange {
         address: &options.address,
@@ -851,16 +879,8 @@ async fn acknowledge(
     {
         loop {
             let (event, wire) = exchange_measured(Exchange {
-                address: &options.address,
-                transport: &options.transport,
-                hello: hello.clone(),
-                upload_frames: &[],
-                upload_sequence: 0,
-                frame_bytes_max: options.frame_bytes_max,
-                timeout: options.timeout,
                 acknowledge: Some(watermark),
-                transfer: None,
-                download_resume: None,
+                ..short_exchange(options, &hello)
             })
             .await?;
             report.wire.sent += wire.sent;
