@@ -234,6 +234,21 @@ impl<'a, 'f> CursorSink<'a, 'f> {
     }
 }
 
+/// Reads the cursors one after the other, each with [`Dialect::read_cursor`]: what
+/// [`Dialect::read_cursors`] does where a backend sends nothing ahead.
+pub async fn read_cursors_in_turn<D: Dialect + ?Sized>(
+    dialect: &mut D,
+    cursors: &[CursorScript<'_>],
+    filter: &mut DownloadFilter<'_>,
+    download: &DownloadSender,
+) -> Result<(), SyncError> {
+    for cursor in cursors {
+        let mut sink = CursorSink::for_cursor(cursor, filter, download);
+        dialect.read_cursor(cursor, &mut sink).await?;
+    }
+    Ok(())
+}
+
 /// One sync's open transaction: the steps the driver composes.
 pub trait Dialect {
     /// Takes the locks a sync holds until it ends: against cleanup (shared, so syncs never
@@ -428,11 +443,7 @@ pub trait Dialect {
         filter: &mut DownloadFilter<'_>,
         download: &DownloadSender,
     ) -> Result<(), SyncError> {
-        for cursor in cursors {
-            let mut sink = CursorSink::for_cursor(cursor, filter, download);
-            self.read_cursor(cursor, &mut sink).await?;
-        }
-        Ok(())
+        read_cursors_in_turn(self, cursors, filter, download).await
     }
 
     /// Waits for a lock at most the apply streams' lock timeout from now until the

@@ -710,11 +710,7 @@ impl Dialect for PgTransaction<'_> {
             return read_cursor_pair(&self.transaction, self.statements, pair, filter, download)
                 .await;
         }
-        for cursor in cursors {
-            let mut sink = CursorSink::for_cursor(cursor, filter, download);
-            read_cursor(&self.transaction, self.statements, cursor, &mut sink).await?;
-        }
-        Ok(())
+        crate::dialect::read_cursors_in_turn(self, cursors, filter, download).await
     }
 
     async fn limit_lock_waits(&mut self) -> Result<(), SyncError> {
