@@ -540,11 +540,9 @@ impl Client {
         kept: Option<Vec<u8>>,
         error: ClientError,
     ) -> Result<Option<(EndDownload, u64)>, ClientError> {
-        DownloadApply::abort(&self.connection);
-        if let Some(kept) = kept.filter(|kept| kept.len() > resume.prefix.len()) {
-            let sequence = resume.batch.upload_sequence;
-            store::keep_download(&self.connection, sequence, resume.transfer_id, &kept)?;
-        }
+        // Kept again only if this attempt brought more than it started from.
+        let kept = kept.filter(|kept| kept.len() > resume.prefix.len());
+        self.keep_after_cut(kept, resume.batch, resume.transfer_id)?;
         match error.server_code() {
             Some(ErrorCode::TransferNotHeld) => Ok(None),
             Some(ErrorCode::UnsupportedProtocolVersion) => {
