@@ -11,6 +11,7 @@
 //! (last server end - first server start).
 
 pub mod clients;
+pub mod cpu;
 pub mod limit;
 pub mod paper;
 pub mod pgbench;
@@ -161,7 +162,9 @@ struct RunContext {
     certificates: Certificates,
     work_dir: tempfile::TempDir,
     tokens: Arc<Vec<String>>,
-    limits: Vec<(LimitShape, [f64; 4])>,
+    limits: Vec<(LimitShape, limit::Measured)>,
+    /// Whose CPU each timed section used (the fair second reference).
+    meter: cpu::Meter,
 }
 
 /// Runs the tests asked for and writes the results directory; returns what it measured.
@@ -182,6 +185,7 @@ pub async fn run(options: BenchOptions, out: &mut dyn std::io::Write) -> Result<
     }
     let admin = connect(&options.db).await?;
     prepare_database(&options.db, &admin).await?;
+    let meter = cpu::Meter::new(&admin).await?;
     let work_dir = tempfile::tempdir()?;
     let certificates = Certificates::new(work_dir.path())?;
     let mut context = RunContext {
@@ -190,6 +194,7 @@ pub async fn run(options: BenchOptions, out: &mut dyn std::io::Write) -> Result<
         work_dir,
         tokens: Arc::new(Vec::new()),
         limits: Vec::new(),
+        meter,
         options: options.clone(),
     };
     let mut run = BenchRun {
@@ -382,33 +387,32 @@ impl RunContext {
     }
 
     /// The limit at a point's shape, best of `repeat` runs per sync type (as rowsync's
-    /// own figure is the best of its runs); measured once per shape.
-    async fn limit(&mut self, spec: &PointSpec, repeat: usize) -> Result<[f64; 4]> {
+    /// own figure is the best of its runs, with that run's CPU); measured once per shape.
+    async fn limit(&mut self, spec: &PointSpec, repeat: usize) -> Result<limit::Measured> {
         let key = (
             spec.clients,
             spec.rows,
             spec.sets,
             spec.workers.connections(),
         );
-        if let Some((_, seconds)) = self.limits.iter().find(|(k, _)| *k == key) {
-            return Ok(*seconds);
+        if let Some((_, measured)) = self.limits.iter().find(|(k, _)| *k == key) {
+            return Ok(measured.clone());
         }
-        let mut seconds = [f64::INFINITY; 4];
+        let mut best = limit::Measured::unmeasured();
         for _ in 0..repeat.max(1) {
             let measured = limit::measure(
                 &self.options.db,
+                &self.meter,
                 spec.clients,
                 spec.rows,
                 spec.sets,
                 spec.workers.connections(),
             )
             .await?;
-            for (best, now) in seconds.iter_mut().zip(measured) {
-                *best = best.min(now);
-            }
+            best.keep_faster(&measured);
         }
-        self.limits.push((key, seconds));
-        Ok(seconds)
+        self.limits.push((key, best.clone()));
+        Ok(best)
     }
 }
 
@@ -507,11 +511,11 @@ async fn phase(
     spec: &PointSpec,
     sync_type: &str,
 ) -> Result<(Vec<SimClient>, Phase)> {
-    let cpu_before = server.cpu_seconds()?;
     let mut result = Phase {
         sync_type: sync_type.into(),
         ..Phase::default()
     };
+    let mut cpu = cpu::CpuUsage::zero(context.meter.measures_database());
     let mut client_times = Vec::new();
     for set in 0..spec.sets {
         let rows = spec.rows;
@@ -547,7 +551,9 @@ async fn phase(
         for (index, client) in clients.iter_mut().enumerate() {
             client.prepare(work(index))?;
         }
+        let before = context.meter.read(Some(server.pid()))?;
         let (back, outcomes) = timed_set(clients, connection, work).await?;
+        cpu.add(&context.meter.read(Some(server.pid()))?.since(&before));
         clients = back;
         result.total_server_seconds += server_set_seconds(&context.admin, spec.clients).await?;
         let first = outcomes
@@ -572,7 +578,8 @@ async fn phase(
     client_times.sort_by(f64::total_cmp);
     result.client_seconds_median = percentile(&client_times, 0.5);
     result.client_seconds_p99 = percentile(&client_times, 0.99);
-    result.server_cpu_seconds = server.cpu_seconds()? - cpu_before;
+    result.server_cpu_seconds = cpu.server_seconds;
+    result.cpu = Some(cpu);
     Ok((clients, result))
 }
 
@@ -822,7 +829,9 @@ async fn measure_point(
     }
     let checkpoints_during = checkpoints(&context.admin).await? - checkpoints_before;
     if with_limit {
-        point.limit_seconds = Some(context.limit(spec, repeat).await?);
+        let limit = context.limit(spec, repeat).await?;
+        point.limit_seconds = Some(limit.seconds);
+        point.limit_cpu = Some(limit.cpu);
     }
     Ok((point, checkpoints_during, empty))
 }
@@ -865,8 +874,8 @@ async fn row_script_reference(
         retry: spec.retry.label(),
         transport: spec.transport_label(),
         runs: vec![row_phases],
-        limit_seconds: None,
         server_peak_rss_bytes: measured.peak_rss_bytes,
+        ..Point::default()
     })
 }
 

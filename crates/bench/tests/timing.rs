@@ -73,6 +73,20 @@ async fn all_five_tests_run_consistently_at_quick_size() {
         for point in &test.points {
             let limit = point.limit_seconds.expect("every point has its limit");
             assert!(limit.iter().all(|s| *s > 0.0), "{limit:?}");
+            // The throwaway PostgreSQL runs here, so its CPU is measured for the limit
+            // and for every phase, and the fair reference is computed.
+            let limit_cpu = point.limit_cpu.expect("the limit's CPU");
+            for cpu in &limit_cpu {
+                assert!(cpu.database_seconds.is_some_and(|s| s > 0.0), "{cpu:?}");
+            }
+            let cpu_efficiency = point.cpu_efficiency();
+            assert!(
+                cpu_efficiency
+                    .iter()
+                    .all(|e| e.is_some_and(|e| e.is_finite() && e > 0.0)),
+                "{} {cpu_efficiency:?}",
+                point.label
+            );
             assert!(point.server_peak_rss_bytes > 0);
             for phases in &point.runs {
                 let types: Vec<&str> = phases.iter().map(|p| p.sync_type.as_str()).collect();
@@ -84,6 +98,10 @@ async fn all_five_tests_run_consistently_at_quick_size() {
                     assert!(phase.total_server_seconds > 0.0);
                     assert!(phase.total_server_seconds <= phase.total_client_seconds);
                     assert!(phase.wire_bytes > 0);
+                    let cpu = phase.cpu.expect("a phase's CPU");
+                    assert!(cpu.server_seconds > 0.0, "{cpu:?}");
+                    assert!(cpu.database_seconds.is_some_and(|s| s > 0.0), "{cpu:?}");
+                    assert_eq!(cpu.server_seconds, phase.server_cpu_seconds);
                     if point.transport == "TCPIP" {
                         // Uncompressed, even a delete's key takes more than 10 bytes.
                         assert!(
@@ -155,6 +173,7 @@ async fn all_five_tests_run_consistently_at_quick_size() {
         printed.contains("Efficiency = limit / rowsync"),
         "{printed}"
     );
+    assert!(printed.contains("CPU efficiency = limit CPU"), "{printed}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

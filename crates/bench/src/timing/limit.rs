@@ -16,6 +16,7 @@ use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
+use super::cpu::{CpuUsage, Meter};
 use super::workload::{self, RAW_TABLE};
 use crate::apply::connect;
 
@@ -180,16 +181,45 @@ impl Job {
     }
 }
 
-/// Seconds per sync type (download, update, delete, insert): for each set, the wall
-/// time from the first job's start to the last job's end over `connections`
-/// connections, summed over sets, as the server's total time is.
+/// What one limit run measured, per sync type (download, update, delete, insert).
+#[derive(Debug, Clone)]
+pub struct Measured {
+    /// For each set, the wall time from the first job's start to the last job's end
+    /// over `connections` connections, summed over sets, as the server's total time is.
+    pub seconds: [f64; 4],
+    /// Whose CPU those timed sections used (the bench's own process is the driver).
+    pub cpu: [CpuUsage; 4],
+}
+
+impl Measured {
+    /// Nothing measured yet: slower than any run.
+    pub fn unmeasured() -> Measured {
+        Measured {
+            seconds: [f64::INFINITY; 4],
+            cpu: [CpuUsage::default(); 4],
+        }
+    }
+
+    /// Keeps, per sync type, `other`'s time and CPU where its time is the faster.
+    pub fn keep_faster(&mut self, other: &Measured) {
+        for i in 0..4 {
+            if other.seconds[i] < self.seconds[i] {
+                self.seconds[i] = other.seconds[i];
+                self.cpu[i] = other.cpu[i];
+            }
+        }
+    }
+}
+
+/// The limit at one shape, once: see [`Measured`].
 pub async fn measure(
     url: &str,
+    meter: &Meter,
     clients: usize,
     rows: usize,
     sets: usize,
     connections: usize,
-) -> Result<[f64; 4]> {
+) -> Result<Measured> {
     let admin = connect(url).await?;
     admin
         .batch_execute(&format!("TRUNCATE {RAW_TABLE}"))
@@ -198,8 +228,11 @@ pub async fn measure(
     for _ in 0..connections.max(1) {
         pool.push(Arc::new(connect(url).await?));
     }
-    let mut seconds = [0.0; 4];
-    for (slot, sync_type) in seconds.iter_mut().zip(super::results::SYNC_TYPES) {
+    let mut measured = Measured {
+        seconds: [0.0; 4],
+        cpu: [CpuUsage::zero(meter.measures_database()); 4],
+    };
+    for (i, sync_type) in super::results::SYNC_TYPES.into_iter().enumerate() {
         for set in 0..sets {
             if sync_type == "download" {
                 // The rows to download, put in place outside the timed section.
@@ -213,6 +246,7 @@ pub async fn measure(
                 .map(|client| Job::new(sync_type, client, set, rows))
                 .collect::<Result<Vec<_>>>()?;
             let queue = Arc::new(Mutex::new(jobs.into_iter()));
+            let cpu_before = meter.read(None)?;
             let started = Instant::now();
             let mut tasks = tokio::task::JoinSet::new();
             for db in &pool {
@@ -231,14 +265,15 @@ pub async fn measure(
             while let Some(done) = tasks.join_next().await {
                 changed += done??;
             }
-            *slot += started.elapsed().as_secs_f64();
+            measured.seconds[i] += started.elapsed().as_secs_f64();
+            measured.cpu[i].add(&meter.read(None)?.since(&cpu_before));
             let expected = (clients * rows) as u64;
             if changed != expected {
                 bail!("the limit's {sync_type} of set {set} moved {changed} rows, expected {expected}");
             }
         }
     }
-    Ok(seconds)
+    Ok(measured)
 }
 
 /// Counts the tuples of a binary COPY stream (header, tuples, trailer), walking every

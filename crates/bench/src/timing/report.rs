@@ -17,7 +17,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use thiserror::Error;
 
 use super::paper::{self, PaperTable, Unit, PUBLISHED_LABEL};
-use super::results::{BenchRun, Point, TestResult, SYNC_TYPES};
+use super::results::{BenchRun, CpuUsage, Point, TestResult, SYNC_TYPES};
 
 /// Column headers of the four sync types, in [`SYNC_TYPES`] order.
 const TYPE_HEADERS: [&str; 4] = ["Download", "Update", "Delete", "Insert"];
@@ -87,6 +87,7 @@ pub fn render_test(test: &TestResult) -> String {
         render_times(&mut out, test);
         render_limit(&mut out, test);
         render_efficiency(&mut out, test);
+        render_cpu_efficiency(&mut out, test);
         render_rsd(&mut out, test);
         render_retries(&mut out, test);
         render_throughput(&mut out, test);
@@ -256,6 +257,33 @@ fn render_efficiency(out: &mut String, test: &TestResult) {
     }
 }
 
+fn render_cpu_efficiency(out: &mut String, test: &TestResult) {
+    let rows = test
+        .points
+        .iter()
+        .map(|p| (p, p.cpu_efficiency()))
+        .filter(|(_, e)| e.iter().any(Option::is_some))
+        .map(|(p, e)| {
+            (
+                p.label.clone(),
+                e.iter().map(|e| format_ratio(*e)).collect(),
+            )
+        })
+        .collect::<Vec<_>>();
+    if !rows.is_empty() {
+        render_table(
+            out,
+            CPU_EFFICIENCY_TITLE,
+            &test.parameter,
+            &TYPE_HEADERS,
+            &rows,
+        );
+    }
+}
+
+/// The fair second reference's table title.
+const CPU_EFFICIENCY_TITLE: &str = "CPU efficiency = limit CPU (PostgreSQL + its driver) / rowsync CPU (server + PostgreSQL), the clients' CPU left out";
+
 fn render_rsd(out: &mut String, test: &TestResult) {
     let rows = test
         .points
@@ -303,7 +331,7 @@ fn render_retries(out: &mut String, test: &TestResult) {
 }
 
 fn render_throughput(out: &mut String, test: &TestResult) {
-    out.push_str("\nPer point, best run of each sync type\n");
+    out.push_str("\nPer point, best run of each sync type (CPU: seconds over the timed sets, gate to gate; cores busy: the whole machine's busy time over that wall time)\n");
     let headers = [
         "syncs/s",
         "rows/s",
@@ -311,6 +339,9 @@ fn render_throughput(out: &mut String, test: &TestResult) {
         "client median s",
         "client p99 s",
         "server CPU s",
+        "PG CPU s",
+        "client CPU s",
+        "cores busy",
     ];
     for point in &test.points {
         let _ = writeln!(
@@ -324,7 +355,7 @@ fn render_throughput(out: &mut String, test: &TestResult) {
             .iter()
             .filter_map(|sync_type| {
                 let phase = point.best_phase(sync_type)?;
-                let cells = vec![
+                let mut cells = vec![
                     format!("{:.1}", phase.syncs_per_second()),
                     format!("{:.0}", phase.rows_per_second()),
                     format!("{:.2}", phase.megabytes_per_second()),
@@ -332,6 +363,7 @@ fn render_throughput(out: &mut String, test: &TestResult) {
                     format!("{:.3}", phase.client_seconds_p99),
                     format!("{:.3}", phase.server_cpu_seconds),
                 ];
+                cells.extend(cpu_cells(phase.cpu.as_ref(), |cpu| cpu.bench_seconds));
                 Some((format!("  {sync_type}"), cells))
             })
             .collect::<Vec<_>>();
@@ -340,7 +372,46 @@ fn render_throughput(out: &mut String, test: &TestResult) {
         } else {
             write_table_body(out, "  sync type", &headers, &rows);
         }
+        render_limit_cpu(out, point);
     }
+}
+
+/// PostgreSQL's CPU, the bench process's (`bench`: the clients, or the limit's driver)
+/// and the cores busy, as printed ("-" where not measured).
+fn cpu_cells(cpu: Option<&CpuUsage>, bench: fn(&CpuUsage) -> f64) -> Vec<String> {
+    let Some(cpu) = cpu else {
+        return vec!["-".to_string(); 3];
+    };
+    vec![
+        format_seconds(cpu.database_seconds),
+        format!("{:.3}", bench(cpu)),
+        format!(
+            "{:.2}",
+            cpu.machine_busy_seconds / cpu.wall_seconds.max(f64::MIN_POSITIVE)
+        ),
+    ]
+}
+
+fn render_limit_cpu(out: &mut String, point: &Point) {
+    let Some(limit) = &point.limit_cpu else {
+        return;
+    };
+    let rows = SYNC_TYPES
+        .iter()
+        .zip(limit)
+        .map(|(sync_type, cpu)| {
+            (
+                format!("  {sync_type}"),
+                cpu_cells(Some(cpu), |cpu| cpu.bench_seconds),
+            )
+        })
+        .collect::<Vec<_>>();
+    write_table_body(
+        out,
+        "  limit",
+        &["PG CPU s", "driver CPU s", "cores busy"],
+        &rows,
+    );
 }
 
 fn render_row_scripts(out: &mut String, test: &TestResult) {
@@ -451,6 +522,15 @@ fn render_efficiency_summary(out: &mut String, run: &BenchRun) {
             format!("Test {} minimum", test.test),
             minimum.iter().map(|e| format_ratio(*e)).collect(),
         ));
+        let cpu: Vec<[Option<f64>; 4]> = test.points.iter().map(Point::cpu_efficiency).collect();
+        if cpu.iter().flatten().any(Option::is_some) {
+            let minimum: [Option<f64>; 4] =
+                std::array::from_fn(|i| cpu.iter().filter_map(|e| e[i]).min_by(f64::total_cmp));
+            rows.push((
+                format!("Test {} CPU minimum", test.test),
+                minimum.iter().map(|e| format_ratio(*e)).collect(),
+            ));
+        }
         rows.push((
             format!("Test {} best point", test.test),
             best_point
@@ -471,7 +551,7 @@ fn render_efficiency_summary(out: &mut String, run: &BenchRun) {
     } else {
         write_table_body(out, "test", &TYPE_HEADERS, &rows);
         out.push_str(
-            "(best point: the point with rowsync's smallest total server time of that type)\n",
+            "(best point: the point with rowsync's smallest total server time of that type; CPU: the limit's CPU over rowsync's, the clients' left out)\n",
         );
     }
 }
@@ -1039,6 +1119,7 @@ mod tests {
             wire_bytes: 1_000_000,
             busy_retries,
             server_cpu_seconds: 0.75,
+            cpu: None,
         }
     }
 
@@ -1068,6 +1149,7 @@ mod tests {
             transport: "tcp".to_string(),
             runs,
             limit_seconds: None,
+            limit_cpu: None,
             server_peak_rss_bytes: 3 * 1024 * 1024,
         }
     }
@@ -1214,6 +1296,65 @@ mod tests {
         );
     }
 
+    fn usage(server: f64, database: f64, bench: f64, busy: f64, wall: f64) -> CpuUsage {
+        CpuUsage {
+            server_seconds: server,
+            database_seconds: Some(database),
+            bench_seconds: bench,
+            machine_busy_seconds: busy,
+            wall_seconds: wall,
+        }
+    }
+
+    #[test]
+    fn cpu_efficiency_leaves_the_clients_out_and_is_absent_where_unmeasured() {
+        let mut test = workers_test();
+        // At 10 workers: each phase used server 1 s, PostgreSQL 2 s, clients 5 s.
+        for phase in &mut test.points[1].runs[0] {
+            phase.cpu = Some(usage(1.0, 2.0, 5.0, 3.6, 2.0));
+        }
+        // The limit: PostgreSQL 1.5 s and its driver 0.3 s for each type but insert.
+        let mut limit = [usage(0.0, 1.5, 0.3, 1.0, 1.0); 4];
+        limit[3] = usage(0.0, 2.4, 0.6, 2.0, 1.5);
+        test.points[1].limit_cpu = Some(limit);
+        // At 5 workers the database ran elsewhere: nothing to compare.
+        test.points[0].limit_cpu = Some([CpuUsage::default(); 4]);
+        let text = render_test(&test);
+        let title = "CPU efficiency = limit CPU";
+        assert_eq!(
+            cells(&text, title, "10"),
+            strings(&["0.60", "0.60", "0.60", "1.00"])
+        );
+        assert!(
+            !text
+                .lines()
+                .skip_while(|l| !l.contains(title))
+                .take_while(|l| !l.is_empty())
+                .any(|l| l.starts_with("5 ")),
+            "a point without database CPU has no CPU efficiency row"
+        );
+        // The phase's own CPU columns: PostgreSQL, clients, cores busy (3.6 / 2.0).
+        let block = "DB workers = 10: server peak RSS 3.0 MiB";
+        let download = cells(&text, block, "  download");
+        assert_eq!(download[6..], strings(&["2.000", "5.000", "1.80"]));
+        let after_block = &text[text.find(block).unwrap()..];
+        assert_eq!(
+            cells(after_block, "  limit", "  insert"),
+            strings(&["2.400", "0.600", "1.33"])
+        );
+        let mut run = sample_run();
+        run.tests[0] = test;
+        assert_eq!(
+            cells(
+                &render_run(&run),
+                "Efficiency per sync type",
+                "Test 1 CPU minimum"
+            ),
+            strings(&["0.60", "0.60", "0.60", "1.00"])
+        );
+        assert!(!render_run(&sample_run()).contains("CPU minimum"));
+    }
+
     #[test]
     fn rsd_retries_throughput_row_scripts_notes_and_paper_are_reported() {
         let text = render_test(&workers_test());
@@ -1246,6 +1387,10 @@ mod tests {
                 "0.125".to_string(),
                 "0.500".to_string(),
                 "0.750".to_string(),
+                // CPU by whom was not measured in this run.
+                "-".to_string(),
+                "-".to_string(),
+                "-".to_string(),
             ]
         );
 

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::cpu::CpuUsage;
+
 /// The four timed sync types, in the paper's order (download, update, delete, insert).
 pub const SYNC_TYPES: [&str; 4] = ["download", "update", "delete", "insert"];
 
@@ -28,6 +30,10 @@ pub struct Phase {
     pub busy_retries: u64,
     /// CPU seconds (user + system) the server process used during the phase.
     pub server_cpu_seconds: f64,
+    /// Whose CPU the phase's timed sets used, gate to gate (None in results written
+    /// before it was measured).
+    #[serde(default)]
+    pub cpu: Option<CpuUsage>,
 }
 
 impl Phase {
@@ -64,6 +70,10 @@ pub struct Point {
     /// The limit reference (PostgreSQL's bulk path, same rows, same concurrency):
     /// seconds per sync type in [`SYNC_TYPES`] order.
     pub limit_seconds: Option<[f64; 4]>,
+    /// Whose CPU the limit used, per sync type, in the run whose time is in
+    /// `limit_seconds` (None in results written before it was measured).
+    #[serde(default)]
+    pub limit_cpu: Option<[CpuUsage; 4]>,
     /// Peak resident memory of the server process over the point, in bytes.
     pub server_peak_rss_bytes: u64,
 }
@@ -132,6 +142,21 @@ impl Point {
             }
         }
         efficiency
+    }
+
+    /// The fair second reference, per sync type: the limit's CPU (PostgreSQL and the
+    /// process driving it) over rowsync's (the server and PostgreSQL) in the best run,
+    /// the clients' CPU left out. None where either was not measured (PostgreSQL on
+    /// another machine, or an older results file).
+    pub fn cpu_efficiency(&self) -> [Option<f64>; 4] {
+        let Some(limit) = self.limit_cpu else {
+            return [None; 4];
+        };
+        std::array::from_fn(|i| {
+            let limit = limit[i].limit_work_seconds()?;
+            let rowsync = self.best_phase(SYNC_TYPES[i])?.cpu?.work_seconds()?;
+            (limit > 0.0 && rowsync > 0.0).then(|| limit / rowsync)
+        })
     }
 }
 

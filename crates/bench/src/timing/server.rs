@@ -222,20 +222,12 @@ impl ServerProcess {
     pub fn cpu_seconds(&self) -> Result<f64> {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
             .context("reading the server's /proc stat")?;
-        // Fields after the command name (which is in parentheses and may hold spaces).
-        let after = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest)
-            .context("unexpected /proc stat format")?;
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after ')'.
-        let ticks: f64 = fields
-            .get(11..13)
-            .context("short /proc stat")?
-            .iter()
-            .map(|f| f.parse::<f64>().unwrap_or(0.0))
-            .sum();
-        Ok(ticks / CLOCK_TICKS_PER_SECOND)
+        super::cpu::process_seconds(&stat)
+    }
+
+    /// The server process's id, for the CPU meter.
+    pub fn pid(&self) -> u32 {
+        self.pid
     }
 
     /// The server's peak resident memory so far, in bytes.
@@ -262,10 +254,6 @@ impl ServerProcess {
         Ok(())
     }
 }
-
-/// Linux reports CPU time in clock ticks of `sysconf(_SC_CLK_TCK)`, 100 on every
-/// mainstream architecture.
-const CLOCK_TICKS_PER_SECOND: f64 = 100.0;
 
 impl Drop for ServerProcess {
     fn drop(&mut self) {
