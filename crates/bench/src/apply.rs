@@ -91,7 +91,8 @@ pub async fn run(url: &str, rows: usize, out: &mut dyn Write) -> Result<Vec<Meas
     admin
         .batch_execute(&format!(
             "DROP TABLE IF EXISTS bench_rows; DROP TABLE IF EXISTS bench_raw;
-             DROP TABLE IF EXISTS rs_rowversion_bench_rows; DROP TABLE IF EXISTS rs_tombstone_bench_rows;
+             DROP TABLE IF EXISTS rs_rowversion_bench_rows; DROP TABLE IF EXISTS rs_deleted_bench_rows CASCADE;
+             DROP TABLE IF EXISTS rs_tombstone_bench_rows;
              CREATE TABLE bench_rows {TABLE_DDL}; CREATE TABLE bench_raw {TABLE_DDL};"
         ))
         .await?;

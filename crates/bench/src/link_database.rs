@@ -117,7 +117,7 @@ pub async fn run(
     let admin = connect(url).await?;
     admin
         .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {TABLE}; DROP TABLE IF EXISTS rs_tombstone_{TABLE};
+            "DROP TABLE IF EXISTS {TABLE}; DROP TABLE IF EXISTS rs_deleted_{TABLE} CASCADE;
              CREATE TABLE {TABLE} {TABLE_DDL};"
         ))
         .await?;

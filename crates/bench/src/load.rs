@@ -83,7 +83,7 @@ async fn run_once(
     let admin = connect(url).await?;
     admin
         .batch_execute(
-            "TRUNCATE bench_rows; TRUNCATE rs_tombstone_bench_rows; DELETE FROM rs_subscription",
+            "TRUNCATE bench_rows; TRUNCATE rs_deleted_bench_rows; DELETE FROM rs_subscription",
         )
         .await?;
     let backend = PostgresConsolidated::new(url);
@@ -173,7 +173,7 @@ pub async fn run(url: &str, options: &LoadOptions, out: &mut dyn Write) -> Resul
     let admin = connect(url).await?;
     admin
         .batch_execute(&format!(
-            "DROP TABLE IF EXISTS bench_rows; DROP TABLE IF EXISTS rs_tombstone_bench_rows;
+            "DROP TABLE IF EXISTS bench_rows; DROP TABLE IF EXISTS rs_deleted_bench_rows CASCADE;
              CREATE TABLE bench_rows {TABLE_DDL};"
         ))
         .await?;

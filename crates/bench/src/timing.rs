@@ -260,7 +260,8 @@ async fn prepare_database(url: &str, admin: &PgClient) -> Result<()> {
     admin
         .batch_execute(&format!(
             "DROP TABLE IF EXISTS {TABLE} CASCADE; DROP TABLE IF EXISTS {RAW_TABLE};
-             DROP TABLE IF EXISTS rs_tombstone_{TABLE}; DROP TABLE IF EXISTS bench_server_time;
+             DROP TABLE IF EXISTS rs_deleted_{TABLE} CASCADE; DROP TABLE IF EXISTS rs_tombstone_{TABLE};
+             DROP TABLE IF EXISTS bench_server_time;
              CREATE TABLE {TABLE} {TABLE_COLUMNS_DDL}; CREATE TABLE {RAW_TABLE} {TABLE_COLUMNS_DDL};
              CREATE TABLE bench_server_time (client_id TEXT NOT NULL, upload_sequence BIGINT NOT NULL,
                  server_start TIMESTAMPTZ NOT NULL, server_end TIMESTAMPTZ,
@@ -608,7 +609,7 @@ async fn run_point(
     context
         .admin
         .batch_execute(&format!(
-            "TRUNCATE {TABLE}, rs_tombstone_{TABLE}, bench_server_time; DELETE FROM rs_subscription"
+            "TRUNCATE {TABLE}, rs_deleted_{TABLE}, bench_server_time; DELETE FROM rs_subscription"
         ))
         .await?;
     ensure_capacity(&context.admin, spec, context.options.client_mode).await?;

@@ -181,7 +181,7 @@ pub struct RowFailure {
 pub struct OwnWrites {
     /// Rows inserted or updated.
     pub upserts: u64,
-    /// Rows deleted (one tombstone each).
+    /// Rows deleted.
     pub deletes: u64,
 }
 
@@ -418,10 +418,12 @@ pub trait Dialect {
     /// the upload's own; else 0 for that cursor. The default cursors leave rows with that
     /// stamp out (they are echoes the filter would drop). A backend that cannot count
     /// its own transaction's writes returns 0 for both, and the filter does the work.
+    /// `user` is the sync's user, whose partition the upload's tombstones are in.
     async fn echo_xids(
         &mut self,
         _table: &str,
         _written: OwnWrites,
+        _user: &str,
     ) -> Result<EchoXids, SyncError> {
         Ok(EchoXids::default())
     }

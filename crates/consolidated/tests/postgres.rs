@@ -206,6 +206,17 @@ async fn echo_xid_names_exactly_the_uploads_own_writes() {
     conformance::echo_xid_names_exactly_the_uploads_own_writes::<PostgresFactory>().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletes_write_one_tombstone_batch_per_statement_and_partition() {
+    conformance::deletes_write_one_tombstone_batch_per_statement_and_partition::<PostgresFactory>()
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_turns_an_older_tombstone_table_into_batches() {
+    conformance::init_turns_an_older_tombstone_table_into_batches::<PostgresFactory>().await;
+}
+
 /// How often this connection has run statements that read `pg_attribute` as the
 /// table-shape statement does (their prepared statements' plans, PostgreSQL 14 and
 /// later).

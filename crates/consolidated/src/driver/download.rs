@@ -52,7 +52,7 @@ pub async fn send_download<D: Dialect>(
         let shape = transaction.table_shape(table).await?;
         let resolution = resolutions.get(table);
         let echo = match own_writes(scripts, table, request, resolution, applied) {
-            Some(written) => transaction.echo_xids(table, written).await?,
+            Some(written) => transaction.echo_xids(table, written, &request.user).await?,
             None => EchoXids::default(),
         };
         let mut filter = DownloadFilter::new(&shape, resolution);

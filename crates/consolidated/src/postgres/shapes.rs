@@ -89,6 +89,9 @@ pub struct CachedTable {
     pub shape: TableShape,
     pub types: Vec<String>,
     pub partition: Option<String>,
+    /// Its tombstones are kept in batches (`rs_deleted_<T>`); false for tracking set up
+    /// by a rowsync from before batches and not initialized again since.
+    pub tombstone_batches: bool,
 }
 
 /// One connection's table shapes and the generation they were read under.

@@ -10,7 +10,7 @@ use super::query::{
     bind_script, binds_of, query_rows, query_script, read_cursor, read_cursor_pair,
 };
 use super::rows::run_row_statements;
-use super::schema::{table_shape, tombstone_table};
+use super::schema::{deleted_table, table_shape, tombstone_table};
 use super::shapes::{schema_generation, CachedTable, ShapeCache, SyncGeneration};
 use super::stage::{apply_staged, apply_staged_fast, Stage, StageTarget};
 use super::statements::Statements;
@@ -67,7 +67,8 @@ const LOCK_CLIENT_QUERY: &str = concat!(
 /// flush when this transaction ends, so that the next sync's counts are its own. With
 /// `track_counts` off the counts stay 0, never equal to what was uploaded. A
 /// partitioned table counts its writes in its partitions, so it too leaves the work to
-/// the echo filter.
+/// the echo filter. This form counts one tombstone row per key, as tracking set up
+/// before tombstone batches keeps them; `echo_xids_batch_query` is the batches' form.
 macro_rules! echo_xids_query {
     ($flush:literal) => {
         concat!(
@@ -84,6 +85,34 @@ macro_rules! echo_xids_query {
 const ECHO_XIDS_QUERY: &str = echo_xids_query!("");
 const ECHO_XIDS_FLUSHING_QUERY: &str =
     echo_xids_query!(", (SELECT pg_stat_force_next_flush()) AS flush");
+
+/// `ECHO_XIDS_QUERY` for a table whose tombstones are kept in batches (`batches`, with
+/// `first_key` its first key column): the transaction's tombstones are the upload's own
+/// when every batch it wrote is one of the user's partition (`$4`) and those hold
+/// exactly the upload's deletes (`$3` keys) — as the rows of the tombstone table before
+/// batches were counted. `flush` asks for the statistics flush as above.
+fn echo_xids_batch_query(batches: &str, first_key: &str, flush: bool) -> String {
+    format!(
+        "SELECT CASE WHEN $2::int8 > 0 \
+              AND pg_stat_get_xact_tuples_inserted(t.oid) + pg_stat_get_xact_tuples_updated(t.oid) = $2::int8 \
+            THEN x.id ELSE 0 END, \
+            CASE WHEN $3::int8 > 0 AND x.id <> 0 AND b.keys = $3::int8 \
+              AND pg_stat_get_xact_tuples_inserted(to_regclass({batches_literal})) = b.batches \
+            THEN x.id ELSE 0 END \
+         FROM (SELECT COALESCE((pg_current_xact_id_if_assigned()::text)::bigint, 0) AS id) AS x \
+         CROSS JOIN (SELECT to_regclass($1)::oid AS oid) AS t \
+         CROSS JOIN LATERAL (SELECT count(*) AS batches, COALESCE(sum(cardinality(d.{first_key})), 0)::int8 AS keys \
+             FROM {batches} AS d WHERE d.rs_partition = $4::text AND d.xid = x.id) AS b{flush}",
+        batches = q(batches),
+        batches_literal = format!("'{}'", q(batches).replace('\'', "''")),
+        first_key = q(first_key),
+        flush = if flush {
+            ", (SELECT pg_stat_force_next_flush()) AS flush"
+        } else {
+            ""
+        },
+    )
+}
 
 /// What this transaction has written so far to the tracked tables (each partition of a
 /// partitioned one), by PostgreSQL's own counts; -1 with `track_counts` off, where the
@@ -120,7 +149,10 @@ const LATE_WRITES_UPDATE: &str = concat!(
     " IS DISTINCT FROM w.before OR w.before < 0)"
 );
 
-const PARTITION_COLUMN_QUERY: &str = "SELECT partition_column FROM rs_table WHERE table_name = $1";
+/// A table's partition column, and whether its tombstones are kept in batches.
+const PARTITION_COLUMN_QUERY: &str = "SELECT partition_column, \
+     to_regclass(quote_ident('rs_deleted_' || table_name)) IS NOT NULL \
+     FROM rs_table WHERE table_name = $1";
 
 const SUBSCRIPTION_QUERY: &str =
     "SELECT user_name, upload_sequence, download_watermark, last_sync_xid \
@@ -492,11 +524,11 @@ impl Dialect for PgTransaction<'_> {
                 "table {table:?} does not exist in the consolidated database"
             ))
         })?;
-        let partition = partition.and_then(|row| row.get(0));
         let cached = CachedTable {
             shape: shape.clone(),
             types,
-            partition,
+            partition: partition.as_ref().and_then(|row| row.get(0)),
+            tombstone_batches: partition.as_ref().is_some_and(|row| row.get(1)),
         };
         self.shapes.insert(table, cached);
         Ok(shape)
@@ -668,23 +700,37 @@ impl Dialect for PgTransaction<'_> {
         Ok(self.query_one(WATERMARK_QUERY, &[]).await?.get(0))
     }
 
-    async fn echo_xids(&mut self, table: &str, written: OwnWrites) -> Result<EchoXids, SyncError> {
+    async fn echo_xids(
+        &mut self,
+        table: &str,
+        written: OwnWrites,
+        user: &str,
+    ) -> Result<EchoXids, SyncError> {
         let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        let row = self
-            .query_one(
-                if self.flushes_counts {
+        let shape = self.table_shape(table).await?;
+        let batches = self
+            .shapes
+            .get(table)
+            .is_some_and(|cached| cached.tombstone_batches);
+        let (upserts, deletes) = (count(written.upserts), count(written.deletes));
+        let row = match shape.key_columns.first() {
+            Some(first_key) if batches => {
+                let sql =
+                    echo_xids_batch_query(&deleted_table(table), first_key, self.flushes_counts);
+                self.query_one(&sql, &[&q(table), &upserts, &deletes, &user])
+                    .await?
+            }
+            _ => {
+                let sql = if self.flushes_counts {
                     ECHO_XIDS_FLUSHING_QUERY
                 } else {
                     ECHO_XIDS_QUERY
-                },
-                &[
-                    &q(table),
-                    &q(&tombstone_table(table)),
-                    &count(written.upserts),
-                    &count(written.deletes),
-                ],
-            )
-            .await?;
+                };
+                let tombstones = q(&tombstone_table(table));
+                self.query_one(sql, &[&q(table), &tombstones, &upserts, &deletes])
+                    .await?
+            }
+        };
         Ok(EchoXids {
             upserts: row.get(0),
             deletes: row.get(1),

@@ -1267,3 +1267,124 @@ pub async fn setting_upload_insert_removes_its_fast_form<F: Factory>() {
         .await;
     assert_eq!(f.sql.query_rows(fast_forms).await, vec![vec![text(fast)]]);
 }
+
+/// Issue 17 (PostgreSQL): a delete statement writes one tombstone batch per partition it
+/// deleted from, not a row per key; the `rs_tombstone_orders` view still shows one row
+/// per key, and each partition's clients receive exactly their deletes.
+#[allow(dead_code)]
+pub async fn deletes_write_one_tombstone_batch_per_statement_and_partition<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[
+        order(1, "alice", "pen", 1, None),
+        order(2, "alice", "ink", 2, None),
+        order(3, "alice", "pad", 3, None),
+        order(10, "bob", "cap", 10, None),
+        order(11, "bob", "nib", 11, None),
+    ])
+    .await;
+    let alice = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    let bob = f.sync_ok(request("bob-1", "bob", 0, 1, vec![])).await;
+    f.sql
+        .execute("DELETE FROM orders WHERE id IN (1, 2, 10)")
+        .await;
+    assert_eq!(
+        f.sql
+            .query_rows("SELECT count(*) FROM rs_deleted_orders")
+            .await,
+        vec![vec![Value::Int(2)]],
+        "one batch for alice's two keys, one for bob's"
+    );
+    assert_eq!(
+        f.sql
+            .query_rows("SELECT id, rs_partition FROM rs_tombstone_orders ORDER BY id")
+            .await,
+        vec![
+            vec![Value::Int(1), text("alice")],
+            vec![Value::Int(2), text("alice")],
+            vec![Value::Int(10), text("bob")],
+        ]
+    );
+    let alice = f
+        .sync_ok(request("alice-1", "alice", alice.watermark, 2, vec![]))
+        .await;
+    assert_eq!(order_deletes(&alice), vec![key(&[1]), key(&[2])]);
+    let bob = f
+        .sync_ok(request("bob-1", "bob", bob.watermark, 2, vec![]))
+        .await;
+    assert_eq!(order_deletes(&bob), vec![key(&[10])]);
+
+    // alice's other client deletes 3 through a sync: alice-1 receives it, bob nothing.
+    let other = f.sync_ok(request("alice-2", "alice", 0, 1, vec![])).await;
+    let upload = orders_upload(vec![], vec![], vec![key(&[3])]);
+    let deleted = f
+        .sync_ok(request(
+            "alice-2",
+            "alice",
+            other.watermark,
+            2,
+            vec![upload],
+        ))
+        .await;
+    assert_summary(&deleted, 1, 0, false);
+    assert_eq!(order_deletes(&deleted), Vec::<Row>::new(), "no echo");
+    assert_eq!(
+        f.sql
+            .query_rows("SELECT count(*) FROM rs_deleted_orders")
+            .await,
+        vec![vec![Value::Int(3)]]
+    );
+    let alice = f
+        .sync_ok(request("alice-1", "alice", alice.watermark, 3, vec![]))
+        .await;
+    assert_eq!(order_deletes(&alice), vec![key(&[3])]);
+    let bob = f
+        .sync_ok(request("bob-1", "bob", bob.watermark, 3, vec![]))
+        .await;
+    assert_eq!(order_deletes(&bob), Vec::<Row>::new());
+}
+
+/// Issue 17 (PostgreSQL): `init` run again over a tombstone table of a rowsync from
+/// before batches turns its rows into batches of one key, every tombstone kept, and the
+/// client that had not received the delete still does.
+#[allow(dead_code)]
+pub async fn init_turns_an_older_tombstone_table_into_batches<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[
+        order(1, "alice", "pen", 1, None),
+        order(2, "alice", "ink", 2, None),
+    ])
+    .await;
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    f.sql.execute("DELETE FROM orders WHERE id = 1").await;
+    // The tombstones as the earlier rowsync kept them: a table, one row per key.
+    f.sql
+        .execute(
+            "CREATE TABLE rs_old_tombstones AS SELECT id, rs_partition, xid FROM rs_tombstone_orders;
+             DROP VIEW rs_tombstone_orders; DROP TABLE rs_deleted_orders;
+             ALTER TABLE rs_old_tombstones RENAME TO rs_tombstone_orders;",
+        )
+        .await;
+    f.init_orders().await;
+    assert_eq!(
+        f.sql
+            .query_rows("SELECT relkind::text FROM pg_class WHERE relname = 'rs_tombstone_orders'")
+            .await,
+        vec![vec![text("v")]],
+        "the table became the view"
+    );
+    assert_eq!(
+        f.sql
+            .query_rows("SELECT count(*) FROM rs_deleted_orders")
+            .await,
+        vec![vec![Value::Int(1)]]
+    );
+    let got = f
+        .sync_ok(request("alice-1", "alice", first.watermark, 2, vec![]))
+        .await;
+    assert_eq!(order_deletes(&got), vec![key(&[1])]);
+    // Running init once more changes nothing, and new deletes are batched.
+    f.init_orders().await;
+    f.sql.execute("DELETE FROM orders WHERE id = 2").await;
+    let got = f
+        .sync_ok(request("alice-1", "alice", got.watermark, 3, vec![]))
+        .await;
+    assert_eq!(order_deletes(&got), vec![key(&[2])]);
+}
