@@ -92,6 +92,7 @@ const ECHO_XIDS_FLUSHING_QUERY: &str =
 /// exactly the upload's deletes (`$3` keys) — as the rows of the tombstone table before
 /// batches were counted. `flush` asks for the statistics flush as above.
 fn echo_xids_batch_query(batches: &str, first_key: &str, flush: bool) -> String {
+    let batches_literal = format!("'{}'", q(batches).replace('\'', "''"));
     format!(
         "SELECT CASE WHEN $2::int8 > 0 \
               AND pg_stat_get_xact_tuples_inserted(t.oid) + pg_stat_get_xact_tuples_updated(t.oid) = $2::int8 \
@@ -104,7 +105,6 @@ fn echo_xids_batch_query(batches: &str, first_key: &str, flush: bool) -> String 
          CROSS JOIN LATERAL (SELECT count(*) AS batches, COALESCE(sum(cardinality(d.{first_key})), 0)::int8 AS keys \
              FROM {batches} AS d WHERE d.rs_partition = $4::text AND d.xid = x.id) AS b{flush}",
         batches = q(batches),
-        batches_literal = format!("'{}'", q(batches).replace('\'', "''")),
         first_key = q(first_key),
         flush = if flush {
             ", (SELECT pg_stat_force_next_flush()) AS flush"
