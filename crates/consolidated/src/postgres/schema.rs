@@ -648,7 +648,7 @@ END $rs$;",
 }
 
 /// A string as an SQL literal.
-fn quote_literal(text: &str) -> String {
+pub(super) fn quote_literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 

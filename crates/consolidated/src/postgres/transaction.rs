@@ -10,7 +10,7 @@ use super::query::{
     bind_script, binds_of, query_rows, query_script, read_cursor, read_cursor_pair,
 };
 use super::rows::run_row_statements;
-use super::schema::{deleted_table, table_shape, tombstone_table};
+use super::schema::{deleted_table, quote_literal, table_shape, tombstone_table};
 use super::shapes::{schema_generation, CachedTable, ShapeCache, SyncGeneration};
 use super::stage::{apply_staged, apply_staged_fast, Stage, StageTarget};
 use super::statements::Statements;
@@ -92,7 +92,7 @@ const ECHO_XIDS_FLUSHING_QUERY: &str =
 /// exactly the upload's deletes (`$3` keys) — as the rows of the tombstone table before
 /// batches were counted. `flush` asks for the statistics flush as above.
 fn echo_xids_batch_query(batches: &str, first_key: &str, flush: bool) -> String {
-    let batches_literal = format!("'{}'", q(batches).replace('\'', "''"));
+    let batches_literal = quote_literal(&q(batches));
     format!(
         "SELECT CASE WHEN $2::int8 > 0 \
               AND pg_stat_get_xact_tuples_inserted(t.oid) + pg_stat_get_xact_tuples_updated(t.oid) = $2::int8 \
