@@ -79,6 +79,13 @@ async fn all_five_tests_run_consistently_at_quick_size() {
             for cpu in &limit_cpu {
                 assert!(cpu.database_seconds.is_some_and(|s| s > 0.0), "{cpu:?}");
             }
+            let server_cpu: f64 = point
+                .runs
+                .iter()
+                .flatten()
+                .map(|phase| phase.server_cpu_seconds)
+                .sum();
+            assert!(server_cpu > 0.0, "{}: the server's CPU", point.label);
             let cpu_efficiency = point.cpu_efficiency();
             assert!(
                 cpu_efficiency
@@ -98,8 +105,10 @@ async fn all_five_tests_run_consistently_at_quick_size() {
                     assert!(phase.total_server_seconds > 0.0);
                     assert!(phase.total_server_seconds <= phase.total_client_seconds);
                     assert!(phase.wire_bytes > 0);
+                    // PostgreSQL's backends are read in nanoseconds; the server's
+                    // threads only in 10 ms ticks, too coarse for one quick phase.
                     let cpu = phase.cpu.expect("a phase's CPU");
-                    assert!(cpu.server_seconds > 0.0, "{cpu:?}");
+                    assert!(cpu.server_seconds >= 0.0, "{cpu:?}");
                     assert!(cpu.database_seconds.is_some_and(|s| s > 0.0), "{cpu:?}");
                     assert_eq!(cpu.server_seconds, phase.server_cpu_seconds);
                     if point.transport == "TCPIP" {

@@ -71,11 +71,11 @@ impl CpuUsage {
 }
 
 /// The CPU counters at one instant.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Reading {
     at: std::time::Instant,
     server: f64,
-    database: Option<f64>,
+    database: Option<Tree>,
     bench: f64,
     machine_busy: f64,
 }
@@ -84,14 +84,45 @@ impl Reading {
     pub fn since(&self, earlier: &Reading) -> CpuUsage {
         CpuUsage {
             server_seconds: self.server - earlier.server,
-            database_seconds: match (self.database, earlier.database) {
-                (Some(now), Some(then)) => Some(now - then),
+            database_seconds: match (&self.database, &earlier.database) {
+                (Some(now), Some(then)) => Some(now.since(then)),
                 _ => None,
             },
             bench_seconds: self.bench - earlier.bench,
             machine_busy_seconds: self.machine_busy - earlier.machine_busy,
             wall_seconds: self.at.duration_since(earlier.at).as_secs_f64(),
         }
+    }
+}
+
+/// A process and its children at one instant: its own time, its reaped children's
+/// (from its stat, in ticks), and each living child's (see `living_child_seconds`).
+#[derive(Debug, Clone, Default)]
+struct Tree {
+    own: f64,
+    reaped: f64,
+    living: HashMap<u32, f64>,
+}
+
+impl Tree {
+    /// CPU used between `earlier` and now. A child that ended in between moved its
+    /// whole life's time into `reaped`; what `earlier` had counted of it is taken off
+    /// that, never below nothing (its ticks are coarser than its nanoseconds were).
+    fn since(&self, earlier: &Tree) -> f64 {
+        let mut seconds = self.own - earlier.own;
+        let mut counted_of_ended = 0.0;
+        for (pid, then) in &earlier.living {
+            match self.living.get(pid) {
+                Some(now) => seconds += (now - then).max(0.0),
+                None => counted_of_ended += then,
+            }
+        }
+        for (pid, now) in &self.living {
+            if !earlier.living.contains_key(pid) {
+                seconds += now;
+            }
+        }
+        seconds + (self.reaped - earlier.reaped - counted_of_ended).max(0.0)
     }
 }
 
@@ -139,7 +170,7 @@ impl Meter {
             None => 0.0,
         };
         let database = match self.postmaster {
-            Some(pid) => Some(tree_seconds(proc, pid)?),
+            Some(pid) => Some(tree(proc, pid)?),
             None => None,
         };
         let bench = process_seconds(&read_stat(proc, std::process::id())?)?;
@@ -207,22 +238,27 @@ pub fn process_seconds(stat: &str) -> Result<f64> {
     ticks(&stat_fields(stat)?, 11..13)
 }
 
-/// The CPU of a process and every child it has had: its own time and its reaped
-/// children's (from its stat), plus each living child's (from `schedstat`, in
-/// nanoseconds, for single-threaded children such as PostgreSQL's; else its stat). A
-/// child that ends between two readings moves from the second term to the first, so it
-/// is counted once.
-fn tree_seconds(proc: &Path, root: u32) -> Result<f64> {
+/// A process and its living children (see [`Tree`]).
+fn tree(proc: &Path, root: u32) -> Result<Tree> {
     let stat = read_stat(proc, root)?;
-    let mut seconds = ticks(&stat_fields(&stat)?, 11..15)?;
+    let fields = stat_fields(&stat)?;
+    let mut tree = Tree {
+        own: ticks(&fields, 11..13)?,
+        reaped: ticks(&fields, 13..15)?,
+        living: HashMap::new(),
+    };
     for (pid, parent) in parents(proc)? {
         if parent == root {
-            seconds += living_child_seconds(proc, pid).unwrap_or(0.0);
+            if let Ok(seconds) = living_child_seconds(proc, pid) {
+                tree.living.insert(pid, seconds);
+            }
         }
     }
-    Ok(seconds)
+    Ok(tree)
 }
 
+/// A child's CPU: from `schedstat`, in nanoseconds, for a single-threaded child such
+/// as PostgreSQL's; else its stat's ticks.
 fn living_child_seconds(proc: &Path, pid: u32) -> Result<f64> {
     let dir = proc.join(pid.to_string());
     let threads = std::fs::read_dir(dir.join("task"))?.count();
@@ -334,8 +370,35 @@ mod tests {
             "13 (other) S 1 0 0 0 0 0 0 0 0 0 700 0 0 0",
             Some("9000000000 0 0\n"),
         );
-        let seconds = tree_seconds(proc.path(), 10).unwrap();
-        assert!((seconds - 3.75).abs() < 1e-9, "{seconds}");
+        let before = tree(proc.path(), 10).unwrap();
+        assert!((before.own - 1.0).abs() < 1e-9 && (before.reaped - 2.0).abs() < 1e-9);
+        assert_eq!(before.living.len(), 2, "{before:?}");
+        assert!((before.living[&11] - 0.5).abs() < 1e-9);
+        assert!((before.living[&12] - 0.25).abs() < 1e-9);
+
+        // Then 11 ran 0.2 s more and ended: its whole 0.7 s moved into the root's
+        // reaped time (in ticks). 12 ran 0.1 s more; 14 started and ran 0.05 s.
+        std::fs::remove_dir_all(proc.path().join("11")).unwrap();
+        write(10, "10 (postgres) S 1 0 0 0 0 0 0 0 0 0 60 40 220 50", None);
+        write(12, "12 (postgres) S 10 0 0 0 0 0 0 0 0 0 30 5 0 0", None);
+        write(
+            14,
+            "14 (postgres) S 10 0 0 0 0 0 0 0 0 0 0 0 0 0",
+            Some("50000000 0 0\n"),
+        );
+        let after = tree(proc.path(), 10).unwrap();
+        let used = after.since(&before);
+        assert!((used - 0.35).abs() < 1e-9, "0.2 + 0.1 + 0.05, not {used}");
+
+        // A child whose ticks, when it ended, came to less than the nanoseconds counted
+        // of it earlier: the difference is not taken off the other processes' time.
+        let mut coarse = before.clone();
+        coarse.living.insert(11, 0.705);
+        let used = after.since(&coarse);
+        assert!(
+            (used - 0.15).abs() < 1e-9,
+            "never below the others, not {used}"
+        );
     }
 
     #[test]
