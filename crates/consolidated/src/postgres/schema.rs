@@ -537,11 +537,7 @@ fn tracking_ddl(shape: &TableShape, key_types: &[&str], partition_column: &str) 
         .map(|key| format!("array_agg(o.{})", q(key)))
         .collect::<Vec<_>>()
         .join(", ");
-    let singletons = keys
-        .iter()
-        .map(|key| format!("ARRAY[OLD.{}]", q(key)))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let singletons = singleton_arrays(keys, "OLD.");
     format!(
         "
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {xid} BIGINT NOT NULL DEFAULT {CURRENT_XID};
@@ -613,12 +609,16 @@ END $rs$;",
         literal = quote_literal(&tombstones),
         batches = q(&deleted_table(name)),
         key_columns = column_list(keys, ""),
-        singletons = keys
-            .iter()
-            .map(|key| format!("ARRAY[{}]", q(key)))
-            .collect::<Vec<_>>()
-            .join(", "),
+        singletons = singleton_arrays(keys, ""),
     )
+}
+
+/// Each key column as a batch of one key: `ARRAY[{prefix}k1], ARRAY[{prefix}k2]`.
+fn singleton_arrays(keys: &[String], prefix: &str) -> String {
+    keys.iter()
+        .map(|key| format!("ARRAY[{prefix}{}]", q(key)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A key column whose type was widened since: its batches' arrays widen with it (the
@@ -647,7 +647,8 @@ END $rs$;",
         .join("\n")
 }
 
-/// A string as an SQL literal.
+/// A string as an SQL string literal, its quotes doubled (backslashes are kept as they
+/// are under `standard_conforming_strings`, PostgreSQL's default since 9.1).
 pub(super) fn quote_literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }

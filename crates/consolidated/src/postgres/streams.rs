@@ -10,6 +10,7 @@ use tokio::sync::OnceCell;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
+use super::schema::quote_literal;
 use super::{PostgresConnection, PostgresConsolidated};
 use crate::driver::GID_PREFIX;
 use crate::{ApplyStreamSettings, DbError, SyncError};
@@ -136,17 +137,12 @@ impl StreamPool {
     }
 }
 
-/// `gid` as an SQL string literal (rowsync's own ids hold no quote; doubled anyway).
-fn literal(gid: &str) -> String {
-    format!("'{}'", gid.replace('\'', "''"))
-}
-
 /// Commits or rolls back one prepared transaction; one that no longer exists was
 /// resolved by someone else.
 pub async fn finish_prepared(client: &Client, gid: &str, commit: bool) -> Result<(), SyncError> {
     let verb = if commit { "COMMIT" } else { "ROLLBACK" };
     match client
-        .batch_execute(&format!("{verb} PREPARED {}", literal(gid)))
+        .batch_execute(&format!("{verb} PREPARED {}", quote_literal(gid)))
         .await
     {
         Err(error) if error.code() == Some(&SqlState::UNDEFINED_OBJECT) => Ok(()),

@@ -768,9 +768,8 @@ impl Dialect for PgTransaction<'_> {
     }
 
     async fn prepare(self, gid: &str) -> Result<(), SyncError> {
-        let gid = gid.replace('\'', "''");
         self.transaction
-            .batch_execute(&format!("PREPARE TRANSACTION '{gid}'"))
+            .batch_execute(&format!("PREPARE TRANSACTION {}", quote_literal(gid)))
             .await?;
         // The session has no transaction any more: dropping ours sends a ROLLBACK that
         // PostgreSQL answers with a warning, not waited for.
