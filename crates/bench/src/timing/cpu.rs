@@ -234,7 +234,7 @@ fn ticks(fields: &[&str], range: std::ops::Range<usize>) -> Result<f64> {
 }
 
 /// utime + stime of a process (all its threads), in seconds.
-pub fn process_seconds(stat: &str) -> Result<f64> {
+fn process_seconds(stat: &str) -> Result<f64> {
     ticks(&stat_fields(stat)?, 11..13)
 }
 
@@ -247,11 +247,9 @@ fn tree(proc: &Path, root: u32) -> Result<Tree> {
         reaped: ticks(&fields, 13..15)?,
         living: HashMap::new(),
     };
-    for (pid, parent) in parents(proc)? {
-        if parent == root {
-            if let Ok(seconds) = living_child_seconds(proc, pid) {
-                tree.living.insert(pid, seconds);
-            }
+    for (pid, stat) in children(proc, root)? {
+        if let Ok(seconds) = living_child_seconds(proc, pid, &stat) {
+            tree.living.insert(pid, seconds);
         }
     }
     Ok(tree)
@@ -259,7 +257,7 @@ fn tree(proc: &Path, root: u32) -> Result<Tree> {
 
 /// A child's CPU: from `schedstat`, in nanoseconds, for a single-threaded child such
 /// as PostgreSQL's; else its stat's ticks.
-fn living_child_seconds(proc: &Path, pid: u32) -> Result<f64> {
+fn living_child_seconds(proc: &Path, pid: u32, stat: &str) -> Result<f64> {
     let dir = proc.join(pid.to_string());
     let threads = std::fs::read_dir(dir.join("task"))?.count();
     if threads == 1 {
@@ -271,13 +269,13 @@ fn living_child_seconds(proc: &Path, pid: u32) -> Result<f64> {
             }
         }
     }
-    process_seconds(&read_stat(proc, pid)?)
+    process_seconds(stat)
 }
 
-/// Every process under `proc` with its parent. A process that ends while this reads is
-/// left out.
-fn parents(proc: &Path) -> Result<HashMap<u32, u32>> {
-    let mut parents = HashMap::new();
+/// The processes under `proc` whose parent is `root`, each with its stat line. A
+/// process that ends while this reads is left out.
+fn children(proc: &Path, root: u32) -> Result<Vec<(u32, String)>> {
+    let mut children = Vec::new();
     for entry in std::fs::read_dir(proc).context("listing /proc")? {
         let Ok(entry) = entry else { continue };
         let Some(pid) = entry
@@ -290,14 +288,14 @@ fn parents(proc: &Path) -> Result<HashMap<u32, u32>> {
         let Ok(stat) = read_stat(proc, pid) else {
             continue;
         };
-        if let Some(parent) = stat_fields(&stat)
+        let parent = stat_fields(&stat)
             .ok()
-            .and_then(|f| f.get(1).and_then(|p| p.parse().ok()))
-        {
-            parents.insert(pid, parent);
+            .and_then(|f| f.get(1).and_then(|p| p.parse::<u32>().ok()));
+        if parent == Some(root) {
+            children.push((pid, stat));
         }
     }
-    Ok(parents)
+    Ok(children)
 }
 
 /// Busy seconds over every core since boot, from `/proc/stat`'s first line (user, nice,

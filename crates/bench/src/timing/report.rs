@@ -363,7 +363,7 @@ fn render_throughput(out: &mut String, test: &TestResult) {
                     format!("{:.3}", phase.client_seconds_p99),
                     format!("{:.3}", phase.server_cpu_seconds),
                 ];
-                cells.extend(cpu_cells(phase.cpu.as_ref(), |cpu| cpu.bench_seconds));
+                cells.extend(cpu_cells(phase.cpu.as_ref()));
                 Some((format!("  {sync_type}"), cells))
             })
             .collect::<Vec<_>>();
@@ -376,15 +376,15 @@ fn render_throughput(out: &mut String, test: &TestResult) {
     }
 }
 
-/// PostgreSQL's CPU, the bench process's (`bench`: the clients, or the limit's driver)
-/// and the cores busy, as printed ("-" where not measured).
-fn cpu_cells(cpu: Option<&CpuUsage>, bench: fn(&CpuUsage) -> f64) -> Vec<String> {
+/// PostgreSQL's CPU, the bench process's (the clients, or the limit's driver) and the
+/// cores busy, as printed ("-" where not measured).
+fn cpu_cells(cpu: Option<&CpuUsage>) -> Vec<String> {
     let Some(cpu) = cpu else {
         return vec!["-".to_string(); 3];
     };
     vec![
         format_seconds(cpu.database_seconds),
-        format!("{:.3}", bench(cpu)),
+        format!("{:.3}", cpu.bench_seconds),
         format!(
             "{:.2}",
             cpu.machine_busy_seconds / cpu.wall_seconds.max(f64::MIN_POSITIVE)
@@ -399,12 +399,7 @@ fn render_limit_cpu(out: &mut String, point: &Point) {
     let rows = SYNC_TYPES
         .iter()
         .zip(limit)
-        .map(|(sync_type, cpu)| {
-            (
-                format!("  {sync_type}"),
-                cpu_cells(Some(cpu), |cpu| cpu.bench_seconds),
-            )
-        })
+        .map(|(sync_type, cpu)| (format!("  {sync_type}"), cpu_cells(Some(cpu))))
         .collect::<Vec<_>>();
     write_table_body(
         out,
@@ -503,12 +498,6 @@ fn render_efficiency_summary(out: &mut String, run: &BenchRun) {
             rows.push((format!("Test {}", test.test), vec!["-".to_string(); 4]));
             continue;
         }
-        let minimum: [Option<f64>; 4] = std::array::from_fn(|i| {
-            efficiencies
-                .iter()
-                .filter_map(|e| e[i])
-                .min_by(f64::total_cmp)
-        });
         // The best point of a type: the fastest rowsync time among points with a limit.
         let best_point: [Option<(&Point, f64)>; 4] = std::array::from_fn(|i| {
             test.points
@@ -520,15 +509,13 @@ fn render_efficiency_summary(out: &mut String, run: &BenchRun) {
         });
         rows.push((
             format!("Test {} minimum", test.test),
-            minimum.iter().map(|e| format_ratio(*e)).collect(),
+            minimum_per_type(&efficiencies),
         ));
         let cpu: Vec<[Option<f64>; 4]> = test.points.iter().map(Point::cpu_efficiency).collect();
         if cpu.iter().flatten().any(Option::is_some) {
-            let minimum: [Option<f64>; 4] =
-                std::array::from_fn(|i| cpu.iter().filter_map(|e| e[i]).min_by(f64::total_cmp));
             rows.push((
                 format!("Test {} CPU minimum", test.test),
-                minimum.iter().map(|e| format_ratio(*e)).collect(),
+                minimum_per_type(&cpu),
             ));
         }
         rows.push((
@@ -554,6 +541,13 @@ fn render_efficiency_summary(out: &mut String, run: &BenchRun) {
             "(best point: the point with rowsync's smallest total server time of that type; CPU: the limit's CPU over rowsync's, the clients' left out)\n",
         );
     }
+}
+
+/// The lowest ratio of each type over the points, as printed ("-" where none).
+fn minimum_per_type(ratios: &[[Option<f64>; 4]]) -> Vec<String> {
+    (0..4)
+        .map(|i| format_ratio(ratios.iter().filter_map(|r| r[i]).min_by(f64::total_cmp)))
+        .collect()
 }
 
 /// Efficiency per type, None where rowsync or the limit was not measured.

@@ -218,13 +218,6 @@ impl ServerProcess {
         })
     }
 
-    /// User + system CPU seconds the server has used so far.
-    pub fn cpu_seconds(&self) -> Result<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
-            .context("reading the server's /proc stat")?;
-        super::cpu::process_seconds(&stat)
-    }
-
     /// The server process's id, for the CPU meter.
     pub fn pid(&self) -> u32 {
         self.pid
