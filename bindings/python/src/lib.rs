@@ -6,12 +6,12 @@ use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use rowsync_client::{
-    Client, ClientError, ClientOptions, Compression, ConflictedRow, Durability, FailureKind,
-    SyncOptions, SyncProgress, SyncReport,
+    Client, ClientError, ClientOptions, Compression, ConflictedRow, Durability, ExistingRows,
+    FailureKind, SyncOptions, SyncProgress, SyncReport,
 };
 use rowsync_protocol::{ErrorCode, Value};
 
@@ -131,8 +131,36 @@ impl PyClient {
 
     /// Records every later change of ``table`` for upload. The table needs a primary
     /// key. Idempotent; call it again after changing the table's unique indexes.
-    fn track(&self, py: Python<'_>, table: String) -> PyResult<()> {
-        self.with_client(py, |client| client.track(&table))
+    ///
+    /// ``existing`` says where the rows the table holds when it is first tracked came
+    /// from: ``"upload"`` (the default: they are this app's own writes, uploaded as
+    /// inserts at the next sync) or ``"from_server"`` (a database seeded by a download
+    /// or shipped pre-synced: not uploaded).
+    #[pyo3(signature = (table, existing="upload"))]
+    fn track(&self, py: Python<'_>, table: String, existing: &str) -> PyResult<()> {
+        let existing: ExistingRows = existing
+            .parse()
+            .map_err(|error: ClientError| PyValueError::new_err(error.to_string()))?;
+        self.with_client(py, |client| client.track_with(&table, existing))
+    }
+
+    /// The losing side of every conflict this database met and the app has not removed,
+    /// oldest first: a list of dicts with ``id``, ``table``, ``operation`` (``"insert"``,
+    /// ``"update"``, ``"delete"``), ``key``, ``client_row`` (the row this client uploaded;
+    /// ``None`` for a delete), ``server_row`` (the server's winning row; ``None`` when the
+    /// server has no such row this user may see), ``upload_sequence``, ``recorded_at``.
+    /// Values are as the client's table stores them (a blob as ``{"blob": "<hex>"}``).
+    fn kept_conflicts(&self, py: Python<'_>) -> PyResult<PyObject> {
+        let kept = self.with_client(py, |client| client.kept_conflicts())?;
+        let items: Vec<String> = kept.iter().map(|k| k.to_json().to_string()).collect();
+        let json = format!("[{}]", items.join(","));
+        Ok(py.import("json")?.call_method1("loads", (json,))?.unbind())
+    }
+
+    /// Removes the kept conflict ``id`` once the app has dealt with it; returns whether
+    /// it was there.
+    fn remove_kept_conflict(&self, py: Python<'_>, id: i64) -> PyResult<bool> {
+        self.with_client(py, |client| client.remove_kept_conflict(id))
     }
 
     /// The durability mode: ``"full"``, ``"normal"``, ``"off"`` or ``"memory"``.
@@ -319,6 +347,8 @@ struct PySyncReport {
     conflicts: u64,
     /// The :class:`ConflictedRow` behind ``conflicts``.
     conflicted_rows: Py<PyList>,
+    /// Conflicts whose losing side this sync kept (:meth:`Client.kept_conflicts`).
+    conflicts_kept: u64,
     /// Round trips: 2 when an unacknowledged upload was resent first.
     rounds: u32,
     watermark: i64,
@@ -344,6 +374,7 @@ impl PySyncReport {
             rows_downloaded: report.rows_downloaded,
             conflicts: report.conflicts,
             conflicted_rows: conflicted_rows.unbind(),
+            conflicts_kept: report.conflicts_kept,
             rounds: report.rounds,
             watermark: report.watermark,
             elapsed_seconds: report.elapsed.as_secs_f64(),

@@ -113,6 +113,32 @@ def test_conflicts_name_the_row_and_the_servers_winner(server, tmp_path):
     assert ("seed-5", "alice", "seed", 1000) in rows(second_path)
 
 
+def test_rows_written_before_tracking_go_up_and_losing_rows_are_kept(server, tmp_path):
+    url, central = server
+    # A table that held a row before it was tracked: the row is the app's own.
+    path = tmp_path / "early.db"
+    with sqlite3.connect(path) as db:
+        db.execute(ORDERS)
+        db.execute("INSERT INTO orders VALUES ('early-1', 'alice', 'mine', 1)")
+        # A row the server has (as a pre-synced copy would), and this app changed.
+        db.execute("INSERT INTO orders VALUES ('seed-7', 'alice', 'stale', 70)")
+    client = rowsync.Client(str(path))
+    with pytest.raises(ValueError, match="from_server"):
+        client.track("orders", existing="server")
+    client.track("orders")
+    report = client.sync(url, user="alice", password="alice-password")
+    assert report.rows_uploaded == 2
+    assert ("early-1", "alice", "mine", 1) in rows(central)
+    # seed-7 was already on the server: the insert lost, and is kept.
+    assert (report.conflicts, report.conflicts_kept) == (1, 1)
+    [kept] = client.kept_conflicts()
+    assert (kept["table"], kept["operation"], kept["key"]) == ("orders", "insert", {"id": "seed-7"})
+    assert kept["client_row"] == {"id": "seed-7", "rep": "alice", "item": "stale", "quantity": 70}
+    assert kept["server_row"]["item"] == "seed"
+    assert client.remove_kept_conflict(kept["id"])
+    assert client.kept_conflicts() == []
+
+
 def test_failures_raise_typed_errors(server, tmp_path):
     url, _ = server
     client, _ = new_client(tmp_path, "app")

@@ -11,7 +11,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rowsync_client::{
-    BusyRetry, Client, ClientError, Compression, FailureKind, SyncOptions, SyncProgress, SyncReport,
+    BusyRetry, Client, ClientError, Compression, ExistingRows, FailureKind, KeptConflict,
+    SyncOptions, SyncProgress, SyncReport,
 };
 use rowsync_protocol::Value;
 use serde_json::json;
@@ -39,6 +40,10 @@ pub struct SyncArgs {
     /// Start tracking this table (needs a primary key) before syncing; repeatable.
     #[arg(long = "track")]
     pub track: Vec<String>,
+    /// Rows a --track table holds when first tracked: `upload` (this client's own
+    /// writes, uploaded as inserts) or `from-server` (a pre-synced copy: not uploaded).
+    #[arg(long, default_value = "upload", value_parser = ["upload", "from-server"])]
+    pub existing_rows: String,
     /// The script version the server runs for this sync.
     #[arg(long, default_value = "v1")]
     pub version: String,
@@ -129,13 +134,13 @@ pub async fn run(args: SyncArgs) -> Result<SyncExit> {
     let outcome = sync(&args, &options, &bar).await;
     bar.finish_and_clear();
     let exit = match &outcome {
-        Ok(report) if report.conflicts > 0 => SyncExit::Conflict,
+        Ok(synced) if synced.report.conflicts > 0 => SyncExit::Conflict,
         Ok(_) => SyncExit::Synced,
         Err(error) => SyncExit::of_error(error),
     };
     match (&outcome, args.json) {
-        (Ok(report), true) => println!("{}", report_json(report, exit)),
-        (Ok(report), false) => print_report(report),
+        (Ok(synced), true) => println!("{}", report_json(synced, exit)),
+        (Ok(synced), false) => print_report(synced),
         (Err(error), true) => println!(
             "{}",
             json!({ "outcome": exit.name(), "exit_code": exit.code(), "error": error.to_string() })
@@ -145,18 +150,29 @@ pub async fn run(args: SyncArgs) -> Result<SyncExit> {
     Ok(exit)
 }
 
+/// A sync's report, and the losing sides of conflicts the client database keeps.
+struct Synced {
+    report: SyncReport,
+    kept_conflicts: Vec<KeptConflict>,
+}
+
 async fn sync(
     args: &SyncArgs,
     options: &SyncOptions,
     bar: &ProgressBar,
-) -> Result<SyncReport, ClientError> {
+) -> Result<Synced, ClientError> {
     let mut client = Client::open_with_id(&args.db, args.client_id.as_deref())?;
+    let existing: ExistingRows = args.existing_rows.parse()?;
     for table in &args.track {
-        client.track(table)?;
+        client.track_with(table, existing)?;
     }
-    client
+    let report = client
         .sync_with_progress(options, &mut |progress| show(bar, progress))
-        .await
+        .await?;
+    Ok(Synced {
+        report,
+        kept_conflicts: client.kept_conflicts()?,
+    })
 }
 
 fn read_password() -> Result<String> {
@@ -205,7 +221,8 @@ fn bytes(count: u64) -> String {
     }
 }
 
-fn print_report(report: &SyncReport) {
+fn print_report(synced: &Synced) {
+    let report = &synced.report;
     println!(
         "uploaded {} rows, downloaded {} rows, {} conflicts, {} sent, {} received, {:.2} s",
         report.rows_uploaded,
@@ -226,6 +243,12 @@ fn print_report(report: &SyncReport) {
             None => println!("conflict: {} {key}: the server deleted it", conflict.table),
         }
     }
+    if !synced.kept_conflicts.is_empty() {
+        println!(
+            "{} losing changes kept in the client database's rs_client_conflict (see --json)",
+            synced.kept_conflicts.len()
+        );
+    }
 }
 
 fn text_row(row: &[Value]) -> String {
@@ -240,8 +263,13 @@ fn text_row(row: &[Value]) -> String {
         .join(", ")
 }
 
-fn report_json(report: &SyncReport, exit: SyncExit) -> serde_json::Value {
-    let mut json = report.to_json();
+fn report_json(synced: &Synced, exit: SyncExit) -> serde_json::Value {
+    let mut json = synced.report.to_json();
+    json["kept_conflicts"] = synced
+        .kept_conflicts
+        .iter()
+        .map(KeptConflict::to_json)
+        .collect();
     json["outcome"] = exit.name().into();
     json["exit_code"] = exit.code().into();
     json

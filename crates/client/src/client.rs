@@ -9,9 +9,10 @@ use rusqlite::Connection;
 use sha2::{Digest, Sha256};
 
 use crate::durability::{self, ClientOptions, Durability};
+use crate::kept::{self, KeptConflict};
 use crate::report::{ConflictedRow, ConflictedRows, SyncProgress, SyncReport};
 use crate::session::SessionEvent;
-use crate::store::DownloadApply;
+use crate::store::{AppliedDownload, DownloadApply, ExistingRows};
 use crate::transport::{
     end_upload_frame, exchange_measured, exchange_streaming, new_transfer_id, transfer_stream,
     DownloadHandler, Exchange, HeldDownload, Transfer, TransportOptions, WireBytes,
@@ -204,12 +205,21 @@ impl Client {
     }
 
     /// Records every later change of `table` for upload. The table needs a primary key.
+    /// The rows the table holds when it is first tracked are this client's own: they are
+    /// uploaded as inserts at the next sync ([`Client::track_with`] says otherwise).
     ///
     /// Called again after the table's columns changed (`ALTER TABLE ... ADD COLUMN`), it
     /// migrates the table's change log to the new columns, keeping every pending change,
     /// and rebuilds its triggers (docs/schema-changes.md).
     pub fn track(&mut self, table: &str) -> Result<(), ClientError> {
-        store::track(&mut self.connection, table)
+        self.track_with(table, ExistingRows::Upload)
+    }
+
+    /// [`Client::track`], saying where the rows the table holds already came from:
+    /// [`ExistingRows::FromServer`] for a database seeded by a download or shipped
+    /// pre-synced (they are not uploaded). Only the first call for a table looks at it.
+    pub fn track_with(&mut self, table: &str, existing: ExistingRows) -> Result<(), ClientError> {
+        store::track(&mut self.connection, table, existing)
     }
 
     /// Runs `sql`, a change of a tracked table's schema, and tracks the table again, in
@@ -217,6 +227,19 @@ impl Client {
     /// while the tracking triggers name the column; fine for any other change too.
     pub fn alter_tracked_table(&mut self, table: &str, sql: &str) -> Result<(), ClientError> {
         store::alter_tracked(&mut self.connection, table, sql)
+    }
+
+    /// The losing side of every conflict this client met and the application has not
+    /// removed yet, oldest first: the change it uploaded, and the server's row that won
+    /// (docs/client.md). Also readable with SQL in `rs_client_conflict`.
+    pub fn kept_conflicts(&self) -> Result<Vec<KeptConflict>, ClientError> {
+        kept::kept_conflicts(&self.connection)
+    }
+
+    /// Removes a kept conflict the application has dealt with; `false` if no conflict
+    /// has that id.
+    pub fn remove_kept_conflict(&self, id: i64) -> Result<bool, ClientError> {
+        kept::remove_kept_conflict(&self.connection, id)
     }
 
     /// Changes recorded and not yet moved into an upload.
@@ -262,7 +285,7 @@ impl Client {
             if round.is_err() {
                 DownloadApply::abort(&self.connection);
             }
-            let (completed, rows_applied) = round?;
+            let (completed, applied) = round?;
             if options.download_ack {
                 let mut hello = self.hello(options, completed.watermark);
                 hello.script_version = sent_with(options, &batch).to_string();
@@ -275,7 +298,8 @@ impl Client {
             } else {
                 batch.operations
             };
-            report.rows_downloaded += rows_applied;
+            report.rows_downloaded += applied.rows_applied;
+            report.conflicts_kept += applied.conflicts_kept;
             report.conflicts += summary.conflicts;
             report.upload_already_applied |= summary.upload_already_applied;
             report.watermark = completed.watermark;
@@ -298,7 +322,7 @@ impl Client {
         batch: &store::Batch,
         report: &mut SyncReport,
         progress: &mut (dyn FnMut(&SyncProgress) + Send),
-    ) -> Result<(EndDownload, u64), ClientError> {
+    ) -> Result<(EndDownload, AppliedDownload), ClientError> {
         let script_version = sent_with(options, batch);
         let state = store::state(&self.connection)?;
         // A client moving to another script version downloads its rows in full once:
@@ -391,12 +415,11 @@ impl Client {
         batch: &store::Batch,
         options: &SyncOptions,
         report: &mut SyncReport,
-    ) -> Result<Option<(EndDownload, u64)>, ClientError> {
+    ) -> Result<Option<(EndDownload, AppliedDownload)>, ClientError> {
         match event {
             SessionEvent::Complete(completed) => {
                 let end = completed.end;
-                let applied =
-                    apply.finish(&self.connection, batch.upload_sequence, end.watermark)?;
+                let applied = apply.finish(&self.connection, batch, end.watermark)?;
                 if let Some(Transfer::Resume { offset, .. }) = transfer {
                     report.upload_bytes_resumed += offset;
                 }
@@ -424,7 +447,7 @@ impl Client {
         (options, hello, batch, transfer_id): (&SyncOptions, Hello, &store::Batch, &str),
         report: &mut SyncReport,
         progress: &mut (dyn FnMut(&SyncProgress) + Send),
-    ) -> Result<Option<(EndDownload, u64)>, ClientError> {
+    ) -> Result<Option<(EndDownload, AppliedDownload)>, ClientError> {
         if self.protocol_version < DOWNLOAD_RESUME_SINCE_VERSION {
             return Ok(None);
         }
@@ -472,7 +495,7 @@ impl Client {
         resume: DownloadResumption<'_>,
         report: &mut SyncReport,
         progress: &mut (dyn FnMut(&SyncProgress) + Send),
-    ) -> Result<Option<(EndDownload, u64)>, ClientError> {
+    ) -> Result<Option<(EndDownload, AppliedDownload)>, ClientError> {
         let DownloadResumption {
             options,
             hello,
@@ -512,8 +535,7 @@ impl Client {
             match event {
                 SessionEvent::Complete(completed) if whole => {
                     let end = completed.end;
-                    let applied =
-                        apply.finish(&self.connection, batch.upload_sequence, end.watermark)?;
+                    let applied = apply.finish(&self.connection, batch, end.watermark)?;
                     report.download_bytes_resumed += prefix.len() as u64;
                     return Ok(Some((end, applied)));
                 }
@@ -539,7 +561,7 @@ impl Client {
         resume: &DownloadResumption<'_>,
         kept: Option<Vec<u8>>,
         error: ClientError,
-    ) -> Result<Option<(EndDownload, u64)>, ClientError> {
+    ) -> Result<Option<(EndDownload, AppliedDownload)>, ClientError> {
         // Kept again only if this attempt brought more than it started from.
         let kept = kept.filter(|kept| kept.len() > resume.prefix.len());
         self.keep_after_cut(kept, resume.batch, resume.transfer_id)?;
@@ -844,6 +866,7 @@ impl DownloadHandler for ApplyHandler<'_> {
     }
 
     fn conflicts(&mut self, conflicts: Conflicts) -> Result<(), ClientError> {
+        self.apply.losing.named(&conflicts, self.rows_to_upload)?;
         self.named.named(conflicts, self.conflicted_rows);
         Ok(())
     }

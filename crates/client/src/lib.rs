@@ -10,6 +10,7 @@
 mod client;
 mod durability;
 mod error;
+mod kept;
 mod report;
 mod session;
 mod store;
@@ -21,8 +22,9 @@ pub use client::{
 };
 pub use durability::{ClientOptions, Durability};
 pub use error::{ClientError, FailureKind};
+pub use kept::KeptConflict;
 pub use report::{ConflictedRow, SyncProgress, SyncReport, CONFLICTED_ROWS_REPORTED_MAX};
 pub use rowsync_protocol::Compression;
 pub use session::{ClientSession, CompletedSync, Received, SessionEvent};
-pub use store::{CLIENT_ID_BYTES, UPLOAD_MESSAGE_BYTES_MAX, UPLOAD_ROW_BYTES_MAX};
+pub use store::{ExistingRows, CLIENT_ID_BYTES, UPLOAD_MESSAGE_BYTES_MAX, UPLOAD_ROW_BYTES_MAX};
 pub use transport::{HttpVersion, TlsOptions, TransportOptions, WireBytes};

@@ -21,6 +21,9 @@ pub struct SyncReport {
     /// The rows behind `conflicts`, as the server names them, with the server's row that
     /// won (at most [`CONFLICTED_ROWS_REPORTED_MAX`]).
     pub conflicted_rows: Vec<ConflictedRow>,
+    /// Conflicts whose losing side (this client's change) this sync kept in the client
+    /// database's `rs_client_conflict` ([`crate::Client::kept_conflicts`]).
+    pub conflicts_kept: u64,
     /// Round trips made: 2 when an unacknowledged upload had to be resent first.
     pub rounds: u32,
     /// The server had applied a resent upload already and applied nothing again.
@@ -65,6 +68,7 @@ impl SyncReport {
             "rows_downloaded": self.rows_downloaded,
             "conflicts": self.conflicts,
             "conflicted_rows": conflicted,
+            "conflicts_kept": self.conflicts_kept,
             "rounds": self.rounds,
             "upload_already_applied": self.upload_already_applied,
             "watermark": self.watermark,

@@ -7,6 +7,7 @@ use rand::RngCore;
 use rowsync_protocol::{message_frames, Download, Message, Row, RowUpdate, TableUpload, Value};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
+use crate::kept::{LosingRows, KEPT_CONFLICTS_DDL};
 use crate::ClientError;
 
 /// Random bytes in a generated client id (hex-encoded).
@@ -72,6 +73,7 @@ const ADDED_COLUMNS: [(&str, &str, &str); 2] = [
 
 pub fn install(connection: &Connection, client_id: Option<&str>) -> Result<String, ClientError> {
     connection.execute_batch(CLIENT_TABLES)?;
+    connection.execute_batch(KEPT_CONFLICTS_DDL)?;
     for (table, column, sql_type) in ADDED_COLUMNS {
         if !has_column(connection, table, column)? {
             connection.execute_batch(&format!(
@@ -172,11 +174,46 @@ pub fn shape(connection: &Connection, table: &str) -> Result<Option<Shape>, Clie
 /// displacement recorded for a row that then stayed (the statement was an `OR IGNORE`
 /// or an upsert) is harmless: the upload reads whether each logged row exists (see
 /// [`next_batch`]).
-pub fn track(connection: &mut Connection, table: &str) -> Result<(), ClientError> {
+///
+/// When the table is tracked for the first time, the rows it already holds are logged
+/// as inserts (uploaded at the next sync), unless `existing` says they came from the
+/// server; tracked again (after a schema change) it logs nothing new.
+pub fn track(
+    connection: &mut Connection,
+    table: &str,
+    existing: ExistingRows,
+) -> Result<(), ClientError> {
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    track_in(&transaction, table)?;
+    track_in(&transaction, table, existing)?;
     transaction.commit()?;
     Ok(())
+}
+
+/// What the first `track` of a table does with the rows the table already holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExistingRows {
+    /// They are this client's own writes: uploaded as inserts at the next sync (a key
+    /// the server has already is then a conflict, and the losing row is kept).
+    #[default]
+    Upload,
+    /// They came from the server (a database seeded by a download, or shipped
+    /// pre-synced): not uploaded. Their later changes are, as for any row.
+    FromServer,
+}
+
+impl std::str::FromStr for ExistingRows {
+    type Err = ClientError;
+
+    fn from_str(name: &str) -> Result<ExistingRows, ClientError> {
+        match name {
+            "upload" => Ok(ExistingRows::Upload),
+            "from_server" | "from-server" => Ok(ExistingRows::FromServer),
+            other => Err(ClientError::Schema(format!(
+                "existing rows {other:?}: say \"upload\" (the rows are this client's own \
+                 writes) or \"from_server\" (they came from the server)"
+            ))),
+        }
+    }
 }
 
 /// Changes a tracked table's schema with `sql` (`ALTER TABLE ... DROP COLUMN`, which
@@ -190,12 +227,16 @@ pub fn alter_tracked(
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     drop_triggers(&transaction, table)?;
     transaction.execute_batch(sql)?;
-    track_in(&transaction, table)?;
+    track_in(&transaction, table, ExistingRows::FromServer)?;
     transaction.commit()?;
     Ok(())
 }
 
-fn track_in(connection: &Connection, table: &str) -> Result<(), ClientError> {
+fn track_in(
+    connection: &Connection,
+    table: &str,
+    existing: ExistingRows,
+) -> Result<(), ClientError> {
     if table.starts_with("rs_") {
         return Err(ClientError::Schema(
             "tables named rs_* are rowsync's own".into(),
@@ -212,8 +253,31 @@ fn track_in(connection: &Connection, table: &str) -> Result<(), ClientError> {
         )));
     }
     let unique_sets = unique_column_sets(connection, table)?;
+    let first = !tracked_tables(connection)?.iter().any(|t| t == table);
     migrate_log(connection, table, &shape)?;
     connection.execute_batch(&TriggerSql::new(table, &shape).ddl(&unique_sets))?;
+    if first && existing == ExistingRows::Upload {
+        log_existing_rows(connection, table, &shape)?;
+    }
+    Ok(())
+}
+
+/// Logs every row `table` holds as inserted here (a row logged already keeps its entry).
+fn log_existing_rows(
+    connection: &Connection,
+    table: &str,
+    shape: &Shape,
+) -> Result<(), ClientError> {
+    let keys = join(&shape.key_columns, |k| q(k), ", ");
+    connection.execute(
+        &format!(
+            "INSERT INTO {log} ({keys}, rs_op) SELECT {keys}, 'I' FROM {table} WHERE true
+             ON CONFLICT ({keys}) DO NOTHING",
+            log = q(&log_table(table)),
+            table = q(table),
+        ),
+        [],
+    )?;
     Ok(())
 }
 
@@ -916,7 +980,14 @@ pub fn apply_download(
         for download in downloads {
             apply.apply(connection, download)?;
         }
-        apply.finish(connection, upload_sequence, watermark)
+        let batch = Batch {
+            upload_sequence,
+            script_version: None,
+            frames: Vec::new(),
+            operations: 0,
+            is_retry: false,
+        };
+        Ok(apply.finish(connection, &batch, watermark)?.rows_applied)
     })();
     if applied.is_err() {
         DownloadApply::abort(connection);
@@ -940,6 +1011,17 @@ pub struct DownloadApply {
     pub rows_applied: u64,
     /// Recorded with the watermark: the script version the download came from.
     pub script_version: Option<String>,
+    /// The conflicts the server named, with its rows as the download brings them: kept
+    /// with the client's side when the download is committed.
+    pub losing: LosingRows,
+}
+
+/// What a committed download did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AppliedDownload {
+    pub rows_applied: u64,
+    /// Conflicts whose losing side this download kept in `rs_client_conflict`.
+    pub conflicts_kept: u64,
 }
 
 impl DownloadApply {
@@ -988,20 +1070,26 @@ impl DownloadApply {
             }
         }
         let is_tracked = self.tracked.iter().flatten().any(|t| t == table);
+        self.losing.answered(download);
         let applied = apply_table(connection, download, is_tracked)?;
         self.rows_applied += applied;
         Ok(applied)
     }
 
-    /// Records the watermark and the upload's acknowledgement and commits; returns the
-    /// rows applied in all.
+    /// Keeps the losing side of the conflicts named (from the frames of `batch`, the
+    /// upload this download answers),
+    /// records the watermark and the upload's acknowledgement, and commits.
     pub fn finish(
         mut self,
         connection: &Connection,
-        upload_sequence: u64,
+        batch: &Batch,
         watermark: i64,
-    ) -> Result<u64, ClientError> {
+    ) -> Result<AppliedDownload, ClientError> {
         self.begin(connection)?;
+        let upload_sequence = batch.upload_sequence;
+        let conflicts_kept = self
+            .losing
+            .record(connection, &batch.frames, upload_sequence)?;
         connection.execute(
             "UPDATE rs_client_state SET applying_download = 0, download_watermark = ?1,
                  upload_sequence_acknowledged = max(upload_sequence_acknowledged, ?2),
@@ -1018,7 +1106,10 @@ impl DownloadApply {
         )?;
         connection.execute("DELETE FROM rs_client_download", [])?;
         connection.execute_batch("COMMIT")?;
-        Ok(self.rows_applied)
+        Ok(AppliedDownload {
+            rows_applied: self.rows_applied,
+            conflicts_kept,
+        })
     }
 
     /// Rolls back a download begun and not finished (nothing of it stays).

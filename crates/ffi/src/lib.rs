@@ -15,8 +15,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use ::rowsync_client::{
-    BusyRetry, Client, ClientError, ClientOptions, Compression, Durability, FailureKind,
-    SyncOptions, SyncProgress, SyncReport,
+    BusyRetry, Client, ClientError, ClientOptions, Compression, Durability, ExistingRows,
+    FailureKind, SyncOptions, SyncProgress, SyncReport,
 };
 
 /// What a call did.
@@ -68,10 +68,33 @@ fn durability_of(value: c_int) -> Result<Durability, Failure> {
     .ok_or_else(|| Failure::invalid(format!("durability {value} is none of rowsync_durability")))
 }
 
+/// Where the rows a table holds when first tracked came from (`rowsync_track_with`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum rowsync_existing_rows {
+    /// This client's own writes: uploaded as inserts at the next sync.
+    ROWSYNC_EXISTING_ROWS_UPLOAD = 0,
+    /// A copy of the server's rows (seeded by a download, shipped pre-synced): not uploaded.
+    ROWSYNC_EXISTING_ROWS_FROM_SERVER = 1,
+}
+
+fn existing_rows_of(value: c_int) -> Result<ExistingRows, Failure> {
+    use rowsync_existing_rows::*;
+    match value {
+        v if v == ROWSYNC_EXISTING_ROWS_UPLOAD as c_int => Ok(ExistingRows::Upload),
+        v if v == ROWSYNC_EXISTING_ROWS_FROM_SERVER as c_int => Ok(ExistingRows::FromServer),
+        other => Err(Failure::invalid(format!(
+            "existing rows {other} is none of rowsync_existing_rows"
+        ))),
+    }
+}
+
 /// A client database (opaque).
 pub struct rowsync_client {
     client: Client,
     client_id: CString,
+    /// The text `rowsync_kept_conflicts` last returned (valid until the next call).
+    kept_conflicts: CString,
 }
 
 /// Where and how to sync (opaque); made by `rowsync_options_new`.
@@ -264,7 +287,11 @@ pub unsafe extern "C" fn rowsync_open_with(
         options.client_id = optional_text(client_id, "client_id")?.map(str::to_owned);
         let client = Client::open_with(text(path, "path")?, &options)?;
         let client_id = CString::new(client.client_id()).unwrap_or_default();
-        *out = Box::into_raw(Box::new(rowsync_client { client, client_id }));
+        *out = Box::into_raw(Box::new(rowsync_client {
+            client,
+            client_id,
+            kept_conflicts: CString::default(),
+        }));
         Ok(())
     })
 }
@@ -361,6 +388,72 @@ pub unsafe extern "C" fn rowsync_track(
     guard(|| {
         let client = handle(client, "client")?;
         client.client.track(text(table, "table")?)?;
+        Ok(())
+    })
+}
+
+/// `rowsync_track`, saying where the rows the table already holds came from (only the
+/// first call for a table looks at it). `existing` is a `rowsync_existing_rows` value;
+/// another is ROWSYNC_INVALID_ARGUMENT.
+///
+/// # Safety
+/// `client` is live; `table` is NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_track_with(
+    client: *mut rowsync_client,
+    table: *const c_char,
+    existing: c_int,
+) -> rowsync_status {
+    guard(|| {
+        let client = handle(client, "client")?;
+        let existing = existing_rows_of(existing)?;
+        client.client.track_with(text(table, "table")?, existing)?;
+        Ok(())
+    })
+}
+
+/// Sets `*out` to the losing sides of conflicts the client database keeps, as a JSON
+/// array (docs/client.md): each `{id, table, operation, key, client_row, server_row,
+/// upload_sequence, recorded_at}`. The text is owned by `client` and valid until the
+/// next call of this function or `rowsync_close`.
+///
+/// # Safety
+/// `client` is live; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_kept_conflicts(
+    client: *mut rowsync_client,
+    out: *mut *const c_char,
+) -> rowsync_status {
+    guard(|| {
+        let client = handle(client, "client")?;
+        let out = handle(out, "out")?;
+        let kept: Vec<serde_json::Value> = client
+            .client
+            .kept_conflicts()?
+            .iter()
+            .map(|kept| kept.to_json())
+            .collect();
+        let json = serde_json::Value::Array(kept).to_string();
+        client.kept_conflicts = CString::new(json).unwrap_or_default();
+        *out = client.kept_conflicts.as_ptr();
+        Ok(())
+    })
+}
+
+/// Removes the kept conflict `id` (the application has dealt with it); sets `*removed`
+/// to whether it was there.
+///
+/// # Safety
+/// `client` is live; `removed` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_remove_kept_conflict(
+    client: *mut rowsync_client,
+    id: i64,
+    removed: *mut bool,
+) -> rowsync_status {
+    guard(|| {
+        let client = handle(client, "client")?;
+        *handle(removed, "removed")? = client.client.remove_kept_conflict(id)?;
         Ok(())
     })
 }

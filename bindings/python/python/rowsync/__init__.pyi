@@ -2,7 +2,7 @@
 
 import decimal
 import os
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 __version__: str
 
@@ -54,6 +54,8 @@ class SyncReport:
     @property
     def conflicted_rows(self) -> List[ConflictedRow]: ...
     @property
+    def conflicts_kept(self) -> int: ...
+    @property
     def rounds(self) -> int: ...
     @property
     def watermark(self) -> int: ...
@@ -85,8 +87,15 @@ class Client:
         """Make every commit so far durable (the memory mode: copy it to the file)."""
     def execute(self, sql: str) -> None:
         """Run SQL statements on rowsync's connection (the memory mode's only writer)."""
-    def track(self, table: str) -> None:
-        """Record every later change of `table` for upload (it needs a primary key)."""
+    def track(self, table: str, existing: str = "upload") -> None:
+        """Record every later change of `table` for upload (it needs a primary key).
+
+        `existing`: the rows the table holds when first tracked are this app's own
+        writes, uploaded as inserts ("upload"), or came from the server ("from_server")."""
+    def kept_conflicts(self) -> List[Dict[str, Any]]:
+        """The losing side of every conflict kept and not removed, oldest first."""
+    def remove_kept_conflict(self, id: int) -> bool:
+        """Remove a kept conflict the app has dealt with; whether it was there."""
     def pending_changes(self) -> bool:
         """Whether changes wait for upload."""
     def sync(

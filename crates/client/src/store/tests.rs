@@ -38,7 +38,7 @@ fn client_with_orders(seed: &[Row]) -> Db {
     let mut connection = open(&path);
     assert_eq!(install(&connection, Some("client-1")).unwrap(), "client-1");
     connection.execute_batch(ORDERS_DDL).unwrap();
-    track(&mut connection, "orders").unwrap();
+    track(&mut connection, "orders", ExistingRows::Upload).unwrap();
     let mut db = Db {
         connection,
         path,
@@ -512,8 +512,8 @@ fn composite_keys_and_without_rowid_tables_are_tracked() {
         "CREATE TABLE lines (order_id INTEGER, line INTEGER, rep TEXT, qty INTEGER, PRIMARY KEY (order_id, line));
          CREATE TABLE tags (name TEXT PRIMARY KEY, rep TEXT) WITHOUT ROWID;",
     );
-    track(&mut db.connection, "lines").unwrap();
-    track(&mut db.connection, "tags").unwrap();
+    track(&mut db.connection, "lines", ExistingRows::Upload).unwrap();
+    track(&mut db.connection, "tags", ExistingRows::Upload).unwrap();
     execute(
         &db.connection,
         "INSERT INTO lines VALUES (1, 1, 'alice', 5), (1, 2, 'alice', 6);
@@ -590,7 +590,7 @@ fn pending_changes_survive_an_added_column_and_upload_with_it() {
         &db.connection,
         "ALTER TABLE orders ADD COLUMN note TEXT DEFAULT 'none'",
     );
-    track(&mut db.connection, "orders").unwrap();
+    track(&mut db.connection, "orders", ExistingRows::Upload).unwrap();
     execute(
         &db.connection,
         "UPDATE orders SET note = 'urgent' WHERE id = 3",
@@ -640,7 +640,7 @@ fn an_in_flight_upload_is_resent_unchanged_after_the_table_changed() {
         "UPDATE orders SET quantity = 3 WHERE id = 1",
     );
     execute(&db.connection, "ALTER TABLE orders ADD COLUMN note TEXT");
-    track(&mut db.connection, "orders").unwrap();
+    track(&mut db.connection, "orders", ExistingRows::Upload).unwrap();
     let resent = next_batch_for(&mut db.connection, Some("v2")).unwrap();
     assert!(resent.is_retry);
     assert_eq!(resent.frames, first.frames);
@@ -754,7 +754,7 @@ fn the_old_image_leaves_out_the_key_and_an_older_log_migrates_with_its_entries()
          INSERT INTO rs_log_orders VALUES (1, 'U', 1, 'alice', 'pen', 1, NULL),
              (2, 'D', 2, 'alice', 'ink', 2, NULL), (3, 'I', NULL, NULL, NULL, NULL, NULL);",
     );
-    track(&mut db.connection, "orders").unwrap();
+    track(&mut db.connection, "orders", ExistingRows::Upload).unwrap();
     assert_eq!(log_columns(&db.connection).len(), 6, "rs_old_id is gone");
     execute(
         &db.connection,
@@ -795,7 +795,7 @@ fn a_table_of_key_columns_only_is_tracked() {
         &connection,
         "CREATE TABLE tags (a TEXT, b INTEGER, PRIMARY KEY (a, b)) WITHOUT ROWID",
     );
-    track(&mut connection, "tags").unwrap();
+    track(&mut connection, "tags", ExistingRows::Upload).unwrap();
     execute(
         &connection,
         "INSERT INTO tags VALUES ('x', 1), ('y', 2); UPDATE tags SET b = 3 WHERE a = 'y'",
@@ -810,4 +810,64 @@ fn a_table_of_key_columns_only_is_tracked() {
         ]
     );
     assert!(upload.updates.is_empty() && upload.deletes.is_empty());
+}
+
+#[test]
+fn rows_a_table_holds_when_first_tracked_are_uploaded_as_inserts() {
+    let directory = tempfile::tempdir().unwrap();
+    let mut connection = open(&directory.path().join("client.db"));
+    install(&connection, Some("client-1")).unwrap();
+    execute(&connection, ORDERS_DDL);
+    execute(
+        &connection,
+        "INSERT INTO orders (id, rep, item) VALUES (1, 'alice', 'p1'), (2, 'alice', 'p2')",
+    );
+    track(&mut connection, "orders", ExistingRows::Upload).unwrap();
+    assert!(has_pending_changes(&connection).unwrap());
+    // Tracked again (as after a schema change): nothing is logged twice.
+    track(&mut connection, "orders", ExistingRows::Upload).unwrap();
+    let upload = only_upload(&next_batch(&mut connection).unwrap());
+    let ids: Vec<&Value> = upload.inserts.iter().map(|row| &row[0]).collect();
+    assert_eq!(ids, [&Value::Int(1), &Value::Int(2)]);
+    assert!(upload.updates.is_empty() && upload.deletes.is_empty());
+    // Once that upload is made, tracking again logs nothing.
+    track(&mut connection, "orders", ExistingRows::Upload).unwrap();
+    assert!(!has_pending_changes(&connection).unwrap());
+}
+
+#[test]
+fn rows_that_came_from_the_server_are_not_uploaded_but_their_changes_are() {
+    let directory = tempfile::tempdir().unwrap();
+    let mut connection = open(&directory.path().join("client.db"));
+    install(&connection, Some("client-1")).unwrap();
+    execute(&connection, ORDERS_DDL);
+    execute(
+        &connection,
+        "INSERT INTO orders (id, rep, item) VALUES (1, 'alice', 'p1')",
+    );
+    track(&mut connection, "orders", ExistingRows::FromServer).unwrap();
+    assert!(!has_pending_changes(&connection).unwrap());
+    execute(
+        &connection,
+        "UPDATE orders SET item = 'changed' WHERE id = 1",
+    );
+    let upload = only_upload(&next_batch(&mut connection).unwrap());
+    assert!(upload.inserts.is_empty());
+    assert_eq!(upload.updates.len(), 1);
+    assert_eq!(upload.updates[0].old[2], text("p1"));
+    assert_eq!(upload.updates[0].new[2], text("changed"));
+}
+
+#[test]
+fn existing_rows_are_named_upload_or_from_server() {
+    assert_eq!(
+        "upload".parse::<ExistingRows>().unwrap(),
+        ExistingRows::Upload
+    );
+    assert_eq!(
+        "from_server".parse::<ExistingRows>().unwrap(),
+        ExistingRows::FromServer
+    );
+    let refused = "server".parse::<ExistingRows>().unwrap_err().to_string();
+    assert!(refused.contains("from_server"), "{refused}");
 }

@@ -1,0 +1,336 @@
+//! No write lost at the client's edge (issue 30), on every backend: rows a table held
+//! before it was tracked are uploaded, and the losing side of every conflict is kept in
+//! the client database with the server's winning row, never silently dropped.
+//!
+//! Each test runs on a SQLite, a PostgreSQL and a MariaDB consolidated database, with a
+//! table partitioned by its `owner` column and two users, through a real server.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use rowsync_client::{Client, ExistingRows, KeptConflict, SyncOptions};
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
+use rowsync_server::{auth, ServerConfig};
+use serde_json::json;
+use tokio::net::TcpListener;
+
+const CLIENT_DDL: &str =
+    "CREATE TABLE items (id TEXT PRIMARY KEY, owner TEXT NOT NULL, body TEXT, quantity INTEGER)";
+const USERS: [&str; 2] = ["alice", "bob"];
+
+fn password(user: &str) -> String {
+    format!("{user}-password")
+}
+
+/// The consolidated database under test.
+enum Backend {
+    Sqlite(tempfile::TempDir),
+    Postgres(String),
+    Mysql(String),
+}
+
+impl Backend {
+    async fn sqlite() -> Backend {
+        let dir = tempfile::tempdir().unwrap();
+        rusqlite::Connection::open(dir.path().join("consolidated.db"))
+            .unwrap()
+            .execute_batch(CLIENT_DDL)
+            .unwrap();
+        Backend::Sqlite(dir)
+    }
+
+    async fn postgres() -> Backend {
+        let ddl = "CREATE TABLE items (id text PRIMARY KEY, owner text NOT NULL, body text, quantity bigint)";
+        let (url, _client) = rowsync_testkit::fresh_database_with("edge", ddl).await;
+        Backend::Postgres(url)
+    }
+
+    async fn mysql() -> Backend {
+        use mysql_async::prelude::Queryable;
+        let url = rowsync_testkit::fresh_mysql_database("edge").await;
+        let mut connection = mysql_async::Conn::from_url(&url).await.unwrap();
+        connection
+            .query_drop("CREATE TABLE items (id VARCHAR(64) PRIMARY KEY, owner VARCHAR(64) NOT NULL, body TEXT, quantity BIGINT)")
+            .await
+            .unwrap();
+        Backend::Mysql(url)
+    }
+
+    /// Starts a server on this database with `items` initialized and both users set.
+    async fn serve(&self) -> SocketAddr {
+        match self {
+            Backend::Sqlite(dir) => {
+                let path = dir.path().join("consolidated.db");
+                serve(rowsync_consolidated::sqlite::SqliteConsolidated::new(&path)).await
+            }
+            Backend::Postgres(url) => {
+                serve(rowsync_consolidated::postgres::PostgresConsolidated::new(
+                    url,
+                ))
+                .await
+            }
+            Backend::Mysql(url) => {
+                serve(rowsync_consolidated::mysql::MysqlConsolidated::new(url).unwrap()).await
+            }
+        }
+    }
+
+    /// The consolidated database's `items` rows as (id, owner, body), by id.
+    async fn items(&self) -> Vec<(String, String, Option<String>)> {
+        let sql = "SELECT id, owner, body FROM items ORDER BY id";
+        match self {
+            Backend::Sqlite(dir) => {
+                let connection =
+                    rusqlite::Connection::open(dir.path().join("consolidated.db")).unwrap();
+                let mut statement = connection.prepare(sql).unwrap();
+                let rows = statement
+                    .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+                    .unwrap();
+                rows.collect::<Result<_, _>>().unwrap()
+            }
+            Backend::Postgres(url) => {
+                let client = rowsync_testkit::connect(url).await;
+                let rows = client.query(sql, &[]).await.unwrap();
+                rows.iter()
+                    .map(|row| (row.get(0), row.get(1), row.get(2)))
+                    .collect()
+            }
+            Backend::Mysql(url) => {
+                use mysql_async::prelude::Queryable;
+                let mut connection = mysql_async::Conn::from_url(url).await.unwrap();
+                connection.query(sql).await.unwrap()
+            }
+        }
+    }
+}
+
+async fn serve<B: Consolidated>(backend: B) -> SocketAddr {
+    let mut connection = backend.connect().await.unwrap();
+    connection.install_system_tables().await.unwrap();
+    connection
+        .init_table(&TableInit::new("items", "owner", "v1"))
+        .await
+        .unwrap();
+    for user in USERS {
+        let hash = auth::hash_password(&password(user)).unwrap();
+        connection.set_user(user, &hash).await.unwrap();
+    }
+    drop(connection);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let config = ServerConfig::default();
+        rowsync_server::serve(listener, backend, config, std::future::pending())
+            .await
+            .unwrap();
+    });
+    address
+}
+
+fn options(address: SocketAddr, user: &str) -> SyncOptions {
+    SyncOptions::new(format!("tcp://{address}"), user, password(user))
+}
+
+/// A client database with `items` created; `before_tracking` runs before `track`.
+fn client(dir: &Path, name: &str, before_tracking: &str, existing: ExistingRows) -> Client {
+    let mut client = Client::open(dir.join(format!("{name}.db"))).unwrap();
+    client.connection().execute_batch(CLIENT_DDL).unwrap();
+    client.connection().execute_batch(before_tracking).unwrap();
+    client.track_with("items", existing).unwrap();
+    client
+}
+
+/// A client's `items` rows as (id, owner, body), by id.
+fn local_items(client: &Client) -> Vec<(String, String, Option<String>)> {
+    let mut statement = client
+        .connection()
+        .prepare("SELECT id, owner, body FROM items ORDER BY id")
+        .unwrap();
+    let rows = statement
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .unwrap();
+    rows.collect::<Result<_, _>>().unwrap()
+}
+
+fn row(id: &str, owner: &str, body: &str) -> (String, String, Option<String>) {
+    (id.into(), owner.into(), Some(body.into()))
+}
+
+/// Rows a table held when first tracked reach the server; those that came from the
+/// server are not uploaded again, and their later edits go up without a conflict.
+async fn existing_rows_are_uploaded(backend: Backend) {
+    let address = backend.serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut phone = client(
+        dir.path(),
+        "phone",
+        "INSERT INTO items VALUES ('p1', 'alice', 'before tracking', 1)",
+        ExistingRows::Upload,
+    );
+    let report = phone.sync(&options(address, "alice")).await.unwrap();
+    assert_eq!(
+        (report.rows_uploaded, report.conflicts),
+        (1, 0),
+        "{report:?}"
+    );
+    assert_eq!(
+        backend.items().await,
+        [row("p1", "alice", "before tracking")]
+    );
+    phone
+        .connection()
+        .execute_batch("UPDATE items SET body = 'edited' WHERE id = 'p1'")
+        .unwrap();
+    let report = phone.sync(&options(address, "alice")).await.unwrap();
+    assert_eq!(
+        (report.rows_uploaded, report.conflicts),
+        (1, 0),
+        "{report:?}"
+    );
+    assert_eq!(backend.items().await, [row("p1", "alice", "edited")]);
+
+    // A copy of the server's row shipped with the app: not uploaded; edits of it are.
+    let mut laptop = client(
+        dir.path(),
+        "laptop",
+        "INSERT INTO items VALUES ('p1', 'alice', 'edited', 1)",
+        ExistingRows::FromServer,
+    );
+    let report = laptop.sync(&options(address, "alice")).await.unwrap();
+    assert_eq!(
+        (report.rows_uploaded, report.conflicts),
+        (0, 0),
+        "{report:?}"
+    );
+    laptop
+        .connection()
+        .execute_batch("UPDATE items SET body = 'from the laptop' WHERE id = 'p1'")
+        .unwrap();
+    let report = laptop.sync(&options(address, "alice")).await.unwrap();
+    assert_eq!(
+        (report.rows_uploaded, report.conflicts),
+        (1, 0),
+        "{report:?}"
+    );
+    assert_eq!(
+        backend.items().await,
+        [row("p1", "alice", "from the laptop")]
+    );
+    assert!(laptop.kept_conflicts().unwrap().is_empty());
+}
+
+/// Every losing change is kept with the server's row: two devices inserting the same new
+/// key, a key that exists in another user's partition, an update of a row the server
+/// does not have.
+async fn losing_sides_of_conflicts_are_kept(backend: Backend) {
+    let address = backend.serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, bob) = (options(address, "alice"), options(address, "bob"));
+    let mut first = client(dir.path(), "first", "", ExistingRows::Upload);
+    let mut second = client(dir.path(), "second", "", ExistingRows::Upload);
+    first.sync(&alice).await.unwrap();
+    second.sync(&alice).await.unwrap();
+    let insert = "INSERT INTO items VALUES ('k1', 'alice', ?1, 1)";
+    first.connection().execute(insert, ["first's"]).unwrap();
+    second.connection().execute(insert, ["second's"]).unwrap();
+    first.sync(&alice).await.unwrap();
+    let report = second.sync(&alice).await.unwrap();
+    assert_eq!(
+        (report.conflicts, report.conflicts_kept),
+        (1, 1),
+        "{report:?}"
+    );
+    assert_eq!(local_items(&second), [row("k1", "alice", "first's")]);
+    let kept = second.kept_conflicts().unwrap();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let expected_client = json!({"id": "k1", "owner": "alice", "body": "second's", "quantity": 1});
+    assert_kept(&kept[0], "insert", Some(expected_client));
+    let server_row = kept[0].server_row.as_ref().expect("the server's row");
+    assert_eq!(server_row["body"], json!("first's"), "{server_row}");
+
+    // Bob's new row takes a key alice's partition holds: the server keeps alice's row
+    // (bob may not see it), bob's device loses its row, and keeps it here.
+    let mut tablet = client(dir.path(), "tablet", "", ExistingRows::Upload);
+    tablet
+        .connection()
+        .execute_batch("INSERT INTO items VALUES ('k1', 'bob', 'bob''s', 2)")
+        .unwrap();
+    let report = tablet.sync(&bob).await.unwrap();
+    assert_eq!(
+        (report.conflicts, report.conflicts_kept),
+        (1, 1),
+        "{report:?}"
+    );
+    let kept = tablet.kept_conflicts().unwrap();
+    let expected_client = json!({"id": "k1", "owner": "bob", "body": "bob's", "quantity": 2});
+    assert_kept(&kept[0], "insert", Some(expected_client));
+    assert_eq!(kept[0].server_row, None, "{kept:?}");
+
+    // An update of a row the server never had (the device believed it came from there).
+    let mut laptop = client(
+        dir.path(),
+        "laptop",
+        "INSERT INTO items VALUES ('ghost', 'alice', 'old', 3)",
+        ExistingRows::FromServer,
+    );
+    laptop
+        .connection()
+        .execute_batch("UPDATE items SET body = 'new' WHERE id = 'ghost'")
+        .unwrap();
+    let report = laptop.sync(&alice).await.unwrap();
+    assert_eq!(
+        (report.conflicts, report.conflicts_kept),
+        (1, 1),
+        "{report:?}"
+    );
+    let kept = laptop.kept_conflicts().unwrap();
+    let expected_client = json!({"id": "ghost", "owner": "alice", "body": "new", "quantity": 3});
+    assert_kept(&kept[0], "update", Some(expected_client));
+    assert_eq!(kept[0].server_row, None);
+
+    // Kept until the application removes it.
+    assert!(laptop.remove_kept_conflict(kept[0].id).unwrap());
+    assert!(laptop.kept_conflicts().unwrap().is_empty());
+    assert!(!laptop.remove_kept_conflict(kept[0].id).unwrap());
+    let report = laptop.sync(&alice).await.unwrap();
+    assert_eq!(report.conflicts_kept, 0);
+    assert_eq!(backend.items().await, [row("k1", "alice", "first's")]);
+}
+
+fn assert_kept(kept: &KeptConflict, operation: &str, client_row: Option<serde_json::Value>) {
+    assert_eq!(kept.table, "items", "{kept:?}");
+    assert_eq!(kept.operation, operation, "{kept:?}");
+    let id = client_row.as_ref().map(|row| row["id"].clone());
+    assert_eq!(Some(kept.key["id"].clone()), id, "{kept:?}");
+    assert_eq!(kept.client_row, client_row, "{kept:?}");
+}
+
+#[tokio::test]
+async fn sqlite_existing_rows_are_uploaded() {
+    existing_rows_are_uploaded(Backend::sqlite().await).await;
+}
+
+#[tokio::test]
+async fn postgres_existing_rows_are_uploaded() {
+    existing_rows_are_uploaded(Backend::postgres().await).await;
+}
+
+#[tokio::test]
+async fn mariadb_existing_rows_are_uploaded() {
+    existing_rows_are_uploaded(Backend::mysql().await).await;
+}
+
+#[tokio::test]
+async fn sqlite_losing_sides_of_conflicts_are_kept() {
+    losing_sides_of_conflicts_are_kept(Backend::sqlite().await).await;
+}
+
+#[tokio::test]
+async fn postgres_losing_sides_of_conflicts_are_kept() {
+    losing_sides_of_conflicts_are_kept(Backend::postgres().await).await;
+}
+
+#[tokio::test]
+async fn mariadb_losing_sides_of_conflicts_are_kept() {
+    losing_sides_of_conflicts_are_kept(Backend::mysql().await).await;
+}
