@@ -51,6 +51,14 @@ typedef enum rowsync_durability {
   ROWSYNC_DURABILITY_MEMORY = 3,
 } rowsync_durability;
 
+// Where the rows a table holds when first tracked came from (`rowsync_track_with`).
+typedef enum rowsync_existing_rows {
+  // This client's own writes: uploaded as inserts at the next sync.
+  ROWSYNC_EXISTING_ROWS_UPLOAD = 0,
+  // A copy of the server's rows (seeded by a download, shipped pre-synced): not uploaded.
+  ROWSYNC_EXISTING_ROWS_FROM_SERVER = 1,
+} rowsync_existing_rows;
+
 // A client database (opaque).
 typedef struct rowsync_client rowsync_client;
 
@@ -147,6 +155,34 @@ const char *rowsync_client_id(const struct rowsync_client *client);
 // # Safety
 // `client` is live; `table` is NUL-terminated.
 enum rowsync_status rowsync_track(struct rowsync_client *client, const char *table);
+
+// `rowsync_track`, saying where the rows the table already holds came from (only the
+// first call for a table looks at it). `existing` is a `rowsync_existing_rows` value;
+// another is ROWSYNC_INVALID_ARGUMENT.
+//
+// # Safety
+// `client` is live; `table` is NUL-terminated.
+enum rowsync_status rowsync_track_with(struct rowsync_client *client,
+                                       const char *table,
+                                       int existing);
+
+// Sets `*out` to the losing sides of conflicts the client database keeps, as a JSON
+// array (docs/client.md): each `{id, table, operation, key, client_row, server_row,
+// upload_sequence, recorded_at}`. The text is owned by `client` and valid until the
+// next call of this function or `rowsync_close`.
+//
+// # Safety
+// `client` is live; `out` is writable.
+enum rowsync_status rowsync_kept_conflicts(struct rowsync_client *client, const char **out);
+
+// Removes the kept conflict `id` (the application has dealt with it); sets `*removed`
+// to whether it was there.
+//
+// # Safety
+// `client` is live; `removed` is writable.
+enum rowsync_status rowsync_remove_kept_conflict(struct rowsync_client *client,
+                                                 int64_t id,
+                                                 bool *removed);
 
 // Sets `*out` to whether changes wait for upload.
 //

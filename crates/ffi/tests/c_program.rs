@@ -49,9 +49,15 @@ fn compile(dir: &Path) -> PathBuf {
     program
 }
 
-/// Runs the C program on one database; returns its report as JSON and the number of
-/// progress callbacks.
-async fn run_c(program: &Path, db: &Path, server: &TestServer) -> (serde_json::Value, u64) {
+/// What one run of the C program printed.
+struct CRun {
+    report: serde_json::Value,
+    progress_calls: u64,
+    kept_conflicts: serde_json::Value,
+}
+
+/// Runs the C program on one database.
+async fn run_c(program: &Path, db: &Path, server: &TestServer) -> CRun {
     let output = tokio::process::Command::new(program)
         .arg(db)
         .arg(format!("tcp://{}", server.address))
@@ -68,12 +74,17 @@ async fn run_c(program: &Path, db: &Path, server: &TestServer) -> (serde_json::V
     );
     let mut lines = stdout.lines();
     let report = serde_json::from_str(lines.next().unwrap()).unwrap();
-    let calls = lines
+    let progress_calls = lines
         .next()
         .and_then(|line| line.strip_prefix("progress_calls="))
         .and_then(|n| n.parse().ok())
         .unwrap();
-    (report, calls)
+    let kept_conflicts = serde_json::from_str(lines.next().unwrap()).unwrap();
+    CRun {
+        report,
+        progress_calls,
+        kept_conflicts,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,14 +92,30 @@ async fn a_c_program_syncs_both_ways_with_a_real_server() {
     let server = TestServer::start(3).await;
     let program = compile(server.dir.path());
     let db = server.client_path("c-app");
+    // The table holds a row before it is tracked: the application's own, whose key the
+    // server has already. It goes up, loses, and is kept.
     rusqlite::Connection::open(&db)
         .unwrap()
-        .execute_batch(ORDERS_DDL)
+        .execute_batch(&format!(
+            "{ORDERS_DDL}; INSERT INTO orders VALUES ('seed-0', 'alice', 'c-local', 99)"
+        ))
         .unwrap();
 
-    let (report, calls) = run_c(&program, &db, &server).await;
+    let first = run_c(&program, &db, &server).await;
+    let report = &first.report;
     assert_eq!(report["rows_downloaded"], 3, "{report}");
-    assert!(calls >= 1, "the progress callback was called");
+    assert_eq!(
+        (&report["conflicts"], &report["conflicts_kept"]),
+        (&1.into(), &1.into())
+    );
+    assert!(
+        first.progress_calls >= 1,
+        "the progress callback was called"
+    );
+    let kept = &first.kept_conflicts[0];
+    assert_eq!(kept["key"], serde_json::json!({"id": "seed-0"}), "{kept}");
+    assert_eq!(kept["client_row"]["item"], "c-local", "{kept}");
+    assert_eq!(kept["server_row"]["item"], "seed", "{kept}");
 
     // The application changes its database with SQLite directly; a Rust client adds a
     // row of its own on the server.
@@ -110,7 +137,12 @@ async fn a_c_program_syncs_both_ways_with_a_real_server() {
         .unwrap();
     other.sync(&server.options()).await.unwrap();
 
-    let (report, _) = run_c(&program, &db, &server).await;
+    let second = run_c(&program, &db, &server).await;
+    let report = &second.report;
+    assert_eq!(
+        second.kept_conflicts, first.kept_conflicts,
+        "kept until removed"
+    );
     assert_eq!(report["rows_uploaded"], 2, "{report}");
     assert_eq!(report["conflicts"], 0, "{report}");
     assert_eq!(

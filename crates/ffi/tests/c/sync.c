@@ -1,6 +1,7 @@
 /* Syncs a client database once through librowsync, written against rowsync.h only.
  * usage: sync DB URL USER PASSWORD TABLE
- * Prints the report's JSON on one line, then "progress_calls=N". Exit status: the
+ * Prints the report's JSON on one line, then "progress_calls=N", then the kept conflicts'
+ * JSON. Rows the table holds when first tracked are uploaded. Exit status: the
  * rowsync_status of the first call that failed. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,8 +30,10 @@ int main(int argc, char **argv) {
     rowsync_client *client = NULL;
     rowsync_status status = rowsync_open(argv[1], NULL, &client);
     if (status != ROWSYNC_OK) return fail("rowsync_open", status);
-    status = rowsync_track(client, argv[5]);
-    if (status != ROWSYNC_OK) return fail("rowsync_track", status);
+    if (rowsync_track_with(client, argv[5], 7) != ROWSYNC_INVALID_ARGUMENT)
+        return fail("an unknown rowsync_existing_rows was accepted", ROWSYNC_ERROR);
+    status = rowsync_track_with(client, argv[5], ROWSYNC_EXISTING_ROWS_UPLOAD);
+    if (status != ROWSYNC_OK) return fail("rowsync_track_with", status);
 
     rowsync_options *options = NULL;
     status = rowsync_options_new(argv[2], &options);
@@ -49,6 +52,10 @@ int main(int argc, char **argv) {
     if (status != ROWSYNC_OK) return fail("rowsync_sync", status);
     printf("%s\n", rowsync_report_json(report));
     printf("progress_calls=%lu\n", calls);
+    const char *kept = NULL;
+    status = rowsync_kept_conflicts(client, &kept);
+    if (status != ROWSYNC_OK) return fail("rowsync_kept_conflicts", status);
+    printf("%s\n", kept);
 
     bool pending = true;
     status = rowsync_pending_changes(client, &pending);
