@@ -177,6 +177,14 @@ fn sync_moves_rows_both_ways_and_the_exit_status_tells_the_outcome() {
         report["conflicted_rows"][0]["key"][0]["value"], 1,
         "{report}"
     );
+    // The losing edit is kept in the client database, in its own value forms.
+    let kept = &report["kept_conflicts"][0];
+    assert_eq!(
+        (&kept["operation"], &kept["key"]["id"]),
+        (&"update".into(), &1.into())
+    );
+    assert_eq!(kept["client_row"]["body"], "eins", "{report}");
+    assert_eq!(kept["server_row"]["body"], "uno", "{report}");
     let bodies: Vec<String> = rusqlite::Connection::open(&second)
         .unwrap()
         .prepare("SELECT body FROM notes ORDER BY id")
@@ -206,6 +214,61 @@ fn sync_moves_rows_both_ways_and_the_exit_status_tells_the_outcome() {
         &["--timeout-seconds", "5"],
     );
     assert_eq!(output.status.code(), Some(1), "no server: {output:?}");
+}
+
+#[test]
+fn rows_held_before_tracking_go_up_unless_they_came_from_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, address) = serve(dir.path(), None);
+    let shipped = dir.path().join("shipped.db");
+    let own = dir.path().join("own.db");
+    // A copy of the server's rows, as an app might ship pre-synced.
+    let copy = "INSERT INTO notes VALUES (1, 'erin', 'one'), (2, 'erin', 'two')";
+    for (client, rows) in [
+        (&shipped, copy),
+        (&own, "INSERT INTO notes VALUES (7, 'erin', 'mine')"),
+    ] {
+        rusqlite::Connection::open(client)
+            .unwrap()
+            .execute_batch(&format!("{NOTES}; {rows}"))
+            .unwrap();
+    }
+    let tracking = ["--track", "notes", "--json", "--existing-rows"];
+    let report = json(&sync(
+        &shipped,
+        &address,
+        "erin-secret",
+        &[&tracking[..], &["from-server"]].concat(),
+    ));
+    assert_eq!(
+        (&report["outcome"], &report["rows_uploaded"]),
+        (&"synced".into(), &0.into()),
+        "{report}"
+    );
+    let report = json(&sync(
+        &own,
+        &address,
+        "erin-secret",
+        &[&tracking[..], &["upload"]].concat(),
+    ));
+    assert_eq!(
+        (&report["rows_uploaded"], &report["conflicts"]),
+        (&1.into(), &0.into()),
+        "{report}"
+    );
+    let output = sync(
+        &own,
+        &address,
+        "erin-secret",
+        &[&tracking[..], &["maybe"]].concat(),
+    );
+    assert_eq!(output.status.code(), Some(2), "a usage error: {output:?}");
+    let report = json(&sync(&shipped, &address, "erin-secret", &["--json"]));
+    assert_eq!(
+        report["rows_downloaded"], 1,
+        "note 7 from the other client: {report}"
+    );
+    server.stop();
 }
 
 #[test]
