@@ -17,6 +17,10 @@ use tokio::net::TcpListener;
 const CLIENT_DDL: &str =
     "CREATE TABLE items (id TEXT PRIMARY KEY, owner TEXT NOT NULL, body TEXT, quantity INTEGER)";
 const USERS: [&str; 2] = ["alice", "bob"];
+const POSTGRES_ITEMS: &str =
+    "CREATE TABLE items (id text PRIMARY KEY, owner text NOT NULL, body text, quantity bigint)";
+const MARIADB_ITEMS: &str = "CREATE TABLE items (id VARCHAR(64) PRIMARY KEY, \
+     owner VARCHAR(64) NOT NULL, body TEXT, quantity BIGINT)";
 
 fn password(user: &str) -> String {
     format!("{user}-password")
@@ -30,29 +34,32 @@ enum Backend {
 }
 
 impl Backend {
-    async fn sqlite() -> Backend {
+    /// `statements` make the consolidated database's tables (the `items` table of
+    /// `CLIENT_DDL` by default: see the constructors' callers).
+    async fn sqlite(statements: &[&str]) -> Backend {
         let dir = tempfile::tempdir().unwrap();
-        rusqlite::Connection::open(dir.path().join("consolidated.db"))
-            .unwrap()
-            .execute_batch(CLIENT_DDL)
-            .unwrap();
+        let connection = rusqlite::Connection::open(dir.path().join("consolidated.db")).unwrap();
+        for statement in statements {
+            connection.execute_batch(statement).unwrap();
+        }
         Backend::Sqlite(dir)
     }
 
-    async fn postgres() -> Backend {
-        let ddl = "CREATE TABLE items (id text PRIMARY KEY, owner text NOT NULL, body text, quantity bigint)";
-        let (url, _client) = rowsync_testkit::fresh_database_with("edge", ddl).await;
+    async fn postgres(statements: &[&str]) -> Backend {
+        let (url, client) = rowsync_testkit::fresh_database_with("edge", "SELECT 1").await;
+        for statement in statements {
+            client.batch_execute(statement).await.unwrap();
+        }
         Backend::Postgres(url)
     }
 
-    async fn mysql() -> Backend {
+    async fn mysql(statements: &[&str]) -> Backend {
         use mysql_async::prelude::Queryable;
         let url = rowsync_testkit::fresh_mysql_database("edge").await;
         let mut connection = mysql_async::Conn::from_url(&url).await.unwrap();
-        connection
-            .query_drop("CREATE TABLE items (id VARCHAR(64) PRIMARY KEY, owner VARCHAR(64) NOT NULL, body TEXT, quantity BIGINT)")
-            .await
-            .unwrap();
+        for statement in statements {
+            connection.query_drop(*statement).await.unwrap();
+        }
         Backend::Mysql(url)
     }
 
@@ -307,30 +314,135 @@ fn assert_kept(kept: &KeptConflict, operation: &str, client_row: Option<serde_js
 
 #[tokio::test]
 async fn sqlite_existing_rows_are_uploaded() {
-    existing_rows_are_uploaded(Backend::sqlite().await).await;
+    existing_rows_are_uploaded(Backend::sqlite(&[CLIENT_DDL]).await).await;
 }
 
 #[tokio::test]
 async fn postgres_existing_rows_are_uploaded() {
-    existing_rows_are_uploaded(Backend::postgres().await).await;
+    existing_rows_are_uploaded(Backend::postgres(&[POSTGRES_ITEMS]).await).await;
 }
 
 #[tokio::test]
 async fn mariadb_existing_rows_are_uploaded() {
-    existing_rows_are_uploaded(Backend::mysql().await).await;
+    existing_rows_are_uploaded(Backend::mysql(&[MARIADB_ITEMS]).await).await;
 }
 
 #[tokio::test]
 async fn sqlite_losing_sides_of_conflicts_are_kept() {
-    losing_sides_of_conflicts_are_kept(Backend::sqlite().await).await;
+    losing_sides_of_conflicts_are_kept(Backend::sqlite(&[CLIENT_DDL]).await).await;
 }
 
 #[tokio::test]
 async fn postgres_losing_sides_of_conflicts_are_kept() {
-    losing_sides_of_conflicts_are_kept(Backend::postgres().await).await;
+    losing_sides_of_conflicts_are_kept(Backend::postgres(&[POSTGRES_ITEMS]).await).await;
 }
 
 #[tokio::test]
 async fn mariadb_losing_sides_of_conflicts_are_kept() {
-    losing_sides_of_conflicts_are_kept(Backend::mysql().await).await;
+    losing_sides_of_conflicts_are_kept(Backend::mysql(&[MARIADB_ITEMS]).await).await;
+}
+
+/// The device's copy of `items` in a schema whose server changes rows as they are
+/// written: a `last_update` stamped by a trigger, a price kept at two decimals.
+const STAMPED_CLIENT_DDL: &str = "CREATE TABLE items (id TEXT PRIMARY KEY, owner TEXT NOT NULL, \
+     body TEXT, price TEXT, last_update TEXT)";
+
+/// Rows the server stores otherwise than the device sent them come back in the same
+/// sync (issue 31, item 1): a device editing the same row twice loses neither edit, and
+/// ends holding exactly the server's row.
+async fn rows_the_server_changes_come_back(backend: Backend) {
+    let address = backend.serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    let alice = options(address, "alice");
+    let open = |name: &str| {
+        let mut client = Client::open(dir.path().join(format!("{name}.db"))).unwrap();
+        client
+            .connection()
+            .execute_batch(STAMPED_CLIENT_DDL)
+            .unwrap();
+        client.track("items").unwrap();
+        client
+    };
+    let mut phone = open("phone");
+    phone
+        .connection()
+        .execute_batch(
+            "INSERT INTO items VALUES ('i1', 'alice', 'first', '5', '2026-01-01 00:00:00')",
+        )
+        .unwrap();
+    let report = phone.sync(&alice).await.unwrap();
+    assert_eq!(report.conflicts, 0, "{report:?}");
+    for body in ["second", "third", "fourth"] {
+        phone
+            .connection()
+            .execute("UPDATE items SET body = ?1 WHERE id = 'i1'", [body])
+            .unwrap();
+        let report = phone.sync(&alice).await.unwrap();
+        assert_eq!(
+            (report.rows_uploaded, report.conflicts),
+            (1, 0),
+            "editing to {body:?}: {:?}",
+            report.conflicted_rows
+        );
+    }
+    assert_eq!(backend.items().await, [row("i1", "alice", "fourth")]);
+    // A new device gets the server's rows: the phone holds exactly the same.
+    let mut laptop = open("laptop");
+    laptop.sync(&alice).await.unwrap();
+    let phone_rows = stamped_items(&phone);
+    assert_eq!(phone_rows, stamped_items(&laptop));
+    let sent_stamp = rusqlite::types::Value::Text("2026-01-01 00:00:00".into());
+    assert_ne!(
+        phone_rows[0][4], sent_stamp,
+        "the server's stamp: {phone_rows:?}"
+    );
+    assert!(phone.kept_conflicts().unwrap().is_empty());
+}
+
+fn stamped_items(client: &Client) -> Vec<Vec<rusqlite::types::Value>> {
+    let mut statement = client
+        .connection()
+        .prepare("SELECT id, owner, body, price, last_update FROM items ORDER BY id")
+        .unwrap();
+    let rows = statement
+        .query_map([], |row| (0..5).map(|i| row.get(i)).collect())
+        .unwrap();
+    rows.collect::<Result<_, _>>().unwrap()
+}
+
+#[tokio::test]
+async fn postgres_rows_the_server_changes_come_back() {
+    // As the DVD-rental sample: a BEFORE UPDATE trigger sets last_update = now().
+    let schema = [
+        "CREATE TABLE items (id text PRIMARY KEY, owner text NOT NULL, body text, \
+         price numeric(5,2), last_update timestamptz NOT NULL DEFAULT now())",
+        "CREATE FUNCTION last_updated() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN NEW.last_update = clock_timestamp(); RETURN NEW; END $$",
+        "CREATE TRIGGER last_updated BEFORE UPDATE ON items FOR EACH ROW \
+         EXECUTE FUNCTION last_updated()",
+    ];
+    rows_the_server_changes_come_back(Backend::postgres(&schema).await).await;
+}
+
+#[tokio::test]
+async fn mariadb_rows_the_server_changes_come_back() {
+    // As the Sakila sample: last_update ON UPDATE CURRENT_TIMESTAMP.
+    let schema = [
+        "CREATE TABLE items (id VARCHAR(64) PRIMARY KEY, owner VARCHAR(64) NOT NULL, \
+         body TEXT, price DECIMAL(5,2), last_update TIMESTAMP(6) NOT NULL \
+         DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6))",
+    ];
+    rows_the_server_changes_come_back(Backend::mysql(&schema).await).await;
+}
+
+#[tokio::test]
+async fn sqlite_rows_the_server_changes_come_back() {
+    let schema = [
+        "CREATE TABLE items (id TEXT PRIMARY KEY, owner TEXT NOT NULL, body TEXT, \
+         price TEXT, last_update TEXT)",
+        "CREATE TRIGGER last_updated AFTER UPDATE OF body ON items BEGIN \
+         UPDATE items SET last_update = strftime('%Y-%m-%d %H:%M:%f', 'now') WHERE id = NEW.id; \
+         END",
+    ];
+    rows_the_server_changes_come_back(Backend::sqlite(&schema).await).await;
 }

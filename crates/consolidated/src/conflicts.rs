@@ -46,6 +46,18 @@ impl Resolution {
         }
     }
 
+    /// Adds rows this upload wrote that the table stores otherwise than they were sent
+    /// (`stored`), read with `upload_fetch`: they go down with the conflicts' rows.
+    pub fn add_stored_rows(&mut self, columns: Vec<String>, rows: Vec<Row>) {
+        if rows.is_empty() {
+            return;
+        }
+        if self.conflict_upserts.is_empty() {
+            self.conflict_columns = columns;
+        }
+        self.conflict_upserts.extend(rows);
+    }
+
     /// Server wins: `rows` (with `columns`) are the current rows `upload_fetch` found for
     /// the conflicting keys; keys it did not find are sent as deletes.
     pub fn resolve(

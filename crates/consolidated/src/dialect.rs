@@ -13,12 +13,13 @@
 //! blocking thread.
 #![allow(async_fn_in_trait)]
 
-use rowsync_protocol::{Row, Value};
+use rowsync_protocol::{Row, TableUpload, Value};
 
 use crate::echo::DownloadFilter;
 use crate::parameters::{Parameters, RowImages};
 use crate::scripts::DOWNLOAD_DELETE_CURSOR;
 use crate::shape::TableShape;
+use crate::stored::KeysToCheck;
 use crate::upload_rows::UploadedRow;
 use crate::version_scripts::{ScriptRows, Scripts};
 use crate::{DownloadSender, SyncError};
@@ -397,6 +398,21 @@ pub trait Dialect {
         statement: &RowStatement<'_>,
         images: &RowImages<'_>,
     ) -> Result<(), SyncError>;
+
+    /// Which of an applied upload's inserted and updated rows (`key_positions`: its key
+    /// columns in the upload's columns) the table may hold otherwise than they were
+    /// sent: those are read back with `upload_fetch` and, where they differ, sent to
+    /// the client in this sync's download (`stored`). `All` is always right; a backend
+    /// that knows the table's triggers, defaults and column types narrows it, so an
+    /// upload stored as sent costs no read (the echo saving).
+    async fn keys_to_check(
+        &mut self,
+        _shape: &TableShape,
+        _upload: &TableUpload,
+        _key_positions: &[usize],
+    ) -> Result<KeysToCheck, SyncError> {
+        Ok(KeysToCheck::All)
+    }
 
     /// Runs the table's `upload_fetch` over `{keys}` (the given keys, staged) and
     /// returns what it selected: the current rows of conflicting keys.

@@ -24,6 +24,7 @@ mod reinit;
 pub mod scripts;
 mod shape;
 pub mod sqlite;
+pub mod stored;
 mod types;
 mod upload_rows;
 mod version_scripts;

@@ -2,7 +2,7 @@
 //! scripts, the conflicts found set-wise, `resolve_conflict` and `upload_fetch`.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use rowsync_protocol::{Row, RowUpdate, TableUpload, Value};
 
@@ -12,8 +12,11 @@ use crate::conflicts::Resolution;
 use crate::dialect::{Dialect, RowStatement, StagedRows, SyncBackend, TableApply};
 use crate::parameters::Parameters;
 use crate::scripts::*;
-use crate::shape::{refuse_null_keys, validate_upload_shape, TableShape};
-use crate::upload_rows::{conflicting_rows, describe_key, uploaded_rows, ImageLayout, UploadedRow};
+use crate::shape::{key_positions_in, refuse_null_keys, validate_upload_shape, TableShape};
+use crate::stored::{keys_of, rows_stored_otherwise, upserted_rows, KeysToCheck};
+use crate::upload_rows::{
+    conflicting_rows, describe_key, key_bytes, uploaded_rows, ImageLayout, UploadedRow,
+};
 use crate::version_scripts::Scripts;
 use crate::{SyncError, SyncRequest};
 
@@ -171,7 +174,55 @@ async fn resolve_table<D: Dialect>(
         let (columns, rows) = transaction.fetch_by_keys(&context, &conflict_keys).await?;
         resolution.resolve(&plan.shape, conflict_keys, columns, rows)?;
     }
+    if sync.apply {
+        add_stored_rows(transaction, sync, plan, &mut resolution).await?;
+    }
     Ok(resolution)
+}
+
+/// The rows this upload wrote that the table stores otherwise than sent (a trigger, a
+/// default, a canonical form: `stored`), read back with `upload_fetch` and added to the
+/// download, so the client ends holding the server's row. Conflicting keys come down
+/// already; a table the version does not download has nothing to send.
+async fn add_stored_rows<D: Dialect>(
+    transaction: &mut D,
+    sync: &SyncContext<'_>,
+    plan: &TablePlan<'_>,
+    resolution: &mut Resolution,
+) -> Result<(), SyncError> {
+    let (upload, table) = (&plan.upload, plan.upload_table);
+    let downloads = [UPLOAD_FETCH, DOWNLOAD_CURSOR]
+        .iter()
+        .all(|event| sync.scripts.get(table, event).is_some());
+    if !downloads || (upload.inserts.is_empty() && upload.updates.is_empty()) {
+        return Ok(());
+    }
+    let key_positions = &plan.key_positions;
+    let mut keys = match transaction
+        .keys_to_check(&plan.shape, upload, key_positions)
+        .await?
+    {
+        KeysToCheck::None => return Ok(()),
+        KeysToCheck::All => keys_of(upserted_rows(upload), key_positions),
+        KeysToCheck::Only(keys) => keys,
+    };
+    let all: Vec<usize> = (0..plan.shape.key_columns.len()).collect();
+    let conflicted: HashSet<Vec<u8>> = resolution
+        .conflict_keys
+        .iter()
+        .map(|key| key_bytes(key, &all))
+        .collect();
+    keys.retain(|key| !conflicted.contains(&key_bytes(key, &all)));
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let (columns, rows) = transaction
+        .fetch_by_keys(&plan.context(sync), &keys)
+        .await?;
+    let fetched_keys = key_positions_in(&columns, &plan.shape.key_columns, table, UPLOAD_FETCH)?;
+    let back = rows_stored_otherwise(upload, key_positions, &columns, &fetched_keys, rows);
+    resolution.add_stored_rows(columns, back);
+    Ok(())
 }
 
 /// The upload as the table can take it: a client older than a column's drop still

@@ -111,13 +111,15 @@ impl MysqlConnection {
         let mut statements = Vec::with_capacity(tables.len());
         for table in tables {
             if !self.stamping.contains_key(&table) {
-                let Some((shape, _)) = schema::table_shape(&mut self.connection, &table).await?
+                let Some((shape, infos)) =
+                    schema::table_shape(&mut self.connection, &table).await?
                 else {
                     continue;
                 };
                 let stamped = stamp::StampedTable {
                     table: table.clone(),
                     key_columns: shape.key_columns,
+                    keep_auto_updated: schema::keep_auto_updated(&infos),
                 };
                 self.stamping.insert(table.clone(), stamped);
             }

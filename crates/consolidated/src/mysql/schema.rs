@@ -163,6 +163,20 @@ pub struct ColumnInfo {
     pub column_type: String,
     /// The type's name alone (`varchar`, `text`), to know which need an index prefix.
     pub data_type: String,
+    /// `ON UPDATE CURRENT_TIMESTAMP`: set to now by any update that does not assign it,
+    /// so rowsync's own stamping assigns it its value (`keep_auto_updated`).
+    pub auto_updated: bool,
+}
+
+/// `, "c" = "c"` for each auto-updated column (`ON UPDATE CURRENT_TIMESTAMP`): added to
+/// rowsync's own updates of a row (the stamper's), which must not move such a column
+/// the application reads as "last changed at".
+pub fn keep_auto_updated<'c>(columns: impl IntoIterator<Item = &'c ColumnInfo>) -> String {
+    columns
+        .into_iter()
+        .filter(|column| column.auto_updated)
+        .map(|column| format!(", {c} = {c}", c = q(&column.name)))
+        .collect()
 }
 
 /// What a table's columns would change silently rather than refuse.
@@ -222,9 +236,9 @@ pub async fn table_shape(
     connection: &mut impl Queryable,
     table: &str,
 ) -> Result<Option<(TableShape, Vec<ColumnInfo>)>, DbError> {
-    let rows: Vec<(String, String, String, i64)> = connection
+    let rows: Vec<(String, String, String, i64, String)> = connection
         .exec(
-            "SELECT c.COLUMN_NAME, c.COLUMN_TYPE, c.DATA_TYPE, COALESCE(s.SEQ_IN_INDEX, 0)
+            "SELECT c.COLUMN_NAME, c.COLUMN_TYPE, c.DATA_TYPE, COALESCE(s.SEQ_IN_INDEX, 0), c.EXTRA
              FROM information_schema.COLUMNS AS c
              LEFT JOIN information_schema.STATISTICS AS s ON s.TABLE_SCHEMA = c.TABLE_SCHEMA
                  AND s.TABLE_NAME = c.TABLE_NAME AND s.COLUMN_NAME = c.COLUMN_NAME AND s.INDEX_NAME = 'PRIMARY'
@@ -240,7 +254,7 @@ pub async fn table_shape(
     let mut keys: Vec<(i64, String)> = Vec::new();
     let mut columns = Vec::new();
     let mut infos = Vec::new();
-    for (name, column_type, data_type, key_position) in rows {
+    for (name, column_type, data_type, key_position, extra) in rows {
         if key_position > 0 {
             keys.push((key_position, name.clone()));
         }
@@ -249,6 +263,7 @@ pub async fn table_shape(
             name,
             column_type,
             data_type: data_type.to_lowercase(),
+            auto_updated: extra.to_lowercase().contains("on update"),
         });
     }
     keys.sort();
@@ -321,6 +336,7 @@ pub async fn init_table(connection: &mut Conn, init: &TableInit) -> Result<InitO
         }
         let registration = Registration {
             shape: &shape,
+            infos: &infos,
             init: &init,
             target: &target,
             versions: &versions,
@@ -365,6 +381,7 @@ async fn version_facts(connection: &mut Conn, table: &str) -> Result<Vec<Version
 /// What `register` writes.
 struct Registration<'a> {
     shape: &'a TableShape,
+    infos: &'a [ColumnInfo],
     init: &'a TableInit,
     target: &'a Target,
     versions: &'a [VersionFacts],
@@ -524,6 +541,7 @@ async fn register(
 ) -> Result<InitOutcome, DbError> {
     let Registration {
         shape,
+        infos,
         init,
         target,
         versions,
@@ -540,9 +558,10 @@ async fn register(
     let stamped = transaction
         .exec_drop(
             format!(
-                "UPDATE {} SET {} = ? WHERE {} IS NULL",
+                "UPDATE {} SET {} = ?{} WHERE {} IS NULL",
                 q(&shape.name),
                 q(STAMP_COLUMN),
+                keep_auto_updated(infos),
                 q(STAMP_COLUMN)
             ),
             (stamp,),

@@ -69,6 +69,9 @@ const STAMP_KEYS_PER_STATEMENT: usize = 1000;
 pub struct StampedTable {
     pub table: String,
     pub key_columns: Vec<String>,
+    /// `, "c" = "c"` for its `ON UPDATE CURRENT_TIMESTAMP` columns, which stamping
+    /// must leave as they are (`schema::keep_auto_updated`).
+    pub keep_auto_updated: String,
 }
 
 impl StampedTable {
@@ -93,7 +96,8 @@ impl StampedTable {
         };
         for batch in pending.chunks(STAMP_KEYS_PER_STATEMENT) {
             let sql = format!(
-                "UPDATE {table} FORCE INDEX (PRIMARY) SET {stamp_column} = ? WHERE ({keys}) IN ({})",
+                "UPDATE {table} FORCE INDEX (PRIMARY) SET {stamp_column} = ?{} WHERE ({keys}) IN ({})",
+                self.keep_auto_updated,
                 vec![one_key.as_str(); batch.len()].join(", ")
             );
             let mut values = vec![mysql_async::Value::Int(stamp)];

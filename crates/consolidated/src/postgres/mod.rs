@@ -36,6 +36,7 @@ mod schema;
 mod shapes;
 mod stage;
 mod statements;
+mod stored;
 mod streams;
 mod transaction;
 

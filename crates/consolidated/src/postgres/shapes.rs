@@ -92,6 +92,10 @@ pub struct CachedTable {
     /// Its tombstones are kept in batches (`rs_deleted_<T>`); false for tracking set up
     /// by a rowsync from before batches and not initialized again since.
     pub tombstone_batches: bool,
+    /// Something besides rowsync may change a row as it is written: a trigger other
+    /// than rowsync's, a generated or identity column (or the table is not in
+    /// `rs_table`). Every uploaded row is then read back (`stored`).
+    pub server_writes: bool,
 }
 
 /// One connection's table shapes and the generation they were read under.

@@ -1,6 +1,6 @@
 //! One sync's transaction on PostgreSQL: the primitives the sync driver composes.
 
-use rowsync_protocol::{Row, Value};
+use rowsync_protocol::{Row, TableUpload, Value};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Transaction;
 
@@ -24,6 +24,7 @@ use crate::names::select_by_key;
 use crate::parameters::{positional_parameters, Parameters, RowImages};
 use crate::scripts::*;
 use crate::shape::TableShape;
+use crate::stored::KeysToCheck;
 use crate::upload_rows::UploadedRow;
 use crate::version_scripts::{ScriptRows, Scripts};
 use crate::{quote_identifier as q, DownloadSender, SyncError};
@@ -151,7 +152,11 @@ const LATE_WRITES_UPDATE: &str = concat!(
 
 /// A table's partition column, and whether its tombstones are kept in batches.
 const PARTITION_COLUMN_QUERY: &str = "SELECT partition_column, \
-     to_regclass(quote_ident('rs_deleted_' || table_name)) IS NOT NULL \
+     to_regclass(quote_ident('rs_deleted_' || table_name)) IS NOT NULL, \
+     EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = to_regclass(quote_ident(table_name)) \
+             AND NOT t.tgisinternal AND t.tgname NOT LIKE 'rs\\_%') \
+     OR EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = to_regclass(quote_ident(table_name)) \
+             AND a.attnum > 0 AND NOT a.attisdropped AND (a.attgenerated <> '' OR a.attidentity <> '')) \
      FROM rs_table WHERE table_name = $1";
 
 const SUBSCRIPTION_QUERY: &str =
@@ -529,6 +534,7 @@ impl Dialect for PgTransaction<'_> {
             types,
             partition: partition.as_ref().and_then(|row| row.get(0)),
             tombstone_batches: partition.as_ref().is_some_and(|row| row.get(1)),
+            server_writes: partition.as_ref().is_none_or(|row| row.get(2)),
         };
         self.shapes.insert(table, cached);
         Ok(shape)
@@ -544,6 +550,18 @@ impl Dialect for PgTransaction<'_> {
             .await?;
         let row = self.transaction.query_opt(&statement, &[&table]).await?;
         Ok(row.and_then(|row| row.get(0)))
+    }
+
+    async fn keys_to_check(
+        &mut self,
+        shape: &TableShape,
+        upload: &TableUpload,
+        key_positions: &[usize],
+    ) -> Result<KeysToCheck, SyncError> {
+        Ok(match self.shapes.get(&shape.name) {
+            Some(cached) => super::stored::keys_to_check(cached, upload, key_positions),
+            None => KeysToCheck::All,
+        })
     }
 
     async fn dropped_columns(
