@@ -327,11 +327,12 @@ pub trait Dialect {
     /// with them. `deferrable`: [`Dialect::defer_foreign_keys`] lets its check wait.
     async fn foreign_keys(&mut self, table: &str) -> Result<Vec<ForeignKey>, SyncError>;
 
-    /// Makes the deferrable foreign keys wait for this transaction's commit: called before
-    /// an upload whose tables reference each other in a cycle, which no order of the
-    /// tables can satisfy row by row. A backend that cannot defer them does nothing
-    /// (the default) and refuses such cycles at `init`.
-    async fn defer_foreign_keys(&mut self) -> Result<(), SyncError> {
+    /// Makes `keys` (the foreign keys of a cycle among the upload's tables, which no
+    /// order of the tables satisfies row by row), where deferrable, wait for this
+    /// transaction's commit; nothing else (a deferred unique key would hide the
+    /// conflicts the driver finds by them). A backend that cannot defer keys does
+    /// nothing (the default) and refuses such cycles at `init`.
+    async fn defer_foreign_keys(&mut self, _keys: &[ForeignKey]) -> Result<(), SyncError> {
         Ok(())
     }
 

@@ -27,9 +27,10 @@ pub struct UploadOrder {
     /// A table of the upload references another one of it: their rows must be applied
     /// in one transaction in this order (so not over apply streams).
     pub linked: bool,
-    /// Some of the tables reference each other in a cycle: no order satisfies their
-    /// foreign keys, which are then deferred to the commit where the database can.
-    pub cyclic: bool,
+    /// The foreign keys between tables of the upload that reference each other in a
+    /// cycle: no order satisfies them, so they are deferred to the commit where the
+    /// database can. Empty without a cycle.
+    pub cycle_keys: Vec<ForeignKey>,
 }
 
 impl UploadOrder {
@@ -39,7 +40,7 @@ impl UploadOrder {
         UploadOrder {
             parent_first: (0..count).collect(),
             linked: false,
-            cyclic: false,
+            cycle_keys: Vec::new(),
         }
     }
 
@@ -60,12 +61,35 @@ impl UploadOrder {
                 key.referenced != *name && tables.iter().any(|(other, _)| *other == key.referenced)
             })
         });
+        let cycle_keys = order
+            .cycles
+            .iter()
+            .flat_map(|cycle| keys_within(tables, cycle))
+            .map(|(_, key)| key.clone())
+            .collect();
         UploadOrder {
             parent_first: order.parent_first,
             linked,
-            cyclic: !order.cycles.is_empty(),
+            cycle_keys,
         }
     }
+}
+
+/// The keys of `tables` (each a name and its foreign keys) from one member of `cycle`
+/// (indices into `tables`) to another, each with the name of the table declaring it.
+fn keys_within<'t, S: AsRef<str>>(
+    tables: &'t [(S, Vec<ForeignKey>)],
+    cycle: &'t [usize],
+) -> impl Iterator<Item = (&'t str, &'t ForeignKey)> + 't {
+    let member = move |name: &str| cycle.iter().any(|&i| tables[i].0.as_ref() == name);
+    cycle.iter().flat_map(move |&i| {
+        let table = tables[i].0.as_ref();
+        tables[i]
+            .1
+            .iter()
+            .filter(move |key| key.referenced != table && member(&key.referenced))
+            .map(move |key| (table, key))
+    })
 }
 
 /// A foreign key of a cycle that cannot be deferred, with the table that declares it.
@@ -96,16 +120,8 @@ pub fn refuse_undeferrable_cycles(
         if !members.contains(&table) {
             continue;
         }
-        let within: Vec<Undeferrable<'_>> = cycle
-            .iter()
-            .flat_map(|&i| tables[i].1.iter().map(move |key| (i, key)))
-            .filter(|(i, key)| {
-                key.referenced != tables[*i].0 && members.contains(&key.referenced.as_str())
-            })
-            .map(|(i, key)| Undeferrable {
-                table: &tables[i].0,
-                key,
-            })
+        let within: Vec<Undeferrable<'_>> = keys_within(tables, &cycle)
+            .map(|(table, key)| Undeferrable { table, key })
             .collect();
         let undeferrable: Vec<Undeferrable<'_>> = within
             .iter()
@@ -156,7 +172,26 @@ mod tests {
         ];
         let order = UploadOrder::of(&tables);
         assert_eq!(order.parent_first, [1, 0]);
-        assert!(order.linked && !order.cyclic);
+        assert!(order.linked && order.cycle_keys.is_empty());
+        // A cycle's keys between its members, not its keys to other tables.
+        let cycle = [
+            ("staff", vec![key("staff_store_fkey", "store", true)]),
+            (
+                "store",
+                vec![
+                    key("store_manager_fkey", "staff", true),
+                    key("store_address_fkey", "address", false),
+                ],
+            ),
+        ];
+        let order = UploadOrder::of(&cycle);
+        assert_eq!(order.parent_first, [0, 1]);
+        let names: Vec<&str> = order
+            .cycle_keys
+            .iter()
+            .map(|k| k.constraint.as_str())
+            .collect();
+        assert_eq!(names, ["staff_store_fkey", "store_manager_fkey"]);
         // Keys to tables outside the upload, or to the table itself, link nothing.
         let apart = [
             ("payment", vec![key("payment_staff_fkey", "staff", false)]),

@@ -220,7 +220,7 @@ fn store_and_staff_ddl(deferrable: &str) -> [String; 3] {
 }
 
 /// A cycle whose every key is DEFERRABLE (initially immediate: the sync defers them
-/// itself with `SET CONSTRAINTS ALL DEFERRED`) is accepted and syncs in one upload.
+/// itself with `SET CONSTRAINTS ... DEFERRED`) is accepted and syncs in one upload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cycle_of_deferrable_foreign_keys_is_deferred_for_the_sync() {
     let ddl = store_and_staff_ddl("DEFERRABLE");

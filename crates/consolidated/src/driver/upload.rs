@@ -125,8 +125,8 @@ async fn apply_in_order<D: Dialect>(
     plans: &[TablePlan<'_>],
     order: &UploadOrder,
 ) -> Result<Vec<Vec<Row>>, SyncError> {
-    if order.cyclic {
-        transaction.defer_foreign_keys().await?;
+    if !order.cycle_keys.is_empty() {
+        transaction.defer_foreign_keys(&order.cycle_keys).await?;
     }
     let mut conflict_keys = vec![Vec::new(); plans.len()];
     let deletes_order = order.parent_first.iter().rev();

@@ -219,7 +219,7 @@ pub async fn foreign_keys(
 
 /// `init`'s refusal of a cycle of foreign keys through `table` among the synchronized
 /// tables unless every key of it is DEFERRABLE (syncs that write the cycle's tables then
-/// run `SET CONSTRAINTS ALL DEFERRED`).
+/// run `SET CONSTRAINTS ... DEFERRED` naming them).
 async fn refuse_undeferrable_cycles_through(
     client: &impl GenericClient,
     table: &str,

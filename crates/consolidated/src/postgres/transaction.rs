@@ -566,12 +566,21 @@ impl Dialect for PgTransaction<'_> {
             .unwrap_or_default())
     }
 
-    /// `SET CONSTRAINTS ALL DEFERRED`: the DEFERRABLE keys wait for the commit (`init`
-    /// refuses a cycle of keys that are not).
-    async fn defer_foreign_keys(&mut self) -> Result<(), SyncError> {
-        self.transaction
-            .batch_execute("SET CONSTRAINTS ALL DEFERRED")
-            .await?;
+    /// `SET CONSTRAINTS ... DEFERRED` naming the cycle's DEFERRABLE keys (`init` refuses
+    /// a cycle with one that is not; naming one would be an error).
+    async fn defer_foreign_keys(&mut self, keys: &[ForeignKey]) -> Result<(), SyncError> {
+        let mut names: Vec<String> = keys
+            .iter()
+            .filter(|key| key.deferrable)
+            .map(|key| q(&key.constraint))
+            .collect();
+        names.sort();
+        names.dedup();
+        if names.is_empty() {
+            return Ok(());
+        }
+        let sql = format!("SET CONSTRAINTS {} DEFERRED", names.join(", "));
+        self.transaction.batch_execute(&sql).await?;
         Ok(())
     }
 

@@ -154,8 +154,9 @@ impl Dialect for SqliteTransaction<'_> {
         Ok(foreign_keys(self.connection, table)?)
     }
 
-    /// Every foreign key waits for the commit; SQLite turns this off at the transaction's end.
-    async fn defer_foreign_keys(&mut self) -> Result<(), SyncError> {
+    /// Every foreign key (SQLite defers no other constraint) waits for the commit;
+    /// SQLite turns this off at the transaction's end.
+    async fn defer_foreign_keys(&mut self, _keys: &[ForeignKey]) -> Result<(), SyncError> {
         self.connection
             .pragma_update(None, "defer_foreign_keys", "ON")?;
         Ok(())
