@@ -629,6 +629,34 @@ pub fn tracked_tables(connection: &Connection) -> Result<Vec<String>, ClientErro
     Ok(tables)
 }
 
+/// The tracked tables in the order an upload carries them: parents first by the foreign
+/// keys of the client's own schema (`rowsync_protocol::parent_first`, the order the
+/// server applies inserts and updates in), so a server that applies tables as they come
+/// gets a rental before its payment too.
+pub fn upload_order(connection: &Connection) -> Result<Vec<String>, ClientError> {
+    let mut statement = connection.prepare(
+        "SELECT t.table_name, COALESCE((SELECT r.table_name FROM rs_client_table AS r
+                 WHERE r.table_name = f.\"table\" COLLATE NOCASE), f.\"table\")
+         FROM rs_client_table AS t, pragma_foreign_key_list(t.table_name) AS f",
+    )?;
+    let references: Vec<(String, String)> = statement
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let tables: Vec<(String, Vec<String>)> = tracked_tables(connection)?
+        .into_iter()
+        .map(|table| {
+            let parents = references
+                .iter()
+                .filter(|(child, _)| *child == table)
+                .map(|(_, parent)| parent.clone())
+                .collect();
+            (table, parents)
+        })
+        .collect();
+    let order = rowsync_protocol::parent_first(&tables).parent_first;
+    Ok(order.into_iter().map(|i| tables[i].0.clone()).collect())
+}
+
 #[derive(Debug, Clone)]
 pub struct State {
     pub upload_sequence_acknowledged: u64,
@@ -768,7 +796,7 @@ pub fn next_batch_for(
     }
     let sequence = state(&transaction)?.upload_sequence_acknowledged + 1;
     let mut messages = Vec::new();
-    for table in tracked_tables(&transaction)? {
+    for table in upload_order(&transaction)? {
         collect_table_upload(&transaction, &table, &mut messages)?;
     }
     let mut operations_total = 0u64;

@@ -16,6 +16,7 @@
 use rowsync_protocol::{Row, TableUpload, Value};
 
 use crate::echo::DownloadFilter;
+use crate::foreign_keys::ForeignKey;
 use crate::parameters::{Parameters, RowImages};
 use crate::scripts::DOWNLOAD_DELETE_CURSOR;
 use crate::shape::TableShape;
@@ -320,6 +321,21 @@ pub trait Dialect {
 
     /// The table's partition column from `rs_table`, if it has one.
     async fn partition_column(&mut self, table: &str) -> Result<Option<String>, SyncError>;
+
+    /// The foreign keys `table` declares, each with the table it references (asked when
+    /// an upload carries more than one table: inserts and updates are applied parents
+    /// first, deletes children first). A backend that keeps table shapes keeps these
+    /// with them. `deferrable`: [`Dialect::defer_foreign_keys`] lets its check wait.
+    async fn foreign_keys(&mut self, table: &str) -> Result<Vec<ForeignKey>, SyncError>;
+
+    /// Makes `keys` (the foreign keys of a cycle among the upload's tables, which no
+    /// order of the tables satisfies row by row), where deferrable, wait for this
+    /// transaction's commit; nothing else (a deferred unique key would hide the
+    /// conflicts the driver finds by them). A backend that cannot defer keys does
+    /// nothing (the default) and refuses such cycles at `init`.
+    async fn defer_foreign_keys(&mut self, _keys: &[ForeignKey]) -> Result<(), SyncError> {
+        Ok(())
+    }
 
     /// The columns of `table` that `version`'s scripts carried until the table dropped
     /// them (`rs_script_column`): uploads of that version may name them, and the driver

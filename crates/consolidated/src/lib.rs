@@ -14,6 +14,7 @@ mod echo;
 mod error;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
+mod foreign_keys;
 mod held;
 mod history;
 pub mod mysql;

@@ -93,6 +93,29 @@ impl RawSql for MysqlSql {
 
 conformance::conformance_suite!(MysqlFactory);
 
+/// InnoDB checks each row's foreign keys as it is written and cannot defer them: a cycle
+/// between synchronized tables is refused at `init`, naming its keys and the way out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_of_foreign_keys_is_refused_at_init() {
+    conformance::a_cycle_of_keys_that_cannot_wait_is_refused_at_init::<MysqlFactory>(
+        &[
+            "CREATE TABLE store (store_id INTEGER PRIMARY KEY, rep TEXT NOT NULL, manager_id INTEGER)",
+            "CREATE TABLE staff (staff_id INTEGER PRIMARY KEY, rep TEXT NOT NULL, store_id INTEGER, \
+             CONSTRAINT staff_store_fkey FOREIGN KEY (store_id) REFERENCES store (store_id))",
+            "ALTER TABLE store ADD CONSTRAINT store_manager_fkey \
+             FOREIGN KEY (manager_id) REFERENCES staff (staff_id)",
+        ],
+        &[
+            r#"tables ["staff", "store"] reference each other in a cycle of foreign keys"#,
+            r#""staff_store_fkey" of "staff""#,
+            r#""store_manager_fkey" of "store""#,
+            "cannot defer them",
+            "ALTER TABLE `store` DROP FOREIGN KEY `store_manager_fkey`;",
+        ],
+    )
+    .await;
+}
+
 /// Issue 16: `point` (which rowsync does not carry) is refused at `init` by name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_column_of_a_type_rowsync_cannot_carry_is_refused_at_init_by_name() {

@@ -190,6 +190,61 @@ async fn a_200_000_row_resend_against_a_400_000_row_partition() {
     );
 }
 
+/// Issue 31: a foreign key declared on a partitioned table (`payment`, by range of its
+/// key) orders the upload as a plain table's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_table_uploads_after_the_table_it_references() {
+    let partitioned = conformance::PAYMENT_DDL.to_string()
+        + " PARTITION BY RANGE (payment_id);
+           CREATE TABLE payment_low PARTITION OF payment FOR VALUES FROM (MINVALUE) TO (100);
+           CREATE TABLE payment_high PARTITION OF payment FOR VALUES FROM (100) TO (MAXVALUE)";
+    conformance::uploads_in_foreign_key_order::<PostgresFactory>(&partitioned).await;
+}
+
+const STORE_DDL: &str =
+    "CREATE TABLE store (store_id INTEGER PRIMARY KEY, rep TEXT NOT NULL, manager_id INTEGER)";
+
+/// `staff` references `store` (DEFERRABLE) and `store` references `staff` (`deferrable`
+/// or not): a cycle.
+fn store_and_staff_ddl(deferrable: &str) -> [String; 3] {
+    [
+        STORE_DDL.into(),
+        "CREATE TABLE staff (staff_id INTEGER PRIMARY KEY, rep TEXT NOT NULL, store_id INTEGER, \
+         CONSTRAINT staff_store_fkey FOREIGN KEY (store_id) REFERENCES store (store_id) DEFERRABLE)"
+            .into(),
+        format!(
+            "ALTER TABLE store ADD CONSTRAINT store_manager_fkey \
+             FOREIGN KEY (manager_id) REFERENCES staff (staff_id) {deferrable}"
+        ),
+    ]
+}
+
+/// A cycle whose every key is DEFERRABLE (initially immediate: the sync defers them
+/// itself with `SET CONSTRAINTS ... DEFERRED`) is accepted and syncs in one upload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_of_deferrable_foreign_keys_is_deferred_for_the_sync() {
+    let ddl = store_and_staff_ddl("DEFERRABLE");
+    let ddl: Vec<&str> = ddl.iter().map(String::as_str).collect();
+    conformance::a_cycle_of_deferrable_keys_syncs_in_one_transaction::<PostgresFactory>(&ddl).await;
+}
+
+/// A cycle with a key that is not DEFERRABLE is refused at `init`, naming it and the
+/// statement that fixes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_with_a_key_that_is_not_deferrable_is_refused_at_init() {
+    let ddl = store_and_staff_ddl("");
+    let ddl: Vec<&str> = ddl.iter().map(String::as_str).collect();
+    conformance::a_cycle_of_keys_that_cannot_wait_is_refused_at_init::<PostgresFactory>(
+        &ddl,
+        &[
+            r#"tables ["staff", "store"] reference each other in a cycle of foreign keys"#,
+            r#"not deferrable: "store_manager_fkey" of "store"."#,
+            r#"ALTER TABLE "store" ALTER CONSTRAINT "store_manager_fkey" DEFERRABLE INITIALLY DEFERRED;"#,
+        ],
+    )
+    .await;
+}
+
 /// Issue 16: `point` (which rowsync does not carry) is refused at `init` by name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_column_of_a_type_rowsync_cannot_carry_is_refused_at_init_by_name() {

@@ -166,6 +166,60 @@ async fn a_stream_waiting_for_a_sibling_aborts_all_and_the_upload_lands_on_one_s
     assert_eq!(count(&client, "SELECT n FROM counter").await, 1000);
 }
 
+/// Issue 31: a large upload of two tables, one referencing the other, stays on one
+/// stream (a row and the row it references hashed to two streams' transactions would not
+/// see each other) and lands parents first, though the child's table comes first.
+#[tokio::test]
+async fn a_large_upload_of_tables_linked_by_a_foreign_key_lands_on_one_stream() {
+    let links = "CREATE TABLE links (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, \
+             note_id INTEGER NOT NULL REFERENCES notes (id));
+        CREATE SEQUENCE applications;
+        CREATE FUNCTION counted() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM nextval('applications'); RETURN NULL; END $$;
+        CREATE TRIGGER counted BEFORE INSERT ON links FOR EACH STATEMENT EXECUTE FUNCTION counted();";
+    let (backend, client) = database("streams_linked", links, settings(10_000)).await;
+    let mut connection = backend.connect().await.unwrap();
+    connection
+        .init_table(&TableInit::new("links", "owner", "v1"))
+        .await
+        .unwrap();
+    let mut request = inserts(1..=600);
+    let link_rows = (1..=600)
+        .map(|id| {
+            vec![
+                Value::Int(5000 + id),
+                Value::Text("ann".into()),
+                Value::Int(id),
+            ]
+        })
+        .collect();
+    request.tables.insert(
+        0,
+        TableUpload {
+            table: "links".into(),
+            columns: vec!["id".into(), "owner".into(), "note_id".into()],
+            key_columns: vec!["id".into()],
+            inserts: link_rows,
+            updates: Vec::new(),
+            deletes: Vec::new(),
+        },
+    );
+    let outcome = synchronize_collect(&mut connection, Arc::new(request))
+        .await
+        .unwrap();
+    assert_eq!(outcome.summary.rows_uploaded, 1200);
+    assert_eq!(count(&client, "SELECT count(*) FROM links").await, 600);
+    assert_eq!(count(&client, WRITERS).await, 1, "one transaction");
+    let decisions = "SELECT count(*) FROM rs_stream_decision";
+    assert_eq!(count(&client, decisions).await, 0, "no streams committed");
+    let applications = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM applications";
+    assert_eq!(
+        count(&client, applications).await,
+        1,
+        "one insert statement on links: no stream ran and fell back"
+    );
+}
+
 /// Two groups left prepared as a crashed server leaves them: one whose decision the
 /// sync's transaction recorded (committed), one without (rolled back, and recorded so
 /// a sync still running could not commit it afterwards).

@@ -14,6 +14,7 @@ mod numeric;
 mod pieces;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod table_order;
 mod text_form;
 mod value;
 
@@ -34,6 +35,7 @@ pub use message::{
 };
 pub use numeric::{parse_decimal_value, Numeric, NUMERIC_SCALE_MAX, NUMERIC_WHOLE_DIGITS_MAX};
 pub use pieces::{message_frames, Frames, ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT};
+pub use table_order::{parent_first, TableOrder};
 pub use text_form::{
     format_date, format_interval, format_time, format_timestamp, format_uuid, parse_date,
     parse_interval, parse_text_form, parse_time, parse_timestamp, parse_uuid, TextFormError,

@@ -870,4 +870,30 @@ fn existing_rows_are_named_upload_or_from_server() {
     );
     let refused = "server".parse::<ExistingRows>().unwrap_err().to_string();
     assert!(refused.contains("from_server"), "{refused}");
+
+/// Issue 31: `payment` sorts before `rental` and references it (spelled `Rental`: SQLite
+/// names are case-blind); the upload carries `rental` first, unrelated tables by name.
+#[test]
+fn an_upload_carries_tables_parents_first_by_the_clients_foreign_keys() {
+    let directory = tempfile::tempdir().unwrap();
+    let mut connection = open(&directory.path().join("client.db"));
+    install(&connection, Some("client-1")).unwrap();
+    execute(
+        &connection,
+        "CREATE TABLE rental (rental_id INTEGER PRIMARY KEY, item TEXT);
+         CREATE TABLE payment (payment_id INTEGER PRIMARY KEY,
+             rental_id INTEGER REFERENCES Rental (rental_id), amount INTEGER);
+         CREATE TABLE actor (actor_id INTEGER PRIMARY KEY)",
+    );
+    for table in ["payment", "rental", "actor"] {
+        track(&mut connection, table).unwrap();
+    }
+    execute(
+        &connection,
+        "INSERT INTO rental VALUES (10, 'dvd'); INSERT INTO payment VALUES (1, 10, 5);
+         INSERT INTO actor VALUES (7)",
+    );
+    let batch = next_batch(&mut connection).unwrap();
+    let tables: Vec<String> = uploads(&batch).into_iter().map(|u| u.table).collect();
+    assert_eq!(tables, ["actor", "rental", "payment"]);
 }

@@ -15,7 +15,10 @@
 //! (`driver::synchronize`): what fails there is the sync's real failure.
 //!
 //! Streams are used only when every table's upload is applied by set scripts (a row
-//! script's `handle_error` decides row by row, in order) and no update moves its key.
+//! script's `handle_error` decides row by row, in order), no update moves its key, and
+//! no table of the upload references another by a foreign key (a row and the row it
+//! references could land in two streams' transactions, neither seeing the other's: the
+//! upload is then applied on one stream, parents first, see `upload::apply_in_order`).
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -24,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use futures_util::future::join_all;
 use rowsync_protocol::{encode_key_identity, Row, RowUpdate, TableUpload, Value};
 
-use super::upload::{apply_kinds, SyncContext, TablePlan};
+use super::upload::{apply_kinds, SyncContext, TablePlan, ALL_KINDS};
 use crate::dialect::{Dialect, SyncBackend};
 use crate::scripts::*;
 use crate::SyncError;
@@ -169,7 +172,7 @@ pub async fn apply_in_streams<D: Dialect, B: SyncBackend>(
         transaction.limit_lock_waits().await?;
         let mut keys = Vec::with_capacity(plans.len());
         for (plan, table_shares) in plans.iter().zip(&shares) {
-            keys.push(apply_kinds(transaction, sync, plan, &table_shares[0]).await?);
+            keys.push(apply_kinds(transaction, sync, plan, &table_shares[0], &ALL_KINDS).await?);
         }
         Ok::<_, SyncError>(keys)
     };
@@ -227,7 +230,7 @@ async fn apply_stream<'s, B: SyncBackend>(
         }
         // The backend learns the table's column types as the sync's transaction did.
         transaction.table_shape(&plan.shape.name).await?;
-        keys.push(apply_kinds(&mut transaction, sync, plan, upload).await?);
+        keys.push(apply_kinds(&mut transaction, sync, plan, upload, &ALL_KINDS).await?);
     }
     transaction.prepare(gid).await?;
     Ok(keys)

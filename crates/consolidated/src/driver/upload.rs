@@ -10,6 +10,7 @@ use super::rows::run_row_script;
 use super::streams::StreamSet;
 use crate::conflicts::Resolution;
 use crate::dialect::{Dialect, RowStatement, StagedRows, SyncBackend, TableApply};
+use crate::foreign_keys::UploadOrder;
 use crate::parameters::Parameters;
 use crate::scripts::*;
 use crate::shape::{key_positions_in, refuse_null_keys, validate_upload_shape, TableShape};
@@ -37,8 +38,10 @@ pub struct Uploaded<'r> {
     pub conflicts: u64,
 }
 
-/// `begin_upload`, each table's upload, `end_upload`. A large upload whose every table
-/// has set scripts is applied over the apply streams `streams` holds (see `streams`).
+/// `begin_upload`, each table's upload, `end_upload`. Tables linked by foreign keys are
+/// applied in their order (`apply_in_order`); a large upload whose every table has set
+/// scripts and none references another is applied over the apply streams `streams`
+/// holds (see `streams`).
 pub async fn apply_upload<'r, D: Dialect, B: SyncBackend>(
     transaction: &mut D,
     streams: &mut StreamSet<'_, B>,
@@ -54,22 +57,26 @@ pub async fn apply_upload<'r, D: Dialect, B: SyncBackend>(
     for upload in &request.tables {
         plans.push(plan_table(transaction, sync, upload).await?);
     }
+    let order = upload_order(transaction, sync, &plans).await?;
+    let in_streams = streams.available()
+        && sync.apply
+        && !order.linked
+        && super::streams::eligible(sync, &plans);
+    let conflict_keys = if in_streams {
+        let keys = super::streams::apply_in_streams(transaction, streams, sync, &plans).await?;
+        for (plan, keys) in plans.iter().zip(&keys) {
+            resolve_conflicts(transaction, sync, plan, keys).await?;
+        }
+        keys
+    } else {
+        apply_in_order(transaction, sync, &plans, &order).await?
+    };
     let mut uploaded = Uploaded {
         resolutions: HashMap::new(),
         conflicts: 0,
     };
-    let in_streams = streams.available() && sync.apply && super::streams::eligible(sync, &plans);
-    let mut applied_keys = if in_streams {
-        super::streams::apply_in_streams(transaction, streams, sync, &plans).await?
-    } else {
-        Vec::new()
-    };
-    for (index, plan) in plans.iter().enumerate() {
-        let conflict_keys = match applied_keys.get_mut(index) {
-            Some(keys) => std::mem::take(keys),
-            None => apply_kinds(transaction, sync, plan, &plan.upload).await?,
-        };
-        let resolution = resolve_table(transaction, sync, plan, conflict_keys).await?;
+    for (plan, keys) in plans.iter().zip(conflict_keys) {
+        let resolution = server_rows(transaction, sync, plan, keys).await?;
         if sync.apply {
             uploaded.conflicts += resolution.conflict_count;
         }
@@ -81,6 +88,63 @@ pub async fn apply_upload<'r, D: Dialect, B: SyncBackend>(
             .await?;
     }
     Ok(uploaded)
+}
+
+/// Every kind of operation, in the order one table applies them.
+pub const ALL_KINDS: [&str; 3] = [UPLOAD_INSERT, UPLOAD_UPDATE, UPLOAD_DELETE];
+const UPSERT_KINDS: [&str; 2] = [UPLOAD_INSERT, UPLOAD_UPDATE];
+const DELETE_KINDS: [&str; 1] = [UPLOAD_DELETE];
+
+/// The order the tables are applied in, from the foreign keys the consolidated database
+/// declares between them: read only when two tables or more carry operations to apply.
+async fn upload_order<D: Dialect>(
+    transaction: &mut D,
+    sync: &SyncContext<'_>,
+    plans: &[TablePlan<'_>],
+) -> Result<UploadOrder, SyncError> {
+    let writing = plans.iter().filter(|plan| carries_operations(&plan.upload));
+    if !sync.apply || writing.count() < 2 {
+        return Ok(UploadOrder::as_given(plans.len()));
+    }
+    let mut tables = Vec::with_capacity(plans.len());
+    for plan in plans {
+        let keys = transaction.foreign_keys(&plan.shape.name).await?;
+        tables.push((plan.shape.name.as_str(), keys));
+    }
+    Ok(UploadOrder::of(&tables))
+}
+
+fn carries_operations(upload: &TableUpload) -> bool {
+    !(upload.inserts.is_empty() && upload.updates.is_empty() && upload.deletes.is_empty())
+}
+
+/// MobiLink's order: inserts and updates table by table parents first, each table's
+/// conflicts resolved (`resolve_conflict`) right after them, then deletes children
+/// first, likewise. Foreign keys in a cycle are deferred to the commit first. Returns
+/// each table's keys that did not land, in the order of `plans`.
+async fn apply_in_order<D: Dialect>(
+    transaction: &mut D,
+    sync: &SyncContext<'_>,
+    plans: &[TablePlan<'_>],
+    order: &UploadOrder,
+) -> Result<Vec<Vec<Row>>, SyncError> {
+    if !order.cycle_keys.is_empty() {
+        transaction.defer_foreign_keys(&order.cycle_keys).await?;
+    }
+    let mut conflict_keys = vec![Vec::new(); plans.len()];
+    let deletes_order = order.parent_first.iter().rev();
+    let passes = order
+        .parent_first
+        .iter()
+        .map(|&index| (index, &UPSERT_KINDS[..]))
+        .chain(deletes_order.map(|&index| (index, &DELETE_KINDS[..])));
+    for (index, kinds) in passes {
+        let plan = &plans[index];
+        let keys = apply_kinds(transaction, sync, plan, &plan.upload, kinds).await?;
+        resolve_conflicts(transaction, sync, plan, &keys).await?;
+        conflict_keys[index].extend(keys);
+    }
+    Ok(conflict_keys)
 }
 
 /// One table's upload as the table takes it, checked against the table's shape.
@@ -129,18 +193,19 @@ async fn plan_table<'u, D: Dialect>(
     })
 }
 
-/// Applies `upload` (the table's whole upload, or one stream's share of it) kind by
-/// kind, or for an upload applied before only finds which operations the table does not
-/// reflect; returns the keys that did not land.
+/// Applies `kinds` (upload events) of `upload` (the table's whole upload, or one
+/// stream's share of it) kind by kind, or for an upload applied before only finds which
+/// operations the table does not reflect; returns the keys that did not land.
 pub async fn apply_kinds<D: Dialect>(
     transaction: &mut D,
     sync: &SyncContext<'_>,
     plan: &TablePlan<'_>,
     upload: &TableUpload,
+    kinds: &[&'static str],
 ) -> Result<Vec<Row>, SyncError> {
     let context = plan.context(sync);
     let mut conflict_keys: Vec<Row> = Vec::new();
-    for event in [UPLOAD_INSERT, UPLOAD_UPDATE, UPLOAD_DELETE] {
+    for &event in kinds {
         let kind = UploadKind {
             upload,
             event,
@@ -152,25 +217,40 @@ pub async fn apply_kinds<D: Dialect>(
     Ok(conflict_keys)
 }
 
-/// Resolves the conflicts of one table's upload: `resolve_conflict`, then the server's
-/// rows of the conflicting keys (server wins).
-async fn resolve_table<D: Dialect>(
+/// Runs the table's `resolve_conflict` (if the version has one) for `conflict_keys`,
+/// keys of the table's upload that did not land.
+async fn resolve_conflicts<D: Dialect>(
+    transaction: &mut D,
+    sync: &SyncContext<'_>,
+    plan: &TablePlan<'_>,
+    conflict_keys: &[Row],
+) -> Result<(), SyncError> {
+    let context = plan.context(sync);
+    let resolves = sync.apply
+        && sync
+            .scripts
+            .get(context.table(), RESOLVE_CONFLICT)
+            .is_some();
+    if conflict_keys.is_empty() || !resolves {
+        return Ok(());
+    }
+    let key_positions = &plan.layout.key_positions;
+    let conflicted = conflicting_rows(&plan.upload, key_positions, conflict_keys);
+    resolve_conflict(transaction, &context, &plan.layout, &conflicted).await
+}
+
+/// Server wins: what the client receives for one table's upload, the server's rows of
+/// the keys that did not land once every table is applied and resolved.
+async fn server_rows<D: Dialect>(
     transaction: &mut D,
     sync: &SyncContext<'_>,
     plan: &TablePlan<'_>,
     conflict_keys: Vec<Row>,
 ) -> Result<Resolution, SyncError> {
-    let context = plan.context(sync);
     let mut resolution = Resolution::default();
     resolution.record_upload(&plan.upload, &plan.key_positions);
     if !conflict_keys.is_empty() {
-        let table = context.table();
-        if sync.apply && sync.scripts.get(table, RESOLVE_CONFLICT).is_some() {
-            let key_positions = &plan.layout.key_positions;
-            let conflicted = conflicting_rows(&plan.upload, key_positions, &conflict_keys);
-            resolve_conflict(transaction, &context, &plan.layout, &conflicted).await?;
-        }
-        // Server wins: the client receives the current row of each conflicting key.
+        let context = plan.context(sync);
         let (columns, rows) = transaction.fetch_by_keys(&context, &conflict_keys).await?;
         resolution.resolve(&plan.shape, conflict_keys, columns, rows)?;
     }

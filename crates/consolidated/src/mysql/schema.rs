@@ -12,6 +12,7 @@ use mysql_async::{Conn, Transaction, TxOpts};
 
 use super::error::db;
 use super::stamp;
+use crate::foreign_keys::{refuse_undeferrable_cycles, ForeignKey};
 use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
 use crate::scripts::*;
@@ -275,6 +276,68 @@ pub async fn table_shape(
     Ok(Some((shape, infos)))
 }
 
+/// A table's foreign keys, each with the table it references (in the same database).
+/// None is deferrable: InnoDB checks each row as it is written.
+pub async fn foreign_keys(
+    connection: &mut impl Queryable,
+    table: &str,
+) -> Result<Vec<ForeignKey>, DbError> {
+    let rows: Vec<(String, String)> = connection
+        .exec(
+            "SELECT CONSTRAINT_NAME, REFERENCED_TABLE_NAME
+             FROM information_schema.REFERENTIAL_CONSTRAINTS
+             WHERE CONSTRAINT_SCHEMA = DATABASE() AND UNIQUE_CONSTRAINT_SCHEMA = DATABASE()
+                 AND TABLE_NAME = ?
+             ORDER BY CONSTRAINT_NAME",
+            (table,),
+        )
+        .await
+        .map_err(db)?;
+    Ok(rows
+        .into_iter()
+        .map(|(constraint, referenced)| ForeignKey {
+            constraint,
+            referenced,
+            deferrable: false,
+        })
+        .collect())
+}
+
+/// `init`'s refusal of a cycle of foreign keys through `table` among the synchronized
+/// tables (and `table`): MySQL and MariaDB cannot defer a foreign key, so no order of
+/// an upload satisfies one. Checked before `init` changes anything.
+async fn refuse_cycles_through(connection: &mut Conn, table: &str) -> Result<(), DbError> {
+    let mut names: Vec<String> = connection
+        .query("SELECT table_name FROM rs_table ORDER BY table_name")
+        .await
+        .map_err(db)?;
+    if !names.iter().any(|name| name == table) {
+        names.push(table.to_string());
+    }
+    let mut tables = Vec::with_capacity(names.len());
+    for name in names {
+        let keys = foreign_keys(connection, &name).await?;
+        tables.push((name, keys));
+    }
+    refuse_undeferrable_cycles(table, &tables, |undeferrable| {
+        let statements: Vec<String> = undeferrable
+            .iter()
+            .map(|found| {
+                format!(
+                    "ALTER TABLE `{}` DROP FOREIGN KEY `{}`;",
+                    found.table.replace('`', "``"),
+                    found.key.constraint.replace('`', "``")
+                )
+            })
+            .collect();
+        format!(
+            "MySQL and MariaDB check foreign keys row by row and cannot defer them: drop one \
+             key of the cycle (one of: {}) or leave one of its tables unsynchronized",
+            statements.join(" ")
+        )
+    })
+}
+
 pub fn tombstone_table(table: &str) -> String {
     format!("rs_tombstone_{table}")
 }
@@ -329,6 +392,7 @@ pub async fn init_table(connection: &mut Conn, init: &TableInit) -> Result<InitO
         }
         let versions = version_facts(connection, &init.table).await?;
         let target = reinit::choose_version(&init, &versions, &shape.column_names())?;
+        refuse_cycles_through(connection, &init.table).await?;
         // DDL commits as it goes in MySQL: each statement below is idempotent, and the
         // table is registered (with its scripts) only once all of them ran.
         for statement in tracking_ddl(connection, &shape, &infos, partition).await? {

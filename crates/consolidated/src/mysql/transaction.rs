@@ -11,7 +11,7 @@ use rowsync_protocol::{Row, Value};
 use super::error::{db, row_script_failure, server_code, LOCK_NOT_GRANTED};
 use super::events::run_event;
 use super::query::{bind_script, run, run_script};
-use super::schema::{column_limits, table_shape, ColumnLimits};
+use super::schema::{column_limits, foreign_keys, table_shape, ColumnLimits};
 use super::stage::{apply_staged, Stage};
 use super::stamp::stamp_committed_rows;
 use super::value::{column_names, read_row};
@@ -20,6 +20,7 @@ use crate::dialect::{
     CursorScript, CursorSink, Dialect, RowFailure, RowStatement, StagedRows, Subscription,
     SubscriptionUpdate, SyncBackend, TableApply,
 };
+use crate::foreign_keys::ForeignKey;
 use crate::names::select_by_key;
 use crate::parameters::{Parameters, RowImages};
 use crate::scripts::*;
@@ -223,6 +224,12 @@ impl Dialect for MysqlTransaction<'_> {
             )
             .await
             .map_err(db)?)
+    }
+
+    /// Read at each sync that writes two tables or more (InnoDB keys cannot be
+    /// deferred: `defer_foreign_keys` does nothing and `init` refuses cycles).
+    async fn foreign_keys(&mut self, table: &str) -> Result<Vec<ForeignKey>, SyncError> {
+        Ok(foreign_keys(&mut self.transaction, table).await?)
     }
 
     async fn dropped_columns(

@@ -8,6 +8,7 @@ use tokio_postgres::{Client, GenericClient, Transaction};
 use super::shapes::SCHEMA_GENERATION_DDL;
 use super::statements::Statements;
 use super::value::kind_of;
+use crate::foreign_keys::{refuse_undeferrable_cycles, ForeignKey};
 use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
 use crate::scripts::*;
@@ -183,6 +184,74 @@ fn shape_from_rows(table: &str, rows: Vec<tokio_postgres::Row>) -> (TableShape, 
     )
 }
 
+/// A table's foreign keys, each with the table it references. A key declared on a
+/// partitioned table is its own (and each partition's, as the partition's copy of it);
+/// the copies PostgreSQL adds to the referencing table for each partition of a
+/// partitioned referenced table are left out (their parent is on the same table).
+const FOREIGN_KEYS_QUERY: &str = "SELECT c.conname::text, r.relname::text, c.condeferrable
+             FROM pg_constraint AS c JOIN pg_class AS r ON r.oid = c.confrelid
+             WHERE c.conrelid = to_regclass($1) AND c.contype = 'f'
+               AND NOT EXISTS (SELECT FROM pg_constraint AS p
+                               WHERE p.oid = c.conparentid AND p.conrelid = c.conrelid)
+             ORDER BY c.conname";
+
+pub async fn foreign_keys(
+    client: &impl GenericClient,
+    statements: Option<&Statements>,
+    table: &str,
+) -> Result<Vec<ForeignKey>, DbError> {
+    let rows = match statements {
+        Some(statements) => {
+            let statement = statements.prepare(client, FOREIGN_KEYS_QUERY).await?;
+            client.query(&statement, &[&q(table)]).await?
+        }
+        None => client.query(FOREIGN_KEYS_QUERY, &[&q(table)]).await?,
+    };
+    Ok(rows
+        .iter()
+        .map(|row| ForeignKey {
+            constraint: row.get(0),
+            referenced: row.get(1),
+            deferrable: row.get(2),
+        })
+        .collect())
+}
+
+/// `init`'s refusal of a cycle of foreign keys through `table` among the synchronized
+/// tables unless every key of it is DEFERRABLE (syncs that write the cycle's tables then
+/// run `SET CONSTRAINTS ... DEFERRED` naming them).
+async fn refuse_undeferrable_cycles_through(
+    client: &impl GenericClient,
+    table: &str,
+) -> Result<(), DbError> {
+    let names = client
+        .query("SELECT table_name FROM rs_table ORDER BY table_name", &[])
+        .await?;
+    let mut tables = Vec::with_capacity(names.len());
+    for row in names {
+        let name: String = row.get(0);
+        let keys = foreign_keys(client, None, &name).await?;
+        tables.push((name, keys));
+    }
+    refuse_undeferrable_cycles(table, &tables, |undeferrable| {
+        let statements: Vec<String> = undeferrable
+            .iter()
+            .map(|found| {
+                format!(
+                    "ALTER TABLE {} ALTER CONSTRAINT {} DEFERRABLE INITIALLY DEFERRED;",
+                    q(found.table),
+                    q(&found.key.constraint)
+                )
+            })
+            .collect();
+        format!(
+            "Make them deferrable and rowsync defers them for the syncs that write these \
+             tables: {}",
+            statements.join(" ")
+        )
+    })
+}
+
 /// The column `init` adds: the id of the transaction that last wrote the row.
 pub const XID_COLUMN: &str = "rs_xid";
 
@@ -261,6 +330,7 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<InitOut
             &[&init.table, &init.partition_column],
         )
         .await?;
+    refuse_undeferrable_cycles_through(&transaction, &init.table).await?;
     create_version(&transaction, &target).await?;
     let mut outcome = InitOutcome {
         script_version: target.name.clone(),

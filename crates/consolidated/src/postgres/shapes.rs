@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
+use crate::foreign_keys::ForeignKey;
 use crate::shape::TableShape;
 
 /// The schema generation, NULL unless both event triggers exist and fire always (a
@@ -83,12 +84,14 @@ END $$;
 ";
 
 /// What a sync needs to know of a table: its shape, its columns' SQL types (array
-/// staging binds each column by its type) and its partition column.
+/// staging binds each column by its type), its partition column and its foreign keys.
 #[derive(Clone)]
 pub struct CachedTable {
     pub shape: TableShape,
     pub types: Vec<String>,
     pub partition: Option<String>,
+    /// Its foreign keys (`Dialect::foreign_keys`).
+    pub foreign_keys: Vec<ForeignKey>,
     /// Its tombstones are kept in batches (`rs_deleted_<T>`); false for tracking set up
     /// by a rowsync from before batches and not initialized again since.
     pub tombstone_batches: bool,

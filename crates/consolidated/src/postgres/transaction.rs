@@ -10,7 +10,7 @@ use super::query::{
     bind_script, binds_of, query_rows, query_script, read_cursor, read_cursor_pair,
 };
 use super::rows::run_row_statements;
-use super::schema::{deleted_table, quote_literal, table_shape, tombstone_table};
+use super::schema::{deleted_table, foreign_keys, quote_literal, table_shape, tombstone_table};
 use super::shapes::{schema_generation, CachedTable, ShapeCache, SyncGeneration};
 use super::stage::{apply_staged, apply_staged_fast, Stage, StageTarget};
 use super::statements::Statements;
@@ -20,6 +20,7 @@ use crate::dialect::{
     StagedRows, Subscription, SubscriptionUpdate, TableApply,
 };
 use crate::echo::DownloadFilter;
+use crate::foreign_keys::ForeignKey;
 use crate::names::select_by_key;
 use crate::parameters::{positional_parameters, Parameters, RowImages};
 use crate::scripts::*;
@@ -506,8 +507,8 @@ impl Dialect for PgTransaction<'_> {
         .await
     }
 
-    /// The shape and the partition column are read in one round trip (pipelined) and
-    /// kept (`shapes`).
+    /// The shape, the partition column and the foreign keys are read in one round trip
+    /// (pipelined) and kept (`shapes`).
     async fn table_shape(&mut self, table: &str) -> Result<TableShape, SyncError> {
         if let Some(cached) = self.shapes.get(table) {
             return Ok(cached.shape.clone());
@@ -523,7 +524,13 @@ impl Dialect for PgTransaction<'_> {
         };
         let partition =
             async { Ok::<_, SyncError>(self.transaction.query_opt(&partition, &[&table]).await?) };
-        let (found, partition) = futures_util::future::try_join(shape, partition).await?;
+        let keys = async {
+            foreign_keys(&self.transaction, Some(self.statements), table)
+                .await
+                .map_err(SyncError::from)
+        };
+        let (found, partition, declared_keys) =
+            futures_util::future::try_join3(shape, partition, keys).await?;
         let (shape, types) = found.ok_or_else(|| {
             SyncError::Schema(format!(
                 "table {table:?} does not exist in the consolidated database"
@@ -533,6 +540,7 @@ impl Dialect for PgTransaction<'_> {
             shape: shape.clone(),
             types,
             partition: partition.as_ref().and_then(|row| row.get(0)),
+            foreign_keys: declared_keys,
             tombstone_batches: partition.as_ref().is_some_and(|row| row.get(1)),
             server_writes: partition.as_ref().is_none_or(|row| row.get(2)),
         };
@@ -562,6 +570,36 @@ impl Dialect for PgTransaction<'_> {
             Some(cached) => super::stored::keys_to_check(cached, upload, key_positions),
             None => KeysToCheck::All,
         })
+    }
+
+    /// Read and kept with the table's shape.
+    async fn foreign_keys(&mut self, table: &str) -> Result<Vec<ForeignKey>, SyncError> {
+        if self.shapes.get(table).is_none() {
+            self.table_shape(table).await?;
+        }
+        Ok(self
+            .shapes
+            .get(table)
+            .map(|cached| cached.foreign_keys.clone())
+            .unwrap_or_default())
+    }
+
+    /// `SET CONSTRAINTS ... DEFERRED` naming the cycle's DEFERRABLE keys (`init` refuses
+    /// a cycle with one that is not; naming one would be an error).
+    async fn defer_foreign_keys(&mut self, keys: &[ForeignKey]) -> Result<(), SyncError> {
+        let mut names: Vec<String> = keys
+            .iter()
+            .filter(|key| key.deferrable)
+            .map(|key| q(&key.constraint))
+            .collect();
+        names.sort();
+        names.dedup();
+        if names.is_empty() {
+            return Ok(());
+        }
+        let sql = format!("SET CONSTRAINTS {} DEFERRED", names.join(", "));
+        self.transaction.batch_execute(&sql).await?;
+        Ok(())
     }
 
     async fn dropped_columns(

@@ -4,6 +4,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use std::collections::HashMap;
 
+use crate::foreign_keys::ForeignKey;
 use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
 use crate::scripts::*;
@@ -235,6 +236,36 @@ pub fn table_shape(connection: &Connection, table: &str) -> Result<Option<TableS
         columns,
         key_columns: keys.into_iter().map(|(_, name)| name).collect(),
     }))
+}
+
+/// The foreign keys `table` declares, each with the table it references spelled as that
+/// table is named (SQLite matches the name in `REFERENCES` without regard to case).
+/// SQLite names no constraint: the columns and the referenced table describe it. Every
+/// one is deferrable: `PRAGMA defer_foreign_keys` defers them all for a transaction.
+pub fn foreign_keys(connection: &Connection, table: &str) -> Result<Vec<ForeignKey>, DbError> {
+    let mut statement = connection.prepare_cached(
+        "SELECT f.id, f.\"from\", COALESCE((SELECT s.name FROM sqlite_schema AS s
+                 WHERE s.type = 'table' AND s.name = f.\"table\" COLLATE NOCASE), f.\"table\")
+         FROM pragma_foreign_key_list(?1) AS f ORDER BY f.id, f.seq",
+    )?;
+    let mut rows = statement.query([table])?;
+    let mut keys: Vec<(i64, Vec<String>, String)> = Vec::new();
+    while let Some(row) = rows.next()? {
+        let (id, column, referenced): (i64, String, String) =
+            (row.get(0)?, row.get(1)?, row.get(2)?);
+        match keys.last_mut() {
+            Some((last, columns, _)) if *last == id => columns.push(column),
+            _ => keys.push((id, vec![column], referenced)),
+        }
+    }
+    Ok(keys
+        .into_iter()
+        .map(|(_, columns, referenced)| ForeignKey {
+            constraint: format!("{table}({}) REFERENCES {referenced}", columns.join(", ")),
+            referenced,
+            deferrable: true,
+        })
+        .collect())
 }
 
 pub fn row_version_table(table: &str) -> String {

@@ -6,12 +6,13 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::events::run_event;
 use super::query::{query_script, read_cursor, run_bound, run_script};
-use super::schema::table_shape;
+use super::schema::{foreign_keys, table_shape};
 use super::stage::{Landed, Stage};
 use crate::dialect::{
     CursorScript, CursorSink, Dialect, RowFailure, RowStatement, StagedRows, Subscription,
     SubscriptionUpdate, SyncBackend, TableApply,
 };
+use crate::foreign_keys::ForeignKey;
 use crate::names::select_by_key;
 use crate::parameters::{Parameters, RowImages};
 use crate::scripts::*;
@@ -147,6 +148,18 @@ impl Dialect for SqliteTransaction<'_> {
             )
             .optional()?
             .flatten())
+    }
+
+    async fn foreign_keys(&mut self, table: &str) -> Result<Vec<ForeignKey>, SyncError> {
+        Ok(foreign_keys(self.connection, table)?)
+    }
+
+    /// Every foreign key (SQLite defers no other constraint) waits for the commit;
+    /// SQLite turns this off at the transaction's end.
+    async fn defer_foreign_keys(&mut self, _keys: &[ForeignKey]) -> Result<(), SyncError> {
+        self.connection
+            .pragma_update(None, "defer_foreign_keys", "ON")?;
+        Ok(())
     }
 
     async fn dropped_columns(

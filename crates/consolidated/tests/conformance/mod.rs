@@ -132,6 +132,9 @@ macro_rules! conformance_suite {
             a_held_transfer_is_found_whole_in_parts_and_by_its_transfer_only,
             held_transfers_stay_within_their_bound_and_expire,
             held_uploads_and_downloads_of_a_client_are_apart,
+            uploads_apply_parents_first_and_delete_children_first,
+            deletes_apply_children_first_whatever_order_the_tables_come_in,
+            a_row_whose_parent_exists_nowhere_still_fails_the_sync,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {
@@ -146,11 +149,13 @@ macro_rules! conformance_suite {
 pub(crate) use conformance_suite;
 
 mod cancel;
+mod foreign_keys;
 mod held;
 mod history;
 mod schema_changes;
 mod scripts;
 pub use cancel::*;
+pub use foreign_keys::*;
 pub use held::*;
 pub use history::*;
 pub use schema_changes::*;
