@@ -2,6 +2,10 @@
 //! Nothing of the client is written here; this file converts arguments, results and
 //! errors, and releases the GIL while a sync runs.
 
+#[cfg(unix)]
+mod compat;
+mod sqlite;
+
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
@@ -32,6 +36,13 @@ create_exception!(
     AuthError,
     SyncError,
     "The server did not accept the user's credentials."
+);
+
+create_exception!(
+    rowsync,
+    SqliteLibraryError,
+    SyncError,
+    "The SQLite library in this process is not one rowsync can share the file with."
 );
 
 fn python_error(error: ClientError) -> PyErr {
@@ -108,12 +119,14 @@ impl PyClient {
         durability: &str,
         durable_before_sync: Option<bool>,
     ) -> PyResult<PyClient> {
+        if let Err(problem) = sqlite::check(py)? {
+            return Err(SqliteLibraryError::new_err(problem.to_string()));
+        }
         let durability = Durability::parse(durability)
             .map_err(|error| pyo3::exceptions::PyValueError::new_err(error.to_string()))?;
         let mut options = ClientOptions::new(durability);
         options.client_id = client_id;
-        options.durable_before_sync =
-            durable_before_sync.unwrap_or(options.durable_before_sync);
+        options.durable_before_sync = durable_before_sync.unwrap_or(options.durable_before_sync);
         let client = py
             .allow_threads(|| Client::open_with(&path, &options))
             .map_err(python_error)?;
@@ -393,6 +406,10 @@ fn _rowsync(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("SyncError", py.get_type::<SyncError>())?;
     module.add("BusyError", py.get_type::<BusyError>())?;
     module.add("AuthError", py.get_type::<AuthError>())?;
+    module.add("SqliteLibraryError", py.get_type::<SqliteLibraryError>())?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    module.add("sqlite_version", rusqlite::version())?;
+    module.add("sqlite_library", sqlite::rowsync_library())?;
+    module.add("MIN_SQLITE_VERSION", sqlite::MIN_VERSION)?;
     Ok(())
 }
