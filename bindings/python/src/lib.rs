@@ -2,9 +2,11 @@
 //! Nothing of the client is written here; this file converts arguments, results and
 //! errors, and releases the GIL while a sync runs.
 
-#[cfg(unix)]
-mod compat;
 mod sqlite;
+
+// The SQLite functions older libraries lack (defined there, forwarding when present).
+#[cfg(unix)]
+use rowsync_sqlite_compat as _;
 
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};

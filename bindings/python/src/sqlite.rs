@@ -13,14 +13,7 @@ use std::fmt;
 use pyo3::prelude::*;
 use rusqlite::ffi;
 
-/// The oldest SQLite the client works with: `RETURNING` (3.35.0) records an upload's
-/// transfer. Measured with the package's tests against each library as the whole
-/// process's SQLite (`LD_LIBRARY_PATH`): 3.33.0 fails (`near "RETURNING": syntax
-/// error`), 3.35.4, 3.36.0, 3.40.1 and 3.54.1 pass. The memory mode needs the `memdb`
-/// VFS too: built in since 3.36.0, before it only with `SQLITE_ENABLE_DESERIALIZE`
-/// (which the interpreters that call `sqlite3_deserialize` have).
-pub const MIN_VERSION_NUMBER: i32 = 3_035_004;
-pub const MIN_VERSION: &str = "3.35.4";
+pub use rowsync_sqlite_compat::{MIN_VERSION, MIN_VERSION_NUMBER};
 
 /// Set to `1`, the check that `sqlite3` and rowsync share one SQLite library is skipped:
 /// for an app on an interpreter whose `sqlite3` carries its own SQLite that never opens

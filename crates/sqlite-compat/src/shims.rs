@@ -1,19 +1,4 @@
-//! The SQLite functions rusqlite 0.41 calls that older libraries lack, so the extension
-//! loads with the interpreter's libsqlite3 as far back as [`crate::sqlite::MIN_VERSION`]
-//! (Debian 12 has 3.40.1, Ubuntu 22.04 3.37.2; rusqlite 0.41 calls 3.44's client
-//! data functions). Defined here, these names are what the extension's calls bind to; each
-//! forwards to the library's own function when it has one (looked up once in the very
-//! library `sqlite3_libversion` came from), and otherwise does what rowsync needs:
-//!
-//! * `sqlite3_changes64` (3.37.0): `sqlite3_changes`, exact below 2^31 rows;
-//! * `sqlite3_error_offset` (3.38.0): -1, "no offset" (only error messages use it);
-//! * `sqlite3_set_clientdata` / `sqlite3_get_clientdata` (3.44.0): a table by
-//!   connection and name. rusqlite keeps its callbacks there (busy handler, trace,
-//!   hooks); rowsync installs none, and only clears the busy handler's slot (every
-//!   `busy_timeout`), so nothing is ever kept. Were a callback kept, this table could
-//!   not run its destructor when the connection closes (SQLite does, there).
-//!
-//! Unix only: elsewhere the extension needs a SQLite of at least 3.44.
+//! The definitions (see the crate's documentation).
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -84,6 +69,30 @@ pub unsafe extern "C" fn sqlite3_error_offset(db: *mut sqlite3) -> c_int {
     ) {
         Some(error_offset) => unsafe { error_offset(db) },
         None => -1,
+    }
+}
+
+/// # Safety
+/// As SQLite's: `db` is an open connection.
+#[no_mangle]
+pub unsafe extern "C" fn sqlite3_db_name(db: *mut sqlite3, n: c_int) -> *const c_char {
+    type DbName = unsafe extern "C" fn(*mut sqlite3, c_int) -> *const c_char;
+    match own_function!(c"sqlite3_db_name", DbName) {
+        Some(db_name) => unsafe { db_name(db, n) },
+        None => std::ptr::null(),
+    }
+}
+
+/// # Safety
+/// As SQLite's: `db` is an open connection.
+#[no_mangle]
+pub unsafe extern "C" fn sqlite3_is_interrupted(db: *mut sqlite3) -> c_int {
+    match own_function!(
+        c"sqlite3_is_interrupted",
+        unsafe extern "C" fn(*mut sqlite3) -> c_int
+    ) {
+        Some(is_interrupted) => unsafe { is_interrupted(db) },
+        None => 0,
     }
 }
 
