@@ -4,7 +4,8 @@
 //! process, each side opening and closing connections while the other's stay open
 //! (tests/c/shared_sqlite.c). One SQLite library: every row reaches the server and the
 //! file is sound. (Linked with the default librowsync.so, which carries a SQLite of its
-//! own, the same program fails with `disk I/O error`: docs/client.md section 11.)
+//! own, the same program stops at its third write, "database disk image is malformed":
+//! docs/client.md section 11.)
 
 #[path = "../../client/tests/support/mod.rs"]
 mod support;
