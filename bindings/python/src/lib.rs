@@ -85,7 +85,10 @@ fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
 /// reads and writes the file with any SQLite library (``sqlite3``), and in the memory
 /// mode through :meth:`execute` only; every change to a tracked table is recorded by
 /// triggers. The mode sets rowsync's own connection: give yours the same ``PRAGMA
-/// synchronous``.
+/// synchronous``. rowsync calls the SQLite library ``sqlite3`` loaded, as two libraries in
+/// one process corrupt a file both open: :class:`SqliteLibraryError` is raised, before the
+/// file is opened, when ``sqlite3`` uses another one or it is older than
+/// ``MIN_SQLITE_VERSION``.
 #[pyclass(module = "rowsync", name = "Client")]
 struct PyClient {
     client: Mutex<Client>,
