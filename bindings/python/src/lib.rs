@@ -2,6 +2,12 @@
 //! Nothing of the client is written here; this file converts arguments, results and
 //! errors, and releases the GIL while a sync runs.
 
+mod sqlite;
+
+// The SQLite functions older libraries lack (defined there, forwarding when present).
+#[cfg(unix)]
+use rowsync_sqlite_compat as _;
+
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
@@ -32,6 +38,13 @@ create_exception!(
     AuthError,
     SyncError,
     "The server did not accept the user's credentials."
+);
+
+create_exception!(
+    rowsync,
+    SqliteLibraryError,
+    SyncError,
+    "The SQLite library in this process is not one rowsync can share the file with."
 );
 
 fn python_error(error: ClientError) -> PyErr {
@@ -72,7 +85,10 @@ fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
 /// reads and writes the file with any SQLite library (``sqlite3``), and in the memory
 /// mode through :meth:`execute` only; every change to a tracked table is recorded by
 /// triggers. The mode sets rowsync's own connection: give yours the same ``PRAGMA
-/// synchronous``.
+/// synchronous``. rowsync calls the SQLite library ``sqlite3`` loaded, as two libraries in
+/// one process corrupt a file both open: :class:`SqliteLibraryError` is raised, before the
+/// file is opened, when ``sqlite3`` uses another one or it is older than
+/// ``MIN_SQLITE_VERSION``.
 #[pyclass(module = "rowsync", name = "Client")]
 struct PyClient {
     client: Mutex<Client>,
@@ -108,12 +124,14 @@ impl PyClient {
         durability: &str,
         durable_before_sync: Option<bool>,
     ) -> PyResult<PyClient> {
+        if let Err(problem) = sqlite::check(py)? {
+            return Err(SqliteLibraryError::new_err(problem.to_string()));
+        }
         let durability = Durability::parse(durability)
             .map_err(|error| pyo3::exceptions::PyValueError::new_err(error.to_string()))?;
         let mut options = ClientOptions::new(durability);
         options.client_id = client_id;
-        options.durable_before_sync =
-            durable_before_sync.unwrap_or(options.durable_before_sync);
+        options.durable_before_sync = durable_before_sync.unwrap_or(options.durable_before_sync);
         let client = py
             .allow_threads(|| Client::open_with(&path, &options))
             .map_err(python_error)?;
@@ -424,6 +442,10 @@ fn _rowsync(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("SyncError", py.get_type::<SyncError>())?;
     module.add("BusyError", py.get_type::<BusyError>())?;
     module.add("AuthError", py.get_type::<AuthError>())?;
+    module.add("SqliteLibraryError", py.get_type::<SqliteLibraryError>())?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    module.add("sqlite_version", rusqlite::version())?;
+    module.add("sqlite_library", sqlite::rowsync_library())?;
+    module.add("MIN_SQLITE_VERSION", sqlite::MIN_VERSION)?;
     Ok(())
 }

@@ -3,9 +3,12 @@ ROWSYNC_BIN to use another): rows both ways, writes through Python's sqlite3, th
 conflicted rows, progress, typed errors, and the GIL released while syncing."""
 
 import os
+import shutil
 import sqlite3
 import subprocess
+import sys
 import threading
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -206,3 +209,116 @@ def test_each_durability_mode_syncs_and_keeps_what_it_promises(server, tmp_path,
         rowsync.Client(str(tmp_path / "bad.db"), durability="sometimes")
     with pytest.raises(rowsync.SyncError):
         rowsync.Client(str(tmp_path / "m.db"), durability="memory", durable_before_sync=False)
+
+
+def test_sqlite3_and_rowsync_write_one_file_in_one_process(server, tmp_path):
+    """The README's pattern: the app writes with `sqlite3` (WAL) while `rowsync.Client`
+    syncs the same file, each side opening and closing connections while the other's
+    stay open. Two SQLite libraries in one process do not see each other's POSIX locks,
+    so the side that closes its last connection takes itself for the file's last user:
+    it checkpoints and deletes the -wal and -shm files the other side still writes into
+    (sqlite.org, "How To Corrupt An SQLite Database File", 2.2.1). One library shares
+    them; then every row written either way is synced and the file is sound."""
+    url, central = server
+    path = tmp_path / "shared.db"
+    with closing(sqlite3.connect(path, isolation_level=None)) as app:
+        app.execute("PRAGMA journal_mode=WAL")
+        app.execute(ORDERS)
+    client = rowsync.Client(str(path))
+    client.track("orders")
+    client.sync(url, user="alice", password="alice-password")
+    del client
+    written = []
+
+    def write(connection, round, what):
+        row = (f"r{round}-{what}", "alice", what, round)
+        connection.execute("INSERT INTO orders VALUES (?, ?, ?, ?)", row)
+        written.append(row)
+
+    rounds = 3
+    for round in range(rounds):
+        # The app's long-lived connection, with frames in the WAL not yet checkpointed.
+        app = sqlite3.connect(path, isolation_level=None)
+        write(app, round, "held")
+        # rowsync opens, syncs and closes while the app's connection stays open.
+        client = rowsync.Client(str(path))
+        client.sync(url, user="alice", password="alice-password")
+        del client
+        write(app, round, "after-close")
+        app.execute("UPDATE orders SET quantity = quantity + 1 WHERE id = ?", (f"seed-{round}",))
+        # rowsync opens again and stays open while the app's connections come and go.
+        client = rowsync.Client(str(path))
+        with closing(sqlite3.connect(path, isolation_level=None)) as short:
+            write(short, round, "short")
+        client.sync(url, user="alice", password="alice-password")
+        app.close()
+        with closing(sqlite3.connect(path, isolation_level=None)) as short:
+            write(short, round, "reopened")
+        client.execute(
+            f"INSERT INTO orders VALUES ('r{round}-rowsync', 'alice', 'rowsync', {round})"
+        )
+        written.append((f"r{round}-rowsync", "alice", "rowsync", round))
+        client.sync(url, user="alice", password="alice-password")
+        del client
+    client = rowsync.Client(str(path))
+    client.sync(url, user="alice", password="alice-password")
+    assert not client.pending_changes()
+    del client
+
+    with closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    on_server = rows(central)
+    assert rows(path) == on_server
+    missing = [row for row in written if row not in on_server]
+    assert not missing
+    for round in range(rounds):
+        assert (f"seed-{round}", "alice", "seed", round + 1) in on_server
+    assert len(on_server) == SEED_ROWS + len(written)
+
+
+def test_rowsync_calls_the_sqlite_library_the_sqlite3_module_loaded():
+    assert rowsync.sqlite_version == sqlite3.sqlite_version
+    if sys.platform.startswith("linux"):
+        maps = Path("/proc/self/maps").read_text()
+        assert rowsync.sqlite_library in maps
+        # One SQLite library mapped in this process, shared by sqlite3 and rowsync.
+        libraries = {line.split()[-1] for line in maps.splitlines() if "sqlite3" in line}
+        ours = os.path.realpath(rowsync.sqlite_library)
+        assert {os.path.realpath(lib) for lib in libraries if "libsqlite3" in lib} == {ours}
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_a_sqlite3_module_with_its_own_sqlite_is_refused(tmp_path):
+    """As on an interpreter whose sqlite3 module has SQLite compiled in: the module's
+    file resolves sqlite3_libversion to another library than rowsync's. Client refuses
+    before opening the file; ROWSYNC_ALLOW_SEPARATE_SQLITE=1 lets it open."""
+    source = tmp_path / "own_sqlite.c"
+    source.write_text('const char *sqlite3_libversion(void) { return "3.40.1"; }\n')
+    library = tmp_path / "own_sqlite.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", library, source], check=True)
+    database = tmp_path / "app.db"
+    script = f"""
+import _sqlite3, rowsync
+_sqlite3.__file__ = {str(library)!r}
+try:
+    rowsync.Client({str(database)!r})
+    print("opened")
+except rowsync.SqliteLibraryError as error:
+    print("refused:", error)
+"""
+    environment = {k: v for k, v in os.environ.items() if k != "ROWSYNC_ALLOW_SEPARATE_SQLITE"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=environment
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("refused: Python's sqlite3 module uses another SQLite"), done.stdout
+    assert "ROWSYNC_ALLOW_SEPARATE_SQLITE=1" in done.stdout
+    assert not database.exists()
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**environment, "ROWSYNC_ALLOW_SEPARATE_SQLITE": "1"},
+    )
+    assert (done.returncode, done.stdout) == (0, "opened\n"), done.stderr
+    assert database.exists()

@@ -7,6 +7,10 @@
 
 #![allow(non_camel_case_types)]
 
+// The bundled SQLite defines the functions the compatibility crate does.
+#[cfg(all(feature = "bundled-sqlite", feature = "system-sqlite-compat"))]
+compile_error!("`system-sqlite-compat` is for builds without `bundled-sqlite`");
+
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -283,6 +287,12 @@ pub unsafe extern "C" fn rowsync_open_with(
 ) -> rowsync_status {
     guard(|| {
         let out = handle(out, "out")?;
+        // The app's SQLite, with the functions it lacks defined: it may be too old.
+        #[cfg(feature = "system-sqlite-compat")]
+        rowsync_sqlite_compat::check_version().map_err(|too_old| Failure {
+            status: rowsync_status::ROWSYNC_ERROR,
+            message: too_old.to_string(),
+        })?;
         let mut options = ClientOptions::new(durability_of(durability)?);
         options.client_id = optional_text(client_id, "client_id")?.map(str::to_owned);
         let client = Client::open_with(text(path, "path")?, &options)?;

@@ -5,11 +5,20 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 __version__: str
+sqlite_version: str
+"""The version of the SQLite library rowsync calls (the one ``sqlite3`` loads)."""
+sqlite_library: Optional[str]
+"""The file that library was loaded from (None where the loader cannot tell)."""
+MIN_SQLITE_VERSION: str
+"""The oldest SQLite rowsync works with."""
 
 Value = Union[None, int, float, decimal.Decimal, str, bytes]
 
 class SyncError(Exception):
     """A sync or an operation on the client database failed."""
+
+class SqliteLibraryError(SyncError):
+    """Python's sqlite3 uses another SQLite library than rowsync, or it is too old."""
 
 class BusyError(SyncError):
     """The server stayed busy through every retry: try again later."""
