@@ -1057,10 +1057,14 @@ impl DownloadApply {
         DownloadApply::default()
     }
 
+    /// Begins the download's transaction. Foreign keys the device enforces are checked
+    /// at its commit (`defer_foreign_keys`, which SQLite resets there): a download
+    /// arrives table by table, a child's rows possibly before its parent's.
     fn begin(&mut self, connection: &Connection) -> Result<(), ClientError> {
         if self.tracked.is_none() {
             connection.execute_batch(
-                "BEGIN IMMEDIATE; UPDATE rs_client_state SET applying_download = 1 WHERE id = 1;",
+                "BEGIN IMMEDIATE; PRAGMA defer_foreign_keys = ON;
+                 UPDATE rs_client_state SET applying_download = 1 WHERE id = 1;",
             )?;
             self.tracked = Some(tracked_tables(connection)?);
         }

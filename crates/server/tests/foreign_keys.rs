@@ -107,14 +107,11 @@ async fn a_rental_and_its_payment_made_offline_sync_and_are_deleted_together() {
     server.stop().await;
 }
 
-/// Not yet: a second device receives the rental and its payment in one download, which
-/// comes in table-name order (payment first) and is applied with the device's foreign
-/// keys checked row by row (the bundled SQLite enforces them by default), so the
-/// download fails with "FOREIGN KEY constraint failed" at every sync. The fix is the
-/// client's: `PRAGMA defer_foreign_keys = ON` in the download's transaction
-/// (`DownloadApply::begin`), which checks the keys at its commit.
+/// A second device receives the rental and its payment in one download, which comes in
+/// table-name order (payment first), on a device that enforces foreign keys (the
+/// bundled SQLite does by default): the download's transaction checks them at its
+/// commit (`defer_foreign_keys`), so it applies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "download order on a device that enforces foreign keys: the client's to fix"]
 async fn another_device_receives_a_rental_and_its_payment_in_one_download() {
     let server = TestServer::start().await;
     add_rental_store(&server).await;

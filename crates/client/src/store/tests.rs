@@ -870,6 +870,7 @@ fn existing_rows_are_named_upload_or_from_server() {
     );
     let refused = "server".parse::<ExistingRows>().unwrap_err().to_string();
     assert!(refused.contains("from_server"), "{refused}");
+}
 
 /// Issue 31: `payment` sorts before `rental` and references it (spelled `Rental`: SQLite
 /// names are case-blind); the upload carries `rental` first, unrelated tables by name.
@@ -886,7 +887,7 @@ fn an_upload_carries_tables_parents_first_by_the_clients_foreign_keys() {
          CREATE TABLE actor (actor_id INTEGER PRIMARY KEY)",
     );
     for table in ["payment", "rental", "actor"] {
-        track(&mut connection, table).unwrap();
+        track(&mut connection, table, ExistingRows::Upload).unwrap();
     }
     execute(
         &connection,

@@ -156,8 +156,8 @@ const PARTITION_COLUMN_QUERY: &str = "SELECT partition_column, \
      to_regclass(quote_ident('rs_deleted_' || table_name)) IS NOT NULL, \
      EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = to_regclass(quote_ident(table_name)) \
              AND NOT t.tgisinternal AND t.tgname NOT LIKE 'rs\\_%') \
-     OR EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = to_regclass(quote_ident(table_name)) \
-             AND a.attnum > 0 AND NOT a.attisdropped AND (a.attgenerated <> '' OR a.attidentity <> '')) \
+     OR EXISTS (SELECT 1 FROM pg_attribute c WHERE c.attrelid = to_regclass(quote_ident(table_name)) \
+             AND c.attnum > 0 AND NOT c.attisdropped AND (c.attgenerated <> '' OR c.attidentity <> '')) \
      FROM rs_table WHERE table_name = $1";
 
 const SUBSCRIPTION_QUERY: &str =
