@@ -188,6 +188,7 @@ mod tests {
             },
             types: types.iter().map(|t| t.to_string()).collect(),
             partition: None,
+            foreign_keys: Vec::new(),
             tombstone_batches: true,
             server_writes,
         }
