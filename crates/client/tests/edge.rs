@@ -312,35 +312,29 @@ fn assert_kept(kept: &KeptConflict, operation: &str, client_row: Option<serde_js
     assert_eq!(kept.client_row, client_row, "{kept:?}");
 }
 
-#[tokio::test]
-async fn sqlite_existing_rows_are_uploaded() {
-    existing_rows_are_uploaded(Backend::sqlite(&[CLIENT_DDL]).await).await;
+/// One test per backend of a scenario: `test_name => the backend it runs on`.
+macro_rules! on_backends {
+    ($scenario:ident: $($test:ident => $backend:expr),+ $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $test() {
+                $scenario($backend.await).await;
+            }
+        )+
+    };
 }
 
-#[tokio::test]
-async fn postgres_existing_rows_are_uploaded() {
-    existing_rows_are_uploaded(Backend::postgres(&[POSTGRES_ITEMS]).await).await;
-}
+on_backends!(existing_rows_are_uploaded:
+    sqlite_existing_rows_are_uploaded => Backend::sqlite(&[CLIENT_DDL]),
+    postgres_existing_rows_are_uploaded => Backend::postgres(&[POSTGRES_ITEMS]),
+    mariadb_existing_rows_are_uploaded => Backend::mysql(&[MARIADB_ITEMS]),
+);
 
-#[tokio::test]
-async fn mariadb_existing_rows_are_uploaded() {
-    existing_rows_are_uploaded(Backend::mysql(&[MARIADB_ITEMS]).await).await;
-}
-
-#[tokio::test]
-async fn sqlite_losing_sides_of_conflicts_are_kept() {
-    losing_sides_of_conflicts_are_kept(Backend::sqlite(&[CLIENT_DDL]).await).await;
-}
-
-#[tokio::test]
-async fn postgres_losing_sides_of_conflicts_are_kept() {
-    losing_sides_of_conflicts_are_kept(Backend::postgres(&[POSTGRES_ITEMS]).await).await;
-}
-
-#[tokio::test]
-async fn mariadb_losing_sides_of_conflicts_are_kept() {
-    losing_sides_of_conflicts_are_kept(Backend::mysql(&[MARIADB_ITEMS]).await).await;
-}
+on_backends!(losing_sides_of_conflicts_are_kept:
+    sqlite_losing_sides_of_conflicts_are_kept => Backend::sqlite(&[CLIENT_DDL]),
+    postgres_losing_sides_of_conflicts_are_kept => Backend::postgres(&[POSTGRES_ITEMS]),
+    mariadb_losing_sides_of_conflicts_are_kept => Backend::mysql(&[MARIADB_ITEMS]),
+);
 
 /// The device's copy of `items` in a schema whose server changes rows as they are
 /// written: a `last_update` stamped by a trigger, a price kept at two decimals.
@@ -410,39 +404,31 @@ fn stamped_items(client: &Client) -> Vec<Vec<rusqlite::types::Value>> {
     rows.collect::<Result<_, _>>().unwrap()
 }
 
-#[tokio::test]
-async fn postgres_rows_the_server_changes_come_back() {
-    // As the DVD-rental sample: a BEFORE UPDATE trigger sets last_update = now().
-    let schema = [
-        "CREATE TABLE items (id text PRIMARY KEY, owner text NOT NULL, body text, \
-         price numeric(5,2), last_update timestamptz NOT NULL DEFAULT now())",
-        "CREATE FUNCTION last_updated() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN NEW.last_update = clock_timestamp(); RETURN NEW; END $$",
-        "CREATE TRIGGER last_updated BEFORE UPDATE ON items FOR EACH ROW \
-         EXECUTE FUNCTION last_updated()",
-    ];
-    rows_the_server_changes_come_back(Backend::postgres(&schema).await).await;
-}
+/// As the DVD-rental sample: a BEFORE UPDATE trigger sets last_update = now().
+const POSTGRES_STAMPED: [&str; 3] = [
+    "CREATE TABLE items (id text PRIMARY KEY, owner text NOT NULL, body text, \
+     price numeric(5,2), last_update timestamptz NOT NULL DEFAULT now())",
+    "CREATE FUNCTION last_updated() RETURNS trigger LANGUAGE plpgsql AS $$ \
+     BEGIN NEW.last_update = clock_timestamp(); RETURN NEW; END $$",
+    "CREATE TRIGGER last_updated BEFORE UPDATE ON items FOR EACH ROW \
+     EXECUTE FUNCTION last_updated()",
+];
 
-#[tokio::test]
-async fn mariadb_rows_the_server_changes_come_back() {
-    // As the Sakila sample: last_update ON UPDATE CURRENT_TIMESTAMP.
-    let schema = [
-        "CREATE TABLE items (id VARCHAR(64) PRIMARY KEY, owner VARCHAR(64) NOT NULL, \
-         body TEXT, price DECIMAL(5,2), last_update TIMESTAMP(6) NOT NULL \
-         DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6))",
-    ];
-    rows_the_server_changes_come_back(Backend::mysql(&schema).await).await;
-}
+/// As the Sakila sample: last_update ON UPDATE CURRENT_TIMESTAMP.
+const MARIADB_STAMPED: [&str; 1] = ["CREATE TABLE items (id VARCHAR(64) PRIMARY KEY, \
+     owner VARCHAR(64) NOT NULL, body TEXT, price DECIMAL(5,2), last_update TIMESTAMP(6) \
+     NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6))"];
 
-#[tokio::test]
-async fn sqlite_rows_the_server_changes_come_back() {
-    let schema = [
-        "CREATE TABLE items (id TEXT PRIMARY KEY, owner TEXT NOT NULL, body TEXT, \
-         price TEXT, last_update TEXT)",
-        "CREATE TRIGGER last_updated AFTER UPDATE OF body ON items BEGIN \
-         UPDATE items SET last_update = strftime('%Y-%m-%d %H:%M:%f', 'now') WHERE id = NEW.id; \
-         END",
-    ];
-    rows_the_server_changes_come_back(Backend::sqlite(&schema).await).await;
-}
+const SQLITE_STAMPED: [&str; 2] = [
+    "CREATE TABLE items (id TEXT PRIMARY KEY, owner TEXT NOT NULL, body TEXT, \
+     price TEXT, last_update TEXT)",
+    "CREATE TRIGGER last_updated AFTER UPDATE OF body ON items BEGIN \
+     UPDATE items SET last_update = strftime('%Y-%m-%d %H:%M:%f', 'now') WHERE id = NEW.id; \
+     END",
+];
+
+on_backends!(rows_the_server_changes_come_back:
+    postgres_rows_the_server_changes_come_back => Backend::postgres(&POSTGRES_STAMPED),
+    mariadb_rows_the_server_changes_come_back => Backend::mysql(&MARIADB_STAMPED),
+    sqlite_rows_the_server_changes_come_back => Backend::sqlite(&SQLITE_STAMPED),
+);
