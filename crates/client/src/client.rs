@@ -338,17 +338,7 @@ impl Client {
             Some(last) if last != script_version => 0,
             _ => state.download_watermark,
         };
-        let (transfer_id, attempts) = store::transfer_attempt(
-            &mut self.connection,
-            batch.upload_sequence,
-            &new_transfer_id(),
-        )?;
-        if self.durable_before_sync {
-            // The server may apply this upload once sent: the record of it, its transfer
-            // id included (a new id under an applied sequence is taken for a copy), must
-            // survive whatever the mode can survive (durability.rs says why).
-            self.persist()?;
-        }
+        let (transfer_id, attempts) = self.transfer_attempt(batch)?;
         if attempts > 0 {
             let mut hello = self.hello(options, last_download_watermark);
             hello.script_version = script_version.to_string();
@@ -418,6 +408,22 @@ impl Client {
                 return Ok(done);
             }
         }
+    }
+
+    /// The batch's transfer id (made on its first attempt) and the attempts before this
+    /// one. The server may apply the upload once sent: with `durable_before_sync` its
+    /// record, the transfer id included (a new id under an applied sequence is taken for
+    /// a copy, docs/client.md §6.1), is made durable first (durability.rs says why).
+    fn transfer_attempt(&mut self, batch: &store::Batch) -> Result<(String, u64), ClientError> {
+        let attempt = store::transfer_attempt(
+            &mut self.connection,
+            batch.upload_sequence,
+            &new_transfer_id(),
+        )?;
+        if self.durable_before_sync {
+            self.persist()?;
+        }
+        Ok(attempt)
     }
 
     /// What a round's answer comes to: its download applied (`Some`), or a busy answer
