@@ -10,7 +10,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use rowsync_client::{Client, ExistingRows, SyncOptions, SyncReport};
+use rowsync_client::{Client, ClientOptions, Durability, ExistingRows, SyncOptions, SyncReport};
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
 use rowsync_server::{auth, ServerConfig};
 use tokio::net::TcpListener;
@@ -333,3 +333,175 @@ on_every_backend!(
     restored_backup_loses_nothing,
     resent_upload_is_applied_before,
 );
+
+/// What the identity check costs an empty sync: empty syncs per second of one client
+/// against `rowsync serve` programs named in `ROWSYNC_EMPTY_SYNC_PROGRAMS`
+/// (`name=path,name=path`, e.g. a build of main and one of this branch), each on a fresh
+/// SQLite and a fresh PostgreSQL database, taking turns sync by sync in 5 rounds of
+/// `ROWSYNC_EMPTY_SYNCS` (default 300) syncs each, so both see the same machine:
+///
+/// `ROWSYNC_EMPTY_SYNC_PROGRAMS=old=/tmp/rowsync-main,new=target/debug/rowsync
+/// cargo test -p rowsync-client --test identity -- --ignored empty_syncs --nocapture`
+///
+/// With `ROWSYNC_EMPTY_SYNC_JWT_SECRET_FILE` and `ROWSYNC_EMPTY_SYNC_JWT` (an HS256 token
+/// of subject alice signed with that file's secret) the client logs in with the token,
+/// so the password hash (argon2id, the larger part of an empty sync) is left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement; needs ROWSYNC_EMPTY_SYNC_PROGRAMS"]
+async fn empty_syncs_per_second() {
+    let programs = std::env::var("ROWSYNC_EMPTY_SYNC_PROGRAMS").expect("programs to compare");
+    let syncs: u32 = std::env::var("ROWSYNC_EMPTY_SYNCS").map_or(300, |n| n.parse().unwrap());
+    let programs: Vec<(String, PathBuf)> = programs
+        .split(',')
+        .map(|pair| {
+            let (name, path) = pair.split_once('=').expect("name=path");
+            (name.to_string(), PathBuf::from(path))
+        })
+        .collect();
+    for backend in ["sqlite", "postgres"] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut servers = Vec::new();
+        for (name, program) in &programs {
+            let db = measured_database(backend, dir.path(), name).await;
+            let server = MeasuredServer::start(program, &db);
+            // No flush on the client: the server's share of each sync is what is compared.
+            let mut client = Client::open_with(
+                dir.path().join(format!("{name}.db")),
+                &ClientOptions {
+                    durable_before_sync: false,
+                    ..ClientOptions::new(Durability::Off)
+                },
+            )
+            .unwrap();
+            client.connection().execute_batch(CLIENT_DDL).unwrap();
+            client.track("items").unwrap();
+            client
+                .sync(&measured_options(server.address))
+                .await
+                .unwrap();
+            servers.push((name.clone(), server, client, Vec::new()));
+        }
+        // The servers take turns sync by sync, so a change in the machine's load
+        // meets both alike; each round's rate is its syncs over their summed times.
+        for _round in 0..5 {
+            let mut spent = vec![std::time::Duration::ZERO; servers.len()];
+            for _ in 0..syncs {
+                for ((_, server, client, _), spent) in servers.iter_mut().zip(&mut spent) {
+                    let started = std::time::Instant::now();
+                    client
+                        .sync(&measured_options(server.address))
+                        .await
+                        .unwrap();
+                    *spent += started.elapsed();
+                }
+            }
+            for ((_, _, _, rates), spent) in servers.iter_mut().zip(spent) {
+                rates.push(f64::from(syncs) / spent.as_secs_f64());
+            }
+        }
+        for (name, _, _, rates) in &mut servers {
+            rates.sort_by(f64::total_cmp);
+            let shown: Vec<String> = rates.iter().map(|rate| format!("{rate:.0}")).collect();
+            println!(
+                "{backend} {name}: median {:.0} empty syncs/s (rounds of {syncs}: {})",
+                rates[rates.len() / 2],
+                shown.join(", ")
+            );
+        }
+    }
+}
+
+/// How the measuring client syncs: as alice, with the token if one is given.
+fn measured_options(address: SocketAddr) -> SyncOptions {
+    let mut options = options(address, "alice");
+    options.token = std::env::var("ROWSYNC_EMPTY_SYNC_JWT").ok();
+    options
+}
+
+/// A fresh consolidated database for one measured server, with the `items` table.
+async fn measured_database(backend: &str, dir: &Path, name: &str) -> String {
+    match backend {
+        "sqlite" => {
+            let path = dir.join(format!("consolidated-{name}.db"));
+            let connection = rusqlite::Connection::open(&path).unwrap();
+            connection.execute_batch(CLIENT_DDL).unwrap();
+            path.to_string_lossy().into_owned()
+        }
+        _ => {
+            rowsync_testkit::fresh_database_with("empty_syncs", POSTGRES_ITEMS)
+                .await
+                .0
+        }
+    }
+}
+
+/// A `rowsync serve` child process on a database it initialized (`items`, alice).
+struct MeasuredServer {
+    child: std::process::Child,
+    address: SocketAddr,
+}
+
+impl MeasuredServer {
+    fn start(program: &Path, db: &str) -> MeasuredServer {
+        let run = |arguments: &[&str]| {
+            let status = std::process::Command::new(program)
+                .args(arguments)
+                .stdout(std::process::Stdio::null())
+                .status()
+                .unwrap();
+            assert!(status.success(), "{program:?} {arguments:?}");
+        };
+        run(&[
+            "init",
+            "--db",
+            db,
+            "--table",
+            "items",
+            "--partition-column",
+            "owner",
+        ]);
+        let password = password("alice");
+        run(&[
+            "user",
+            "add",
+            "--db",
+            db,
+            "--name",
+            "alice",
+            "--password",
+            &password,
+        ]);
+        let address = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let mut serve = vec!["serve".to_string(), "--db".into(), db.into()];
+        serve.extend(["--listen".into(), address.to_string()]);
+        if let Ok(secret) = std::env::var("ROWSYNC_EMPTY_SYNC_JWT_SECRET_FILE") {
+            serve.extend(["--jwt-hs256-secret-file".into(), secret]);
+        }
+        let child = std::process::Command::new(program)
+            .args(&serve)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Dropped (killed and waited for) whether it listens or not.
+        let server = MeasuredServer { child, address };
+        let listening = (0..200).any(|_| {
+            let connected = std::net::TcpStream::connect(address).is_ok();
+            if !connected {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            connected
+        });
+        assert!(listening, "{program:?} did not listen on {address}");
+        server
+    }
+}
+
+impl Drop for MeasuredServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
