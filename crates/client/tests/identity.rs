@@ -66,19 +66,23 @@ impl Backend {
 
     /// Starts a server on this database with `items` initialized and both users set.
     async fn serve(&self) -> SocketAddr {
+        self.serve_with(ServerConfig::default()).await
+    }
+
+    async fn serve_with(&self, config: ServerConfig) -> SocketAddr {
         match self {
             Backend::Sqlite(dir) => {
                 let path = dir.path().join("consolidated.db");
-                serve(rowsync_consolidated::sqlite::SqliteConsolidated::new(&path)).await
+                let backend = rowsync_consolidated::sqlite::SqliteConsolidated::new(&path);
+                serve(backend, config).await
             }
             Backend::Postgres(url) => {
-                serve(rowsync_consolidated::postgres::PostgresConsolidated::new(
-                    url,
-                ))
-                .await
+                let backend = rowsync_consolidated::postgres::PostgresConsolidated::new(url);
+                serve(backend, config).await
             }
             Backend::Mysql(url) => {
-                serve(rowsync_consolidated::mysql::MysqlConsolidated::new(url).unwrap()).await
+                let backend = rowsync_consolidated::mysql::MysqlConsolidated::new(url).unwrap();
+                serve(backend, config).await
             }
         }
     }
@@ -112,7 +116,7 @@ impl Backend {
     }
 }
 
-async fn serve<B: Consolidated>(backend: B) -> SocketAddr {
+async fn serve<B: Consolidated>(backend: B, config: ServerConfig) -> SocketAddr {
     let mut connection = backend.connect().await.unwrap();
     connection.install_system_tables().await.unwrap();
     connection
@@ -127,7 +131,6 @@ async fn serve<B: Consolidated>(backend: B) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        let config = ServerConfig::default();
         rowsync_server::serve(listener, backend, config, std::future::pending())
             .await
             .unwrap();
@@ -303,6 +306,48 @@ async fn resent_upload_is_applied_before(backend: Backend) {
     assert_eq!(identity(&report), serde_json::Value::Null, "{report:?}");
     assert_eq!(phone.client_id(), id);
     assert_eq!(local_ids(&phone), ids(&["p1", "x1"]));
+}
+
+/// The new client id of a copy counts towards its user's `client_ids_per_user_max`: at
+/// the limit the copy's sync fails (code 13) with its changes kept in flight under the
+/// new id, and they go up once the limit allows.
+#[tokio::test]
+async fn a_copy_at_the_client_id_limit_waits_with_its_changes() {
+    let backend = Backend::sqlite(&[CLIENT_DDL]).await;
+    let limited = ServerConfig {
+        client_ids_per_user_max: Some(1),
+        ..ServerConfig::default()
+    };
+    let address = backend.serve_with(limited).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (original_path, copy_path) = (dir.path().join("original.db"), dir.path().join("copy.db"));
+    let mut original = client_at(&original_path, CLIENT_DDL);
+    insert(&original, &["o1"]);
+    original.sync(&options(address, "alice")).await.unwrap();
+    copy_file(&original, &original_path, &copy_path);
+    let mut copy = Client::open(&copy_path).unwrap();
+    insert(&copy, &["c1"]);
+    copy.sync(&options(address, "alice")).await.unwrap();
+
+    insert(&original, &["a1"]);
+    let old_id = original.client_id().to_string();
+    let error = original
+        .sync(&options(address, "alice"))
+        .await
+        .expect_err("a second client id of alice is refused");
+    assert_eq!(
+        error.server_code(),
+        Some(rowsync_protocol::ErrorCode::ClientIdsExceeded),
+        "{error}"
+    );
+    assert_ne!(original.client_id(), old_id);
+    assert_eq!(server_ids(&backend).await, ids(&["c1", "o1"]));
+
+    let unlimited = backend.serve().await;
+    let report = original.sync(&options(unlimited, "alice")).await.unwrap();
+    assert_eq!(report.rows_uploaded, 1, "{report:?}");
+    assert_eq!(server_ids(&backend).await, ids(&["a1", "c1", "o1"]));
+    assert_eq!(local_ids(&original), ids(&["a1", "c1", "o1"]));
 }
 
 macro_rules! on_every_backend {
