@@ -374,6 +374,9 @@ struct PySyncReport {
     bytes_sent: u64,
     bytes_received: u64,
     busy_retries: u32,
+    /// ``"copied"`` or ``"restored"`` when the server found this database was a copy or
+    /// a restored backup and it took a new client id in this sync; else None.
+    identity: Option<&'static str>,
 }
 
 impl PySyncReport {
@@ -399,6 +402,7 @@ impl PySyncReport {
             bytes_sent: report.wire.sent,
             bytes_received: report.wire.received,
             busy_retries: report.busy_retries,
+            identity: report.identity.map(|identity| identity.as_str()),
         })
     }
 }

@@ -243,6 +243,8 @@ fn backlog(client_id: &str, ids: std::ops::Range<i64>) -> SyncRequest {
         }],
         auth_parameters: Vec::new(),
         client_ids_per_user_max: None,
+        transfer_id: None,
+        check_identity: false,
     }
 }
 

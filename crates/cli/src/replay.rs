@@ -13,7 +13,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use rowsync_client::transport::{exchange_streaming, DownloadHandler, Exchange};
 use rowsync_client::{ClientError, SessionEvent, TransportOptions, WireBytes};
-use rowsync_protocol::{encode_frame, Download, FrameDecoder, Hello, Message};
+use rowsync_protocol::{
+    encode_frame, Download, FrameDecoder, Hello, Message, IDENTITY_SINCE_VERSION,
+};
 use rowsync_server::record::{
     error_text, read_outcomes, read_recording, read_upload, DownloadDigest, RecordedSync,
     SyncOutcomeRecord,
@@ -203,7 +205,9 @@ async fn replay_one(
     let mut busy_retries = 0;
     loop {
         let hello = Hello {
-            protocol_version: recorded.protocol_version,
+            // A recording keeps no transfer id, so a replayed resend could not prove its
+            // client's identity (protocol 5): it is replayed as version 4, as before.
+            protocol_version: recorded.protocol_version.min(IDENTITY_SINCE_VERSION - 1),
             client_id: recorded.client_id.clone(),
             user: recorded.user.clone(),
             password: options.password.clone(),

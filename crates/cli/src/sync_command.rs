@@ -232,6 +232,13 @@ fn print_report(synced: &Synced) {
         bytes(report.wire.received),
         report.elapsed.as_secs_f64(),
     );
+    if let Some(identity) = report.identity {
+        println!(
+            "this database was {}: the server knows another under its client id, so it \
+             took a new client id and sent its changes as that client",
+            identity.as_str()
+        );
+    }
     for conflict in &report.conflicted_rows {
         let key = text_row(&conflict.key);
         match &conflict.server_row {

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 use crate::durability::{self, ClientOptions, Durability};
 use crate::kept::{self, KeptConflict};
-use crate::report::{ConflictedRow, ConflictedRows, SyncProgress, SyncReport};
+use crate::report::{ConflictedRow, ConflictedRows, Identity, SyncProgress, SyncReport};
 use crate::session::SessionEvent;
 use crate::store::{AppliedDownload, DownloadApply, ExistingRows};
 use crate::transport::{
@@ -274,18 +274,25 @@ impl Client {
         let mut report = SyncReport::default();
         loop {
             let batch = store::next_batch_for(&mut self.connection, Some(&options.script_version))?;
-            if self.durable_before_sync {
-                // The server may apply this upload once sent: the record of it must
-                // survive whatever the mode can survive (durability.rs says why).
-                self.persist()?;
-            }
             let round = self
                 .sync_round(options, &batch, &mut report, progress)
                 .await;
             if round.is_err() {
                 DownloadApply::abort(&self.connection);
             }
-            let (completed, applied) = round?;
+            let (completed, applied) = match round {
+                // Refused as a copy or a restored backup (once per sync): a new client
+                // id, and the same changes sent again as that client.
+                Err(error) if report.identity.is_none() => match Identity::of_refusal(&error) {
+                    Some(identity) => {
+                        self.client_id = store::reregister(&mut self.connection)?;
+                        report.identity = Some(identity);
+                        continue;
+                    }
+                    None => return Err(error),
+                },
+                round => round?,
+            };
             if options.download_ack {
                 let mut hello = self.hello(options, completed.watermark);
                 hello.script_version = sent_with(options, &batch).to_string();
@@ -331,11 +338,7 @@ impl Client {
             Some(last) if last != script_version => 0,
             _ => state.download_watermark,
         };
-        let (transfer_id, attempts) = store::transfer_attempt(
-            &mut self.connection,
-            batch.upload_sequence,
-            &new_transfer_id(),
-        )?;
+        let (transfer_id, attempts) = self.transfer_attempt(batch)?;
         if attempts > 0 {
             let mut hello = self.hello(options, last_download_watermark);
             hello.script_version = script_version.to_string();
@@ -405,6 +408,22 @@ impl Client {
                 return Ok(done);
             }
         }
+    }
+
+    /// The batch's transfer id (made on its first attempt) and the attempts before this
+    /// one. The server may apply the upload once sent: with `durable_before_sync` its
+    /// record, the transfer id included (a new id under an applied sequence is taken for
+    /// a copy, docs/client.md §6.1), is made durable first (durability.rs says why).
+    fn transfer_attempt(&mut self, batch: &store::Batch) -> Result<(String, u64), ClientError> {
+        let attempt = store::transfer_attempt(
+            &mut self.connection,
+            batch.upload_sequence,
+            &new_transfer_id(),
+        )?;
+        if self.durable_before_sync {
+            self.persist()?;
+        }
+        Ok(attempt)
     }
 
     /// What a round's answer comes to: its download applied (`Some`), or a busy answer

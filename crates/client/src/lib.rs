@@ -23,7 +23,7 @@ pub use client::{
 pub use durability::{ClientOptions, Durability};
 pub use error::{ClientError, FailureKind};
 pub use kept::KeptConflict;
-pub use report::{ConflictedRow, SyncProgress, SyncReport, CONFLICTED_ROWS_REPORTED_MAX};
+pub use report::{ConflictedRow, Identity, SyncProgress, SyncReport, CONFLICTED_ROWS_REPORTED_MAX};
 pub use rowsync_protocol::Compression;
 pub use session::{ClientSession, CompletedSync, Received, SessionEvent};
 pub use store::{ExistingRows, CLIENT_ID_BYTES, UPLOAD_MESSAGE_BYTES_MAX, UPLOAD_ROW_BYTES_MAX};

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rowsync_protocol::{encode_key_identity, Conflicts, Download, Row};
+use rowsync_protocol::{encode_key_identity, Conflicts, Download, ErrorCode, Row};
 
 use crate::transport::WireBytes;
 
@@ -42,11 +42,45 @@ pub struct SyncReport {
     /// Bytes of the download's stream (decompressed) kept from a cut earlier attempt, so
     /// the server did not send them again (protocol v4).
     pub download_bytes_resumed: u64,
+    /// The server found this database is not the one it knows under its client id (a
+    /// copy, or a restored backup): it took a new client id ([`crate::Client::client_id`])
+    /// and sent its changes as that client, in this sync (protocol v5).
+    pub identity: Option<Identity>,
+}
+
+/// Why a client database took a new client id in a sync (docs/client.md §6.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Identity {
+    /// Another copy of this database had synced under the same client id.
+    Copied,
+    /// This database was behind the syncs the server had acknowledged to its client id:
+    /// restored from a backup, or a copy the other copy synced past.
+    Restored,
+}
+
+impl Identity {
+    /// The server's refusal of a copied or restored database, if `error` is one.
+    pub(crate) fn of_refusal(error: &crate::ClientError) -> Option<Identity> {
+        match error.server_code()? {
+            ErrorCode::ClientCopied => Some(Identity::Copied),
+            ErrorCode::ClientRestored => Some(Identity::Restored),
+            _ => None,
+        }
+    }
+
+    /// `copied` or `restored`, as `to_json` gives it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Identity::Copied => "copied",
+            Identity::Restored => "restored",
+        }
+    }
 }
 
 impl SyncReport {
     /// The report as JSON, for callers in other languages and scripts: the fields by
-    /// their names here, `elapsed_seconds`, `bytes_sent` and `bytes_received`, and each
+    /// their names here (`identity` as `null`, `"copied"` or `"restored"`),
+    /// `elapsed_seconds`, `bytes_sent` and `bytes_received`, and each
     /// conflicted row as `{table, key_columns, key, columns, server_row}` with values
     /// in the protocol's JSON form (`{"type": "int", "value": 1}`).
     pub fn to_json(&self) -> serde_json::Value {
@@ -79,6 +113,7 @@ impl SyncReport {
             "download_acknowledged": self.download_acknowledged,
             "upload_bytes_resumed": self.upload_bytes_resumed,
             "download_bytes_resumed": self.download_bytes_resumed,
+            "identity": self.identity.map(Identity::as_str),
         })
     }
 }

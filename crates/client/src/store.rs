@@ -94,11 +94,7 @@ pub fn install(connection: &Connection, client_id: Option<&str>) -> Result<Strin
         ))),
         (Some(existing), _) => Ok(existing),
         (None, wanted) => {
-            let client_id = wanted.map(str::to_owned).unwrap_or_else(|| {
-                let mut bytes = [0u8; CLIENT_ID_BYTES];
-                rand::thread_rng().fill_bytes(&mut bytes);
-                hex::encode(bytes)
-            });
+            let client_id = wanted.map_or_else(new_client_id, str::to_owned);
             connection.execute(
                 "INSERT INTO rs_client_state (id, client_id) VALUES (1, ?1)",
                 [&client_id],
@@ -106,6 +102,36 @@ pub fn install(connection: &Connection, client_id: Option<&str>) -> Result<Strin
             Ok(client_id)
         }
     }
+}
+
+/// A generated client id: `CLIENT_ID_BYTES` random bytes in lowercase hex.
+fn new_client_id() -> String {
+    let mut bytes = [0u8; CLIENT_ID_BYTES];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    hex::encode(bytes)
+}
+
+/// Makes this database a new client of the server, in one transaction, after the server
+/// found it is a copy or a restored backup of the one it knows under its client id: a
+/// new generated client id, nothing acknowledged or downloaded yet (the next download
+/// brings every row; rows with changes not yet uploaded are left alone as always), and
+/// the upload in flight, if any, renumbered as the new client's first (its sequence is
+/// only in the end of upload, not in its frames) with a new transfer id. The change logs
+/// and the kept conflicts stay. Returns the new client id.
+pub fn reregister(connection: &mut Connection) -> Result<String, ClientError> {
+    let client_id = new_client_id();
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    transaction.execute(
+        "UPDATE rs_client_state SET client_id = ?1, upload_sequence_acknowledged = 0, \
+         download_watermark = 0 WHERE id = 1",
+        [&client_id],
+    )?;
+    // At most one upload is in flight; were there two, the key would refuse this.
+    transaction.execute("UPDATE rs_client_inflight SET upload_sequence = 1", [])?;
+    transaction.execute("DELETE FROM rs_client_transfer", [])?;
+    transaction.execute("DELETE FROM rs_client_download", [])?;
+    transaction.commit()?;
+    Ok(client_id)
 }
 
 fn has_column(connection: &Connection, table: &str, column: &str) -> Result<bool, ClientError> {

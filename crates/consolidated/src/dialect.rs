@@ -100,6 +100,8 @@ pub struct Subscription {
     pub download_watermark: i64,
     /// The transaction id of the client's last sync where the backend has one, else 0.
     pub last_sync_xid: i64,
+    /// The transfer id of the upload applied last (`upload_sequence`), if it had one.
+    pub upload_transfer_id: Option<String>,
 }
 
 /// What a sync records in the subscription before it commits.
@@ -109,6 +111,9 @@ pub struct SubscriptionUpdate<'a> {
     pub script_version: &'a str,
     /// Stored as the greater of this and what is stored.
     pub upload_sequence: i64,
+    /// The upload's transfer id: stored only when `upload_sequence` is above the stored
+    /// one (the upload was applied), so it always names the upload applied last.
+    pub upload_transfer_id: Option<&'a str>,
     pub download_watermark: i64,
     /// The watermark the client came with: stored as the greater of this and what is stored.
     pub download_acknowledged: i64,

@@ -65,6 +65,25 @@ pub enum SyncError {
         /// The one sequence a new upload may carry: `applied + 1`.
         expected: u64,
     },
+    /// Protocol v5: the upload carries the sequence applied last under another transfer
+    /// id: another copy of the client's database synced under its client id.
+    #[error(
+        "client id {client_id:?}: upload {sequence} was applied before as another transfer; \
+         this database is a copy of the one that sent it, and needs a client id of its own"
+    )]
+    ClientCopied { client_id: String, sequence: u64 },
+    /// Protocol v5: the upload's sequence is below the last applied: the client's
+    /// database is behind its own acknowledged syncs (a restored backup, or a copy the
+    /// other copy synced past).
+    #[error(
+        "client id {client_id:?}: upload {sequence} is below {applied}, the last applied; \
+         this database was restored from a backup or copied, and needs a client id of its own"
+    )]
+    ClientRestored {
+        client_id: String,
+        sequence: u64,
+        applied: u64,
+    },
     #[error("authentication failed: {0}")]
     AuthenticationRefused(String),
     /// The scripts a sync started with are not its version's current ones: a backend
@@ -173,6 +192,8 @@ impl SyncError {
             SyncError::ClientIdsExceeded { .. } => ErrorCode::ClientIdsExceeded,
             SyncError::Schema(_) => ErrorCode::Schema,
             SyncError::UploadSequence { .. } => ErrorCode::Protocol,
+            SyncError::ClientCopied { .. } => ErrorCode::ClientCopied,
+            SyncError::ClientRestored { .. } => ErrorCode::ClientRestored,
             SyncError::AlreadySynchronizing { .. } => ErrorCode::AlreadySynchronizing,
             SyncError::Script { .. } => ErrorCode::Script,
             SyncError::AuthenticationRefused(_) => ErrorCode::AuthenticationFailed,

@@ -18,6 +18,13 @@ pub struct SyncRequest {
     /// Client ids (subscriptions) one user may have; a sync of a new client id beyond
     /// it is refused (`None`: no limit).
     pub client_ids_per_user_max: Option<u64>,
+    /// The upload's transfer id (protocol v3 and later), recorded with the subscription
+    /// when the upload is applied.
+    pub transfer_id: Option<String>,
+    /// The client keeps an upload's transfer id until it is acknowledged (protocol v5):
+    /// an upload that is not the one applied under its sequence, or is below it, is
+    /// refused as from a copied or restored database.
+    pub check_identity: bool,
 }
 
 impl SyncRequest {

@@ -350,6 +350,8 @@ async fn a_connection_keeps_table_shapes_until_the_schema_changes() {
                 tables: Vec::new(),
                 auth_parameters: Vec::new(),
                 client_ids_per_user_max: None,
+                transfer_id: None,
+                check_identity: false,
             }),
         )
         .await
@@ -523,6 +525,8 @@ async fn an_empty_sync_on_a_warm_connection_takes_five_round_trips() {
                 tables: Vec::new(),
                 auth_parameters: Vec::new(),
                 client_ids_per_user_max: None,
+                transfer_id: None,
+                check_identity: false,
             }),
         )
         .await
@@ -621,6 +625,8 @@ async fn the_fast_form_costs_no_round_trip() {
                 }],
                 auth_parameters: Vec::new(),
                 client_ids_per_user_max: None,
+                transfer_id: None,
+                check_identity: false,
             }),
         )
         .await

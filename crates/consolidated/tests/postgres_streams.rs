@@ -72,6 +72,8 @@ fn inserts(ids: std::ops::RangeInclusive<i64>) -> SyncRequest {
         }],
         auth_parameters: Vec::new(),
         client_ids_per_user_max: None,
+        transfer_id: None,
+        check_identity: false,
     }
 }
 

@@ -735,7 +735,9 @@ pub unsafe extern "C" fn rowsync_report_bytes(
 }
 
 /// The whole report as one JSON object, with each conflicted row (table, key, the
-/// server's winning row); owned by `report`. NULL for NULL.
+/// server's winning row) and `identity`: `"copied"` or `"restored"` when the server
+/// found this database was a copy or a restored backup and it took a new client id in
+/// this sync, else null; owned by `report`. NULL for NULL.
 ///
 /// # Safety
 /// `report` is NULL or live.

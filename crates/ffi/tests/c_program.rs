@@ -126,6 +126,10 @@ async fn a_c_program_syncs_both_ways_with_a_real_server() {
              INSERT INTO orders VALUES ('from-c', 'alice', 'written in C', 7);",
         )
         .unwrap();
+    // A copy of the file (the C program closed it, so it is whole): it sends the same
+    // changes again after the original, as another client.
+    let copy = db.with_file_name("copy.db");
+    std::fs::copy(&db, &copy).unwrap();
     let mut other = server.client("rust-app");
     other.sync(&server.options()).await.unwrap();
     other
@@ -149,11 +153,17 @@ async fn a_c_program_syncs_both_ways_with_a_real_server() {
         report["rows_downloaded"], 1,
         "the Rust client's row: {report}"
     );
+    assert_eq!(report["identity"], serde_json::Value::Null, "{report}");
     let local = support::orders(&rusqlite::Connection::open(&db).unwrap());
     assert_eq!(server.consolidated_orders(), local);
     assert!(local
         .iter()
         .any(|row| row[0] == rowsync_protocol::Value::Text("from-rust".into())));
+
+    let copied = run_c(&program, &copy, &server).await;
+    assert_eq!(copied.report["identity"], "copied", "{}", copied.report);
+    let local = support::orders(&rusqlite::Connection::open(&copy).unwrap());
+    assert_eq!(server.consolidated_orders(), local);
     server.stop().await;
 }
 

@@ -149,6 +149,15 @@ pub enum ErrorCode {
     /// offset (nothing at all, another client's or user's, expired): the client sends
     /// the upload again from offset 0.
     TransferNotHeld = 14,
+    /// Protocol v5: an upload under the sequence the server applied last, with another
+    /// transfer id: another copy of this client database synced under its client id.
+    /// Nothing was applied; the client takes a new client id and sends again.
+    ClientCopied = 15,
+    /// Protocol v5: an upload below the sequence the server applied last: this client
+    /// database is behind its own acknowledged syncs (restored from a backup, or a copy
+    /// the other copy synced past). Nothing was applied; the client takes a new client
+    /// id and sends again.
+    ClientRestored = 16,
 }
 
 impl ErrorCode {
@@ -169,6 +178,8 @@ impl ErrorCode {
             12 => Internal,
             13 => ClientIdsExceeded,
             14 => TransferNotHeld,
+            15 => ClientCopied,
+            16 => ClientRestored,
             _ => return None,
         })
     }

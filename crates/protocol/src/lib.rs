@@ -47,7 +47,7 @@ pub use value::{
 
 /// The protocol version this crate speaks. A server accepts a hello of this version or
 /// any down to [`PROTOCOL_VERSION_MIN`] and refuses others.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// The oldest protocol version a server still serves: a v1 session gets every v2 value
 /// in its v1 form ([`Value::to_v1`]), and never a value in pieces.
@@ -69,6 +69,13 @@ pub const RESUME_SINCE_VERSION: u16 = 3;
 /// by the server under the sync's transfer id, and the client continues it with
 /// `DownloadResume`, answered by `DownloadHeld` and the rest of the stream.
 pub const DOWNLOAD_RESUME_SINCE_VERSION: u16 = 4;
+
+/// The first protocol version whose client proves it is the database the server knows:
+/// it keeps an upload's transfer id until the upload is acknowledged, so the server
+/// refuses an upload under an applied sequence with another transfer id (a copied
+/// database, `ErrorCode::ClientCopied`) or below the last applied sequence (a restored
+/// one, `ErrorCode::ClientRestored`) before applying anything.
+pub const IDENTITY_SINCE_VERSION: u16 = 5;
 
 /// Over HTTP(S), a version 4 download whose stream (its decompressed frames) is at least
 /// this many bytes is confirmed by a receipt of its own: after the response, the client

@@ -263,6 +263,34 @@ fn vectors() -> Vec<(&'static str, Message)> {
             }),
         ),
         (
+            "hello_v5",
+            Message::Hello(Hello {
+                protocol_version: 5,
+                client_id: "device-7".into(),
+                user: "alice".into(),
+                password: "s3cret".into(),
+                script_version: "v1".into(),
+                last_download_watermark: 42,
+                token: String::new(),
+                auth_parameters: Vec::new(),
+                download_ack: false,
+            }),
+        ),
+        (
+            "error_client_copied",
+            Message::Error(WireError::new(
+                ErrorCode::ClientCopied,
+                "client id \"device-7\": upload 4 was applied as another transfer",
+            )),
+        ),
+        (
+            "error_client_restored",
+            Message::Error(WireError::new(
+                ErrorCode::ClientRestored,
+                "client id \"device-7\": upload 3 is below the last applied, 5",
+            )),
+        ),
+        (
             "upload_resume_new_transfer",
             Message::UploadResume(UploadResume {
                 transfer_id: "3f2a9c1e0b7d4e58".into(),

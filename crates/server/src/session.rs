@@ -606,8 +606,8 @@ mod tests {
     }
 
     #[test]
-    fn accepts_versions_1_to_4_and_refuses_others_by_name() {
-        for version in [1, 2, 3, 4] {
+    fn accepts_versions_1_to_5_and_refuses_others_by_name() {
+        for version in [1, 2, 3, 4, 5] {
             let Message::Hello(mut hello) = hello() else {
                 unreachable!()
             };
@@ -618,7 +618,7 @@ mod tests {
                 Step::Hello(_)
             ));
         }
-        for version in [0, 5] {
+        for version in [0, 6] {
             let Message::Hello(mut hello) = hello() else {
                 unreachable!()
             };
@@ -632,7 +632,7 @@ mod tests {
             );
             assert_eq!(
                 error.message,
-                format!("protocol version {version} is not supported; this server speaks versions 1 to 4")
+                format!("protocol version {version} is not supported; this server speaks versions 1 to 5")
             );
         }
     }

@@ -76,6 +76,10 @@ class SyncReport:
     def bytes_received(self) -> int: ...
     @property
     def busy_retries(self) -> int: ...
+    @property
+    def identity(self) -> Optional[str]:
+        """``'copied'`` or ``'restored'`` when the server found this database was a
+        copy or a restored backup and it took a new client id in this sync; else None."""
 
 class Client:
     """A client database: a SQLite file whose tracked tables sync with a server."""

@@ -155,6 +155,8 @@ fn requests(
                 tables,
                 auth_parameters: Vec::new(),
                 client_ids_per_user_max: None,
+                transfer_id: None,
+                check_identity: false,
             }
         })
         .collect()

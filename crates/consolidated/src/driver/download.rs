@@ -142,6 +142,8 @@ mod tests {
             }],
             auth_parameters: Vec::new(),
             client_ids_per_user_max: None,
+            transfer_id: None,
+            check_identity: false,
         }
     }
 

@@ -193,6 +193,7 @@ async fn run_events<D: Dialect, B: SyncBackend>(
         check_client_ids_of_user(transaction, request).await?;
     }
     let applied_sequence = applied_sequence(request, subscription.as_ref())?;
+    check_identity(request, subscription.as_ref())?;
     let mut parameters = Parameters::for_request(request)?;
     parameters.last_sync_xid = last_sync_xid(request, subscription.as_ref());
     let upload_already_applied = parameters.upload_sequence <= applied_sequence;
@@ -259,6 +260,7 @@ async fn end_events<D: Dialect>(
         user: &request.user,
         script_version: &request.script_version,
         upload_sequence: parameters.upload_sequence,
+        upload_transfer_id: request.transfer_id.as_deref(),
         download_watermark: watermark,
         download_acknowledged: request.last_download_watermark,
         late_scripts,
@@ -312,6 +314,40 @@ fn applied_sequence(
         });
     }
     Ok(applied)
+}
+
+/// Refuses an upload that cannot come from the database the subscription knows, before
+/// anything is applied. A client of protocol v5 keeps an upload's transfer id until the
+/// upload is acknowledged, so its upload under the sequence applied last is that very
+/// transfer, and it never sends a sequence below it. Another transfer id there: a copy
+/// of the database synced under the same client id (`ClientCopied`); a sequence below:
+/// the database is behind acknowledgements the server gave, restored from a backup or a
+/// copy the other copy synced past (`ClientRestored`). Either takes a new client id.
+/// Older clients, and an upload applied without a transfer id, are not checked.
+fn check_identity(
+    request: &SyncRequest,
+    subscription: Option<&Subscription>,
+) -> Result<(), SyncError> {
+    let Some(found) = subscription.filter(|_| request.check_identity) else {
+        return Ok(());
+    };
+    let applied = u64::try_from(found.upload_sequence).unwrap_or(0);
+    if request.upload_sequence < applied {
+        return Err(SyncError::ClientRestored {
+            client_id: request.client_id.clone(),
+            sequence: request.upload_sequence,
+            applied,
+        });
+    }
+    let applied_as = found.upload_transfer_id.as_deref();
+    let sent_as = request.transfer_id.as_deref();
+    if request.upload_sequence == applied && applied_as.is_some() && applied_as != sent_as {
+        return Err(SyncError::ClientCopied {
+            client_id: request.client_id.clone(),
+            sequence: request.upload_sequence,
+        });
+    }
+    Ok(())
 }
 
 /// Refuses a new client id of a user who already has `client_ids_per_user_max` (each

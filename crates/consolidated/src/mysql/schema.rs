@@ -48,6 +48,7 @@ fn system_tables() -> Vec<String> {
              script_version {NAME} NOT NULL, upload_sequence BIGINT NOT NULL DEFAULT 0,
              download_watermark BIGINT NOT NULL DEFAULT 0, download_acknowledged BIGINT NOT NULL DEFAULT 0,
              last_sync_xid BIGINT NOT NULL DEFAULT 0, last_sync_at TIMESTAMP(6) NULL,
+             upload_transfer_id {NAME} NULL,
              INDEX rs_subscription_user (user_name)) ENGINE = InnoDB"
         ),
         format!(
@@ -121,6 +122,15 @@ async fn with_install_lock<T>(
 async fn install_unlocked(connection: &mut Conn) -> Result<(), DbError> {
     for statement in system_tables().into_iter().chain(revision_triggers()) {
         connection.query_drop(statement).await.map_err(db)?;
+    }
+    // Columns added after a table's first release (MySQL lacks `ADD COLUMN IF NOT EXISTS`).
+    if !has_column(connection, "rs_subscription", "upload_transfer_id").await? {
+        connection
+            .query_drop(format!(
+                "ALTER TABLE rs_subscription ADD COLUMN upload_transfer_id {NAME} NULL"
+            ))
+            .await
+            .map_err(db)?;
     }
     Ok(())
 }

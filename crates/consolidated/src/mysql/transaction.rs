@@ -31,10 +31,12 @@ use crate::{quote_identifier as q, CursorBatch, SyncError};
 
 const SUBSCRIPTION_UPSERT: &str =
     "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark,
-         download_acknowledged, last_sync_xid, last_sync_at)
-     VALUES (?, ?, ?, ?, ?, ?, ?, CURRENT_TIMESTAMP(6))
+         download_acknowledged, last_sync_xid, last_sync_at, upload_transfer_id)
+     VALUES (?, ?, ?, ?, ?, ?, ?, CURRENT_TIMESTAMP(6), ?)
      ON DUPLICATE KEY UPDATE
          script_version = VALUES(script_version),
+         upload_transfer_id = IF(VALUES(upload_sequence) > upload_sequence,
+             VALUES(upload_transfer_id), upload_transfer_id),
          upload_sequence = GREATEST(upload_sequence, VALUES(upload_sequence)),
          download_watermark = VALUES(download_watermark),
          download_acknowledged = GREATEST(download_acknowledged, VALUES(download_acknowledged)),
@@ -125,21 +127,24 @@ impl Dialect for MysqlTransaction<'_> {
     }
 
     async fn subscription(&mut self, client_id: &str) -> Result<Option<Subscription>, SyncError> {
-        let row: Option<(String, i64, i64, i64)> = self
+        let row: Option<(String, i64, i64, i64, Option<String>)> = self
             .transaction
             .exec_first(
-                "SELECT user_name, upload_sequence, download_watermark, last_sync_xid \
-                 FROM rs_subscription WHERE client_id = ?",
+                "SELECT user_name, upload_sequence, download_watermark, last_sync_xid, \
+                 upload_transfer_id FROM rs_subscription WHERE client_id = ?",
                 (client_id,),
             )
             .await
             .map_err(db)?;
         Ok(row.map(
-            |(user_name, upload_sequence, download_watermark, last_sync_xid)| Subscription {
-                user_name,
-                upload_sequence,
-                download_watermark,
-                last_sync_xid,
+            |(user_name, upload_sequence, download_watermark, last_sync_xid, transfer_id)| {
+                Subscription {
+                    user_name,
+                    upload_sequence,
+                    download_watermark,
+                    last_sync_xid,
+                    upload_transfer_id: transfer_id,
+                }
             },
         ))
     }
@@ -171,6 +176,7 @@ impl Dialect for MysqlTransaction<'_> {
                     update.download_watermark,
                     update.download_acknowledged,
                     self.stamp,
+                    update.upload_transfer_id,
                 ),
             )
             .await

@@ -61,6 +61,7 @@ CREATE TABLE IF NOT EXISTS rs_stream_decision (
 -- Columns added after a table's first release.
 ALTER TABLE rs_subscription ADD COLUMN IF NOT EXISTS download_acknowledged BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE rs_subscription ADD COLUMN IF NOT EXISTS last_sync_xid BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE rs_subscription ADD COLUMN IF NOT EXISTS upload_transfer_id TEXT;
 CREATE INDEX IF NOT EXISTS rs_subscription_user ON rs_subscription (user_name);
 CREATE TABLE IF NOT EXISTS rs_table (
     table_name TEXT PRIMARY KEY,

@@ -161,17 +161,19 @@ const PARTITION_COLUMN_QUERY: &str = "SELECT partition_column, \
      FROM rs_table WHERE table_name = $1";
 
 const SUBSCRIPTION_QUERY: &str =
-    "SELECT user_name, upload_sequence, download_watermark, last_sync_xid \
+    "SELECT user_name, upload_sequence, download_watermark, last_sync_xid, upload_transfer_id \
      FROM rs_subscription WHERE client_id = $1";
 
 macro_rules! subscription_upsert {
     ($returning:expr) => {
         concat!(
             "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark,
-         download_acknowledged, last_sync_xid, last_sync_at)
-     VALUES ($1, $2, $3, $4, $5, $6, (pg_current_xact_id()::text)::bigint, now())
+         download_acknowledged, last_sync_xid, last_sync_at, upload_transfer_id)
+     VALUES ($1, $2, $3, $5, $6, $7, (pg_current_xact_id()::text)::bigint, now(), NULLIF($4, ''))
      ON CONFLICT (client_id) DO UPDATE SET
          script_version = excluded.script_version,
+         upload_transfer_id = CASE WHEN excluded.upload_sequence > rs_subscription.upload_sequence
+             THEN excluded.upload_transfer_id ELSE rs_subscription.upload_transfer_id END,
          upload_sequence = greatest(rs_subscription.upload_sequence, excluded.upload_sequence),
          download_watermark = excluded.download_watermark,
          download_acknowledged = greatest(rs_subscription.download_acknowledged, excluded.download_acknowledged),
@@ -235,6 +237,7 @@ fn subscription_of(row: &tokio_postgres::Row) -> Subscription {
         upload_sequence: row.get(1),
         download_watermark: row.get(2),
         last_sync_xid: row.get(3),
+        upload_transfer_id: row.get(4),
     }
 }
 
@@ -286,6 +289,8 @@ impl EndStatement {
                 update.client_id.to_string(),
                 update.user.to_string(),
                 update.script_version.to_string(),
+                // Empty for none (`NULLIF`): transfer ids are never empty.
+                update.upload_transfer_id.unwrap_or_default().to_string(),
             ],
             integers: vec![
                 update.upload_sequence,

@@ -43,7 +43,8 @@ CREATE TABLE IF NOT EXISTS rs_subscription (
     upload_sequence INTEGER NOT NULL DEFAULT 0,
     download_watermark INTEGER NOT NULL DEFAULT 0,
     download_acknowledged INTEGER NOT NULL DEFAULT 0,
-    last_sync_at TEXT
+    last_sync_at TEXT,
+    upload_transfer_id TEXT
 );
 CREATE INDEX IF NOT EXISTS rs_subscription_user ON rs_subscription (user_name);
 CREATE TABLE IF NOT EXISTS rs_table (
@@ -99,6 +100,16 @@ pub fn install_system_tables(connection: &Connection) -> Result<(), DbError> {
         connection.execute_batch(
             "ALTER TABLE rs_script_version ADD COLUMN revision INTEGER NOT NULL DEFAULT 0",
         )?;
+    }
+    // The transfer id of the upload applied last (protocol v5 identity check).
+    let has_transfer_id: bool = connection.query_row(
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('rs_subscription') WHERE name = 'upload_transfer_id')",
+        [],
+        |row| row.get(0),
+    )?;
+    if !has_transfer_id {
+        connection
+            .execute_batch("ALTER TABLE rs_subscription ADD COLUMN upload_transfer_id TEXT")?;
     }
     connection.execute_batch(SCRIPT_REVISION_TRIGGERS)?;
     Ok(())

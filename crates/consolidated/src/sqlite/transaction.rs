@@ -71,7 +71,8 @@ impl Dialect for SqliteTransaction<'_> {
         Ok(self
             .connection
             .query_row(
-                "SELECT user_name, upload_sequence, download_watermark FROM rs_subscription WHERE client_id = ?1",
+                "SELECT user_name, upload_sequence, download_watermark, upload_transfer_id \
+                 FROM rs_subscription WHERE client_id = ?1",
                 [client_id],
                 |row| {
                     Ok(Subscription {
@@ -79,6 +80,7 @@ impl Dialect for SqliteTransaction<'_> {
                         upload_sequence: row.get(1)?,
                         download_watermark: row.get(2)?,
                         last_sync_xid: 0,
+                        upload_transfer_id: row.get(3)?,
                     })
                 },
             )
@@ -101,10 +103,12 @@ impl Dialect for SqliteTransaction<'_> {
     ) -> Result<(), SyncError> {
         self.connection.execute(
             "INSERT INTO rs_subscription (client_id, user_name, script_version, upload_sequence, download_watermark,
-                 download_acknowledged, last_sync_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, CURRENT_TIMESTAMP)
+                 download_acknowledged, last_sync_at, upload_transfer_id)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, CURRENT_TIMESTAMP, ?7)
              ON CONFLICT (client_id) DO UPDATE SET
                  script_version = excluded.script_version,
+                 upload_transfer_id = CASE WHEN excluded.upload_sequence > upload_sequence
+                     THEN excluded.upload_transfer_id ELSE upload_transfer_id END,
                  upload_sequence = max(upload_sequence, excluded.upload_sequence),
                  download_watermark = excluded.download_watermark,
                  download_acknowledged = max(download_acknowledged, excluded.download_acknowledged),
@@ -115,7 +119,8 @@ impl Dialect for SqliteTransaction<'_> {
                 update.script_version,
                 update.upload_sequence,
                 update.download_watermark,
-                update.download_acknowledged
+                update.download_acknowledged,
+                update.upload_transfer_id
             ],
         )?;
         Ok(())

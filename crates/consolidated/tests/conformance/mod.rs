@@ -98,6 +98,7 @@ macro_rules! conformance_suite {
             an_upload_sequence_is_applied_at_most_once,
             upload_sequences_start_at_one_and_never_skip,
             a_new_client_id_beyond_the_users_limit_is_refused,
+            a_copied_or_restored_client_is_refused_before_anything_is_applied,
             refused_syncs_apply_nothing,
             an_error_in_the_second_table_rolls_back_the_first,
             a_failing_upload_insert_script_is_a_script_error,
@@ -384,6 +385,8 @@ fn request(
         tables,
         auth_parameters: Vec::new(),
         client_ids_per_user_max: None,
+        transfer_id: None,
+        check_identity: false,
     }
 }
 
@@ -1273,6 +1276,67 @@ pub async fn an_upload_sequence_is_applied_at_most_once<F: Factory>() {
 /// rows just sent, and one upload with sequence 2^63-1 made every later upload of the
 /// client id "already applied". A sequence is 1 for a client's first upload and at
 /// most one above the last applied: anything else is refused, nothing applied.
+/// Issue 30, item 2: two databases under one client id (a copy, a restored backup) were
+/// answered "already applied" and the second one's changes were lost. A client that
+/// proves its identity (protocol v5) sends the transfer id of the upload applied last
+/// again with its sequence, and never a sequence below it: anything else is refused
+/// before anything is applied. Older clients, and an upload applied without a transfer
+/// id, are answered as before.
+pub async fn a_copied_or_restored_client_is_refused_before_anything_is_applied<F: Factory>() {
+    let mut f = Fixture::<F>::with_orders(&[]).await;
+    let proving = |sequence: u64, transfer: &str, id: i64| {
+        let insert = orders_upload(vec![order(id, "alice", "pen", 1, None)], vec![], vec![]);
+        let mut request = request("alice-1", "alice", 0, sequence, vec![insert]);
+        request.transfer_id = Some(transfer.into());
+        request.check_identity = true;
+        request
+    };
+    assert_summary(&f.sync_ok(proving(1, "t1", 1)).await, 1, 0, false);
+    assert_summary(&f.sync_ok(proving(1, "t1", 1)).await, 1, 0, true);
+    let copied = f.sync(proving(1, "t2", 2)).await.expect_err("a copy");
+    assert!(
+        matches!(copied, SyncError::ClientCopied { sequence: 1, .. }),
+        "{copied:?}"
+    );
+    assert_eq!(copied.code(), ErrorCode::ClientCopied);
+    assert_summary(&f.sync_ok(proving(2, "t3", 3)).await, 1, 0, false);
+    let restored = f.sync(proving(1, "t1", 4)).await.expect_err("behind");
+    assert!(
+        matches!(
+            restored,
+            SyncError::ClientRestored {
+                sequence: 1,
+                applied: 2,
+                ..
+            }
+        ),
+        "{restored:?}"
+    );
+    assert_eq!(restored.code(), ErrorCode::ClientRestored);
+    let ids: Vec<Value> = f
+        .orders()
+        .await
+        .into_iter()
+        .map(|row| row[0].clone())
+        .collect();
+    assert_eq!(
+        ids,
+        [Value::Int(1), Value::Int(3)],
+        "a refused upload applied"
+    );
+
+    // An older client is not checked.
+    let mut older = proving(1, "t9", 5);
+    older.check_identity = false;
+    assert_summary(&f.sync_ok(older).await, 1, 0, true);
+    // An upload applied without a transfer id (a client of version 2) proves nothing.
+    let mut unnamed = proving(3, "t9", 6);
+    unnamed.transfer_id = None;
+    unnamed.check_identity = false;
+    assert_summary(&f.sync_ok(unnamed).await, 1, 0, false);
+    assert_summary(&f.sync_ok(proving(3, "t10", 6)).await, 1, 0, true);
+}
+
 /// Issue 15, finding 10: a user may hold at most `client_ids_per_user_max` client ids
 /// (each subscription holds tombstones back for everyone); a new one beyond it is
 /// refused with code 13, nothing recorded or applied.

@@ -113,6 +113,8 @@ impl Replica {
             tables,
             auth_parameters: Vec::new(),
             client_ids_per_user_max: None,
+            transfer_id: None,
+            check_identity: false,
         })
     }
 

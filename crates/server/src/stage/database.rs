@@ -13,7 +13,7 @@ use rowsync_consolidated::{
 };
 use rowsync_protocol::{
     ErrorCode, FrameDecoder, Message, TableUpload, WireError, CONFLICTS_SINCE_VERSION,
-    DOWNLOAD_RESUME_SINCE_VERSION, PREAMBLE_BYTES,
+    DOWNLOAD_RESUME_SINCE_VERSION, IDENTITY_SINCE_VERSION, PREAMBLE_BYTES,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -63,7 +63,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
         spool: upload_spool,
         outbound,
         wire_bytes_received,
-        ..
+        transfer,
     } = upload;
     // The download is encoded into its spool while the worker reads it.
     let (sender, chunks) = download_channel();
@@ -101,6 +101,8 @@ pub(crate) async fn synchronize<B: Consolidated>(
         tables,
         auth_parameters: hello.auth_parameters,
         client_ids_per_user_max: config.client_ids_per_user_max,
+        transfer_id: transfer.map(|transfer| transfer.transfer_id),
+        check_identity: hello.protocol_version >= IDENTITY_SINCE_VERSION,
     });
     let working = Instant::now();
     let canceller = worker.connection().canceller();
