@@ -432,3 +432,68 @@ on_backends!(rows_the_server_changes_come_back:
     mariadb_rows_the_server_changes_come_back => Backend::mysql(&MARIADB_STAMPED),
     sqlite_rows_the_server_changes_come_back => Backend::sqlite(&SQLITE_STAMPED),
 );
+
+/// A key the device writes in another form than its column stores (a timestamp
+/// without its fraction): the device ends holding the server's row once, in the
+/// server's form, not its own row beside it (issue 31, item 1).
+async fn a_key_written_in_another_form_ends_as_one_row(backend: Backend) {
+    let address = backend.serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    let alice = options(address, "alice");
+    let open = |name: &str| {
+        let mut client = Client::open(dir.path().join(format!("{name}.db"))).unwrap();
+        client
+            .connection()
+            .execute_batch(
+                "CREATE TABLE items (paid_at TEXT, id INTEGER, owner TEXT NOT NULL, \
+                 amount TEXT, PRIMARY KEY (paid_at, id))",
+            )
+            .unwrap();
+        client.track("items").unwrap();
+        client
+    };
+    let mut phone = open("phone");
+    phone
+        .connection()
+        .execute_batch("INSERT INTO items VALUES ('2026-11-27 09:01:00', 2, 'alice', '5')")
+        .unwrap();
+    let report = phone.sync(&alice).await.unwrap();
+    assert_eq!(report.conflicts, 0, "{report:?}");
+    let rows = |client: &Client| -> Vec<(String, i64, String)> {
+        let mut statement = client
+            .connection()
+            .prepare("SELECT paid_at, id, amount FROM items ORDER BY paid_at, id")
+            .unwrap();
+        let rows = statement
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+            .unwrap();
+        rows.collect::<Result<_, _>>().unwrap()
+    };
+    let mut laptop = open("laptop");
+    laptop.sync(&alice).await.unwrap();
+    assert_eq!(rows(&phone), rows(&laptop), "one row, the server's");
+    phone
+        .connection()
+        .execute_batch("UPDATE items SET amount = '6.00'")
+        .unwrap();
+    let report = phone.sync(&alice).await.unwrap();
+    assert_eq!(
+        (report.rows_uploaded, report.conflicts),
+        (1, 0),
+        "{report:?}"
+    );
+    laptop.sync(&alice).await.unwrap();
+    assert_eq!(rows(&phone), rows(&laptop));
+    assert_eq!(rows(&phone).len(), 1);
+}
+
+on_backends!(a_key_written_in_another_form_ends_as_one_row:
+    postgres_a_key_written_in_another_form_ends_as_one_row => Backend::postgres(&[
+        "CREATE TABLE items (paid_at timestamptz, id int, owner text NOT NULL, \
+         amount numeric(5,2), PRIMARY KEY (paid_at, id))",
+    ]),
+    mariadb_a_key_written_in_another_form_ends_as_one_row => Backend::mysql(&[
+        "CREATE TABLE items (paid_at DATETIME(6), id INT, owner VARCHAR(64) NOT NULL, \
+         amount DECIMAL(5,2), PRIMARY KEY (paid_at, id))",
+    ]),
+);

@@ -6,6 +6,7 @@ use rowsync_protocol::{Row, TableUpload};
 
 use crate::scripts::*;
 use crate::shape::{key_positions_in, TableShape};
+use crate::stored::StoredBack;
 use crate::upload_rows::key_bytes;
 use crate::SyncError;
 
@@ -48,14 +49,17 @@ impl Resolution {
 
     /// Adds rows this upload wrote that the table stores otherwise than they were sent
     /// (`stored`), read with `upload_fetch`: they go down with the conflicts' rows.
-    pub fn add_stored_rows(&mut self, columns: Vec<String>, rows: Vec<Row>) {
-        if rows.is_empty() {
+    /// Keys the client holds in another form than the table stores go down as deletes
+    /// (before the rows).
+    pub fn add_stored_rows(&mut self, columns: Vec<String>, back: StoredBack) {
+        self.conflict_deletes.extend(back.deletes);
+        if back.upserts.is_empty() {
             return;
         }
         if self.conflict_upserts.is_empty() {
             self.conflict_columns = columns;
         }
-        self.conflict_upserts.extend(rows);
+        self.conflict_upserts.extend(back.upserts);
     }
 
     /// Server wins: `rows` (with `columns`) are the current rows `upload_fetch` found for
