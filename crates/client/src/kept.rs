@@ -17,6 +17,7 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params, Connection, ToSql};
 use serde_json::{Map, Value as Json};
 
+use crate::report::key_positions;
 use crate::ClientError;
 
 /// The table of kept conflicts; rows stay until the application deletes them.
@@ -121,7 +122,7 @@ impl LosingRows {
                 side.row = None;
             }
         }
-        let Some(positions) = positions_of(&download.key_columns, &download.columns) else {
+        let Some(positions) = key_positions(&download.columns, &download.key_columns) else {
             return;
         };
         for row in &download.upserts {
@@ -170,7 +171,7 @@ impl LosingRows {
         let Some(named) = self.named.get(&upload.table) else {
             return Ok(0);
         };
-        let positions = positions_of(&upload.key_columns, &upload.columns).ok_or_else(|| {
+        let positions = key_positions(&upload.columns, &upload.key_columns).ok_or_else(|| {
             ClientError::Schema(format!(
                 "the upload of {:?} lacks a key column",
                 upload.table
@@ -221,14 +222,6 @@ impl LosingRows {
         }
         Ok(kept)
     }
-}
-
-/// The positions of `key_columns` in `columns`; `None` if one is missing.
-fn positions_of(key_columns: &[String], columns: &[String]) -> Option<Vec<usize>> {
-    key_columns
-        .iter()
-        .map(|key| columns.iter().position(|c| c == key))
-        .collect()
 }
 
 fn pick(row: &[Value], positions: &[usize]) -> Row {

@@ -210,7 +210,8 @@ impl ConflictedRows {
     }
 }
 
-fn key_positions(columns: &[String], key_columns: &[String]) -> Option<Vec<usize>> {
+/// The positions of `key_columns` in `columns`; `None` if one is missing.
+pub(crate) fn key_positions(columns: &[String], key_columns: &[String]) -> Option<Vec<usize>> {
     key_columns
         .iter()
         .map(|key| columns.iter().position(|c| c == key))

@@ -5,138 +5,14 @@
 //! Each test runs on a SQLite, a PostgreSQL and a MariaDB consolidated database, with a
 //! table partitioned by its `owner` column and two users, through a real server.
 
-use std::net::SocketAddr;
+#[macro_use]
+mod backends;
+
 use std::path::Path;
 
-use rowsync_client::{Client, ExistingRows, KeptConflict, SyncOptions};
-use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
-use rowsync_server::{auth, ServerConfig};
+use backends::{options, Backend, CLIENT_DDL};
+use rowsync_client::{Client, ExistingRows, KeptConflict};
 use serde_json::json;
-use tokio::net::TcpListener;
-
-const CLIENT_DDL: &str =
-    "CREATE TABLE items (id TEXT PRIMARY KEY, owner TEXT NOT NULL, body TEXT, quantity INTEGER)";
-const USERS: [&str; 2] = ["alice", "bob"];
-const POSTGRES_ITEMS: &str =
-    "CREATE TABLE items (id text PRIMARY KEY, owner text NOT NULL, body text, quantity bigint)";
-const MARIADB_ITEMS: &str = "CREATE TABLE items (id VARCHAR(64) PRIMARY KEY, \
-     owner VARCHAR(64) NOT NULL, body TEXT, quantity BIGINT)";
-
-fn password(user: &str) -> String {
-    format!("{user}-password")
-}
-
-/// The consolidated database under test.
-enum Backend {
-    Sqlite(tempfile::TempDir),
-    Postgres(String),
-    Mysql(String),
-}
-
-impl Backend {
-    /// `statements` make the consolidated database's tables (the `items` table of
-    /// `CLIENT_DDL` by default: see the constructors' callers).
-    async fn sqlite(statements: &[&str]) -> Backend {
-        let dir = tempfile::tempdir().unwrap();
-        let connection = rusqlite::Connection::open(dir.path().join("consolidated.db")).unwrap();
-        for statement in statements {
-            connection.execute_batch(statement).unwrap();
-        }
-        Backend::Sqlite(dir)
-    }
-
-    async fn postgres(statements: &[&str]) -> Backend {
-        let (url, client) = rowsync_testkit::fresh_database_with("edge", "SELECT 1").await;
-        for statement in statements {
-            client.batch_execute(statement).await.unwrap();
-        }
-        Backend::Postgres(url)
-    }
-
-    async fn mysql(statements: &[&str]) -> Backend {
-        use mysql_async::prelude::Queryable;
-        let url = rowsync_testkit::fresh_mysql_database("edge").await;
-        let mut connection = mysql_async::Conn::from_url(&url).await.unwrap();
-        for statement in statements {
-            connection.query_drop(*statement).await.unwrap();
-        }
-        Backend::Mysql(url)
-    }
-
-    /// Starts a server on this database with `items` initialized and both users set.
-    async fn serve(&self) -> SocketAddr {
-        match self {
-            Backend::Sqlite(dir) => {
-                let path = dir.path().join("consolidated.db");
-                serve(rowsync_consolidated::sqlite::SqliteConsolidated::new(&path)).await
-            }
-            Backend::Postgres(url) => {
-                serve(rowsync_consolidated::postgres::PostgresConsolidated::new(
-                    url,
-                ))
-                .await
-            }
-            Backend::Mysql(url) => {
-                serve(rowsync_consolidated::mysql::MysqlConsolidated::new(url).unwrap()).await
-            }
-        }
-    }
-
-    /// The consolidated database's `items` rows as (id, owner, body), by id.
-    async fn items(&self) -> Vec<(String, String, Option<String>)> {
-        let sql = "SELECT id, owner, body FROM items ORDER BY id";
-        match self {
-            Backend::Sqlite(dir) => {
-                let connection =
-                    rusqlite::Connection::open(dir.path().join("consolidated.db")).unwrap();
-                let mut statement = connection.prepare(sql).unwrap();
-                let rows = statement
-                    .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
-                    .unwrap();
-                rows.collect::<Result<_, _>>().unwrap()
-            }
-            Backend::Postgres(url) => {
-                let client = rowsync_testkit::connect(url).await;
-                let rows = client.query(sql, &[]).await.unwrap();
-                rows.iter()
-                    .map(|row| (row.get(0), row.get(1), row.get(2)))
-                    .collect()
-            }
-            Backend::Mysql(url) => {
-                use mysql_async::prelude::Queryable;
-                let mut connection = mysql_async::Conn::from_url(url).await.unwrap();
-                connection.query(sql).await.unwrap()
-            }
-        }
-    }
-}
-
-async fn serve<B: Consolidated>(backend: B) -> SocketAddr {
-    let mut connection = backend.connect().await.unwrap();
-    connection.install_system_tables().await.unwrap();
-    connection
-        .init_table(&TableInit::new("items", "owner", "v1"))
-        .await
-        .unwrap();
-    for user in USERS {
-        let hash = auth::hash_password(&password(user)).unwrap();
-        connection.set_user(user, &hash).await.unwrap();
-    }
-    drop(connection);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let config = ServerConfig::default();
-        rowsync_server::serve(listener, backend, config, std::future::pending())
-            .await
-            .unwrap();
-    });
-    address
-}
-
-fn options(address: SocketAddr, user: &str) -> SyncOptions {
-    SyncOptions::new(format!("tcp://{address}"), user, password(user))
-}
 
 /// A client database with `items` created; `before_tracking` runs before `track`.
 fn client(dir: &Path, name: &str, before_tracking: &str, existing: ExistingRows) -> Client {
@@ -312,28 +188,9 @@ fn assert_kept(kept: &KeptConflict, operation: &str, client_row: Option<serde_js
     assert_eq!(kept.client_row, client_row, "{kept:?}");
 }
 
-/// One test per backend of a scenario: `test_name => the backend it runs on`.
-macro_rules! on_backends {
-    ($scenario:ident: $($test:ident => $backend:expr),+ $(,)?) => {
-        $(
-            #[tokio::test]
-            async fn $test() {
-                $scenario($backend.await).await;
-            }
-        )+
-    };
-}
-
-on_backends!(existing_rows_are_uploaded:
-    sqlite_existing_rows_are_uploaded => Backend::sqlite(&[CLIENT_DDL]),
-    postgres_existing_rows_are_uploaded => Backend::postgres(&[POSTGRES_ITEMS]),
-    mariadb_existing_rows_are_uploaded => Backend::mysql(&[MARIADB_ITEMS]),
-);
-
-on_backends!(losing_sides_of_conflicts_are_kept:
-    sqlite_losing_sides_of_conflicts_are_kept => Backend::sqlite(&[CLIENT_DDL]),
-    postgres_losing_sides_of_conflicts_are_kept => Backend::postgres(&[POSTGRES_ITEMS]),
-    mariadb_losing_sides_of_conflicts_are_kept => Backend::mysql(&[MARIADB_ITEMS]),
+on_every_backend!(
+    existing_rows_are_uploaded,
+    losing_sides_of_conflicts_are_kept,
 );
 
 /// The device's copy of `items` in a schema whose server changes rows as they are

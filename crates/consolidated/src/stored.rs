@@ -90,11 +90,12 @@ pub fn rows_stored_otherwise(
             }
             continue;
         }
-        let kinds: Vec<Option<ValueKind>> = fetched_key_positions
-            .iter()
-            .map(|&position| stored.get(position).and_then(kind_of))
-            .collect();
+        // Built once, with the key columns' kinds read off the first such stored row.
         let index = by_stored_form.get_or_insert_with(|| {
+            let kinds: Vec<Option<ValueKind>> = fetched_key_positions
+                .iter()
+                .map(|&position| stored.get(position).and_then(kind_of))
+                .collect();
             upserted_rows(upload)
                 .map(|row| (stored_key_bytes(row, upload_key_positions, &kinds), row))
                 .collect()
