@@ -245,6 +245,7 @@ fn backlog(client_id: &str, ids: std::ops::Range<i64>) -> SyncRequest {
         client_ids_per_user_max: None,
         transfer_id: None,
         check_identity: false,
+        refused_rows_max: 0,
     }
 }
 

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 use crate::durability::{self, ClientOptions, Durability};
 use crate::kept::{self, KeptConflict};
+use crate::rejected::{self, RejectedRow};
 use crate::report::{ConflictedRow, ConflictedRows, Identity, SyncProgress, SyncReport};
 use crate::session::SessionEvent;
 use crate::store::{AppliedDownload, DownloadApply, ExistingRows};
@@ -48,7 +49,17 @@ pub struct SyncOptions {
     /// attempt instead of downloading again (protocol v4). A cut download longer than
     /// this is downloaded afresh; 0 keeps nothing.
     pub download_kept_bytes_max: u64,
+    /// The most changes one sync sets aside in `rs_client_rejected` when the server
+    /// refuses their rows (protocol v6); above it the sync fails with the server's
+    /// error, nothing set aside. 0 never sets aside.
+    pub rejected_rows_max: u64,
 }
+
+/// Changes one sync sets aside at most, by default.
+pub const REJECTED_ROWS_MAX_DEFAULT: u64 = 1000;
+
+/// Rounds of one sync that end with refused rows set aside: each sends the rest again.
+const REFUSED_ROUNDS_MAX: u32 = 4;
 
 /// Bytes of a cut download kept to resume it, by default (the server's default
 /// `held_download_bytes_max`).
@@ -121,6 +132,7 @@ impl SyncOptions {
             download_ack: false,
             busy_retry: BusyRetry::default(),
             download_kept_bytes_max: DOWNLOAD_KEPT_BYTES_MAX_DEFAULT,
+            rejected_rows_max: REJECTED_ROWS_MAX_DEFAULT,
         }
     }
 }
@@ -243,6 +255,30 @@ impl Client {
     }
 
     /// Changes recorded and not yet moved into an upload.
+    /// Every change the server refused and this client set aside, oldest first.
+    pub fn rejected_rows(&self) -> Result<Vec<RejectedRow>, ClientError> {
+        rejected::rejected_rows(&self.connection)
+    }
+
+    /// Puts a rejected change back in line for the next sync (after the application
+    /// fixed its row, or the server now takes it); false when there is no such change.
+    pub fn requeue_rejected(&mut self, id: i64) -> Result<bool, ClientError> {
+        store::requeue(&mut self.connection, id)
+    }
+
+    /// Removes a rejected change for good (the application gave it up); false when
+    /// there is no such change.
+    pub fn remove_rejected(&self, id: i64) -> Result<bool, ClientError> {
+        rejected::remove_rejected(&self.connection, id)
+    }
+
+    /// Stops tracking `table`: its triggers and change log go; changes it logged that
+    /// were not uploaded yet are set aside as rejected, with that reason. Returns how
+    /// many.
+    pub fn untrack(&mut self, table: &str) -> Result<u64, ClientError> {
+        store::untrack(&mut self.connection, table)
+    }
+
     pub fn has_pending_changes(&self) -> Result<bool, ClientError> {
         store::has_pending_changes(&self.connection)
     }
@@ -272,6 +308,7 @@ impl Client {
     ) -> Result<SyncReport, ClientError> {
         let started = Instant::now();
         let mut report = SyncReport::default();
+        let mut refused_rounds = 0;
         loop {
             let batch = store::next_batch_for(&mut self.connection, Some(&options.script_version))?;
             let round = self
@@ -280,6 +317,18 @@ impl Client {
             if round.is_err() {
                 DownloadApply::abort(&self.connection);
             }
+            let round = match round {
+                Err(error) if refused_rounds < REFUSED_ROUNDS_MAX => {
+                    match self.set_aside(&error, &batch, options, &mut report)? {
+                        true => {
+                            refused_rounds += 1;
+                            continue;
+                        }
+                        false => Err(error),
+                    }
+                }
+                round => round,
+            };
             let (completed, applied) = match round {
                 // Refused as a copy or a restored backup (once per sync): a new client
                 // id, and the same changes sent again as that client.
@@ -319,6 +368,37 @@ impl Client {
         }
         report.elapsed = started.elapsed();
         Ok(report)
+    }
+
+    /// After the server refused rows of `batch` (protocol v6, nothing applied): sets
+    /// their changes aside and rewrites the batch without them (true: send it again),
+    /// unless that would pass `options.rejected_rows_max` or matches nothing.
+    fn set_aside(
+        &mut self,
+        error: &ClientError,
+        batch: &store::Batch,
+        options: &SyncOptions,
+        report: &mut SyncReport,
+    ) -> Result<bool, ClientError> {
+        let ClientError::Server(wire) = error else {
+            return Ok(false);
+        };
+        let refused = &wire.refused;
+        let allowed = report.rows_rejected + refused.len() as u64 <= options.rejected_rows_max;
+        if wire.error_code() != Some(ErrorCode::RowsRefused) || refused.is_empty() || !allowed {
+            return Ok(false);
+        }
+        let set_aside = store::set_aside(
+            &mut self.connection,
+            batch,
+            refused,
+            &options.script_version,
+        )?;
+        report.rows_rejected += set_aside;
+        if set_aside > 0 && self.durable_before_sync {
+            self.persist()?;
+        }
+        Ok(set_aside > 0)
     }
 
     /// Sends one batch (again after busy answers) and applies its download as it

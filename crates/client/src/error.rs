@@ -76,6 +76,7 @@ impl ClientError {
                     | ErrorCode::ClientIdTaken
                     | ErrorCode::ClientIdsExceeded
                     | ErrorCode::Schema
+                    | ErrorCode::RowsRefused
                     | ErrorCode::UploadTooLarge
                     | ErrorCode::FrameTooLarge,
                 ) => FailureKind::Refused,

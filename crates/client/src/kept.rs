@@ -224,7 +224,7 @@ impl LosingRows {
     }
 }
 
-fn pick(row: &[Value], positions: &[usize]) -> Row {
+pub fn pick(row: &[Value], positions: &[usize]) -> Row {
     positions
         .iter()
         .filter_map(|&p| row.get(p).cloned())
@@ -232,7 +232,7 @@ fn pick(row: &[Value], positions: &[usize]) -> Row {
 }
 
 /// A row as a JSON object of column name to the value as SQLite stores it.
-fn object(columns: &[String], row: &[Value]) -> Json {
+pub fn object(columns: &[String], row: &[Value]) -> Json {
     let mut object = Map::new();
     for (column, value) in columns.iter().zip(row) {
         object.insert(column.clone(), stored_form(value));
@@ -284,7 +284,7 @@ pub fn kept_conflicts(connection: &Connection) -> Result<Vec<KeptConflict>, Clie
 }
 
 /// A column holding a JSON text (or NULL), parsed.
-fn json_column(row: &rusqlite::Row, index: usize) -> rusqlite::Result<Option<Json>> {
+pub fn json_column(row: &rusqlite::Row, index: usize) -> rusqlite::Result<Option<Json>> {
     let Some(text) = row.get::<_, Option<String>>(index)? else {
         return Ok(None);
     };

@@ -11,6 +11,7 @@ mod client;
 mod durability;
 mod error;
 mod kept;
+mod rejected;
 mod report;
 mod session;
 mod store;
@@ -18,11 +19,12 @@ pub mod transport;
 
 pub use client::{
     BusyRetry, Client, SyncOptions, BUSY_RETRY_ATTEMPTS_MAX_DEFAULT,
-    DOWNLOAD_KEPT_BYTES_MAX_DEFAULT,
+    DOWNLOAD_KEPT_BYTES_MAX_DEFAULT, REJECTED_ROWS_MAX_DEFAULT,
 };
 pub use durability::{ClientOptions, Durability};
 pub use error::{ClientError, FailureKind};
 pub use kept::KeptConflict;
+pub use rejected::RejectedRow;
 pub use report::{ConflictedRow, Identity, SyncProgress, SyncReport, CONFLICTED_ROWS_REPORTED_MAX};
 pub use rowsync_protocol::Compression;
 pub use session::{ClientSession, CompletedSync, Received, SessionEvent};

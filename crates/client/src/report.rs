@@ -46,6 +46,9 @@ pub struct SyncReport {
     /// copy, or a restored backup): it took a new client id ([`crate::Client::client_id`])
     /// and sent its changes as that client, in this sync (protocol v5).
     pub identity: Option<Identity>,
+    /// Changes the server refused (protocol v6), set aside in `rs_client_rejected`
+    /// ([`crate::Client::rejected_rows`]) while the rest of the upload went up.
+    pub rows_rejected: u64,
 }
 
 /// Why a client database took a new client id in a sync (docs/client.md §6.1).

@@ -4,10 +4,13 @@
 use std::collections::HashMap;
 
 use rand::RngCore;
-use rowsync_protocol::{message_frames, Download, Message, Row, RowUpdate, TableUpload, Value};
+use rowsync_protocol::{
+    message_frames, Download, FrameDecoder, Message, RefusedRow, Row, RowUpdate, TableUpload, Value,
+};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::kept::{LosingRows, KEPT_CONFLICTS_DDL};
+use crate::rejected::{self, Refusals, REJECTED_DDL};
 use crate::ClientError;
 
 /// Random bytes in a generated client id (hex-encoded).
@@ -74,6 +77,7 @@ const ADDED_COLUMNS: [(&str, &str, &str); 2] = [
 pub fn install(connection: &Connection, client_id: Option<&str>) -> Result<String, ClientError> {
     connection.execute_batch(CLIENT_TABLES)?;
     connection.execute_batch(KEPT_CONFLICTS_DDL)?;
+    connection.execute_batch(REJECTED_DDL)?;
     for (table, column, sql_type) in ADDED_COLUMNS {
         if !has_column(connection, table, column)? {
             connection.execute_batch(&format!(
@@ -825,43 +829,8 @@ pub fn next_batch_for(
     for table in upload_order(&transaction)? {
         collect_table_upload(&transaction, &table, &mut messages)?;
     }
-    let mut operations_total = 0u64;
-    let mut frames = Vec::with_capacity(messages.len());
-    {
-        let mut insert = transaction.prepare(
-            "INSERT INTO rs_client_inflight (upload_sequence, part, frame, operations) VALUES (?1, ?2, ?3, ?4)",
-        )?;
-        // An empty upload still gets its sequence and this marker row: the sync is then
-        // acknowledged like any other.
-        transaction.execute(
-            "INSERT INTO rs_client_inflight (upload_sequence, part, frame, operations, script_version)
-             VALUES (?1, 0, x'', 0, ?2)",
-            params![sequence as i64, script_version],
-        )?;
-        for upload in messages {
-            let operations =
-                (upload.inserts.len() + upload.updates.len() + upload.deletes.len()) as u64;
-            operations_total += operations;
-            // A change larger than a message sends its large values first, in pieces:
-            // each piece is a part of its own; the message's part counts the operations.
-            let mut frames_of =
-                message_frames(Message::Upload(upload), UPLOAD_MESSAGE_BYTES_MAX).peekable();
-            while let Some(frame) = frames_of.next() {
-                let counted = if frames_of.peek().is_none() {
-                    operations
-                } else {
-                    0
-                };
-                insert.execute(params![
-                    sequence as i64,
-                    frames.len() as i64 + 1,
-                    frame,
-                    counted as i64
-                ])?;
-                frames.push(frame);
-            }
-        }
-    }
+    let (frames, operations_total) =
+        write_inflight(&transaction, sequence, script_version, messages)?;
     transaction.commit()?;
     Ok(Batch {
         upload_sequence: sequence,
@@ -870,6 +839,184 @@ pub fn next_batch_for(
         operations: operations_total,
         is_retry: false,
     })
+}
+
+/// Writes an upload in flight as its frames: the marker row (part 0, with the script
+/// version it is sent with), then the messages' frames. Returns the frames and the
+/// operations they carry.
+fn write_inflight(
+    transaction: &Connection,
+    sequence: u64,
+    script_version: Option<&str>,
+    messages: Vec<TableUpload>,
+) -> Result<(Vec<Vec<u8>>, u64), ClientError> {
+    let mut operations_total = 0u64;
+    let mut frames = Vec::with_capacity(messages.len());
+    let mut insert = transaction.prepare(
+        "INSERT INTO rs_client_inflight (upload_sequence, part, frame, operations) VALUES (?1, ?2, ?3, ?4)",
+    )?;
+    // An empty upload still gets its sequence and this marker row: the sync is then
+    // acknowledged like any other.
+    transaction.execute(
+        "INSERT INTO rs_client_inflight (upload_sequence, part, frame, operations, script_version)
+         VALUES (?1, 0, x'', 0, ?2)",
+        params![sequence as i64, script_version],
+    )?;
+    for upload in messages {
+        let operations =
+            (upload.inserts.len() + upload.updates.len() + upload.deletes.len()) as u64;
+        operations_total += operations;
+        // A change larger than a message sends its large values first, in pieces: each
+        // piece is a part of its own; the message's part counts the operations.
+        let mut frames_of =
+            message_frames(Message::Upload(upload), UPLOAD_MESSAGE_BYTES_MAX).peekable();
+        while let Some(frame) = frames_of.next() {
+            let counted = if frames_of.peek().is_none() {
+                operations
+            } else {
+                0
+            };
+            insert.execute(params![
+                sequence as i64,
+                frames.len() as i64 + 1,
+                frame,
+                counted as i64
+            ])?;
+            frames.push(frame);
+        }
+    }
+    Ok((frames, operations_total))
+}
+
+/// After the server refused rows of the upload in flight (and applied nothing): moves
+/// their changes into `rs_client_rejected` and rewrites the upload without them, under
+/// the same sequence, for `script_version` (the version the application now asks for),
+/// with a new transfer id. In one transaction; returns the changes set aside.
+pub fn set_aside(
+    connection: &mut Connection,
+    batch: &Batch,
+    refused: &[RefusedRow],
+    script_version: &str,
+) -> Result<u64, ClientError> {
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let refusals = Refusals::new(refused);
+    let mut decoder = FrameDecoder::new(usize::MAX / 2).with_value_limits(u64::MAX, u64::MAX);
+    let mut messages = Vec::new();
+    let mut set_aside = 0;
+    for frame in &batch.frames {
+        decoder.feed(frame);
+        while let Some(message) = decoder.next_message()? {
+            if let Message::Upload(mut upload) = message {
+                set_aside +=
+                    refusals.set_aside(&transaction, &mut upload, batch.upload_sequence)?;
+                if !(upload.inserts.is_empty()
+                    && upload.updates.is_empty()
+                    && upload.deletes.is_empty())
+                {
+                    messages.push(upload);
+                }
+            }
+        }
+    }
+    let sequence = batch.upload_sequence as i64;
+    transaction.execute(
+        "DELETE FROM rs_client_inflight WHERE upload_sequence = ?1",
+        [sequence],
+    )?;
+    transaction.execute(
+        "DELETE FROM rs_client_transfer WHERE upload_sequence = ?1",
+        [sequence],
+    )?;
+    transaction.execute("DELETE FROM rs_client_download", [])?;
+    write_inflight(
+        &transaction,
+        batch.upload_sequence,
+        Some(script_version),
+        messages,
+    )?;
+    transaction.commit()?;
+    Ok(set_aside)
+}
+
+/// Puts a rejected change back in its table's change log, replacing the entry a later
+/// write made there (the server never took the change, so it still holds the row the
+/// rejected change started from), and removes it from `rs_client_rejected`. The next
+/// sync uploads the row as it is then. Returns false when there is no such change.
+pub fn requeue(connection: &mut Connection, id: i64) -> Result<bool, ClientError> {
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let Some(rejected) = rejected::rejected_row(&transaction, id)? else {
+        return Ok(false);
+    };
+    let table = rejected.table.as_str();
+    if !tracked_tables(&transaction)?.iter().any(|t| t == table) {
+        return Err(ClientError::Schema(format!(
+            "table {table:?} is no longer tracked: track it again before re-queueing its \
+             rejected change {id}"
+        )));
+    }
+    let shape = shape(&transaction, table)?
+        .ok_or_else(|| ClientError::Schema(format!("tracked table {table:?} no longer exists")))?;
+    let op = match rejected.operation.as_str() {
+        "insert" => "I",
+        "update" => "U",
+        _ => "D",
+    };
+    let mut columns = shape.key_columns.clone();
+    let mut values = rejected::sql_values(&rejected.key, &shape.key_columns)?;
+    if let Some(old) = &rejected.old_row {
+        let value_columns: Vec<String> = shape.value_columns().cloned().collect();
+        values.extend(rejected::sql_values(old, &value_columns)?);
+        columns.extend(value_columns.iter().map(|c| format!("{OLD_PREFIX}{c}")));
+    }
+    // The entry is replaced whole: a later write's old image never stays.
+    let sql = format!(
+        "INSERT OR REPLACE INTO {log} ({names}, rs_op) VALUES ({marks}, ?{op_mark})",
+        log = q(&log_table(table)),
+        names = join(&columns, |c| q(c), ", "),
+        marks = (1..=columns.len())
+            .map(|n| format!("?{n}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        op_mark = columns.len() + 1,
+    );
+    values.push(rusqlite::types::Value::Text(op.into()));
+    transaction.execute(&sql, rusqlite::params_from_iter(values))?;
+    rejected::remove_rejected(&transaction, id)?;
+    transaction.commit()?;
+    Ok(true)
+}
+
+/// Stops tracking `table`: its triggers and change log go, and changes it logged that
+/// were not uploaded yet are set aside in `rs_client_rejected` (with that reason), not
+/// dropped. Changes already in flight still go up. In one transaction.
+pub fn untrack(connection: &mut Connection, table: &str) -> Result<u64, ClientError> {
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    if !tracked_tables(&transaction)?.iter().any(|t| t == table) {
+        return Err(ClientError::Schema(format!(
+            "table {table:?} is not tracked"
+        )));
+    }
+    let mut messages = Vec::new();
+    if shape(&transaction, table)?.is_some() {
+        collect_table_upload(&transaction, table, &mut messages)?;
+    }
+    let untracked = [RefusedRow {
+        table: table.to_string(),
+        key_columns: Vec::new(),
+        key: Row::new(),
+        code: 0,
+        reason: format!("table {table:?} was untracked before this change was uploaded"),
+    }];
+    let refusals = Refusals::new(&untracked);
+    let mut set_aside = 0;
+    for mut upload in messages {
+        set_aside += refusals.set_aside(&transaction, &mut upload, 0)?;
+    }
+    drop_triggers(&transaction, table)?;
+    transaction.execute_batch(&format!("DROP TABLE IF EXISTS {}", q(&log_table(table))))?;
+    transaction.execute("DELETE FROM rs_client_table WHERE table_name = ?1", [table])?;
+    transaction.commit()?;
+    Ok(set_aside)
 }
 
 /// What one change-log entry uploads.

@@ -257,6 +257,26 @@ pub async fn read_cursors_in_turn<D: Dialect + ?Sized>(
 }
 
 /// One sync's open transaction: the steps the driver composes.
+/// A step of the savepoint the driver tries part of an upload under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Savepoint {
+    Set,
+    /// Rolls back to the savepoint and releases it.
+    Undo,
+    Release,
+}
+
+impl Savepoint {
+    /// The statements of the step, the same on every backend.
+    pub fn sql(self) -> &'static str {
+        match self {
+            Savepoint::Set => "SAVEPOINT rs_probe",
+            Savepoint::Undo => "ROLLBACK TO SAVEPOINT rs_probe; RELEASE SAVEPOINT rs_probe",
+            Savepoint::Release => "RELEASE SAVEPOINT rs_probe",
+        }
+    }
+}
+
 pub trait Dialect {
     /// Takes the locks a sync holds until it ends: against cleanup (shared, so syncs never
     /// wait for each other) and on the client id (exclusive). False when another sync of
@@ -341,6 +361,10 @@ pub trait Dialect {
     async fn defer_foreign_keys(&mut self, _keys: &[ForeignKey]) -> Result<(), SyncError> {
         Ok(())
     }
+
+    /// Sets, undoes or releases the savepoint the driver tries part of an upload under
+    /// when it looks for the rows that fail alone (`driver::refused`).
+    async fn savepoint(&mut self, step: Savepoint) -> Result<(), SyncError>;
 
     /// The columns of `table` that `version`'s scripts carried until the table dropped
     /// them (`rs_script_column`): uploads of that version may name them, and the driver

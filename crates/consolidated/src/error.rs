@@ -1,4 +1,4 @@
-use rowsync_protocol::ErrorCode;
+use rowsync_protocol::{ErrorCode, RefusedRow, WireError};
 use thiserror::Error;
 
 /// A failure of the consolidated database itself or of an administrative request.
@@ -96,6 +96,13 @@ pub enum SyncError {
     /// driver applies the upload again on one stream.
     #[error("a starting server rolled back the apply streams of group {group:?}")]
     StreamsRolledBack { group: String },
+    /// Protocol v6: rows of the upload failed, each tried alone (nothing was applied);
+    /// `first` is the error the sync failed with.
+    #[error("the upload was refused for {} of its rows (nothing was applied); the first: {first}", .rows.len())]
+    RowsRefused {
+        rows: Vec<RefusedRow>,
+        first: Box<SyncError>,
+    },
     #[error("the download's receiver went away before the sync ended")]
     DownloadAbandoned,
     #[error("the download could not be taken: {0}")]
@@ -184,6 +191,19 @@ impl SyncError {
         }
     }
 
+    /// What the client receives for this failure: its code and message, and for
+    /// refused rows each row.
+    pub fn to_wire(&self) -> WireError {
+        let wire = WireError::new(self.code(), self.to_string());
+        match self {
+            SyncError::RowsRefused { rows, .. } => WireError {
+                refused: rows.clone(),
+                ..wire
+            },
+            _ => wire,
+        }
+    }
+
     /// The wire error code a client receives for this failure.
     pub fn code(&self) -> ErrorCode {
         match self {
@@ -196,6 +216,7 @@ impl SyncError {
             SyncError::ClientRestored { .. } => ErrorCode::ClientRestored,
             SyncError::AlreadySynchronizing { .. } => ErrorCode::AlreadySynchronizing,
             SyncError::Script { .. } => ErrorCode::Script,
+            SyncError::RowsRefused { .. } => ErrorCode::RowsRefused,
             SyncError::AuthenticationRefused(_) => ErrorCode::AuthenticationFailed,
             SyncError::DownloadAbandoned | SyncError::Database(_) => ErrorCode::Internal,
             SyncError::DownloadRefused(_)

@@ -25,6 +25,10 @@ pub struct SyncRequest {
     /// an upload that is not the one applied under its sequence, or is below it, is
     /// refused as from a copied or restored database.
     pub check_identity: bool,
+    /// Protocol v6: when the upload fails for some of its rows, the most rows the sync
+    /// names (`RowsRefused`) before failing as a whole; 0 (older clients) fails the
+    /// sync with the first row's error, as before.
+    pub refused_rows_max: u64,
 }
 
 impl SyncRequest {

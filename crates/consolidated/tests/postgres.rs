@@ -352,6 +352,7 @@ async fn a_connection_keeps_table_shapes_until_the_schema_changes() {
                 client_ids_per_user_max: None,
                 transfer_id: None,
                 check_identity: false,
+                refused_rows_max: 0,
             }),
         )
         .await
@@ -527,6 +528,7 @@ async fn an_empty_sync_on_a_warm_connection_takes_five_round_trips() {
                 client_ids_per_user_max: None,
                 transfer_id: None,
                 check_identity: false,
+                refused_rows_max: 0,
             }),
         )
         .await
@@ -627,6 +629,7 @@ async fn the_fast_form_costs_no_round_trip() {
                 client_ids_per_user_max: None,
                 transfer_id: None,
                 check_identity: false,
+                refused_rows_max: 0,
             }),
         )
         .await

@@ -74,6 +74,7 @@ fn inserts(ids: std::ops::RangeInclusive<i64>) -> SyncRequest {
         client_ids_per_user_max: None,
         transfer_id: None,
         check_identity: false,
+        refused_rows_max: 0,
     }
 }
 

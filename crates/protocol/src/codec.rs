@@ -3,7 +3,8 @@
 use crate::message::*;
 use crate::pieces::{Whole, WholeValues};
 use crate::{
-    Decimal, DecodeError, Interval, Numeric, Row, Value, ARRAY_DEPTH_MAX, DECIMAL_SCALE_MAX,
+    Decimal, DecodeError, ErrorCode, Interval, Numeric, Row, Value, ARRAY_DEPTH_MAX,
+    DECIMAL_SCALE_MAX,
 };
 
 mod tag {
@@ -80,6 +81,16 @@ pub(crate) fn encode_body(message: &Message, marks: &mut Marks<'_>) -> Vec<u8> {
         Message::Error(error) => {
             out.extend_from_slice(&error.code.to_be_bytes());
             put_str(&mut out, &error.message);
+            if error.code == ErrorCode::RowsRefused as u16 {
+                put_count(&mut out, error.refused.len());
+                for refused in &error.refused {
+                    put_str(&mut out, &refused.table);
+                    put_names(&mut out, &refused.key_columns);
+                    put_row(&mut out, &refused.key, &mut Marks::none());
+                    out.extend_from_slice(&refused.code.to_be_bytes());
+                    put_str(&mut out, &refused.reason);
+                }
+            }
         }
         Message::Busy { retry_after_ms } => out.extend_from_slice(&retry_after_ms.to_be_bytes()),
         Message::DownloadAck(ack) => out.extend_from_slice(&ack.watermark.to_be_bytes()),
@@ -301,10 +312,7 @@ pub(crate) fn decode(
                 upload_already_applied: reader.flag("upload already applied")?,
             },
         }),
-        0x06 => Message::Error(WireError {
-            code: reader.u16("error code")?,
-            message: reader.string("error message")?,
-        }),
+        0x06 => Message::Error(reader.error()?),
         0x07 => Message::Busy {
             retry_after_ms: reader.u32("retry after")?,
         },
@@ -373,6 +381,9 @@ pub(crate) fn decode(
 /// The smallest encoding of a row (its value count) and of a value (its tag); used to
 /// refuse counts that could not possibly fit before allocating for them.
 const ROW_BYTES_MIN: usize = 2;
+/// The fewest bytes a refused row takes: its table and reason counts (4 each), no key
+/// column names (2), an empty key (2) and its code (2).
+const REFUSED_ROW_BYTES_MIN: usize = 14;
 const VALUE_BYTES_MIN: usize = 1;
 const NAME_BYTES_MIN: usize = 4;
 
@@ -638,6 +649,33 @@ impl<'a> Reader<'a, '_> {
             }
         }
         Ok(rows)
+    }
+
+    /// An error message; with code 17 (`RowsRefused`, protocol v6) the rows refused.
+    fn error(&mut self) -> Result<WireError, DecodeError> {
+        let code = self.u16("error code")?;
+        let message = self.string("error message")?;
+        let mut refused = Vec::new();
+        if code == ErrorCode::RowsRefused as u16 {
+            let count = self.count("refused row", REFUSED_ROW_BYTES_MIN)?;
+            for _ in 0..count {
+                let table = self.string("refused table")?;
+                let key_columns = self.names("refused key column")?;
+                let key = self.row(&table, &key_columns)?;
+                refused.push(RefusedRow {
+                    table,
+                    key_columns,
+                    key,
+                    code: self.u16("refused row code")?,
+                    reason: self.string("refused row reason")?,
+                });
+            }
+        }
+        Ok(WireError {
+            code,
+            message,
+            refused,
+        })
     }
 
     /// One row: its values, or (checking only) an empty row once every value is checked.

@@ -158,6 +158,11 @@ pub enum ErrorCode {
     /// the other copy synced past). Nothing was applied; the client takes a new client
     /// id and sends again.
     ClientRestored = 16,
+    /// Protocol v6: rows of the upload were refused (a script or constraint failed for
+    /// them, a value their column cannot take, a table the script version does not
+    /// synchronize); the error names each (`WireError::refused`). Nothing was applied:
+    /// the client sets those rows' changes aside and sends the rest again.
+    RowsRefused = 17,
 }
 
 impl ErrorCode {
@@ -180,6 +185,7 @@ impl ErrorCode {
             14 => TransferNotHeld,
             15 => ClientCopied,
             16 => ClientRestored,
+            17 => RowsRefused,
             _ => return None,
         })
     }

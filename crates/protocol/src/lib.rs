@@ -30,8 +30,8 @@ pub use error::{DecodeError, ErrorCode};
 pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES};
 pub use message::{
     Conflicts, Download, DownloadAck, DownloadHeld, DownloadResume, EndDownload, EndUpload, Hello,
-    Message, MessageType, PieceKind, RowUpdate, SyncSummary, TableUpload, UploadHeld, UploadResume,
-    ValuePiece, ValueStart, WireError,
+    Message, MessageType, PieceKind, RefusedRow, RowUpdate, SyncSummary, TableUpload, UploadHeld,
+    UploadResume, ValuePiece, ValueStart, WireError,
 };
 pub use numeric::{parse_decimal_value, Numeric, NUMERIC_SCALE_MAX, NUMERIC_WHOLE_DIGITS_MAX};
 pub use pieces::{message_frames, Frames, ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT};
@@ -47,7 +47,7 @@ pub use value::{
 
 /// The protocol version this crate speaks. A server accepts a hello of this version or
 /// any down to [`PROTOCOL_VERSION_MIN`] and refuses others.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// The oldest protocol version a server still serves: a v1 session gets every v2 value
 /// in its v1 form ([`Value::to_v1`]), and never a value in pieces.
@@ -76,6 +76,11 @@ pub const DOWNLOAD_RESUME_SINCE_VERSION: u16 = 4;
 /// database, `ErrorCode::ClientCopied`) or below the last applied sequence (a restored
 /// one, `ErrorCode::ClientRestored`) before applying anything.
 pub const IDENTITY_SINCE_VERSION: u16 = 5;
+
+/// The first protocol version whose server names the rows of an upload it refuses
+/// (`ErrorCode::RowsRefused` with `WireError::refused`) instead of failing the whole
+/// sync with the first row's error; its client sets them aside and sends the rest.
+pub const REFUSED_ROWS_SINCE_VERSION: u16 = 6;
 
 /// Over HTTP(S), a version 4 download whose stream (its decompressed frames) is at least
 /// this many bytes is confirmed by a receipt of its own: after the response, the client

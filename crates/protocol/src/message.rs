@@ -312,11 +312,29 @@ pub struct SyncSummary {
     pub upload_already_applied: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WireError {
     /// An [`ErrorCode`] number; unknown numbers must be tolerated by receivers.
     pub code: u16,
     pub message: String,
+    /// Protocol v6, code 17 (`RowsRefused`) only: each row of the upload the server
+    /// refused. Empty for every other code.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RefusedRow>,
+}
+
+/// Protocol v6: a row of an upload the server refused, and why. Nothing of the upload
+/// was applied; the client sets the row's change aside and sends the rest again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RefusedRow {
+    pub table: String,
+    /// The table's key columns and the row's values of them; both empty when every
+    /// change of the table is refused (a table the script version does not synchronize).
+    pub key_columns: Vec<String>,
+    pub key: Row,
+    /// The [`ErrorCode`] the row alone would have failed the sync with.
+    pub code: u16,
+    pub reason: String,
 }
 
 impl WireError {
@@ -324,6 +342,7 @@ impl WireError {
         WireError {
             code: code as u16,
             message: message.into(),
+            refused: Vec::new(),
         }
     }
 

@@ -291,6 +291,29 @@ fn vectors() -> Vec<(&'static str, Message)> {
             )),
         ),
         (
+            "error_rows_refused",
+            Message::Error(WireError {
+                refused: vec![
+                    RefusedRow {
+                        table: "payment".into(),
+                        key_columns: vec!["payment_id".into()],
+                        key: vec![Value::Int(17)],
+                        code: ErrorCode::Script as u16,
+                        reason: "no partition of relation \"payment\" found for row".into(),
+                    },
+                    RefusedRow {
+                        table: "todo".into(),
+                        key_columns: Vec::new(),
+                        key: Vec::new(),
+                        code: ErrorCode::Schema as u16,
+                        reason: "table \"todo\" is not synchronized by script version \"v1\""
+                            .into(),
+                    },
+                ],
+                ..WireError::new(ErrorCode::RowsRefused, "2 rows of the upload were refused")
+            }),
+        ),
+        (
             "upload_resume_new_transfer",
             Message::UploadResume(UploadResume {
                 transfer_id: "3f2a9c1e0b7d4e58".into(),

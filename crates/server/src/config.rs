@@ -89,6 +89,10 @@ pub struct ServerConfig {
     /// The most bytes all held uploads together take in the consolidated database; a cut
     /// upload that would go beyond it is not held (and its client's earlier one goes).
     pub held_uploads_bytes_max: u64,
+    /// Protocol v6: the most rows of one upload the server names when it refuses them
+    /// (each tried alone, in a transaction rolled back after); an upload with more
+    /// failing rows fails as a whole with the first one's error.
+    pub refused_rows_max: u64,
     /// Held uploads older than this are removed by the background cleanup (every
     /// `cleanup_interval`); a client resuming later sends its upload again whole.
     pub held_upload_expiry: Duration,
@@ -144,6 +148,7 @@ impl Default for ServerConfig {
             held_upload_bytes_max: 64 * 1024 * 1024,
             held_uploads_bytes_max: 1024 * 1024 * 1024,
             held_upload_expiry: Duration::from_secs(24 * 60 * 60),
+            refused_rows_max: 1000,
             held_download_bytes_max: 64 * 1024 * 1024,
             held_downloads_bytes_max: 1024 * 1024 * 1024,
             held_download_expiry: Duration::from_secs(24 * 60 * 60),

@@ -7,8 +7,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use rowsync_protocol::{
-    ErrorCode, Hello, Message, TableUpload, WireError, DOWNLOAD_RESUME_SINCE_VERSION,
-    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, RESUME_SINCE_VERSION,
+    ErrorCode, Hello, Message, RefusedRow, TableUpload, WireError, DOWNLOAD_RESUME_SINCE_VERSION,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, REFUSED_ROWS_SINCE_VERSION, RESUME_SINCE_VERSION,
 };
 
 /// The end of a checked upload.
@@ -151,7 +151,12 @@ impl ServerSession {
         if known.is_some_and(|known| known.tables.contains(&upload.table)) {
             return check_chunk(tables, &upload, &mut self.tables_examined);
         }
-        let error = not_synchronized(&upload.table, &hello.script_version, known);
+        let mut error = not_synchronized(&upload.table, &hello.script_version, known);
+        if hello.protocol_version >= REFUSED_ROWS_SINCE_VERSION
+            && error.error_code() == Some(ErrorCode::Schema)
+        {
+            error = refused_table(&upload.table, error);
+        }
         self.state = State::Done;
         Err(error)
     }
@@ -344,6 +349,25 @@ fn not_synchronized(table: &str, version: &str, known: Option<&VersionTables>) -
         ErrorCode::Schema,
         format!("table {table:?} is not synchronized by script version {version:?}"),
     )
+}
+
+/// Protocol v6: a table the version does not synchronize, as the rows it refuses: every
+/// change of the table, which the client sets aside before it sends the rest again.
+fn refused_table(table: &str, error: WireError) -> WireError {
+    let refused = RefusedRow {
+        table: table.to_string(),
+        key_columns: Vec::new(),
+        key: Vec::new(),
+        code: error.code,
+        reason: error.message.clone(),
+    };
+    WireError {
+        refused: vec![refused],
+        ..WireError::new(
+            ErrorCode::RowsRefused,
+            format!("{} (nothing was applied)", error.message),
+        )
+    }
 }
 
 /// Refuses a hello of another protocol version, or with an empty client id, script
@@ -606,8 +630,8 @@ mod tests {
     }
 
     #[test]
-    fn accepts_versions_1_to_5_and_refuses_others_by_name() {
-        for version in [1, 2, 3, 4, 5] {
+    fn accepts_versions_1_to_6_and_refuses_others_by_name() {
+        for version in [1, 2, 3, 4, 5, 6] {
             let Message::Hello(mut hello) = hello() else {
                 unreachable!()
             };
@@ -618,7 +642,7 @@ mod tests {
                 Step::Hello(_)
             ));
         }
-        for version in [0, 6] {
+        for version in [0, 7] {
             let Message::Hello(mut hello) = hello() else {
                 unreachable!()
             };
@@ -632,7 +656,7 @@ mod tests {
             );
             assert_eq!(
                 error.message,
-                format!("protocol version {version} is not supported; this server speaks versions 1 to 5")
+                format!("protocol version {version} is not supported; this server speaks versions 1 to 6")
             );
         }
     }

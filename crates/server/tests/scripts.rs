@@ -409,14 +409,32 @@ async fn a_script_error_reaches_the_client_with_script_table_key_and_message() {
             "INSERT INTO orders VALUES ('a1', 'alice', 'ok', 1); INSERT INTO orders VALUES ('a2', 'alice', 'bad', -1);",
         )
         .unwrap();
-    let error = client.sync(&server.options("alice")).await.unwrap_err();
+    // A client that sets no refused row aside gets the error with each row named.
+    let options = SyncOptions {
+        rejected_rows_max: 0,
+        ..server.options("alice")
+    };
+    let error = client.sync(&options).await.unwrap_err();
     let ClientError::Server(error) = error else {
         panic!("expected the server's error, got {error:?}");
     };
-    assert_eq!(error.error_code(), Some(ErrorCode::Script));
+    assert_eq!(error.error_code(), Some(ErrorCode::RowsRefused));
     for part in ["upload_insert", "\"orders\"", "('a2')", "NOT NULL"] {
         assert!(error.message.contains(part), "{part} in {}", error.message);
     }
+    let named: Vec<_> = error
+        .refused
+        .iter()
+        .map(|row| (&row.table, &row.key, row.code))
+        .collect();
+    assert_eq!(
+        named,
+        [(
+            &"orders".to_string(),
+            &vec![Value::Text("a2".into())],
+            ErrorCode::Script as u16
+        )]
+    );
     let after = server.snapshot();
     assert_eq!(before, after, "nothing was applied");
     server.stop().await;

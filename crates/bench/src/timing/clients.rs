@@ -478,6 +478,7 @@ impl SqliteClient {
             download_ack: false,
             busy_retry: connection.retry.policy(),
             download_kept_bytes_max: rowsync_client::DOWNLOAD_KEPT_BYTES_MAX_DEFAULT,
+            rejected_rows_max: rowsync_client::REJECTED_ROWS_MAX_DEFAULT,
         };
         let policy = connection.retry.policy();
         let client_start = SystemTime::now();

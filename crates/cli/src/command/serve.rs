@@ -155,6 +155,10 @@ pub struct ServeArgs {
     /// Hold at most this many bytes of cut uploads in all (in the consolidated database).
     #[arg(long, default_value_t = ServerConfig::default().held_uploads_bytes_max)]
     held_uploads_bytes_max: u64,
+    /// Name at most this many refused rows of one upload (protocol v6 clients set them
+    /// aside and send the rest); beyond it the sync fails as a whole.
+    #[arg(long, default_value_t = ServerConfig::default().refused_rows_max)]
+    refused_rows_max: u64,
     /// Remove a held cut upload after this many seconds.
     #[arg(long, default_value_t = ServerConfig::default().held_upload_expiry.as_secs())]
     held_upload_expiry_seconds: u64,
@@ -387,6 +391,7 @@ impl ServeArgs {
             held_upload_bytes_max: self.held_upload_bytes_max,
             held_uploads_bytes_max: self.held_uploads_bytes_max,
             held_upload_expiry: Duration::from_secs(self.held_upload_expiry_seconds),
+            refused_rows_max: self.refused_rows_max,
             held_download_bytes_max: self.held_download_bytes_max,
             held_downloads_bytes_max: self.held_downloads_bytes_max,
             held_download_expiry: Duration::from_secs(self.held_download_expiry_seconds),

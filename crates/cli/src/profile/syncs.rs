@@ -157,6 +157,7 @@ fn requests(
                 client_ids_per_user_max: None,
                 transfer_id: None,
                 check_identity: false,
+                refused_rows_max: 0,
             }
         })
         .collect()

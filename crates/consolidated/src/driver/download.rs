@@ -144,6 +144,7 @@ mod tests {
             client_ids_per_user_max: None,
             transfer_id: None,
             check_identity: false,
+            refused_rows_max: 0,
         }
     }
 

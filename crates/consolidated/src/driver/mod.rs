@@ -19,6 +19,7 @@
 //! ```
 
 mod download;
+mod refused;
 mod rows;
 mod streams;
 mod upload;
@@ -79,11 +80,41 @@ pub async fn synchronize<B: SyncBackend>(
             Err(failed) => break failed.error,
         }
     };
+    let error = name_refused_rows(backend, scripts, request, error).await;
     backend.after_failure();
     if let Err(report_failure) = report_error(backend, scripts, request, &error).await {
         tracing::error!(%report_failure, sync_error = %error, "report_error failed");
     }
     Err(error)
+}
+
+/// Protocol v6: when the upload failed for some of its rows, at most
+/// `request.refused_rows_max` of them, the sync's error names them all
+/// (`SyncError::RowsRefused`); otherwise it stays the first row's error.
+async fn name_refused_rows<B: SyncBackend>(
+    backend: &mut B,
+    scripts: &Scripts,
+    request: &SyncRequest,
+    error: SyncError,
+) -> SyncError {
+    let rows_max = request.refused_rows_max;
+    if rows_max == 0 || !refused::may_name_rows(&error) {
+        return error;
+    }
+    match refused::find_refused(backend, scripts, request, rows_max).await {
+        Ok(rows) if !rows.is_empty() && rows.len() as u64 <= rows_max => SyncError::RowsRefused {
+            rows,
+            first: Box::new(error),
+        },
+        Ok(rows) => {
+            tracing::debug!(refused = rows.len(), rows_max, "refused rows not named");
+            error
+        }
+        Err(search) => {
+            tracing::warn!(%search, sync_error = %error, "looking for the refused rows failed");
+            error
+        }
+    }
 }
 
 /// A failed attempt, and whether it applied over apply streams.

@@ -97,7 +97,7 @@ const DELETE_KINDS: [&str; 1] = [UPLOAD_DELETE];
 
 /// The order the tables are applied in, from the foreign keys the consolidated database
 /// declares between them: read only when two tables or more carry operations to apply.
-async fn upload_order<D: Dialect>(
+pub async fn upload_order<D: Dialect>(
     transaction: &mut D,
     sync: &SyncContext<'_>,
     plans: &[TablePlan<'_>],
@@ -132,19 +132,24 @@ async fn apply_in_order<D: Dialect>(
         transaction.defer_foreign_keys(&order.cycle_keys).await?;
     }
     let mut conflict_keys = vec![Vec::new(); plans.len()];
-    let deletes_order = order.parent_first.iter().rev();
-    let passes = order
-        .parent_first
-        .iter()
-        .map(|&index| (index, &UPSERT_KINDS[..]))
-        .chain(deletes_order.map(|&index| (index, &DELETE_KINDS[..])));
-    for (index, kinds) in passes {
+    for (index, kinds) in passes(order) {
         let plan = &plans[index];
         let keys = apply_kinds(transaction, sync, plan, &plan.upload, kinds).await?;
         resolve_conflicts(transaction, sync, plan, &keys).await?;
         conflict_keys[index].extend(keys);
     }
     Ok(conflict_keys)
+}
+
+/// Each table's index with the kinds it applies, in MobiLink's order: inserts and
+/// updates parents first, then deletes children first.
+pub fn passes(order: &UploadOrder) -> impl Iterator<Item = (usize, &'static [&'static str])> + '_ {
+    let deletes_order = order.parent_first.iter().rev();
+    order
+        .parent_first
+        .iter()
+        .map(|&index| (index, &UPSERT_KINDS[..]))
+        .chain(deletes_order.map(|&index| (index, &DELETE_KINDS[..])))
 }
 
 /// One table's upload as the table takes it, checked against the table's shape.
@@ -170,7 +175,7 @@ impl TablePlan<'_> {
 }
 
 /// Reads the table's shape and partition column and checks the upload against them.
-async fn plan_table<'u, D: Dialect>(
+pub async fn plan_table<'u, D: Dialect>(
     transaction: &mut D,
     sync: &SyncContext<'_>,
     upload: &'u TableUpload,
@@ -219,7 +224,7 @@ pub async fn apply_kinds<D: Dialect>(
 
 /// Runs the table's `resolve_conflict` (if the version has one) for `conflict_keys`,
 /// keys of the table's upload that did not land.
-async fn resolve_conflicts<D: Dialect>(
+pub async fn resolve_conflicts<D: Dialect>(
     transaction: &mut D,
     sync: &SyncContext<'_>,
     plan: &TablePlan<'_>,

@@ -17,8 +17,8 @@ use super::stamp::stamp_committed_rows;
 use super::value::{column_names, read_row};
 use super::MysqlConnection;
 use crate::dialect::{
-    CursorScript, CursorSink, Dialect, RowFailure, RowStatement, StagedRows, Subscription,
-    SubscriptionUpdate, SyncBackend, TableApply,
+    CursorScript, CursorSink, Dialect, RowFailure, RowStatement, Savepoint, StagedRows,
+    Subscription, SubscriptionUpdate, SyncBackend, TableApply,
 };
 use crate::foreign_keys::ForeignKey;
 use crate::names::select_by_key;
@@ -236,6 +236,13 @@ impl Dialect for MysqlTransaction<'_> {
     /// deferred: `defer_foreign_keys` does nothing and `init` refuses cycles).
     async fn foreign_keys(&mut self, table: &str) -> Result<Vec<ForeignKey>, SyncError> {
         Ok(foreign_keys(&mut self.transaction, table).await?)
+    }
+
+    async fn savepoint(&mut self, step: Savepoint) -> Result<(), SyncError> {
+        for statement in step.sql().split("; ") {
+            self.transaction.query_drop(statement).await.map_err(db)?;
+        }
+        Ok(())
     }
 
     async fn dropped_columns(

@@ -17,7 +17,7 @@ use super::statements::Statements;
 use super::value::Bind;
 use crate::dialect::{
     CursorScript, CursorSink, Dialect, EchoXids, EndStep, OwnWrites, RowFailure, RowStatement,
-    StagedRows, Subscription, SubscriptionUpdate, TableApply,
+    Savepoint, StagedRows, Subscription, SubscriptionUpdate, TableApply,
 };
 use crate::echo::DownloadFilter;
 use crate::foreign_keys::ForeignKey;
@@ -604,6 +604,11 @@ impl Dialect for PgTransaction<'_> {
         }
         let sql = format!("SET CONSTRAINTS {} DEFERRED", names.join(", "));
         self.transaction.batch_execute(&sql).await?;
+        Ok(())
+    }
+
+    async fn savepoint(&mut self, step: Savepoint) -> Result<(), SyncError> {
+        self.transaction.batch_execute(step.sql()).await?;
         Ok(())
     }
 

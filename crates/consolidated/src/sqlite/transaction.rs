@@ -9,8 +9,8 @@ use super::query::{query_script, read_cursor, run_bound, run_script};
 use super::schema::{foreign_keys, table_shape};
 use super::stage::{Landed, Stage};
 use crate::dialect::{
-    CursorScript, CursorSink, Dialect, RowFailure, RowStatement, StagedRows, Subscription,
-    SubscriptionUpdate, SyncBackend, TableApply,
+    CursorScript, CursorSink, Dialect, RowFailure, RowStatement, Savepoint, StagedRows,
+    Subscription, SubscriptionUpdate, SyncBackend, TableApply,
 };
 use crate::foreign_keys::ForeignKey;
 use crate::names::select_by_key;
@@ -164,6 +164,11 @@ impl Dialect for SqliteTransaction<'_> {
     async fn defer_foreign_keys(&mut self, _keys: &[ForeignKey]) -> Result<(), SyncError> {
         self.connection
             .pragma_update(None, "defer_foreign_keys", "ON")?;
+        Ok(())
+    }
+
+    async fn savepoint(&mut self, step: Savepoint) -> Result<(), SyncError> {
+        self.connection.execute_batch(step.sql())?;
         Ok(())
     }
 

@@ -387,6 +387,7 @@ fn request(
         client_ids_per_user_max: None,
         transfer_id: None,
         check_identity: false,
+        refused_rows_max: 0,
     }
 }
 

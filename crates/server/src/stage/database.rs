@@ -14,6 +14,7 @@ use rowsync_consolidated::{
 use rowsync_protocol::{
     ErrorCode, FrameDecoder, Message, TableUpload, WireError, CONFLICTS_SINCE_VERSION,
     DOWNLOAD_RESUME_SINCE_VERSION, IDENTITY_SINCE_VERSION, PREAMBLE_BYTES,
+    REFUSED_ROWS_SINCE_VERSION,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -103,6 +104,10 @@ pub(crate) async fn synchronize<B: Consolidated>(
         client_ids_per_user_max: config.client_ids_per_user_max,
         transfer_id: transfer.map(|transfer| transfer.transfer_id),
         check_identity: hello.protocol_version >= IDENTITY_SINCE_VERSION,
+        refused_rows_max: match hello.protocol_version >= REFUSED_ROWS_SINCE_VERSION {
+            true => config.refused_rows_max,
+            false => 0,
+        },
     });
     let working = Instant::now();
     let canceller = worker.connection().canceller();
@@ -264,7 +269,7 @@ fn settle<B: Consolidated>(
                     SyncError::DownloadAbandoned | SyncError::DownloadRefused(_),
                     Err(spool_error),
                 ) => spool_refusal(spool_error),
-                _ => WireError::new(error.code(), error.to_string()),
+                _ => error.to_wire(),
             };
             Err(Failure::tell(wire))
         }
