@@ -181,6 +181,35 @@ impl PyClient {
         self.with_client(py, |client| client.remove_kept_conflict(id))
     }
 
+    /// Every change the server refused and this client set aside (the rest of its upload
+    /// went up), oldest first: a list of dicts with ``id``, ``table``, ``operation``,
+    /// ``key``, ``client_row`` (``None`` for a delete), ``old_row`` (for an update, the
+    /// row it started from), ``code``, ``reason`` (the server's words),
+    /// ``upload_sequence``, ``recorded_at``.
+    fn rejected_rows(&self, py: Python<'_>) -> PyResult<PyObject> {
+        let rejected = self.with_client(py, |client| client.rejected_rows())?;
+        let items: Vec<String> = rejected.iter().map(|r| r.to_json().to_string()).collect();
+        let json = format!("[{}]", items.join(","));
+        Ok(py.import("json")?.call_method1("loads", (json,))?.unbind())
+    }
+
+    /// Puts the rejected change ``id`` back in line for the next sync (after the app
+    /// fixed its row); returns whether it was there.
+    fn requeue_rejected(&self, py: Python<'_>, id: i64) -> PyResult<bool> {
+        self.with_client(py, |client| client.requeue_rejected(id))
+    }
+
+    /// Removes the rejected change ``id`` for good; returns whether it was there.
+    fn remove_rejected(&self, py: Python<'_>, id: i64) -> PyResult<bool> {
+        self.with_client(py, |client| client.remove_rejected(id))
+    }
+
+    /// Stops tracking ``table``; changes it logged that were not uploaded yet are set
+    /// aside as rejected. Returns how many.
+    fn untrack(&self, py: Python<'_>, table: String) -> PyResult<u64> {
+        self.with_client(py, |client| client.untrack(&table))
+    }
+
     /// The durability mode: ``"full"``, ``"normal"``, ``"off"`` or ``"memory"``.
     #[getter]
     fn durability(&self, py: Python<'_>) -> PyResult<&'static str> {
@@ -377,6 +406,9 @@ struct PySyncReport {
     /// ``"copied"`` or ``"restored"`` when the server found this database was a copy or
     /// a restored backup and it took a new client id in this sync; else None.
     identity: Option<&'static str>,
+    /// Changes the server refused, set aside (:meth:`Client.rejected_rows`) while the
+    /// rest of the upload went up.
+    rows_rejected: u64,
 }
 
 impl PySyncReport {
@@ -403,6 +435,7 @@ impl PySyncReport {
             bytes_received: report.wire.received,
             busy_retries: report.busy_retries,
             identity: report.identity.map(|identity| identity.as_str()),
+            rows_rejected: report.rows_rejected,
         })
     }
 }

@@ -142,6 +142,28 @@ def test_rows_written_before_tracking_go_up_and_losing_rows_are_kept(server, tmp
     assert client.kept_conflicts() == []
 
 
+def test_a_table_the_server_refuses_is_set_aside_and_untracked(server, tmp_path):
+    url, central = server
+    client, path = new_client(tmp_path, "todo-app")
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE todo (id INTEGER PRIMARY KEY, title TEXT)")
+    client.track("todo")
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO todo VALUES (1, 'buy milk')")
+        db.execute("INSERT INTO orders VALUES ('t-1', 'alice', 'kept going', 1)")
+    report = client.sync(url, user="alice", password="alice-password")
+    assert report.rows_rejected == 1
+    assert ("t-1", "alice", "kept going", 1) in rows(central)
+    [rejected] = client.rejected_rows()
+    assert (rejected["table"], rejected["operation"], rejected["key"]) == ("todo", "insert", {"id": 1})
+    assert rejected["client_row"] == {"id": 1, "title": "buy milk"}
+    assert "not synchronized" in rejected["reason"]
+    assert client.untrack("todo") == 0
+    assert client.remove_rejected(rejected["id"])
+    assert client.rejected_rows() == []
+    assert client.sync(url, user="alice", password="alice-password").rows_rejected == 0
+
+
 def test_failures_raise_typed_errors(server, tmp_path):
     url, _ = server
     client, _ = new_client(tmp_path, "app")

@@ -12,7 +12,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rowsync_client::{
     BusyRetry, Client, ClientError, Compression, ExistingRows, FailureKind, KeptConflict,
-    SyncOptions, SyncProgress, SyncReport,
+    RejectedRow, SyncOptions, SyncProgress, SyncReport,
 };
 use rowsync_protocol::Value;
 use serde_json::json;
@@ -44,6 +44,14 @@ pub struct SyncArgs {
     /// writes, uploaded as inserts) or `from-server` (a pre-synced copy: not uploaded).
     #[arg(long, default_value = "upload", value_parser = ["upload", "from-server"])]
     pub existing_rows: String,
+    /// Stop tracking this table before syncing (its changes not uploaded yet are set
+    /// aside in rs_client_rejected); repeatable.
+    #[arg(long = "untrack")]
+    pub untrack: Vec<String>,
+    /// Put the rejected change with this id back in line before syncing (after fixing
+    /// its row); repeatable. `--json` lists them under `rejected_rows`.
+    #[arg(long = "requeue-rejected")]
+    pub requeue_rejected: Vec<i64>,
     /// The script version the server runs for this sync.
     #[arg(long, default_value = "v1")]
     pub version: String,
@@ -82,6 +90,9 @@ pub enum SyncExit {
     Refused = 4,
     /// The sync completed, but the server kept its own rows for some uploaded changes.
     Conflict = 5,
+    /// The sync completed, but the server refused some changes: they are set aside in
+    /// the client database (`rejected_rows` in `--json`) and the rest went up.
+    Rejected = 6,
 }
 
 impl SyncExit {
@@ -96,6 +107,7 @@ impl SyncExit {
             SyncExit::Busy => "busy",
             SyncExit::Refused => "refused",
             SyncExit::Conflict => "conflict",
+            SyncExit::Rejected => "rejected",
         }
     }
 
@@ -134,6 +146,7 @@ pub async fn run(args: SyncArgs) -> Result<SyncExit> {
     let outcome = sync(&args, &options, &bar).await;
     bar.finish_and_clear();
     let exit = match &outcome {
+        Ok(synced) if synced.report.rows_rejected > 0 => SyncExit::Rejected,
         Ok(synced) if synced.report.conflicts > 0 => SyncExit::Conflict,
         Ok(_) => SyncExit::Synced,
         Err(error) => SyncExit::of_error(error),
@@ -154,6 +167,7 @@ pub async fn run(args: SyncArgs) -> Result<SyncExit> {
 struct Synced {
     report: SyncReport,
     kept_conflicts: Vec<KeptConflict>,
+    rejected_rows: Vec<RejectedRow>,
 }
 
 async fn sync(
@@ -166,12 +180,23 @@ async fn sync(
     for table in &args.track {
         client.track_with(table, existing)?;
     }
+    for table in &args.untrack {
+        client.untrack(table)?;
+    }
+    for &id in &args.requeue_rejected {
+        if !client.requeue_rejected(id)? {
+            return Err(ClientError::Option(format!(
+                "there is no rejected change {id}: `rowsync sync --json` lists them under rejected_rows"
+            )));
+        }
+    }
     let report = client
         .sync_with_progress(options, &mut |progress| show(bar, progress))
         .await?;
     Ok(Synced {
         report,
         kept_conflicts: client.kept_conflicts()?,
+        rejected_rows: client.rejected_rows()?,
     })
 }
 
@@ -256,6 +281,12 @@ fn print_report(synced: &Synced) {
             synced.kept_conflicts.len()
         );
     }
+    for rejected in &synced.rejected_rows {
+        println!(
+            "rejected {}: {} of {} {}: {}",
+            rejected.id, rejected.operation, rejected.table, rejected.key, rejected.reason
+        );
+    }
 }
 
 fn text_row(row: &[Value]) -> String {
@@ -276,6 +307,11 @@ fn report_json(synced: &Synced, exit: SyncExit) -> serde_json::Value {
         .kept_conflicts
         .iter()
         .map(KeptConflict::to_json)
+        .collect();
+    json["rejected_rows"] = synced
+        .rejected_rows
+        .iter()
+        .map(RejectedRow::to_json)
         .collect();
     json["outcome"] = exit.name().into();
     json["exit_code"] = exit.code().into();

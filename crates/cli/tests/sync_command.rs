@@ -199,6 +199,48 @@ fn sync_moves_rows_both_ways_and_the_exit_status_tells_the_outcome() {
         "the server's rows won and arrived"
     );
 
+    // A table the server does not synchronize: set aside, listed, then untracked.
+    rusqlite::Connection::open(&first)
+        .unwrap()
+        .execute_batch("CREATE TABLE todo (id INTEGER PRIMARY KEY, title TEXT); INSERT INTO notes VALUES (4, 'erin', 'four');")
+        .unwrap();
+    let report = json(&sync(
+        &first,
+        &address,
+        "erin-secret",
+        &["--track", "todo", "--json"],
+    ));
+    assert_eq!(report["rejected_rows"], serde_json::json!([]), "{report}");
+    rusqlite::Connection::open(&first)
+        .unwrap()
+        .execute_batch("INSERT INTO todo VALUES (1, 'buy milk'); INSERT INTO notes VALUES (5, 'erin', 'five');")
+        .unwrap();
+    let output = sync(&first, &address, "erin-secret", &["--json"]);
+    assert_eq!(output.status.code(), Some(6), "rejected: {output:?}");
+    let report = json(&output);
+    assert_eq!(report["outcome"], "rejected");
+    assert_eq!(
+        (
+            report["rows_uploaded"].as_u64(),
+            report["rows_rejected"].as_u64()
+        ),
+        (Some(1), Some(1)),
+        "{report}"
+    );
+    let rejected = &report["rejected_rows"][0];
+    assert_eq!(
+        (&rejected["table"], &rejected["key"]["id"]),
+        (&"todo".into(), &1.into()),
+        "{report}"
+    );
+    let text = ok(sync(
+        &first,
+        &address,
+        "erin-secret",
+        &["--untrack", "todo"],
+    ));
+    assert!(text.contains("not synchronized"), "{text}");
+
     let output = sync(&second, &address, "wrong", &["--json"]);
     assert_eq!(output.status.code(), Some(4), "refused: {output:?}");
     assert_eq!(json(&output)["outcome"], "refused");

@@ -117,6 +117,7 @@ impl SyncReport {
             "upload_bytes_resumed": self.upload_bytes_resumed,
             "download_bytes_resumed": self.download_bytes_resumed,
             "identity": self.identity.map(Identity::as_str),
+            "rows_rejected": self.rows_rejected,
         })
     }
 }

@@ -184,6 +184,41 @@ enum rowsync_status rowsync_remove_kept_conflict(struct rowsync_client *client,
                                                  int64_t id,
                                                  bool *removed);
 
+// Sets `*out` to the changes the server refused and the client set aside, as a JSON
+// array (docs/client.md): each `{id, table, operation, key, client_row, old_row, code,
+// reason, upload_sequence, recorded_at}`. The text is owned by `client` and valid until
+// the next call of this function or `rowsync_close`.
+//
+// # Safety
+// `client` is live; `out` is writable.
+enum rowsync_status rowsync_rejected_rows(struct rowsync_client *client, const char **out);
+
+// Puts the rejected change `id` back in line for the next sync (after the application
+// fixed its row); sets `*requeued` to whether it was there.
+//
+// # Safety
+// `client` is live; `requeued` is writable.
+enum rowsync_status rowsync_requeue_rejected(struct rowsync_client *client,
+                                             int64_t id,
+                                             bool *requeued);
+
+// Removes the rejected change `id` for good; sets `*removed` to whether it was there.
+//
+// # Safety
+// `client` is live; `removed` is writable.
+enum rowsync_status rowsync_remove_rejected(struct rowsync_client *client,
+                                            int64_t id,
+                                            bool *removed);
+
+// Stops tracking `table`; changes it logged that were not uploaded yet are set aside
+// as rejected (`rowsync_rejected_rows`), and `*set_aside` says how many.
+//
+// # Safety
+// `client` is live; `table` is a NUL-terminated UTF-8 string; `set_aside` is writable.
+enum rowsync_status rowsync_untrack(struct rowsync_client *client,
+                                    const char *table,
+                                    uint64_t *set_aside);
+
 // Sets `*out` to whether changes wait for upload.
 //
 // # Safety

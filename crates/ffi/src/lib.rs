@@ -99,6 +99,8 @@ pub struct rowsync_client {
     client_id: CString,
     /// The text `rowsync_kept_conflicts` last returned (valid until the next call).
     kept_conflicts: CString,
+    /// The text `rowsync_rejected_rows` last returned (valid until the next call).
+    rejected_rows: CString,
 }
 
 /// Where and how to sync (opaque); made by `rowsync_options_new`.
@@ -301,6 +303,7 @@ pub unsafe extern "C" fn rowsync_open_with(
             client,
             client_id,
             kept_conflicts: CString::default(),
+            rejected_rows: CString::default(),
         }));
         Ok(())
     })
@@ -464,6 +467,88 @@ pub unsafe extern "C" fn rowsync_remove_kept_conflict(
     guard(|| {
         let client = handle(client, "client")?;
         *handle(removed, "removed")? = client.client.remove_kept_conflict(id)?;
+        Ok(())
+    })
+}
+
+/// Sets `*out` to the changes the server refused and the client set aside, as a JSON
+/// array (docs/client.md): each `{id, table, operation, key, client_row, old_row, code,
+/// reason, upload_sequence, recorded_at}`. The text is owned by `client` and valid until
+/// the next call of this function or `rowsync_close`.
+///
+/// # Safety
+/// `client` is live; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_rejected_rows(
+    client: *mut rowsync_client,
+    out: *mut *const c_char,
+) -> rowsync_status {
+    guard(|| {
+        let client = handle(client, "client")?;
+        let out = handle(out, "out")?;
+        let rejected: Vec<serde_json::Value> = client
+            .client
+            .rejected_rows()?
+            .iter()
+            .map(|rejected| rejected.to_json())
+            .collect();
+        let json = serde_json::Value::Array(rejected).to_string();
+        client.rejected_rows = CString::new(json).unwrap_or_default();
+        *out = client.rejected_rows.as_ptr();
+        Ok(())
+    })
+}
+
+/// Puts the rejected change `id` back in line for the next sync (after the application
+/// fixed its row); sets `*requeued` to whether it was there.
+///
+/// # Safety
+/// `client` is live; `requeued` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_requeue_rejected(
+    client: *mut rowsync_client,
+    id: i64,
+    requeued: *mut bool,
+) -> rowsync_status {
+    guard(|| {
+        let client = handle(client, "client")?;
+        *handle(requeued, "requeued")? = client.client.requeue_rejected(id)?;
+        Ok(())
+    })
+}
+
+/// Removes the rejected change `id` for good; sets `*removed` to whether it was there.
+///
+/// # Safety
+/// `client` is live; `removed` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_remove_rejected(
+    client: *mut rowsync_client,
+    id: i64,
+    removed: *mut bool,
+) -> rowsync_status {
+    guard(|| {
+        let client = handle(client, "client")?;
+        *handle(removed, "removed")? = client.client.remove_rejected(id)?;
+        Ok(())
+    })
+}
+
+/// Stops tracking `table`; changes it logged that were not uploaded yet are set aside
+/// as rejected (`rowsync_rejected_rows`), and `*set_aside` says how many.
+///
+/// # Safety
+/// `client` is live; `table` is a NUL-terminated UTF-8 string; `set_aside` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_untrack(
+    client: *mut rowsync_client,
+    table: *const c_char,
+    set_aside: *mut u64,
+) -> rowsync_status {
+    guard(|| {
+        let client = handle(client, "client")?;
+        let table = text(table, "table")?;
+        *handle(set_aside, "set_aside")? = client.client.untrack(table)?;
         Ok(())
     })
 }

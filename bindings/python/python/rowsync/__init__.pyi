@@ -65,6 +65,8 @@ class SyncReport:
     @property
     def conflicts_kept(self) -> int: ...
     @property
+    def rows_rejected(self) -> int: ...
+    @property
     def rounds(self) -> int: ...
     @property
     def watermark(self) -> int: ...
@@ -109,6 +111,14 @@ class Client:
         """The losing side of every conflict kept and not removed, oldest first."""
     def remove_kept_conflict(self, id: int) -> bool:
         """Remove a kept conflict the app has dealt with; whether it was there."""
+    def rejected_rows(self) -> List[Dict[str, Any]]:
+        """Changes the server refused and this client set aside, oldest first."""
+    def requeue_rejected(self, id: int) -> bool:
+        """Put a rejected change back in line for the next sync; whether it was there."""
+    def remove_rejected(self, id: int) -> bool:
+        """Remove a rejected change for good; whether it was there."""
+    def untrack(self, table: str) -> int:
+        """Stop tracking `table`; its changes not uploaded yet are set aside as rejected."""
     def pending_changes(self) -> bool:
         """Whether changes wait for upload."""
     def sync(
