@@ -318,6 +318,17 @@ impl Client {
                 DownloadApply::abort(&self.connection);
             }
             let round = match round {
+                // First sent with a version the server does not have (or no longer):
+                // nothing was applied under it, so it goes with the one asked for now
+                // (the sequence still keeps it from being applied twice).
+                Err(error)
+                    if error.server_code() == Some(ErrorCode::UnknownScriptVersion)
+                        && batch.is_retry
+                        && sent_with(options, &batch) != options.script_version =>
+                {
+                    store::send_with(&self.connection, &batch, &options.script_version)?;
+                    continue;
+                }
                 Err(error) if refused_rounds < REFUSED_ROUNDS_MAX => {
                     match self.set_aside(&error, &batch, options, &mut report)? {
                         true => {

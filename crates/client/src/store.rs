@@ -888,6 +888,20 @@ fn write_inflight(
     Ok((frames, operations_total))
 }
 
+/// Records that the upload in flight is sent with `script_version` from now on (the
+/// server refused the version it was first sent with).
+pub fn send_with(
+    connection: &Connection,
+    batch: &Batch,
+    script_version: &str,
+) -> Result<(), ClientError> {
+    connection.execute(
+        "UPDATE rs_client_inflight SET script_version = ?2 WHERE upload_sequence = ?1 AND part = 0",
+        params![batch.upload_sequence as i64, script_version],
+    )?;
+    Ok(())
+}
+
 /// After the server refused rows of the upload in flight (and applied nothing): moves
 /// their changes into `rs_client_rejected` and rewrites the upload without them, under
 /// the same sequence, for `script_version` (the version the application now asks for),

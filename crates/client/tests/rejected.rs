@@ -159,6 +159,32 @@ async fn a_table_the_server_does_not_synchronize_is_set_aside(backend: Backend) 
     assert_eq!(ids(&backend.items().await), ["i1", "i2"]);
 }
 
+/// An upload first sent with a script version the server refuses (it does not have
+/// it, or no longer) goes up with the version the app asks for next, not resent with
+/// the refused one for ever.
+async fn an_upload_refused_for_its_version_goes_with_the_next(backend: Backend) {
+    let address = backend.serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut phone = client(dir.path(), "phone");
+    write(
+        &phone,
+        "INSERT INTO items VALUES ('i1', 'alice', 'good', 1)",
+    );
+    let wrong = rowsync_client::SyncOptions {
+        script_version: "v9".into(),
+        ..options(address, "alice")
+    };
+    let refused = phone.sync(&wrong).await.unwrap_err();
+    assert!(refused.to_string().contains("v9"), "{refused}");
+    write(
+        &phone,
+        "INSERT INTO items VALUES ('i2', 'alice', 'later', 2)",
+    );
+    let report = phone.sync(&options(address, "alice")).await.unwrap();
+    assert_eq!(report.rows_uploaded, 2, "{report:?}");
+    assert_eq!(ids(&backend.items().await), ["i1", "i2"]);
+}
+
 const SQLITE_CHECKED: [&str; 1] = [
     "CREATE TABLE items (id TEXT PRIMARY KEY, owner TEXT NOT NULL, \
      body TEXT, quantity INTEGER CHECK (quantity >= 0))",
@@ -176,4 +202,7 @@ on_backends!(a_refused_row_is_set_aside:
     mariadb_a_refused_row_is_set_aside => Backend::mysql(&MARIADB_CHECKED),
 );
 
-on_every_backend!(a_table_the_server_does_not_synchronize_is_set_aside);
+on_every_backend!(
+    a_table_the_server_does_not_synchronize_is_set_aside,
+    an_upload_refused_for_its_version_goes_with_the_next,
+);
