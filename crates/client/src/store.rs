@@ -1229,6 +1229,8 @@ pub struct DownloadApply {
     /// The conflicts the server named, with its rows as the download brings them: kept
     /// with the client's side when the download is committed.
     pub losing: LosingRows,
+    /// Deletes made here of rows the server has changed since (kept as conflicts).
+    stale_deletes: u64,
 }
 
 /// What a committed download did.
@@ -1290,6 +1292,9 @@ impl DownloadApply {
         }
         let is_tracked = self.tracked.iter().flatten().any(|t| t == table);
         self.losing.answered(download);
+        if is_tracked {
+            self.stale_deletes += keep_stale_deletes(connection, download, shape)?;
+        }
         let applied = apply_table(connection, download, is_tracked)?;
         self.rows_applied += applied;
         Ok(applied)
@@ -1327,7 +1332,7 @@ impl DownloadApply {
         connection.execute_batch("COMMIT")?;
         Ok(AppliedDownload {
             rows_applied: self.rows_applied,
-            conflicts_kept,
+            conflicts_kept: conflicts_kept + self.stale_deletes,
         })
     }
 
@@ -1338,6 +1343,68 @@ impl DownloadApply {
             let _ = connection.execute_batch("ROLLBACK");
         }
     }
+}
+
+/// A row the download brings that this client deleted and has not uploaded yet, changed
+/// on the server since the client last had it (the logged old image differs): the
+/// delete would remove a change this client never saw. It loses, as a delete found
+/// stale on the server does: the log entry goes, the server's row is applied, and the
+/// delete is kept as a conflict (`rs_client_conflict`, upload sequence 0: never sent).
+/// Returns how many.
+fn keep_stale_deletes(
+    connection: &Connection,
+    download: &Download,
+    shape: &Shape,
+) -> Result<u64, ClientError> {
+    if download.upserts.is_empty() {
+        return Ok(0);
+    }
+    let position = |column: &String| download.columns.iter().position(|c| c == column);
+    let keys: Vec<usize> = download.key_columns.iter().filter_map(position).collect();
+    let compared: Vec<(String, usize)> = shape
+        .value_columns()
+        .filter_map(|column| Some((format!("{OLD_PREFIX}{column}"), position(column)?)))
+        .collect();
+    if keys.len() != download.key_columns.len() || compared.is_empty() {
+        return Ok(0);
+    }
+    let key_match = download
+        .key_columns
+        .iter()
+        .enumerate()
+        .map(|(n, k)| format!("{} = ?{}", q(k), n + 1))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let differs = compared
+        .iter()
+        .enumerate()
+        .map(|(n, (old, _))| format!("{} IS NOT ?{}", q(old), keys.len() + n + 1))
+        .collect::<Vec<_>>()
+        .join(" OR ");
+    let mut stale = connection.prepare_cached(&format!(
+        "DELETE FROM {log} WHERE {key_match} AND rs_op = 'D' AND ({differs})",
+        log = q(&log_table(&download.table)),
+    ))?;
+    let mut kept = connection.prepare_cached(
+        "INSERT INTO rs_client_conflict
+             (table_name, operation, key, client_row, server_row, upload_sequence)
+         VALUES (?1, 'delete', ?2, NULL, ?3, 0)",
+    )?;
+    let mut count = 0;
+    for row in &download.upserts {
+        let key: Row = keys.iter().map(|&at| row[at].clone()).collect();
+        let values = key.iter().chain(compared.iter().map(|(_, at)| &row[*at]));
+        if stale.execute(rusqlite::params_from_iter(values))? == 0 {
+            continue;
+        }
+        kept.execute(params![
+            download.table,
+            crate::kept::object(&download.key_columns, &key).to_string(),
+            crate::kept::object(&download.columns, row).to_string(),
+        ])?;
+        count += 1;
+    }
+    Ok(count)
 }
 
 fn apply_table(

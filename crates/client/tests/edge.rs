@@ -188,9 +188,160 @@ fn assert_kept(kept: &KeptConflict, operation: &str, client_row: Option<serde_js
     assert_eq!(kept.client_row, client_row, "{kept:?}");
 }
 
+/// A losing change whose download the device did not apply (cut, or here: a row of it
+/// breaks the device's own CHECK): the upload is resent, answered as applied before,
+/// and its loss is still kept, not taken silently by the download.
+async fn a_conflict_of_an_upload_applied_before_is_kept(backend: Backend) {
+    let address = backend.serve().await;
+    let alice = options(address, "alice");
+    let dir = tempfile::tempdir().unwrap();
+    let mut other = client(
+        dir.path(),
+        "other",
+        "INSERT INTO items VALUES ('k1', 'alice', 'theirs', 1);          INSERT INTO items VALUES ('x1', 'alice', 'bad', 1);",
+        ExistingRows::Upload,
+    );
+    other.sync(&alice).await.unwrap();
+    let mut phone = Client::open(dir.path().join("phone.db")).unwrap();
+    phone
+        .connection()
+        .execute_batch(
+            "CREATE TABLE items (id TEXT PRIMARY KEY, owner TEXT NOT NULL, \
+             body TEXT CHECK (body <> 'bad'), quantity INTEGER); \
+             INSERT INTO items VALUES ('k1', 'alice', 'mine', 2);",
+        )
+        .unwrap();
+    phone.track("items").unwrap();
+    assert!(
+        phone.sync(&alice).await.is_err(),
+        "the download breaks the CHECK"
+    );
+    other
+        .connection()
+        .execute_batch("UPDATE items SET body = 'good' WHERE id = 'x1'")
+        .unwrap();
+    other.sync(&alice).await.unwrap();
+
+    let report = phone.sync(&alice).await.unwrap();
+    assert!(report.upload_already_applied, "{report:?}");
+    assert_eq!(local_items(&phone)[0], row("k1", "alice", "theirs"));
+    let kept = phone.kept_conflicts().unwrap();
+    let expected_client = json!({"id": "k1", "owner": "alice", "body": "mine", "quantity": 2});
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_kept(&kept[0], "insert", Some(expected_client));
+}
+
+/// A device deletes a row another device changed after the first last downloaded it:
+/// the change is not lost to the delete; the delete is the losing side, kept, and the
+/// row comes back to the device.
+async fn a_delete_of_a_row_changed_since_is_a_conflict(backend: Backend) {
+    let address = backend.serve().await;
+    let alice = options(address, "alice");
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = client(dir.path(), "first", "", ExistingRows::Upload);
+    let mut second = client(dir.path(), "second", "", ExistingRows::Upload);
+    first
+        .connection()
+        .execute_batch("INSERT INTO items VALUES ('k1', 'alice', 'one', 1)")
+        .unwrap();
+    first.sync(&alice).await.unwrap();
+    second.sync(&alice).await.unwrap();
+    first
+        .connection()
+        .execute_batch("UPDATE items SET body = 'changed' WHERE id = 'k1'")
+        .unwrap();
+    first.sync(&alice).await.unwrap();
+    second
+        .connection()
+        .execute_batch("DELETE FROM items WHERE id = 'k1'")
+        .unwrap();
+    let report = second.sync(&alice).await.unwrap();
+    assert_eq!(
+        (report.conflicts, report.conflicts_kept),
+        (1, 1),
+        "{report:?}"
+    );
+    assert_eq!(backend.items().await, [row("k1", "alice", "changed")]);
+    assert_eq!(local_items(&second), [row("k1", "alice", "changed")]);
+    let kept = second.kept_conflicts().unwrap();
+    assert_eq!(kept[0].operation, "delete", "{kept:?}");
+
+    // Seen now, the row can be deleted.
+    second
+        .connection()
+        .execute_batch("DELETE FROM items WHERE id = 'k1'")
+        .unwrap();
+    let report = second.sync(&alice).await.unwrap();
+    assert_eq!(report.conflicts, 0, "{report:?}");
+    assert!(backend.items().await.is_empty());
+}
+
+/// A delete made while the device had an upload to send again: the resend's download
+/// brings the row another device changed meanwhile, which the device's pending delete
+/// never saw. The delete loses and is kept; the change stays on the server.
+async fn a_pending_delete_of_a_row_changed_since_is_kept(backend: Backend) {
+    let address = backend.serve().await;
+    let alice = options(address, "alice");
+    let dir = tempfile::tempdir().unwrap();
+    let mut other = client(
+        dir.path(),
+        "other",
+        "INSERT INTO items VALUES ('k1', 'alice', 'one', 1)",
+        ExistingRows::Upload,
+    );
+    other.sync(&alice).await.unwrap();
+    let mut phone = Client::open(dir.path().join("phone.db")).unwrap();
+    phone
+        .connection()
+        .execute_batch(
+            "CREATE TABLE items (id TEXT PRIMARY KEY, owner TEXT NOT NULL, \
+             body TEXT CHECK (body <> 'bad'), quantity INTEGER);",
+        )
+        .unwrap();
+    phone.track("items").unwrap();
+    phone.sync(&alice).await.unwrap();
+    let write = |client: &Client, sql: &str| client.connection().execute_batch(sql).unwrap();
+    write(&other, "INSERT INTO items VALUES ('x1', 'alice', 'bad', 1)");
+    other.sync(&alice).await.unwrap();
+    write(
+        &phone,
+        "INSERT INTO items VALUES ('p1', 'alice', 'mine', 1)",
+    );
+    assert!(
+        phone.sync(&alice).await.is_err(),
+        "the download breaks the CHECK"
+    );
+    write(
+        &other,
+        "UPDATE items SET body = 'good' WHERE id = 'x1'; \
+         UPDATE items SET body = 'changed' WHERE id = 'k1';",
+    );
+    other.sync(&alice).await.unwrap();
+
+    write(&phone, "DELETE FROM items WHERE id = 'k1'");
+    let report = phone.sync(&alice).await.unwrap();
+    assert!(report.upload_already_applied, "{report:?}");
+    let server = backend.items().await;
+    assert_eq!(server[0], row("k1", "alice", "changed"), "{server:?}");
+    assert_eq!(local_items(&phone)[0], row("k1", "alice", "changed"));
+    let kept = phone.kept_conflicts().unwrap();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(
+        (kept[0].operation.as_str(), &kept[0].key),
+        ("delete", &json!({"id": "k1"}))
+    );
+    assert_eq!(
+        kept[0].server_row.as_ref().unwrap()["body"],
+        json!("changed")
+    );
+}
+
 on_every_backend!(
+    a_pending_delete_of_a_row_changed_since_is_kept,
+    a_delete_of_a_row_changed_since_is_a_conflict,
     existing_rows_are_uploaded,
     losing_sides_of_conflicts_are_kept,
+    a_conflict_of_an_upload_applied_before_is_kept,
 );
 
 /// The device's copy of `items` in a schema whose server changes rows as they are

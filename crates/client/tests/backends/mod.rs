@@ -68,19 +68,39 @@ impl Backend {
     }
 
     pub async fn serve_with(&self, config: ServerConfig) -> SocketAddr {
+        self.serve_until(config, std::future::pending()).await
+    }
+
+    /// A server that stops when `stop` is sent (or dropped).
+    pub async fn serve_stoppable(&self) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        (
+            self.serve_until(ServerConfig::default(), shutdown).await,
+            stop,
+        )
+    }
+
+    async fn serve_until(
+        &self,
+        config: ServerConfig,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> SocketAddr {
         match self {
             Backend::Sqlite(dir) => {
                 let path = dir.path().join("consolidated.db");
                 let backend = rowsync_consolidated::sqlite::SqliteConsolidated::new(&path);
-                serve(backend, config).await
+                serve_until(backend, config, shutdown).await
             }
             Backend::Postgres(url) => {
                 let backend = rowsync_consolidated::postgres::PostgresConsolidated::new(url);
-                serve(backend, config).await
+                serve_until(backend, config, shutdown).await
             }
             Backend::Mysql(url) => {
                 let backend = rowsync_consolidated::mysql::MysqlConsolidated::new(url).unwrap();
-                serve(backend, config).await
+                serve_until(backend, config, shutdown).await
             }
         }
     }
@@ -115,6 +135,15 @@ impl Backend {
 }
 
 pub async fn serve<B: Consolidated>(backend: B, config: ServerConfig) -> SocketAddr {
+    serve_until(backend, config, std::future::pending()).await
+}
+
+/// A server on `backend` until `shutdown` completes.
+pub async fn serve_until<B: Consolidated>(
+    backend: B,
+    config: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> SocketAddr {
     let mut connection = backend.connect().await.unwrap();
     connection.install_system_tables().await.unwrap();
     connection
@@ -129,7 +158,7 @@ pub async fn serve<B: Consolidated>(backend: B, config: ServerConfig) -> SocketA
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        rowsync_server::serve(listener, backend, config, std::future::pending())
+        rowsync_server::serve(listener, backend, config, shutdown)
             .await
             .unwrap();
     });

@@ -238,9 +238,9 @@ async fn run_events<D: Dialect, B: SyncBackend>(
         .await?;
     crate::failpoint!("before_apply");
     let uploaded = upload::apply_upload(transaction, streams, &sync, request).await?;
-    if sync.apply {
-        download::send_conflicts(request, &uploaded.resolutions, download).await?;
-    }
+    // Also for an upload applied before: its client may not have applied that sync's
+    // download, and must learn which of its changes lost before this one overwrites them.
+    download::send_conflicts(request, &uploaded.resolutions, download).await?;
     let apply_time = started.elapsed();
     let watermark = next_watermark(transaction, scripts, &parameters).await?;
     transaction

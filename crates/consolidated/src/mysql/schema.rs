@@ -897,7 +897,15 @@ pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'sta
         ),
         (
             UPLOAD_DELETE,
-            format!("DELETE t FROM {table} AS t JOIN {UPLOAD_PLACEHOLDER} AS u ON {tu} WHERE t.{partition} = :user"),
+            // Only a row the client has seen: one its download window would bring is a
+            // conflict (docs/scripts.md, "Deletes of changed rows"). A row never stamped
+            // counts as seen, or it could never be deleted.
+            format!(
+                "DELETE t FROM {table} AS t JOIN {UPLOAD_PLACEHOLDER} AS u ON {tu} WHERE t.{partition} = :user \
+                 AND NOT (COALESCE(t.{stamp}, -1) >= :last_download AND (t.{origin} = 0 OR t.{origin} <> :last_sync_xid))",
+                stamp = q(STAMP_COLUMN),
+                origin = q(ORIGIN_COLUMN),
+            ),
         ),
         (
             UPLOAD_FETCH,

@@ -812,11 +812,17 @@ pub fn default_scripts(
                 m = key_match(keys, &table, "u")
             ),
         ),
+        // A delete lands only on a row the client has seen: one its download window
+        // would bring (changed since its last download, and not by its own last sync)
+        // changed after it looked, and the delete is then a conflict, never a silent
+        // loss of that change (docs/scripts.md, "Deletes of changed rows").
         (
             UPLOAD_DELETE,
             format!(
-                "DELETE FROM {table} USING {UPLOAD_PLACEHOLDER} AS u WHERE {m} AND ({table}.{partition} = {user}) IS TRUE RETURNING {returning_keys}",
-                m = key_match(keys, &table, "u")
+                "DELETE FROM {table} USING {UPLOAD_PLACEHOLDER} AS u WHERE {m} AND ({table}.{partition} = {user}) IS TRUE \
+                 AND ({table}.{xid} < :last_download OR {table}.{xid} = :last_sync_xid) RETURNING {returning_keys}",
+                m = key_match(keys, &table, "u"),
+                xid = q(XID_COLUMN),
             ),
         ),
         (

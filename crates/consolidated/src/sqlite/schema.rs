@@ -622,10 +622,15 @@ pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'sta
         (
             // Driven by the staged keys, each found by the primary key: the cost follows
             // the upload, not the table (an `EXISTS` per table row scanned the table).
+            // Only a row the client has seen: one changed since its last download is a
+            // conflict (docs/scripts.md, "Deletes of changed rows").
             UPLOAD_DELETE,
             format!(
-                "DELETE FROM {table} WHERE {partition} = :user AND ({key_columns}) IN (SELECT {key_columns} FROM {UPLOAD_PLACEHOLDER})",
+                "DELETE FROM {table} WHERE {partition} = :user AND ({key_columns}) IN (SELECT {key_columns} FROM {UPLOAD_PLACEHOLDER}) \
+                 AND NOT EXISTS (SELECT 1 FROM {versions} AS v WHERE {m} AND v.version > :last_download)",
                 key_columns = column_list(keys, ""),
+                versions = q(&row_version_table(&shape.name)),
+                m = key_match(keys, "v", &table),
             ),
         ),
         (
