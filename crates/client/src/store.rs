@@ -1368,6 +1368,16 @@ fn keep_stale_deletes(
     if keys.len() != download.key_columns.len() || compared.is_empty() {
         return Ok(0);
     }
+    // Most downloads meet no pending delete: one probe, and no statement per row.
+    let log = q(&log_table(&download.table));
+    let pending_deletes: bool = connection
+        .prepare_cached(&format!(
+            "SELECT EXISTS (SELECT 1 FROM {log} WHERE rs_op = 'D')"
+        ))?
+        .query_row([], |row| row.get(0))?;
+    if !pending_deletes {
+        return Ok(0);
+    }
     let key_match = download
         .key_columns
         .iter()
@@ -1383,7 +1393,6 @@ fn keep_stale_deletes(
         .join(" OR ");
     let mut stale = connection.prepare_cached(&format!(
         "DELETE FROM {log} WHERE {key_match} AND rs_op = 'D' AND ({differs})",
-        log = q(&log_table(&download.table)),
     ))?;
     let mut kept = connection.prepare_cached(
         "INSERT INTO rs_client_conflict

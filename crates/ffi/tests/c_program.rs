@@ -54,14 +54,23 @@ struct CRun {
     report: serde_json::Value,
     progress_calls: u64,
     kept_conflicts: serde_json::Value,
+    rejected_rows: serde_json::Value,
+    /// The lines after the rejected rows (with an extra table).
+    rest: Vec<String>,
 }
 
 /// Runs the C program on one database.
 async fn run_c(program: &Path, db: &Path, server: &TestServer) -> CRun {
+    run_c_with(program, db, server, &[]).await
+}
+
+/// Runs the C program with `extra` arguments (an extra table to track).
+async fn run_c_with(program: &Path, db: &Path, server: &TestServer, extra: &[&str]) -> CRun {
     let output = tokio::process::Command::new(program)
         .arg(db)
         .arg(format!("tcp://{}", server.address))
         .args([USER, PASSWORD, "orders"])
+        .args(extra)
         .output()
         .await
         .unwrap();
@@ -80,10 +89,13 @@ async fn run_c(program: &Path, db: &Path, server: &TestServer) -> CRun {
         .and_then(|n| n.parse().ok())
         .unwrap();
     let kept_conflicts = serde_json::from_str(lines.next().unwrap()).unwrap();
+    let rejected_rows = serde_json::from_str(lines.next().unwrap()).unwrap();
     CRun {
         report,
         progress_calls,
         kept_conflicts,
+        rejected_rows,
+        rest: lines.map(str::to_owned).collect(),
     }
 }
 
@@ -164,6 +176,24 @@ async fn a_c_program_syncs_both_ways_with_a_real_server() {
     assert_eq!(copied.report["identity"], "copied", "{}", copied.report);
     let local = support::orders(&rusqlite::Connection::open(&copy).unwrap());
     assert_eq!(server.consolidated_orders(), local);
+
+    // A table the server does not synchronize: its row is set aside with the reason,
+    // the rest goes up; untracked and removed through the C API.
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(
+            "CREATE TABLE todo (id INTEGER PRIMARY KEY, title TEXT);
+             INSERT INTO todo VALUES (1, 'from C');
+             INSERT INTO orders VALUES ('c-more', 'alice', 'more', 2);",
+        )
+        .unwrap();
+    let refused = run_c_with(&program, &db, &server, &["todo"]).await;
+    assert_eq!(refused.report["rows_rejected"], 1, "{}", refused.report);
+    assert_eq!(refused.report["rows_uploaded"], 1, "{}", refused.report);
+    let rejected = &refused.rejected_rows[0];
+    assert_eq!(rejected["table"], "todo", "{rejected}");
+    assert_eq!(rejected["client_row"]["title"], "from C", "{rejected}");
+    assert_eq!(refused.rest, ["untracked=0", "removed=1"]);
     server.stop().await;
 }
 

@@ -403,19 +403,29 @@ mod tests {
     fn this_process_uses_cpu_that_the_meter_sees() {
         let meter = Meter::without_database();
         let before = meter.read(None).unwrap();
+        // Spins until the meter sees 0.3 s of this process's CPU (on a busy machine
+        // that takes longer than 0.3 s of wall time), or gives up after 30 s.
         let mut x = 0u64;
         let start = std::time::Instant::now();
-        while start.elapsed() < std::time::Duration::from_millis(300) {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-        }
+        let usage = loop {
+            for _ in 0..1_000_000 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            }
+            let usage = meter.read(None).unwrap().since(&before);
+            if usage.bench_seconds >= 0.3 || start.elapsed().as_secs() >= 30 {
+                break usage;
+            }
+        };
         std::hint::black_box(x);
-        let usage = meter.read(None).unwrap().since(&before);
-        assert!(usage.bench_seconds >= 0.2, "{usage:?}");
+        assert!(usage.bench_seconds >= 0.3, "{usage:?}");
         assert!(
             usage.machine_busy_seconds >= usage.bench_seconds - 0.05,
             "{usage:?}"
         );
         assert_eq!(usage.database_seconds, None);
-        assert!(usage.wall_seconds >= 0.3);
+        assert!(
+            usage.wall_seconds >= usage.bench_seconds - 0.05,
+            "{usage:?}"
+        );
     }
 }

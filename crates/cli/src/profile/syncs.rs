@@ -150,7 +150,12 @@ fn requests(
                 ),
                 user: participant.user.clone(),
                 script_version: workload.script_version.clone(),
-                last_download_watermark: 0,
+                // A delete lands only on rows its client has seen (docs/scripts.md): the
+                // copies delete rows as one that downloaded everything would.
+                last_download_watermark: match shape {
+                    Shape::Delete => i64::MAX,
+                    _ => 0,
+                },
                 upload_sequence: 1,
                 tables,
                 auth_parameters: Vec::new(),
