@@ -1999,7 +1999,7 @@ pub async fn cleanup_drops_only_tombstones_every_client_passed<F: Factory>() {
 /// it goes.
 pub async fn a_delete_of_a_row_changed_after_the_download_is_a_conflict<F: Factory>() {
     let mine = order(8, "alice", "mine", 8, None);
-    let mut f = Fixture::<F>::with_orders(&[mine.clone()]).await;
+    let mut f = Fixture::<F>::with_orders(std::slice::from_ref(&mine)).await;
     let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
     f.sql
         .execute("UPDATE orders SET quantity = 80 WHERE id = 8")
