@@ -170,9 +170,7 @@ impl PyClient {
     /// Values are as the client's table stores them (a blob as ``{"blob": "<hex>"}``).
     fn kept_conflicts(&self, py: Python<'_>) -> PyResult<PyObject> {
         let kept = self.with_client(py, |client| client.kept_conflicts())?;
-        let items: Vec<String> = kept.iter().map(|k| k.to_json().to_string()).collect();
-        let json = format!("[{}]", items.join(","));
-        Ok(py.import("json")?.call_method1("loads", (json,))?.unbind())
+        json_list(py, kept.iter().map(|kept| kept.to_json()))
     }
 
     /// Removes the kept conflict ``id`` once the app has dealt with it; returns whether
@@ -188,9 +186,7 @@ impl PyClient {
     /// ``upload_sequence``, ``recorded_at``.
     fn rejected_rows(&self, py: Python<'_>) -> PyResult<PyObject> {
         let rejected = self.with_client(py, |client| client.rejected_rows())?;
-        let items: Vec<String> = rejected.iter().map(|r| r.to_json().to_string()).collect();
-        let json = format!("[{}]", items.join(","));
-        Ok(py.import("json")?.call_method1("loads", (json,))?.unbind())
+        json_list(py, rejected.iter().map(|rejected| rejected.to_json()))
     }
 
     /// Puts the rejected change ``id`` back in line for the next sync (after the app
@@ -485,4 +481,10 @@ fn _rowsync(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("sqlite_library", sqlite::rowsync_library())?;
     module.add("MIN_SQLITE_VERSION", sqlite::MIN_VERSION)?;
     Ok(())
+}
+
+/// A list of Python objects made from JSON `items` (by the `json` module).
+fn json_list(py: Python<'_>, items: impl Iterator<Item = serde_json::Value>) -> PyResult<PyObject> {
+    let json = serde_json::Value::Array(items.collect()).to_string();
+    Ok(py.import("json")?.call_method1("loads", (json,))?.unbind())
 }

@@ -188,6 +188,22 @@ fn assert_kept(kept: &KeptConflict, operation: &str, client_row: Option<serde_js
     assert_eq!(kept.client_row, client_row, "{kept:?}");
 }
 
+/// A device whose `items` refuse a body of 'bad' (so a download can fail to apply),
+/// holding the rows `rows_sql` writes before it is tracked.
+fn checked_device(dir: &Path, rows_sql: &str) -> Client {
+    let mut phone = Client::open(dir.join("phone.db")).unwrap();
+    phone
+        .connection()
+        .execute_batch(
+            "CREATE TABLE items (id TEXT PRIMARY KEY, owner TEXT NOT NULL, \
+             body TEXT CHECK (body <> 'bad'), quantity INTEGER)",
+        )
+        .unwrap();
+    phone.connection().execute_batch(rows_sql).unwrap();
+    phone.track("items").unwrap();
+    phone
+}
+
 /// A losing change whose download the device did not apply (cut, or here: a row of it
 /// breaks the device's own CHECK): the upload is resent, answered as applied before,
 /// and its loss is still kept, not taken silently by the download.
@@ -198,20 +214,15 @@ async fn a_conflict_of_an_upload_applied_before_is_kept(backend: Backend) {
     let mut other = client(
         dir.path(),
         "other",
-        "INSERT INTO items VALUES ('k1', 'alice', 'theirs', 1);          INSERT INTO items VALUES ('x1', 'alice', 'bad', 1);",
+        "INSERT INTO items VALUES ('k1', 'alice', 'theirs', 1); \
+         INSERT INTO items VALUES ('x1', 'alice', 'bad', 1);",
         ExistingRows::Upload,
     );
     other.sync(&alice).await.unwrap();
-    let mut phone = Client::open(dir.path().join("phone.db")).unwrap();
-    phone
-        .connection()
-        .execute_batch(
-            "CREATE TABLE items (id TEXT PRIMARY KEY, owner TEXT NOT NULL, \
-             body TEXT CHECK (body <> 'bad'), quantity INTEGER); \
-             INSERT INTO items VALUES ('k1', 'alice', 'mine', 2);",
-        )
-        .unwrap();
-    phone.track("items").unwrap();
+    let mut phone = checked_device(
+        dir.path(),
+        "INSERT INTO items VALUES ('k1', 'alice', 'mine', 2)",
+    );
     assert!(
         phone.sync(&alice).await.is_err(),
         "the download breaks the CHECK"
@@ -290,15 +301,7 @@ async fn a_pending_delete_of_a_row_changed_since_is_kept(backend: Backend) {
         ExistingRows::Upload,
     );
     other.sync(&alice).await.unwrap();
-    let mut phone = Client::open(dir.path().join("phone.db")).unwrap();
-    phone
-        .connection()
-        .execute_batch(
-            "CREATE TABLE items (id TEXT PRIMARY KEY, owner TEXT NOT NULL, \
-             body TEXT CHECK (body <> 'bad'), quantity INTEGER);",
-        )
-        .unwrap();
-    phone.track("items").unwrap();
+    let mut phone = checked_device(dir.path(), "");
     phone.sync(&alice).await.unwrap();
     let write = |client: &Client, sql: &str| client.connection().execute_batch(sql).unwrap();
     write(&other, "INSERT INTO items VALUES ('x1', 'alice', 'bad', 1)");

@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use backends::{options, Backend, USERS};
+use backends::{options, Backend, MARIADB_CHECKED, POSTGRES_CHECKED, SQLITE_CHECKED, USERS};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rowsync_client::Client;
@@ -29,16 +29,6 @@ use tokio::sync::oneshot;
 
 const CLIENT_ITEMS: &str =
     "CREATE TABLE items (id TEXT PRIMARY KEY, owner TEXT NOT NULL, body TEXT, quantity INTEGER)";
-const SQLITE_CHECKED: [&str; 1] = [
-    "CREATE TABLE items (id TEXT PRIMARY KEY, owner TEXT NOT NULL, \
-     body TEXT, quantity INTEGER CHECK (quantity >= 0))",
-];
-const POSTGRES_CHECKED: [&str; 1] = [
-    "CREATE TABLE items (id text PRIMARY KEY, owner text NOT NULL, \
-     body text, quantity bigint CHECK (quantity >= 0))",
-];
-const MARIADB_CHECKED: [&str; 1] = ["CREATE TABLE items (id VARCHAR(64) PRIMARY KEY, \
-     owner VARCHAR(64) NOT NULL, body TEXT, quantity BIGINT CHECK (quantity >= 0))"];
 
 /// Keys shared by both users: an insert of a key the other user holds is a conflict with
 /// a row this user cannot see.
@@ -210,13 +200,21 @@ impl Model {
         live[self.rng.gen_range(0..live.len())]
     }
 
-    async fn sync(&mut self, instance: usize) {
+    /// One sync of `instance` through a live server.
+    async fn sync_once(
+        &mut self,
+        instance: usize,
+    ) -> Result<rowsync_client::SyncReport, rowsync_client::ClientError> {
         let address = self.live_server();
         let user = self.instances[instance].user;
-        let result = self.instances[instance]
+        self.instances[instance]
             .client()
             .sync(&options(address, user))
-            .await;
+            .await
+    }
+
+    async fn sync(&mut self, instance: usize) {
+        let result = self.sync_once(instance).await;
         let outcome = result.map(|r| {
             format!(
                 "up {} conflicts {} kept {} rejected {} applied-before {} identity {:?} rounds {}",
@@ -317,12 +315,7 @@ impl Model {
             for instance in 0..self.instances.len() {
                 let mut last = None;
                 for _ in 0..20 {
-                    let address = self.live_server();
-                    let user = self.instances[instance].user;
-                    let result = self.instances[instance]
-                        .client()
-                        .sync(&options(address, user))
-                        .await;
+                    let result = self.sync_once(instance).await;
                     let server = self.server_rows().await;
                     self.steps.push(format!(
                         "settle {instance}: {:?}; server {server}",

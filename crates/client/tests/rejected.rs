@@ -9,7 +9,7 @@ mod backends;
 
 use std::path::Path;
 
-use backends::{options, Backend};
+use backends::{options, Backend, MARIADB_CHECKED, POSTGRES_CHECKED, SQLITE_CHECKED};
 use rowsync_client::Client;
 use serde_json::json;
 
@@ -184,17 +184,6 @@ async fn an_upload_refused_for_its_version_goes_with_the_next(backend: Backend) 
     assert_eq!(report.rows_uploaded, 2, "{report:?}");
     assert_eq!(ids(&backend.items().await), ["i1", "i2"]);
 }
-
-const SQLITE_CHECKED: [&str; 1] = [
-    "CREATE TABLE items (id TEXT PRIMARY KEY, owner TEXT NOT NULL, \
-     body TEXT, quantity INTEGER CHECK (quantity >= 0))",
-];
-const POSTGRES_CHECKED: [&str; 1] = [
-    "CREATE TABLE items (id text PRIMARY KEY, owner text NOT NULL, \
-     body text, quantity bigint CHECK (quantity >= 0))",
-];
-const MARIADB_CHECKED: [&str; 1] = ["CREATE TABLE items (id VARCHAR(64) PRIMARY KEY, \
-     owner VARCHAR(64) NOT NULL, body TEXT, quantity BIGINT CHECK (quantity >= 0))"];
 
 on_backends!(a_refused_row_is_set_aside:
     sqlite_a_refused_row_is_set_aside => Backend::sqlite(&SQLITE_CHECKED),

@@ -440,14 +440,8 @@ pub unsafe extern "C" fn rowsync_kept_conflicts(
     guard(|| {
         let client = handle(client, "client")?;
         let out = handle(out, "out")?;
-        let kept: Vec<serde_json::Value> = client
-            .client
-            .kept_conflicts()?
-            .iter()
-            .map(|kept| kept.to_json())
-            .collect();
-        let json = serde_json::Value::Array(kept).to_string();
-        client.kept_conflicts = CString::new(json).unwrap_or_default();
+        let kept = client.client.kept_conflicts()?;
+        client.kept_conflicts = json_list(kept.iter().map(|kept| kept.to_json()));
         *out = client.kept_conflicts.as_ptr();
         Ok(())
     })
@@ -471,6 +465,11 @@ pub unsafe extern "C" fn rowsync_remove_kept_conflict(
     })
 }
 
+/// A JSON array of `items` as a C string (JSON text holds no NUL byte).
+fn json_list(items: impl Iterator<Item = serde_json::Value>) -> CString {
+    CString::new(serde_json::Value::Array(items.collect()).to_string()).unwrap_or_default()
+}
+
 /// Sets `*out` to the changes the server refused and the client set aside, as a JSON
 /// array (docs/client.md): each `{id, table, operation, key, client_row, old_row, code,
 /// reason, upload_sequence, recorded_at}`. The text is owned by `client` and valid until
@@ -486,14 +485,8 @@ pub unsafe extern "C" fn rowsync_rejected_rows(
     guard(|| {
         let client = handle(client, "client")?;
         let out = handle(out, "out")?;
-        let rejected: Vec<serde_json::Value> = client
-            .client
-            .rejected_rows()?
-            .iter()
-            .map(|rejected| rejected.to_json())
-            .collect();
-        let json = serde_json::Value::Array(rejected).to_string();
-        client.rejected_rows = CString::new(json).unwrap_or_default();
+        let rejected = client.client.rejected_rows()?;
+        client.rejected_rows = json_list(rejected.iter().map(|rejected| rejected.to_json()));
         *out = client.rejected_rows.as_ptr();
         Ok(())
     })

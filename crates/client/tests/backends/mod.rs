@@ -21,6 +21,14 @@ pub const POSTGRES_ITEMS: &str =
 pub const MARIADB_ITEMS: &str = "CREATE TABLE items (id VARCHAR(64) PRIMARY KEY, \
      owner VARCHAR(64) NOT NULL, body TEXT, quantity BIGINT)";
 
+/// `items` whose quantity may not be negative: a row the server refuses.
+pub const SQLITE_CHECKED: [&str; 1] = ["CREATE TABLE items (id TEXT PRIMARY KEY, \
+     owner TEXT NOT NULL, body TEXT, quantity INTEGER CHECK (quantity >= 0))"];
+pub const POSTGRES_CHECKED: [&str; 1] = ["CREATE TABLE items (id text PRIMARY KEY, \
+     owner text NOT NULL, body text, quantity bigint CHECK (quantity >= 0))"];
+pub const MARIADB_CHECKED: [&str; 1] = ["CREATE TABLE items (id VARCHAR(64) PRIMARY KEY, \
+     owner VARCHAR(64) NOT NULL, body TEXT, quantity BIGINT CHECK (quantity >= 0))"];
+
 pub fn password(user: &str) -> String {
     format!("{user}-password")
 }
