@@ -20,6 +20,25 @@ pub fn unsupported_column_type(table: &str, column: &str, type_name: &str) -> Db
     ))
 }
 
+/// A user name that is no value of a table's partition column (`store_id integer`
+/// against the user `alice`): the user's rows could never be found, so a sync, or an
+/// `init` that knows the user, says so rather than download nothing (or another
+/// value's rows, where the database converts the name silently).
+pub fn partition_value_refusal(user: &str, table: &str, column: &str, type_name: &str) -> String {
+    format!(
+        "user {user:?} is no value of table {table:?}'s partition column {column:?} \
+         ({type_name}), which holds the name of the user whose row it is. Name the user \
+         after a value of that column, or partition the table by a column of user names \
+         (`rowsync init --table {table} --partition-column COLUMN`)"
+    )
+}
+
+/// Whether a text is a number as SQLite and MariaDB read one into a numeric column
+/// (other text there compares as 0 or as no number at all).
+pub fn is_number(text: &str) -> bool {
+    !text.is_empty() && text.trim() == text && text.parse::<f64>().is_ok_and(f64::is_finite)
+}
+
 /// What rowsync needs to know of a consolidated table.
 #[derive(Debug, Clone)]
 pub struct TableShape {

@@ -68,19 +68,55 @@ impl Backend {
     }
 
     pub async fn serve_with(&self, config: ServerConfig) -> SocketAddr {
+        self.serve_by(config, "owner").await.unwrap()
+    }
+
+    /// A server with `items` partitioned by `partition_column`, or `init`'s error.
+    pub async fn serve_by(
+        &self,
+        config: ServerConfig,
+        partition_column: &str,
+    ) -> Result<SocketAddr, rowsync_consolidated::DbError> {
         match self {
             Backend::Sqlite(dir) => {
                 let path = dir.path().join("consolidated.db");
                 let backend = rowsync_consolidated::sqlite::SqliteConsolidated::new(&path);
-                serve(backend, config).await
+                serve(backend, config, partition_column).await
             }
             Backend::Postgres(url) => {
                 let backend = rowsync_consolidated::postgres::PostgresConsolidated::new(url);
-                serve(backend, config).await
+                serve(backend, config, partition_column).await
             }
             Backend::Mysql(url) => {
                 let backend = rowsync_consolidated::mysql::MysqlConsolidated::new(url).unwrap();
-                serve(backend, config).await
+                serve(backend, config, partition_column).await
+            }
+        }
+    }
+
+    /// Runs `sql` (statements) on the consolidated database.
+    pub async fn execute(&self, sql: &str) -> Result<(), String> {
+        match self {
+            Backend::Sqlite(dir) => {
+                let connection =
+                    rusqlite::Connection::open(dir.path().join("consolidated.db")).unwrap();
+                connection.execute_batch(sql).map_err(|e| e.to_string())
+            }
+            Backend::Postgres(url) => {
+                let client = rowsync_testkit::connect(url).await;
+                client.batch_execute(sql).await.map_err(|e| {
+                    let db = e.as_db_error();
+                    format!(
+                        "{e}: {:?} {:?}",
+                        db.map(|d| d.message()),
+                        db.and_then(|d| d.hint())
+                    )
+                })
+            }
+            Backend::Mysql(url) => {
+                use mysql_async::prelude::Queryable;
+                let mut connection = mysql_async::Conn::from_url(url).await.unwrap();
+                connection.query_drop(sql).await.map_err(|e| e.to_string())
             }
         }
     }
@@ -114,13 +150,16 @@ impl Backend {
     }
 }
 
-pub async fn serve<B: Consolidated>(backend: B, config: ServerConfig) -> SocketAddr {
+pub async fn serve<B: Consolidated>(
+    backend: B,
+    config: ServerConfig,
+    partition_column: &str,
+) -> Result<SocketAddr, rowsync_consolidated::DbError> {
     let mut connection = backend.connect().await.unwrap();
     connection.install_system_tables().await.unwrap();
     connection
-        .init_table(&TableInit::new("items", "owner", "v1"))
-        .await
-        .unwrap();
+        .init_table(&TableInit::new("items", partition_column, "v1"))
+        .await?;
     for user in USERS {
         let hash = auth::hash_password(&password(user)).unwrap();
         connection.set_user(user, &hash).await.unwrap();
@@ -133,7 +172,7 @@ pub async fn serve<B: Consolidated>(backend: B, config: ServerConfig) -> SocketA
             .await
             .unwrap();
     });
-    address
+    Ok(address)
 }
 
 pub fn options(address: SocketAddr, user: &str) -> SyncOptions {

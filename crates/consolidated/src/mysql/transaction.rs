@@ -24,7 +24,7 @@ use crate::foreign_keys::ForeignKey;
 use crate::names::select_by_key;
 use crate::parameters::{Parameters, RowImages};
 use crate::scripts::*;
-use crate::shape::TableShape;
+use crate::shape::{is_number, TableShape};
 use crate::upload_rows::UploadedRow;
 use crate::version_scripts::{ScriptRows, Scripts};
 use crate::{quote_identifier as q, CursorBatch, SyncError};
@@ -230,6 +230,23 @@ impl Dialect for MysqlTransaction<'_> {
             )
             .await
             .map_err(db)?)
+    }
+
+    /// By the column's type, as staging reads it (`column_limits`).
+    async fn partition_value_misfit(
+        &mut self,
+        table: &str,
+        column: &str,
+        user: &str,
+    ) -> Result<Option<String>, SyncError> {
+        if !self.column_limits.contains_key(table) {
+            self.table_shape(table).await?;
+        }
+        let numeric = self
+            .column_limits
+            .get(table)
+            .is_some_and(|limits| limits.numeric.contains(column));
+        Ok((numeric && !is_number(user)).then(|| "numeric".to_string()))
     }
 
     /// Read at each sync that writes two tables or more (InnoDB keys cannot be
