@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use rowsync_protocol::{TableUpload, Value};
 
-use crate::{DbError, SyncError};
+use crate::{DbError, SyncError, TableInit};
 
 /// A column of a consolidated table.
 #[derive(Debug, Clone)]
@@ -31,6 +31,16 @@ pub fn partition_value_refusal(user: &str, table: &str, column: &str, type_name:
          after a value of that column, or partition the table by a column of user names \
          (`rowsync init --table {table} --partition-column COLUMN`)"
     )
+}
+
+/// `init`'s refusal of a partition column that a known user's name is no value of.
+pub fn partition_column_refusal(init: &TableInit, user: &str, type_name: &str) -> DbError {
+    DbError::Invalid(partition_value_refusal(
+        user,
+        &init.table,
+        &init.partition_column,
+        type_name,
+    ))
 }
 
 /// Whether a text is a number as SQLite and MariaDB read one into a numeric column

@@ -17,7 +17,7 @@ use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
 use crate::scripts::*;
 use crate::shape::{
-    is_number, partition_value_refusal, unsupported_column_type, Column, TableShape,
+    is_number, partition_column_refusal, unsupported_column_type, Column, TableShape,
 };
 use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
 
@@ -408,12 +408,7 @@ pub async fn init_table(connection: &mut Conn, init: &TableInit) -> Result<InitO
         if let Some((user, type_name)) = users.iter().find_map(|user| {
             partition_value_misfit(&partition.data_type, user).map(|misfit| (user, misfit))
         }) {
-            return Err(DbError::Invalid(partition_value_refusal(
-                user,
-                &init.table,
-                &init.partition_column,
-                &type_name,
-            )));
+            return Err(partition_column_refusal(&init, user, &type_name));
         }
         if let Some(info) = infos
             .iter()

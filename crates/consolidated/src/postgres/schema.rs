@@ -14,7 +14,7 @@ use crate::foreign_keys::{refuse_undeferrable_cycles, ForeignKey};
 use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
 use crate::scripts::*;
-use crate::shape::{partition_value_refusal, unsupported_column_type, Column, TableShape};
+use crate::shape::{partition_column_refusal, unsupported_column_type, Column, TableShape};
 use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
 
 const SYSTEM_TABLES: &str = "
@@ -310,35 +310,9 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<InitOut
         )));
     };
     refuse_misfit_users(&transaction, init, &partition_type).await?;
-    let key_types: Vec<&str> = shape
-        .key_columns
-        .iter()
-        .map(|key| {
-            let index = shape
-                .columns
-                .iter()
-                .position(|column| &column.name == key)
-                .expect("key is a column");
-            types[index].as_str()
-        })
-        .collect();
     let versions = version_facts(&transaction, &init.table).await?;
     let target = reinit::choose_version(init, &versions, &shape.column_names())?;
-    let partitioned = partitions::is_partitioned(&transaction, &init.table).await?;
-    if partitioned {
-        partitions::initializing(&transaction).await?;
-    }
-    transaction
-        .batch_execute(&tracking_ddl(
-            &shape,
-            &key_types,
-            &init.partition_column,
-            partitioned,
-        ))
-        .await?;
-    if partitioned {
-        partitions::follow_partitions(&transaction, &init.table).await?;
-    }
+    install_tracking(&transaction, &shape, &types, init).await?;
     transaction
         .execute(
             "INSERT INTO rs_table (table_name, partition_column) VALUES ($1, $2)
@@ -385,6 +359,38 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<InitOut
     }
     transaction.commit().await?;
     Ok(outcome)
+}
+
+/// The table's change tracking (`tracking_ddl`; a partitioned table's partitions
+/// followed, see `partitions`).
+async fn install_tracking(
+    transaction: &Transaction<'_>,
+    shape: &TableShape,
+    types: &[String],
+    init: &TableInit,
+) -> Result<(), DbError> {
+    let key_types: Vec<&str> = shape
+        .key_columns
+        .iter()
+        .map(|key| {
+            let index = shape
+                .columns
+                .iter()
+                .position(|column| &column.name == key)
+                .expect("key is a column");
+            types[index].as_str()
+        })
+        .collect();
+    let partitioned = partitions::is_partitioned(transaction, &init.table).await?;
+    if partitioned {
+        partitions::initializing(transaction).await?;
+    }
+    let ddl = tracking_ddl(shape, &key_types, &init.partition_column, partitioned);
+    transaction.batch_execute(&ddl).await?;
+    if partitioned {
+        partitions::follow_partitions(transaction, &init.table).await?;
+    }
+    Ok(())
 }
 
 /// Refuses, naming it, a column of a type rowsync cannot carry ([`kind_of`]), so that
@@ -805,12 +811,7 @@ async fn refuse_misfit_users(
     {
         let user: String = row.get(0);
         if let Some(type_name) = partition_value_misfit(client, sql_type, &user).await? {
-            return Err(DbError::Invalid(partition_value_refusal(
-                &user,
-                &init.table,
-                &init.partition_column,
-                &type_name,
-            )));
+            return Err(partition_column_refusal(init, &user, &type_name));
         }
     }
     Ok(())

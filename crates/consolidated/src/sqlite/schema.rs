@@ -8,7 +8,7 @@ use crate::foreign_keys::ForeignKey;
 use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
 use crate::scripts::*;
-use crate::shape::{is_number, partition_value_refusal, Column, TableShape};
+use crate::shape::{is_number, partition_column_refusal, Column, TableShape};
 use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
 
 const SYSTEM_TABLES: &str = "
@@ -324,12 +324,7 @@ fn refuse_misfit_users(connection: &Connection, init: &TableInit) -> Result<(), 
         if let Some(type_name) =
             partition_value_misfit(connection, &init.table, &init.partition_column, &user)?
         {
-            return Err(DbError::Invalid(partition_value_refusal(
-                &user,
-                &init.table,
-                &init.partition_column,
-                &type_name,
-            )));
+            return Err(partition_column_refusal(init, &user, &type_name));
         }
     }
     Ok(())

@@ -21,8 +21,9 @@ use crate::{quote_identifier as q, DbError};
 const PARTITIONS_DDL: &str = include_str!("partitions.sql");
 
 /// `rs_track_gone_<T>(relation)`: tombstones for every row `relation` (the table or one
-/// of its partitions, its own rows only) holds, before they leave it without a delete;
-/// and the table's own `BEFORE TRUNCATE` trigger.
+/// of its partitions, its own rows only) holds, before they leave it without a delete
+/// (`rs_track_gone(T, relation)` calls it by the table's name); and the table's own
+/// `BEFORE TRUNCATE` trigger.
 pub(super) fn truncate_ddl(name: &str, keys: &[String], partition_column: &str) -> String {
     let aggregated = keys
         .iter()
@@ -39,9 +40,14 @@ pub(super) fn truncate_ddl(name: &str, keys: &[String], partition_column: &str) 
     );
     format!(
         "
+CREATE OR REPLACE FUNCTION rs_track_gone(tracked TEXT, relation oid) RETURNS void
+LANGUAGE plpgsql AS $rs$
+BEGIN
+    EXECUTE format('SELECT %I(%s::regclass)', 'rs_track_gone_' || tracked, relation);
+END $rs$;
 CREATE OR REPLACE FUNCTION rs_track_truncate() RETURNS trigger LANGUAGE plpgsql AS $rs$
 BEGIN
-    EXECUTE format('SELECT %I(%s::regclass)', 'rs_track_gone_' || TG_ARGV[0], TG_RELID);
+    PERFORM rs_track_gone(TG_ARGV[0], TG_RELID);
     RETURN NULL;
 END $rs$;
 CREATE OR REPLACE FUNCTION {gone}(relation regclass) RETURNS void LANGUAGE plpgsql AS $rs$

@@ -32,7 +32,7 @@ BEGIN
     FOR member IN SELECT relation FROM rs_partition WHERE table_name = tracked
                   EXCEPT SELECT relid FROM pg_partition_tree(parent) LOOP
         IF EXISTS (SELECT 1 FROM pg_class WHERE oid = member) THEN
-            EXECUTE format('SELECT %I(%s::regclass)', 'rs_track_gone_' || tracked, member);
+            PERFORM rs_track_gone(tracked, member);
             EXECUTE format('DROP TRIGGER IF EXISTS %1$I ON %2$s; DROP TRIGGER IF EXISTS %3$I ON %2$s',
                 'rs_delete_' || tracked, member::regclass, 'rs_truncate_' || tracked);
         END IF;
@@ -73,8 +73,7 @@ BEGIN
     FOR member IN SELECT p.relation, p.table_name FROM rs_partition AS p
                   WHERE position(lower((SELECT c.relname FROM pg_class AS c WHERE c.oid = p.relation))
                                  IN lower(current_query())) > 0 LOOP
-        EXECUTE format('SELECT %I(%s::regclass)', 'rs_track_gone_' || member.table_name,
-            member.relation);
+        PERFORM rs_track_gone(member.table_name, member.relation);
         PERFORM set_config('rowsync.partitions_dropping', concat_ws(',',
             nullif(current_setting('rowsync.partitions_dropping', true), ''),
             member.relation::text), true);
