@@ -400,8 +400,6 @@ async fn next_watermark<D: Dialect>(
     Ok(single_integer(modified, MODIFY_NEXT_LAST_DOWNLOAD)?.unwrap_or(watermark))
 }
 
-/// `report_error` after a failed sync, in its own committed transaction (the sync's
-/// was rolled back), so what it records stays.
 /// Refuses a sync whose user is no value of `table`'s partition column `column`
 /// (`shape::partition_value_refusal`); a table without one is anyone's.
 async fn check_partition_value<D: Dialect>(
@@ -424,6 +422,8 @@ async fn check_partition_value<D: Dialect>(
     }
 }
 
+/// `report_error` after a failed sync, in its own committed transaction (the sync's
+/// was rolled back), so what it records stays.
 async fn report_error<B: SyncBackend>(
     backend: &mut B,
     scripts: &Scripts,

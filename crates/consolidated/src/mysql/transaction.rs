@@ -65,6 +65,7 @@ impl SyncBackend for MysqlConnection {
             stamp,
             marked: &mut self.sync_marked,
             column_limits: HashMap::new(),
+            partition_columns: HashMap::new(),
         })
     }
 
@@ -87,6 +88,8 @@ pub struct MysqlTransaction<'c> {
     /// What the columns of the tables looked at would change silently (digits after
     /// the point, text in a numeric column), by table: staging refuses such values.
     column_limits: HashMap<String, ColumnLimits>,
+    /// The partition columns read (asked by the upload and again by the download).
+    partition_columns: HashMap<String, Option<String>>,
 }
 
 impl Dialect for MysqlTransaction<'_> {
@@ -222,14 +225,20 @@ impl Dialect for MysqlTransaction<'_> {
     }
 
     async fn partition_column(&mut self, table: &str) -> Result<Option<String>, SyncError> {
-        Ok(self
+        if let Some(column) = self.partition_columns.get(table) {
+            return Ok(column.clone());
+        }
+        let column: Option<String> = self
             .transaction
             .exec_first(
                 "SELECT partition_column FROM rs_table WHERE table_name = ?",
                 (table,),
             )
             .await
-            .map_err(db)?)
+            .map_err(db)?;
+        self.partition_columns
+            .insert(table.to_string(), column.clone());
+        Ok(column)
     }
 
     /// By the column's type, as staging reads it (`column_limits`).

@@ -1,5 +1,7 @@
 -- Partitioned tables, tracked at the partition level (see partitions.rs). Installed by
--- the first `init` of a partitioned table; the event triggers need a superuser.
+-- the first `init` of a partitioned table; the event triggers need a superuser. The
+-- functions run as their owner, with init's search_path, so that whoever creates,
+-- detaches or drops a partition need not own rowsync's tables.
 CREATE TABLE IF NOT EXISTS rs_partition (
     relation oid PRIMARY KEY,
     table_name TEXT NOT NULL
@@ -10,7 +12,7 @@ CREATE TABLE IF NOT EXISTS rs_partition (
 -- TRUNCATE), and its rows a new stamp when `attached` (rows that were not the table's
 -- reach the devices); a partition detached leaves tombstones for its rows.
 CREATE OR REPLACE FUNCTION rs_partitions_follow(tracked TEXT, attached BOOLEAN) RETURNS void
-LANGUAGE plpgsql AS $rs$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $rs$
 DECLARE
     parent regclass := to_regclass(quote_ident(tracked));
     member oid;
@@ -41,7 +43,8 @@ BEGIN
 END $rs$;
 
 -- After CREATE TABLE and ALTER TABLE: partitions created, attached or detached.
-CREATE OR REPLACE FUNCTION rs_partitions_changed() RETURNS event_trigger LANGUAGE plpgsql AS $rs$
+CREATE OR REPLACE FUNCTION rs_partitions_changed() RETURNS event_trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path FROM CURRENT AS $rs$
 DECLARE
     tracked TEXT;
 BEGIN
@@ -61,7 +64,8 @@ END $rs$;
 -- Before DROP TABLE: a partition the statement names leaves tombstones for its rows
 -- while they can still be read (a name matched too widely only costs tombstones of
 -- keys still present, which the delete cursor leaves out).
-CREATE OR REPLACE FUNCTION rs_partitions_dropping() RETURNS event_trigger LANGUAGE plpgsql AS $rs$
+CREATE OR REPLACE FUNCTION rs_partitions_dropping() RETURNS event_trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path FROM CURRENT AS $rs$
 DECLARE
     member RECORD;
 BEGIN
@@ -82,7 +86,8 @@ END $rs$;
 
 -- After a drop: a partition of a table still synchronized whose rows left no
 -- tombstones (its name was not in the statement: DROP SCHEMA, dynamic SQL) is refused.
-CREATE OR REPLACE FUNCTION rs_partitions_dropped() RETURNS event_trigger LANGUAGE plpgsql AS $rs$
+CREATE OR REPLACE FUNCTION rs_partitions_dropped() RETURNS event_trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path FROM CURRENT AS $rs$
 DECLARE
     gone RECORD;
 BEGIN
