@@ -50,19 +50,36 @@ fn device_rows(client: &Client) -> Vec<Payment> {
     rows.collect::<Result<_, _>>().unwrap()
 }
 
-async fn server_rows(url: &str, owner: &str) -> Vec<Payment> {
-    let client = rowsync_testkit::connect(url).await;
-    let rows = client
-        .query(
-            "SELECT paid_at::text, id::bigint, owner, body FROM items WHERE owner = $1 \
-             ORDER BY paid_at, id",
-            &[&owner],
-        )
-        .await
-        .unwrap();
-    rows.iter()
-        .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3)))
-        .collect()
+async fn server_rows(backend: &Backend, owner: &str) -> Vec<Payment> {
+    match backend {
+        Backend::Postgres(url) => {
+            let client = rowsync_testkit::connect(url).await;
+            let rows = client
+                .query(
+                    "SELECT paid_at::text, id::bigint, owner, body FROM items WHERE owner = $1 \
+                     ORDER BY paid_at, id",
+                    &[&owner],
+                )
+                .await
+                .unwrap();
+            rows.iter()
+                .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3)))
+                .collect()
+        }
+        Backend::Mysql(url) => {
+            use mysql_async::prelude::Queryable;
+            let mut connection = mysql_async::Conn::from_url(url).await.unwrap();
+            connection
+                .exec(
+                    "SELECT CAST(paid_at AS CHAR), id, owner, body FROM items WHERE owner = ? \
+                     ORDER BY paid_at, id",
+                    (owner,),
+                )
+                .await
+                .unwrap()
+        }
+        Backend::Sqlite(_) => unreachable!("SQLite has no partitioned tables"),
+    }
 }
 
 /// Runs `sql` on the server, syncs both of alice's devices and checks each holds
@@ -74,10 +91,7 @@ async fn after(
     sql: &str,
 ) {
     backend.execute(sql).await.unwrap();
-    let Backend::Postgres(url) = backend else {
-        unreachable!()
-    };
-    let expected = server_rows(url, "alice").await;
+    let expected = server_rows(backend, "alice").await;
     for client in devices.iter_mut() {
         let report = client.sync(&options(address, "alice")).await.unwrap();
         assert_eq!(report.conflicts, 0, "after {sql}: {report:?}");
@@ -118,6 +132,34 @@ async fn rows_leaving_partitions_leave_the_devices() {
         after(&backend, &mut devices, address, sql).await;
     }
     assert!(device_rows(&devices[0]).is_empty());
+}
+
+/// MariaDB fires row triggers on a partitioned table whichever partition a row is in
+/// or moves to: rows moved across partitions, and deleted from one partition by name,
+/// leave the devices (its partition maintenance, which fires none, is documented as
+/// untracked in docs/system-tables.md).
+#[tokio::test]
+async fn mariadb_rows_leaving_partitions_leave_the_devices() {
+    let backend = Backend::mysql(&["CREATE TABLE items (paid_at DATE, id INT, \
+         owner VARCHAR(64) NOT NULL, body TEXT, PRIMARY KEY (paid_at, id)) \
+         PARTITION BY RANGE COLUMNS (paid_at) (\
+         PARTITION p2026_10 VALUES LESS THAN ('2026-11-01'), \
+         PARTITION p2026_11 VALUES LESS THAN ('2026-12-01'), \
+         PARTITION pmax VALUES LESS THAN (MAXVALUE))"])
+    .await;
+    let address = backend.serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut devices = [device(dir.path(), "phone"), device(dir.path(), "laptop")];
+    let steps = [
+        "INSERT INTO items VALUES ('2026-10-05', 1, 'alice', 'a'), ('2026-10-06', 2, 'alice', 'b'), \
+         ('2026-11-05', 3, 'alice', 'c'), ('2026-12-05', 4, 'bob', 'd')",
+        "UPDATE items SET paid_at = '2026-11-07' WHERE id = 1",
+        "DELETE FROM items PARTITION (p2026_10) WHERE id = 2",
+    ];
+    for sql in steps {
+        after(&backend, &mut devices, address, sql).await;
+    }
+    assert_eq!(device_rows(&devices[0]).len(), 2);
 }
 
 /// A partition dropped where its name is not in the statement cannot leave tombstones:

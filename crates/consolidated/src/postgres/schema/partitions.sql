@@ -61,10 +61,12 @@ BEGIN
     END LOOP;
 END $rs$;
 
--- Before DROP TABLE: a partition the statement names leaves tombstones for its rows
--- while they can still be read (a name matched too widely only costs tombstones of
--- keys still present, which the delete cursor leaves out).
-CREATE OR REPLACE FUNCTION rs_partitions_dropping() RETURNS event_trigger LANGUAGE plpgsql
+-- Before DROP TABLE (ddl_command_start): a partition the statement names leaves
+-- tombstones for its rows while they can still be read (a name matched too widely only
+-- costs tombstones of keys still present, which the delete cursor leaves out). After
+-- any drop (sql_drop): a partition of a table still synchronized whose rows left none
+-- (its name was not in the statement: DROP SCHEMA, dynamic SQL) is refused.
+CREATE OR REPLACE FUNCTION rs_partitions_drop() RETURNS event_trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path FROM CURRENT AS $rs$
 DECLARE
     member RECORD;
@@ -72,38 +74,29 @@ BEGIN
     IF to_regclass('rs_partition') IS NULL THEN
         RETURN;
     END IF;
-    -- (Each name read by its oid: a join would scan pg_class at every DROP TABLE, a
-    -- sync's staging tables' too.)
-    FOR member IN SELECT p.relation, p.table_name FROM rs_partition AS p
-                  WHERE position(lower((SELECT c.relname FROM pg_class AS c WHERE c.oid = p.relation))
-                                 IN lower(current_query())) > 0 LOOP
-        PERFORM rs_track_gone(member.table_name, member.relation);
-        PERFORM set_config('rowsync.partitions_dropping', concat_ws(',',
-            nullif(current_setting('rowsync.partitions_dropping', true), ''),
-            member.relation::text), true);
-    END LOOP;
-END $rs$;
-
--- After a drop: a partition of a table still synchronized whose rows left no
--- tombstones (its name was not in the statement: DROP SCHEMA, dynamic SQL) is refused.
-CREATE OR REPLACE FUNCTION rs_partitions_dropped() RETURNS event_trigger LANGUAGE plpgsql
-SECURITY DEFINER SET search_path FROM CURRENT AS $rs$
-DECLARE
-    gone RECORD;
-BEGIN
-    IF to_regclass('rs_partition') IS NULL THEN
+    IF TG_EVENT = 'ddl_command_start' THEN
+        -- (Each name read by its oid: a join would scan pg_class at every DROP TABLE,
+        -- a sync's staging tables' too.)
+        FOR member IN SELECT p.relation, p.table_name FROM rs_partition AS p
+                      WHERE position(lower((SELECT c.relname FROM pg_class AS c WHERE c.oid = p.relation))
+                                     IN lower(current_query())) > 0 LOOP
+            PERFORM rs_track_gone(member.table_name, member.relation);
+            PERFORM set_config('rowsync.partitions_dropping', concat_ws(',',
+                nullif(current_setting('rowsync.partitions_dropping', true), ''),
+                member.relation::text), true);
+        END LOOP;
         RETURN;
     END IF;
-    FOR gone IN SELECT p.relation, p.table_name, d.object_identity
-                FROM pg_event_trigger_dropped_objects() AS d
-                JOIN rs_partition AS p ON p.relation = d.objid
-                WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 LOOP
-        IF to_regclass(quote_ident(gone.table_name)) IS NOT NULL AND NOT gone.relation::text
+    FOR member IN SELECT p.relation, p.table_name, d.object_identity
+                  FROM pg_event_trigger_dropped_objects() AS d
+                  JOIN rs_partition AS p ON p.relation = d.objid
+                  WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 LOOP
+        IF to_regclass(quote_ident(member.table_name)) IS NOT NULL AND NOT member.relation::text
            = ANY (string_to_array(coalesce(current_setting('rowsync.partitions_dropping', true), ''), ',')) THEN
-            RAISE EXCEPTION 'rowsync: % is a partition of the synchronized table %, and its rows would leave no tombstones', gone.object_identity, gone.table_name
-                USING HINT = format('detach it first (ALTER TABLE %I DETACH PARTITION %s), then drop it; or drop it by name in a DROP TABLE statement of its own', gone.table_name, gone.object_identity);
+            RAISE EXCEPTION 'rowsync: % is a partition of the synchronized table %, and its rows would leave no tombstones', member.object_identity, member.table_name
+                USING HINT = format('detach it first (ALTER TABLE %I DETACH PARTITION %s), then drop it; or drop it by name in a DROP TABLE statement of its own', member.table_name, member.object_identity);
         END IF;
-        DELETE FROM rs_partition WHERE relation = gone.relation;
+        DELETE FROM rs_partition WHERE relation = member.relation;
     END LOOP;
 END $rs$;
 
@@ -114,10 +107,10 @@ DO $rs$ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'rs_partitions_dropping') THEN
         CREATE EVENT TRIGGER rs_partitions_dropping ON ddl_command_start
-            WHEN TAG IN ('DROP TABLE') EXECUTE FUNCTION rs_partitions_dropping();
+            WHEN TAG IN ('DROP TABLE') EXECUTE FUNCTION rs_partitions_drop();
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'rs_partitions_dropped') THEN
         CREATE EVENT TRIGGER rs_partitions_dropped ON sql_drop
-            EXECUTE FUNCTION rs_partitions_dropped();
+            EXECUTE FUNCTION rs_partitions_drop();
     END IF;
 END $rs$;
