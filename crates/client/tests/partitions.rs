@@ -179,6 +179,40 @@ async fn a_partition_dropped_unseen_is_refused() {
         .unwrap();
 }
 
+/// Only a superuser may create the event triggers that follow partitions: a first
+/// `init` of a partitioned table by another role is refused saying so, and a
+/// superuser's passes.
+#[tokio::test]
+async fn a_first_partitioned_table_needs_a_superuser() {
+    let backend = Backend::postgres(&PAYMENTS).await;
+    let Backend::Postgres(url) = &backend else {
+        unreachable!()
+    };
+    let database = url.rsplit('/').next().unwrap();
+    let role = format!("{database}_owner");
+    backend
+        .execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT ALL ON SCHEMA public TO {role}; \
+             ALTER TABLE items OWNER TO {role}; ALTER TABLE items_2026_10 OWNER TO {role}; \
+             ALTER TABLE items_2026_11 OWNER TO {role}; ALTER TABLE items_2026_12 OWNER TO {role}"
+        ))
+        .await
+        .unwrap();
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (_, place) = rest.split_once('@').unwrap();
+    let as_role = Backend::Postgres(format!("{scheme}://{role}@{place}"));
+    let refused = as_role
+        .serve_by(ServerConfig::default(), "owner")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("is partitioned") && refused.contains("superuser"),
+        "{refused}"
+    );
+    backend.serve().await;
+}
+
 /// A plain table truncated: its rows leave the devices.
 #[tokio::test]
 async fn a_truncated_table_leaves_the_devices() {

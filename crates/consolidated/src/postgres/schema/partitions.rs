@@ -95,6 +95,28 @@ pub(super) async fn follow_partitions(
     client: &impl GenericClient,
     table: &str,
 ) -> Result<(), DbError> {
+    // A role other than a superuser may init again once the event triggers are there
+    // (it could not replace their functions, a superuser's).
+    let installed_by_another: bool = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM pg_event_trigger WHERE evtname IN \
+             ('rs_partitions_changed', 'rs_partitions_dropping', 'rs_partitions_dropped')) = 3 \
+             AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)",
+            &[],
+        )
+        .await?
+        .get(0);
+    if !installed_by_another {
+        install_partitions_ddl(client, table).await?;
+    }
+    client
+        .execute("SELECT rs_partitions_follow($1, false)", &[&table])
+        .await?;
+    Ok(())
+}
+
+/// `PARTITIONS_DDL`, or why it cannot be installed.
+async fn install_partitions_ddl(client: &impl GenericClient, table: &str) -> Result<(), DbError> {
     client
         .batch_execute(PARTITIONS_DDL)
         .await
@@ -103,14 +125,10 @@ pub(super) async fn follow_partitions(
                 DbError::Invalid(format!(
                     "table {table:?} is partitioned, and rowsync follows its partitions \
                      (detached, dropped or created later) with event triggers, which only a \
-                     superuser may create. Run this `rowsync init` once as a superuser; \
-                     later ones need not be"
+                     superuser may create: run `rowsync init` as a superuser for the first \
+                     partitioned table; later ones need not be"
                 ))
             }
             _ => DbError::from(error),
-        })?;
-    client
-        .execute("SELECT rs_partitions_follow($1, false)", &[&table])
-        .await?;
-    Ok(())
+        })
 }
