@@ -347,6 +347,16 @@ pub trait Dialect {
     /// The table's partition column from `rs_table`, if it has one.
     async fn partition_column(&mut self, table: &str) -> Result<Option<String>, SyncError>;
 
+    /// `None` when `user` is a value of `table`'s partition column `column` (the
+    /// default scripts compare the user name with it, as the column's type); else the
+    /// column's type, for the error naming them.
+    async fn partition_value_misfit(
+        &mut self,
+        table: &str,
+        column: &str,
+        user: &str,
+    ) -> Result<Option<String>, SyncError>;
+
     /// The foreign keys `table` declares, each with the table it references (asked when
     /// an upload carries more than one table: inserts and updates are applied parents
     /// first, deletes children first). A backend that keeps table shapes keeps these

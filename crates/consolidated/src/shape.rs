@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use rowsync_protocol::{TableUpload, Value};
 
-use crate::{DbError, SyncError};
+use crate::{DbError, SyncError, TableInit};
 
 /// A column of a consolidated table.
 #[derive(Debug, Clone)]
@@ -18,6 +18,35 @@ pub fn unsupported_column_type(table: &str, column: &str, type_name: &str) -> Db
         "table {table:?} column {column:?} has type {type_name}, which rowsync cannot \
          synchronize; docs/types.md lists the types it can"
     ))
+}
+
+/// A user name that is no value of a table's partition column (`store_id integer`
+/// against the user `alice`): the user's rows could never be found, so a sync, or an
+/// `init` that knows the user, says so rather than download nothing (or another
+/// value's rows, where the database converts the name silently).
+pub fn partition_value_refusal(user: &str, table: &str, column: &str, type_name: &str) -> String {
+    format!(
+        "user {user:?} is no value of table {table:?}'s partition column {column:?} \
+         ({type_name}), which holds the name of the user whose row it is. Name the user \
+         after a value of that column, or partition the table by a column of user names \
+         (`rowsync init --table {table} --partition-column COLUMN`)"
+    )
+}
+
+/// `init`'s refusal of a partition column that a known user's name is no value of.
+pub fn partition_column_refusal(init: &TableInit, user: &str, type_name: &str) -> DbError {
+    DbError::Invalid(partition_value_refusal(
+        user,
+        &init.table,
+        &init.partition_column,
+        type_name,
+    ))
+}
+
+/// Whether a text is a number as SQLite and MariaDB read one into a numeric column
+/// (other text there compares as 0 or as no number at all).
+pub fn is_number(text: &str) -> bool {
+    !text.is_empty() && text.trim() == text && text.parse::<f64>().is_ok_and(f64::is_finite)
 }
 
 /// What rowsync needs to know of a consolidated table.

@@ -76,7 +76,17 @@ impl Backend {
     }
 
     pub async fn serve_with(&self, config: ServerConfig) -> SocketAddr {
-        self.serve_until(config, std::future::pending()).await
+        self.serve_by(config, "owner").await.unwrap()
+    }
+
+    /// A server with `items` partitioned by `partition_column`, or `init`'s error.
+    pub async fn serve_by(
+        &self,
+        config: ServerConfig,
+        partition_column: &str,
+    ) -> Result<SocketAddr, rowsync_consolidated::DbError> {
+        self.serve_until(config, partition_column, std::future::pending())
+            .await
     }
 
     /// A server that stops when `stop` is sent (or dropped).
@@ -85,30 +95,61 @@ impl Backend {
         let shutdown = async move {
             let _ = stopped.await;
         };
-        (
-            self.serve_until(ServerConfig::default(), shutdown).await,
-            stop,
-        )
+        let address = self.serve_until(ServerConfig::default(), "owner", shutdown);
+        (address.await.unwrap(), stop)
     }
 
     async fn serve_until(
         &self,
         config: ServerConfig,
+        partition_column: &str,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> SocketAddr {
+    ) -> Result<SocketAddr, rowsync_consolidated::DbError> {
+        let until = Until {
+            config,
+            partition_column,
+            shutdown,
+        };
         match self {
             Backend::Sqlite(dir) => {
                 let path = dir.path().join("consolidated.db");
                 let backend = rowsync_consolidated::sqlite::SqliteConsolidated::new(&path);
-                serve_until(backend, config, shutdown).await
+                serve(backend, until).await
             }
             Backend::Postgres(url) => {
                 let backend = rowsync_consolidated::postgres::PostgresConsolidated::new(url);
-                serve_until(backend, config, shutdown).await
+                serve(backend, until).await
             }
             Backend::Mysql(url) => {
                 let backend = rowsync_consolidated::mysql::MysqlConsolidated::new(url).unwrap();
-                serve_until(backend, config, shutdown).await
+                serve(backend, until).await
+            }
+        }
+    }
+
+    /// Runs `sql` (statements) on the consolidated database.
+    pub async fn execute(&self, sql: &str) -> Result<(), String> {
+        match self {
+            Backend::Sqlite(dir) => {
+                let connection =
+                    rusqlite::Connection::open(dir.path().join("consolidated.db")).unwrap();
+                connection.execute_batch(sql).map_err(|e| e.to_string())
+            }
+            Backend::Postgres(url) => {
+                let client = rowsync_testkit::connect(url).await;
+                client.batch_execute(sql).await.map_err(|e| {
+                    let db = e.as_db_error();
+                    format!(
+                        "{e}: {:?} {:?}",
+                        db.map(|d| d.message()),
+                        db.and_then(|d| d.hint())
+                    )
+                })
+            }
+            Backend::Mysql(url) => {
+                use mysql_async::prelude::Queryable;
+                let mut connection = mysql_async::Conn::from_url(url).await.unwrap();
+                connection.query_drop(sql).await.map_err(|e| e.to_string())
             }
         }
     }
@@ -142,22 +183,30 @@ impl Backend {
     }
 }
 
-pub async fn serve<B: Consolidated>(backend: B, config: ServerConfig) -> SocketAddr {
-    serve_until(backend, config, std::future::pending()).await
+/// How a test server runs: its settings, `items`' partition column, and until when.
+pub struct Until<'a, S> {
+    pub config: ServerConfig,
+    pub partition_column: &'a str,
+    pub shutdown: S,
 }
 
-/// A server on `backend` until `shutdown` completes.
-pub async fn serve_until<B: Consolidated>(
+pub async fn serve<B: Consolidated, S>(
     backend: B,
-    config: ServerConfig,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> SocketAddr {
+    until: Until<'_, S>,
+) -> Result<SocketAddr, rowsync_consolidated::DbError>
+where
+    S: std::future::Future<Output = ()> + Send + 'static,
+{
+    let Until {
+        config,
+        partition_column,
+        shutdown,
+    } = until;
     let mut connection = backend.connect().await.unwrap();
     connection.install_system_tables().await.unwrap();
     connection
-        .init_table(&TableInit::new("items", "owner", "v1"))
-        .await
-        .unwrap();
+        .init_table(&TableInit::new("items", partition_column, "v1"))
+        .await?;
     for user in USERS {
         let hash = auth::hash_password(&password(user)).unwrap();
         connection.set_user(user, &hash).await.unwrap();
@@ -170,7 +219,7 @@ pub async fn serve_until<B: Consolidated>(
             .await
             .unwrap();
     });
-    address
+    Ok(address)
 }
 
 pub fn options(address: SocketAddr, user: &str) -> SyncOptions {

@@ -50,6 +50,8 @@ pub async fn send_download<D: Dialect>(
     let mut download_rows = 0;
     for table in scripts.download_tables() {
         let shape = transaction.table_shape(table).await?;
+        let column = transaction.partition_column(table).await?;
+        super::check_partition_value(transaction, table, column.as_deref(), &request.user).await?;
         let resolution = resolutions.get(table);
         let echo = match own_writes(scripts, table, request, resolution, applied) {
             Some(written) => transaction.echo_xids(table, written, &request.user).await?,

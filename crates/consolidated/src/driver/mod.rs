@@ -33,6 +33,7 @@ use rowsync_protocol::{SyncSummary, Value};
 use crate::dialect::{Dialect, EndStep, Subscription, SubscriptionUpdate, SyncBackend};
 use crate::parameters::{error_parameters, Parameters};
 use crate::scripts::*;
+use crate::shape::partition_value_refusal;
 use crate::version_scripts::{single_integer, Scripts};
 use crate::{DownloadSender, SyncError, SyncOutcome, SyncRequest};
 use streams::StreamSet;
@@ -428,6 +429,28 @@ async fn next_watermark<D: Dialect>(
         .run_event(scripts, MODIFY_NEXT_LAST_DOWNLOAD, &next)
         .await?;
     Ok(single_integer(modified, MODIFY_NEXT_LAST_DOWNLOAD)?.unwrap_or(watermark))
+}
+
+/// Refuses a sync whose user is no value of `table`'s partition column `column`
+/// (`shape::partition_value_refusal`); a table without one is anyone's.
+async fn check_partition_value<D: Dialect>(
+    transaction: &mut D,
+    table: &str,
+    column: Option<&str>,
+    user: &str,
+) -> Result<(), SyncError> {
+    let Some(column) = column else {
+        return Ok(());
+    };
+    match transaction
+        .partition_value_misfit(table, column, user)
+        .await?
+    {
+        None => Ok(()),
+        Some(type_name) => Err(SyncError::Schema(partition_value_refusal(
+            user, table, column, &type_name,
+        ))),
+    }
 }
 
 /// `report_error` after a failed sync, in its own committed transaction (the sync's

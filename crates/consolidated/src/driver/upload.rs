@@ -187,6 +187,8 @@ pub async fn plan_table<'u, D: Dialect>(
     let key_positions = validate_upload_shape(&upload, &shape)?;
     refuse_null_keys(&upload, &key_positions)?;
     let partition_column = transaction.partition_column(table).await?;
+    let user = sync.parameters.user;
+    super::check_partition_value(transaction, table, partition_column.as_deref(), user).await?;
     let layout = ImageLayout::of(&upload, &key_positions);
     Ok(TablePlan {
         upload_table: table,

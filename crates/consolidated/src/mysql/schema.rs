@@ -16,7 +16,9 @@ use crate::foreign_keys::{refuse_undeferrable_cycles, ForeignKey};
 use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
 use crate::scripts::*;
-use crate::shape::{unsupported_column_type, Column, TableShape};
+use crate::shape::{
+    is_number, partition_column_refusal, unsupported_column_type, Column, TableShape,
+};
 use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
 
 /// Text columns of system tables compare byte for byte, as on the other backends.
@@ -200,6 +202,27 @@ pub struct ColumnLimits {
     pub numeric: std::collections::HashSet<String>,
 }
 
+/// Numeric types, which convert text ('12') to a number, and any other text to 0.
+const NUMERIC_TYPES: [&str; 10] = [
+    "tinyint",
+    "smallint",
+    "mediumint",
+    "int",
+    "integer",
+    "bigint",
+    "decimal",
+    "float",
+    "double",
+    "bit",
+];
+
+/// `None` when `user` is a value of a partition column of type `data_type` (as
+/// MariaDB compares them), else the type. A numeric column would compare a user name
+/// that is no number as 0: no error, another value's rows.
+pub fn partition_value_misfit(data_type: &str, user: &str) -> Option<String> {
+    (NUMERIC_TYPES.contains(&data_type) && !is_number(user)).then(|| data_type.to_string())
+}
+
 /// The limits of a table's columns, read from their types (`decimal(10,2)`: 2,
 /// `timestamp`: 0, `datetime(6)`: 6; `int`, `decimal`, `double`... are numeric).
 pub fn column_limits(columns: &[ColumnInfo]) -> ColumnLimits {
@@ -219,19 +242,7 @@ pub fn column_limits(columns: &[ColumnInfo]) -> ColumnLimits {
                 limits.scales.insert(column.name.clone(), scale);
             }
         }
-        let numeric = [
-            "tinyint",
-            "smallint",
-            "mediumint",
-            "int",
-            "integer",
-            "bigint",
-            "decimal",
-            "float",
-            "double",
-            "bit",
-        ];
-        if numeric.contains(&column.data_type.as_str()) {
+        if NUMERIC_TYPES.contains(&column.data_type.as_str()) {
             limits.numeric.insert(column.name.clone());
         }
     }
@@ -390,6 +401,15 @@ pub async fn init_table(connection: &mut Conn, init: &TableInit) -> Result<InitO
                 init.table, init.partition_column
             )));
         };
+        let users: Vec<String> = connection
+            .query("SELECT name FROM rs_user ORDER BY name")
+            .await
+            .map_err(db)?;
+        if let Some((user, type_name)) = users.iter().find_map(|user| {
+            partition_value_misfit(&partition.data_type, user).map(|misfit| (user, misfit))
+        }) {
+            return Err(partition_column_refusal(&init, user, &type_name));
+        }
         if let Some(info) = infos
             .iter()
             .find(|info| !super::value::SUPPORTED_DATA_TYPES.contains(&info.data_type.as_str()))

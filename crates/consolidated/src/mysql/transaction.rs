@@ -24,7 +24,7 @@ use crate::foreign_keys::ForeignKey;
 use crate::names::select_by_key;
 use crate::parameters::{Parameters, RowImages};
 use crate::scripts::*;
-use crate::shape::TableShape;
+use crate::shape::{is_number, TableShape};
 use crate::upload_rows::UploadedRow;
 use crate::version_scripts::{ScriptRows, Scripts};
 use crate::{quote_identifier as q, CursorBatch, SyncError};
@@ -65,6 +65,7 @@ impl SyncBackend for MysqlConnection {
             stamp,
             marked: &mut self.sync_marked,
             column_limits: HashMap::new(),
+            partition_columns: HashMap::new(),
         })
     }
 
@@ -87,6 +88,8 @@ pub struct MysqlTransaction<'c> {
     /// What the columns of the tables looked at would change silently (digits after
     /// the point, text in a numeric column), by table: staging refuses such values.
     column_limits: HashMap<String, ColumnLimits>,
+    /// The partition columns read (asked by the upload and again by the download).
+    partition_columns: HashMap<String, Option<String>>,
 }
 
 impl Dialect for MysqlTransaction<'_> {
@@ -222,14 +225,37 @@ impl Dialect for MysqlTransaction<'_> {
     }
 
     async fn partition_column(&mut self, table: &str) -> Result<Option<String>, SyncError> {
-        Ok(self
+        if let Some(column) = self.partition_columns.get(table) {
+            return Ok(column.clone());
+        }
+        let column: Option<String> = self
             .transaction
             .exec_first(
                 "SELECT partition_column FROM rs_table WHERE table_name = ?",
                 (table,),
             )
             .await
-            .map_err(db)?)
+            .map_err(db)?;
+        self.partition_columns
+            .insert(table.to_string(), column.clone());
+        Ok(column)
+    }
+
+    /// By the column's type, as staging reads it (`column_limits`).
+    async fn partition_value_misfit(
+        &mut self,
+        table: &str,
+        column: &str,
+        user: &str,
+    ) -> Result<Option<String>, SyncError> {
+        if !self.column_limits.contains_key(table) {
+            self.table_shape(table).await?;
+        }
+        let numeric = self
+            .column_limits
+            .get(table)
+            .is_some_and(|limits| limits.numeric.contains(column));
+        Ok((numeric && !is_number(user)).then(|| "numeric".to_string()))
     }
 
     /// Read at each sync that writes two tables or more (InnoDB keys cannot be

@@ -5,6 +5,8 @@ use std::collections::HashMap;
 
 use tokio_postgres::{Client, GenericClient, Transaction};
 
+mod partitions;
+
 use super::shapes::SCHEMA_GENERATION_DDL;
 use super::statements::Statements;
 use super::value::kind_of;
@@ -12,7 +14,7 @@ use crate::foreign_keys::{refuse_undeferrable_cycles, ForeignKey};
 use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
 use crate::scripts::*;
-use crate::shape::{unsupported_column_type, Column, TableShape};
+use crate::shape::{partition_column_refusal, unsupported_column_type, Column, TableShape};
 use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
 
 const SYSTEM_TABLES: &str = "
@@ -307,23 +309,10 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<InitOut
             init.table, init.partition_column
         )));
     };
-    let key_types: Vec<&str> = shape
-        .key_columns
-        .iter()
-        .map(|key| {
-            let index = shape
-                .columns
-                .iter()
-                .position(|column| &column.name == key)
-                .expect("key is a column");
-            types[index].as_str()
-        })
-        .collect();
+    refuse_misfit_users(&transaction, init, &partition_type).await?;
     let versions = version_facts(&transaction, &init.table).await?;
     let target = reinit::choose_version(init, &versions, &shape.column_names())?;
-    transaction
-        .batch_execute(&tracking_ddl(&shape, &key_types, &init.partition_column))
-        .await?;
+    install_tracking(&transaction, &shape, &types, init).await?;
     transaction
         .execute(
             "INSERT INTO rs_table (table_name, partition_column) VALUES ($1, $2)
@@ -370,6 +359,38 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<InitOut
     }
     transaction.commit().await?;
     Ok(outcome)
+}
+
+/// The table's change tracking (`tracking_ddl`; a partitioned table's partitions
+/// followed, see `partitions`).
+async fn install_tracking(
+    transaction: &Transaction<'_>,
+    shape: &TableShape,
+    types: &[String],
+    init: &TableInit,
+) -> Result<(), DbError> {
+    let key_types: Vec<&str> = shape
+        .key_columns
+        .iter()
+        .map(|key| {
+            let index = shape
+                .columns
+                .iter()
+                .position(|column| &column.name == key)
+                .expect("key is a column");
+            types[index].as_str()
+        })
+        .collect();
+    let partitioned = partitions::is_partitioned(transaction, &init.table).await?;
+    if partitioned {
+        partitions::initializing(transaction).await?;
+    }
+    let ddl = tracking_ddl(shape, &key_types, &init.partition_column, partitioned);
+    transaction.batch_execute(&ddl).await?;
+    if partitioned {
+        partitions::follow_partitions(transaction, &init.table).await?;
+    }
+    Ok(())
 }
 
 /// Refuses, naming it, a column of a type rowsync cannot carry ([`kind_of`]), so that
@@ -581,7 +602,12 @@ pub async fn dropped_columns(
 /// cleanup drops the batches every client passed). Row triggers are guarded by `WHEN`
 /// clauses, evaluated without calling a function, so a bulk apply pays almost nothing
 /// for them; deletes use one statement-level trigger over the transition table.
-fn tracking_ddl(shape: &TableShape, key_types: &[&str], partition_column: &str) -> String {
+fn tracking_ddl(
+    shape: &TableShape,
+    key_types: &[&str],
+    partition_column: &str,
+    partitioned: bool,
+) -> String {
     let name = &shape.name;
     let table = q(name);
     let batches = q(&deleted_table(name));
@@ -631,7 +657,7 @@ BEGIN
         INSERT INTO {batches} ({key_columns}, rs_partition, xid)
             VALUES ({singletons}, OLD.{partition}::text, {CURRENT_XID});
     END IF;
-    RETURN NULL;
+    RETURN NEW;
 END $rs$;
 CREATE OR REPLACE FUNCTION {delete_function}() RETURNS trigger LANGUAGE plpgsql AS $rs$
 BEGIN
@@ -644,12 +670,15 @@ DROP TRIGGER IF EXISTS {stamp_trigger} ON {table};
 CREATE TRIGGER {stamp_trigger} BEFORE UPDATE ON {table} FOR EACH ROW
     WHEN (NEW.{xid} IS NOT DISTINCT FROM OLD.{xid}) EXECUTE FUNCTION {stamp_function}();
 DROP TRIGGER IF EXISTS {moved_trigger} ON {table};
-CREATE TRIGGER {moved_trigger} AFTER UPDATE ON {table} FOR EACH ROW
+CREATE TRIGGER {moved_trigger} {moved_timing} UPDATE ON {table} FOR EACH ROW
     WHEN ({key_moved} OR OLD.{partition} IS DISTINCT FROM NEW.{partition}) EXECUTE FUNCTION {moved_function}();
 DROP TRIGGER IF EXISTS {delete_trigger} ON {table};
 CREATE TRIGGER {delete_trigger} AFTER DELETE ON {table} REFERENCING OLD TABLE AS rs_old
     FOR EACH STATEMENT EXECUTE FUNCTION {delete_function}();
-",
+{truncate}",
+        // An update moving a row to another partition fires no AFTER UPDATE row trigger.
+        moved_timing = if partitioned { "BEFORE" } else { "AFTER" },
+        truncate = partitions::truncate_ddl(name, keys, partition_column),
         xid_index = q(&format!("rs_xid_{name}")),
         batches_index = q(&format!("{}_xid", deleted_table(name))),
         stamp_function = function("stamp"),
@@ -724,6 +753,83 @@ pub(super) fn quote_literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
+/// Whether a partition column of this type takes a user name as it is; any other the
+/// default scripts compare with the name cast to its type.
+fn holds_text(sql_type: &str) -> bool {
+    matches!(sql_type, "text" | "character varying") || sql_type.starts_with("character varying(")
+}
+
+/// Whether `user` is a value of `sql_type` without asking the database: any name of a
+/// text column, a number in range of an integer one (the common partition columns; a
+/// sync pays no round trip for them).
+fn surely_fits(sql_type: &str, user: &str) -> bool {
+    holds_text(sql_type)
+        || match sql_type {
+            "smallint" => user.parse::<i16>().is_ok(),
+            "integer" => user.parse::<i32>().is_ok(),
+            "bigint" => user.parse::<i64>().is_ok(),
+            _ => false,
+        }
+}
+
+/// `None` when `user` is a value of a partition column of type `sql_type` (as the
+/// default scripts cast it), else the type. A failed cast is undone by a savepoint, so
+/// the transaction goes on.
+pub async fn partition_value_misfit(
+    client: &impl GenericClient,
+    sql_type: &str,
+    user: &str,
+) -> Result<Option<String>, DbError> {
+    if surely_fits(sql_type, user) {
+        return Ok(None);
+    }
+    client.batch_execute("SAVEPOINT rs_partition_value").await?;
+    let cast = client
+        .query_one(&format!("SELECT CAST($1::text AS {sql_type})"), &[&user])
+        .await;
+    let misfit = match cast {
+        Ok(_) => false,
+        // Class 22, data exception: not a value of the type.
+        Err(error)
+            if error
+                .code()
+                .is_some_and(|code| code.code().starts_with("22")) =>
+        {
+            true
+        }
+        Err(error) => return Err(error.into()),
+    };
+    client
+        .batch_execute(if misfit {
+            "ROLLBACK TO SAVEPOINT rs_partition_value; RELEASE SAVEPOINT rs_partition_value"
+        } else {
+            "RELEASE SAVEPOINT rs_partition_value"
+        })
+        .await?;
+    Ok(misfit.then(|| sql_type.to_string()))
+}
+
+/// Refuses at `init` a partition column that some user's name is no value of.
+async fn refuse_misfit_users(
+    client: &impl GenericClient,
+    init: &TableInit,
+    sql_type: &str,
+) -> Result<(), DbError> {
+    if holds_text(sql_type) {
+        return Ok(());
+    }
+    for row in client
+        .query("SELECT name FROM rs_user ORDER BY name", &[])
+        .await?
+    {
+        let user: String = row.get(0);
+        if let Some(type_name) = partition_value_misfit(client, sql_type, &user).await? {
+            return Err(partition_column_refusal(init, &user, &type_name));
+        }
+    }
+    Ok(())
+}
+
 /// The default set scripts. Upload scripts return the keys they applied, so the server
 /// finds conflicts (staged keys not returned) in the same statement; inserts are first
 /// tried without that check (`upload_insert_fast`).
@@ -736,9 +842,7 @@ pub fn default_scripts(
     let table = q(&shape.name);
     let partition = q(partition_column);
     // The user name compared in the partition column's own type, so its index is usable.
-    let user = if matches!(partition_type, "text" | "character varying")
-        || partition_type.starts_with("character varying(")
-    {
+    let user = if holds_text(partition_type) {
         ":user::text".to_string()
     } else {
         format!("CAST(:user::text AS {partition_type})")

@@ -10,7 +10,10 @@ use super::query::{
     bind_script, binds_of, query_rows, query_script, read_cursor, read_cursor_pair,
 };
 use super::rows::run_row_statements;
-use super::schema::{deleted_table, foreign_keys, quote_literal, table_shape, tombstone_table};
+use super::schema::{
+    deleted_table, foreign_keys, partition_value_misfit, quote_literal, table_shape,
+    tombstone_table,
+};
 use super::shapes::{schema_generation, CachedTable, ShapeCache, SyncGeneration};
 use super::stage::{apply_staged, apply_staged_fast, Stage, StageTarget};
 use super::statements::Statements;
@@ -578,6 +581,22 @@ impl Dialect for PgTransaction<'_> {
     }
 
     /// Read and kept with the table's shape.
+    async fn partition_value_misfit(
+        &mut self,
+        table: &str,
+        column: &str,
+        user: &str,
+    ) -> Result<Option<String>, SyncError> {
+        self.table_shape(table).await?;
+        let Some(sql_type) = self.shapes.get(table).and_then(|cached| {
+            let index = cached.shape.columns.iter().position(|c| c.name == column)?;
+            Some(cached.types[index].clone())
+        }) else {
+            return Ok(None);
+        };
+        Ok(partition_value_misfit(&self.transaction, &sql_type, user).await?)
+    }
+
     async fn foreign_keys(&mut self, table: &str) -> Result<Vec<ForeignKey>, SyncError> {
         if self.shapes.get(table).is_none() {
             self.table_shape(table).await?;

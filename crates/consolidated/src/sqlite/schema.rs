@@ -8,7 +8,7 @@ use crate::foreign_keys::ForeignKey;
 use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
 use crate::scripts::*;
-use crate::shape::{Column, TableShape};
+use crate::shape::{is_number, partition_column_refusal, Column, TableShape};
 use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
 
 const SYSTEM_TABLES: &str = "
@@ -287,6 +287,49 @@ pub fn tombstone_table(table: &str) -> String {
     format!("rs_tombstone_{table}")
 }
 
+/// `None` when `user` is a value of `table`'s column `column` as SQLite compares them,
+/// else its declared type: a column of numeric affinity (a declared type naming INT, or
+/// none of CHAR, CLOB, TEXT, BLOB) never equals text that is no number.
+pub fn partition_value_misfit(
+    connection: &Connection,
+    table: &str,
+    column: &str,
+    user: &str,
+) -> rusqlite::Result<Option<String>> {
+    let declared: Option<String> = connection
+        .query_row(
+            "SELECT type FROM pragma_table_info(?1) WHERE name = ?2",
+            [table, column],
+            |row| row.get(0),
+        )
+        .optional()?;
+    let Some(declared) = declared else {
+        return Ok(None);
+    };
+    let upper = declared.to_uppercase();
+    let numeric = upper.contains("INT")
+        || !(upper.is_empty()
+            || ["CHAR", "CLOB", "TEXT", "BLOB"]
+                .iter()
+                .any(|t| upper.contains(t)));
+    Ok((numeric && !is_number(user)).then_some(declared))
+}
+
+/// Refuses at `init` a partition column that some user's name is no value of.
+fn refuse_misfit_users(connection: &Connection, init: &TableInit) -> Result<(), DbError> {
+    let mut statement = connection.prepare("SELECT name FROM rs_user ORDER BY name")?;
+    let users = statement.query_map([], |row| row.get::<_, String>(0))?;
+    for user in users {
+        let user = user?;
+        if let Some(type_name) =
+            partition_value_misfit(connection, &init.table, &init.partition_column, &user)?
+        {
+            return Err(partition_column_refusal(init, &user, &type_name));
+        }
+    }
+    Ok(())
+}
+
 pub fn init_table(connection: &mut Connection, init: &TableInit) -> Result<InitOutcome, DbError> {
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     install_system_tables(&transaction)?;
@@ -309,6 +352,7 @@ pub fn init_table(connection: &mut Connection, init: &TableInit) -> Result<InitO
             "tables named rs_* are rowsync's own".into(),
         ));
     }
+    refuse_misfit_users(&transaction, init)?;
     let versions = version_facts(&transaction, &init.table)?;
     let current = shape.column_names();
     let target = reinit::choose_version(init, &versions, &current)?;

@@ -6,7 +6,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::events::run_event;
 use super::query::{query_script, read_cursor, run_bound, run_script};
-use super::schema::{foreign_keys, table_shape};
+use super::schema::{foreign_keys, partition_value_misfit, table_shape};
 use super::stage::{Landed, Stage};
 use crate::dialect::{
     CursorScript, CursorSink, Dialect, RowFailure, RowStatement, Savepoint, StagedRows,
@@ -153,6 +153,20 @@ impl Dialect for SqliteTransaction<'_> {
             )
             .optional()?
             .flatten())
+    }
+
+    async fn partition_value_misfit(
+        &mut self,
+        table: &str,
+        column: &str,
+        user: &str,
+    ) -> Result<Option<String>, SyncError> {
+        Ok(partition_value_misfit(
+            self.connection,
+            table,
+            column,
+            user,
+        )?)
     }
 
     async fn foreign_keys(&mut self, table: &str) -> Result<Vec<ForeignKey>, SyncError> {
