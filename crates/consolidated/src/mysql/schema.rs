@@ -198,6 +198,8 @@ pub struct ColumnLimits {
     pub scales: std::collections::HashMap<String, u32>,
     /// Numeric columns, which would convert text ('12') to a number.
     pub numeric: std::collections::HashSet<String>,
+    /// Integer columns, which would round a double with a fraction (1.5 to 2).
+    pub integer: std::collections::HashSet<String>,
 }
 
 /// The limits of a table's columns, read from their types (`decimal(10,2)`: 2,
@@ -233,6 +235,9 @@ pub fn column_limits(columns: &[ColumnInfo]) -> ColumnLimits {
         ];
         if numeric.contains(&column.data_type.as_str()) {
             limits.numeric.insert(column.name.clone());
+        }
+        if numeric[..6].contains(&column.data_type.as_str()) {
+            limits.integer.insert(column.name.clone());
         }
     }
     limits
