@@ -184,9 +184,8 @@ pub fn frame_stream(data: &[u8]) {
     let buffers = 4 * (FRAME_HEADER_BYTES + frame_bytes_max + stream.len());
     let held_max = 2 * (buffers + 2 * row_bytes_max as usize) + 4096;
     let live_before = LIVE_BYTES.load(Ordering::Relaxed);
-    let new_decoder = || {
-        FrameDecoder::new(frame_bytes_max).with_value_limits(row_bytes_max, row_bytes_max)
-    };
+    let new_decoder =
+        || FrameDecoder::new(frame_bytes_max).with_value_limits(row_bytes_max, row_bytes_max);
     let (mut checking, mut decoding) = (new_decoder(), new_decoder());
     for repeat in 0..repeats {
         checking.feed(stream);
@@ -195,7 +194,9 @@ pub fn frame_stream(data: &[u8]) {
         let decoded = drain(&mut decoding, FrameDecoder::next_message);
         assert_eq!(checked, decoded, "checking and decoding agree");
         if COUNTING.load(Ordering::Relaxed) {
-            let held = LIVE_BYTES.load(Ordering::Relaxed).saturating_sub(live_before);
+            let held = LIVE_BYTES
+                .load(Ordering::Relaxed)
+                .saturating_sub(live_before);
             assert!(
                 held <= held_max,
                 "frame_stream: {held} bytes held after {} repeats of {} bytes, above {held_max}",

@@ -133,7 +133,13 @@ mod tests {
             matches!(&refused, TokenError::Invalid(reason) if reason.contains("ImmatureSignature")),
             "{refused}"
         );
-        assert_eq!(config.verify(&token_not_before(now() + 30)).unwrap(), "alice");
-        assert_eq!(config.verify(&token_not_before(now() - 30)).unwrap(), "alice");
+        assert_eq!(
+            config.verify(&token_not_before(now() + 30)).unwrap(),
+            "alice"
+        );
+        assert_eq!(
+            config.verify(&token_not_before(now() - 30)).unwrap(),
+            "alice"
+        );
     }
 }
