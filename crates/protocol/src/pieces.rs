@@ -86,7 +86,7 @@ struct Incoming {
     received: u64,
     /// The bytes so far when decoding (empty when checking).
     bytes: Vec<u8>,
-    /// Text checked piece by piece when only checking.
+    /// Text checked piece by piece.
     utf8: Utf8Check,
     /// Whether the bytes are kept (decoding) or only checked.
     keep: bool,
@@ -218,10 +218,13 @@ impl Pieces {
             });
         }
         incoming.received = received;
+        // Text is checked piece by piece whether kept or not, so decoding refuses bad
+        // UTF-8 at the same piece as checking does.
+        if incoming.kind == PieceKind::Text {
+            incoming.utf8.feed(bytes).map_err(|()| text_not_utf8())?;
+        }
         if incoming.keep {
             incoming.bytes.extend_from_slice(bytes);
-        } else if incoming.kind == PieceKind::Text {
-            incoming.utf8.feed(bytes).map_err(|()| text_not_utf8())?;
         }
         self.complete_if_whole()
     }
@@ -234,6 +237,9 @@ impl Pieces {
         else {
             return Ok(());
         };
+        if !incoming.utf8.is_complete() {
+            return Err(text_not_utf8());
+        }
         let value = if incoming.keep {
             Some(match incoming.kind {
                 PieceKind::Blob => Value::Blob(incoming.bytes),
@@ -241,8 +247,6 @@ impl Pieces {
                     Value::Text(String::from_utf8(incoming.bytes).map_err(|_| text_not_utf8())?)
                 }
             })
-        } else if !incoming.utf8.is_complete() {
-            return Err(text_not_utf8());
         } else {
             None
         };

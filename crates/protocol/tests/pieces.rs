@@ -328,3 +328,25 @@ fn no_more_values_in_pieces_than_a_row_holds() {
     let error = decode_all(&mut decoder, &one.repeat(most + 1), 1 << 20, true).unwrap_err();
     assert_eq!(error, DecodeError::ValuesInPiecesTooMany { limit: most });
 }
+
+/// Found by the `frame_stream` fuzz target: decoding checked a text value's UTF-8 only
+/// once the value was whole, so a bad piece followed by a frame too large was refused
+/// for the frame when decoding and for the text when checking.
+#[test]
+fn bad_utf8_is_refused_at_its_piece_in_both_modes() {
+    let mut too_large = vec![0xff, 0xff, 0xff, 0xff];
+    too_large.push(0);
+    for check_only in [false, true] {
+        assert!(matches!(
+            first_error(
+                &[
+                    value_start(PieceKind::Text, 4),
+                    value_piece(&[0xa6]),
+                    too_large.clone()
+                ],
+                check_only
+            ),
+            DecodeError::InvalidUtf8 { .. }
+        ));
+    }
+}
