@@ -53,10 +53,42 @@ pub struct HeldTransfer {
 /// Bytes of one part row of a held transfer (under every backend's packet limit).
 pub const HELD_TRANSFER_PART_BYTES: usize = 1024 * 1024;
 
-/// Whether holding `length` more bytes keeps all held transfers of a direction within `all_bytes_max`,
-/// given `held_by_others` bytes held by other clients.
-pub(crate) fn fits(held_by_others: i64, length: u64, all_bytes_max: u64) -> bool {
-    (held_by_others.max(0) as u64).saturating_add(length) <= all_bytes_max
+/// The bounds a held transfer must stay within, in bytes as the tables store them (the
+/// decompressed stream, not what came over the wire): all held transfers of its
+/// direction together, and those of its user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HoldBounds {
+    pub all_bytes_max: u64,
+    pub user_bytes_max: u64,
+}
+
+/// A bound on all held transfers only.
+impl From<u64> for HoldBounds {
+    fn from(all_bytes_max: u64) -> HoldBounds {
+        HoldBounds {
+            all_bytes_max,
+            user_bytes_max: u64::MAX,
+        }
+    }
+}
+
+/// Whether holding `length` more bytes keeps the held transfers of a direction within
+/// `bounds`, given the bytes other clients hold: `held_by_others` in all, `held_by_user`
+/// of them the user's.
+pub(crate) fn fits(
+    held_by_others: i64,
+    held_by_user: i64,
+    length: u64,
+    bounds: HoldBounds,
+) -> bool {
+    let within = |held: i64, max: u64| (held.max(0) as u64).saturating_add(length) <= max;
+    within(held_by_others, bounds.all_bytes_max) && within(held_by_user, bounds.user_bytes_max)
+}
+
+/// Whether a client's held transfer may be replaced by `user`'s: only by its own user
+/// (`owner`, if the client holds one).
+pub(crate) fn replaceable_by(owner: Option<&str>, user: &str) -> bool {
+    owner.is_none_or(|owner| owner == user)
 }
 
 /// The length as the tables store it.

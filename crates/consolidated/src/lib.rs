@@ -47,7 +47,7 @@ pub use download::{
     DownloadSender, DOWNLOAD_BATCH_BYTES, DOWNLOAD_BATCH_ROWS, DOWNLOAD_CHANNEL_CHUNKS,
 };
 pub use error::{DbError, SyncError};
-pub use held::{Direction, HeldTransfer, HELD_TRANSFER_PART_BYTES};
+pub use held::{Direction, HeldTransfer, HoldBounds, HELD_TRANSFER_PART_BYTES};
 pub use history::HistoryRecord;
 pub use names::quote_identifier;
 /// Named parameters as a tool binds them outside a sync (`rowsync profile` runs single
@@ -185,15 +185,16 @@ pub trait ConsolidatedConnection: Send + 'static {
 
     /// Holds a cut transfer of a direction (`bytes`, whose length and digest `held`
     /// gives: for an upload what the server received, for a download its whole stream):
-    /// replaces whatever the client held before in that direction. False when all held
-    /// transfers of the direction would then exceed `all_bytes_max` bytes: nothing is
-    /// held then, and the client's earlier transfer is removed too.
+    /// replaces whatever the client held before in that direction, if its user's. False
+    /// when the client holds another user's transfer (it stays), or when the held
+    /// transfers of the direction, all or the user's, would then exceed their `bounds`:
+    /// nothing is held then, and the client's earlier transfer is removed too.
     fn hold_transfer(
         &mut self,
         direction: Direction,
         held: &HeldTransfer,
         bytes: &[u8],
-        all_bytes_max: u64,
+        bounds: impl Into<HoldBounds> + Send,
     ) -> impl Future<Output = Result<bool, DbError>> + Send;
 
     /// What is held of a client's transfer (not its bytes), if anything.

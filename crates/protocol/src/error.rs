@@ -70,6 +70,10 @@ pub enum DecodeError {
         "the values in pieces of one row take {bytes} bytes, above the limit of {limit} bytes"
     )]
     RowPiecesTooLarge { bytes: u64, limit: u64 },
+    #[error("more than {limit} values in pieces for one row")]
+    ValuesInPiecesTooMany { limit: usize },
+    #[error("value_start for {table}.{column} announces an empty value; an empty value travels in its row")]
+    EmptyValueInPieces { table: String, column: String },
     #[error("a value in pieces from a protocol version 1 peer: values in pieces need version 2")]
     PiecesRefused,
     #[error("value_piece without a value_start before it")]

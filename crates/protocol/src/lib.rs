@@ -34,7 +34,10 @@ pub use message::{
     UploadResume, ValuePiece, ValueStart, WireError,
 };
 pub use numeric::{parse_decimal_value, Numeric, NUMERIC_SCALE_MAX, NUMERIC_WHOLE_DIGITS_MAX};
-pub use pieces::{message_frames, Frames, ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT};
+pub use pieces::{
+    message_frames, Frames, ROW_PIECES_BYTES_MAX_DEFAULT, VALUES_IN_PIECES_PER_ROW_MAX,
+    VALUE_BYTES_MAX_DEFAULT, VALUE_IN_PIECES_COST_BYTES,
+};
 pub use table_order::{parent_first, TableOrder};
 pub use text_form::{
     format_date, format_interval, format_time, format_timestamp, format_uuid, parse_date,

@@ -18,6 +18,15 @@ pub const VALUE_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
 /// row's message arrives: 256 MiB (a few large values, or an update's two images).
 pub const ROW_PIECES_BYTES_MAX_DEFAULT: u64 = 256 * 1024 * 1024;
 
+/// What each value in pieces costs against its row's limit besides its bytes and the
+/// lengths of its table and column names: the memory a whole value held for its row
+/// takes at the least, so that many small (or empty) values reach the limit too.
+pub const VALUE_IN_PIECES_COST_BYTES: u64 = 128;
+
+/// The most values in pieces one row may wait for: an update's two images of the most
+/// columns a message can name (a count of two bytes).
+pub const VALUES_IN_PIECES_PER_ROW_MAX: usize = 2 * u16::MAX as usize;
+
 /// A value received whole in pieces, with the table and column it was announced for.
 #[derive(Debug)]
 pub(crate) struct Whole {
@@ -77,7 +86,7 @@ struct Incoming {
     received: u64,
     /// The bytes so far when decoding (empty when checking).
     bytes: Vec<u8>,
-    /// Text checked piece by piece when only checking.
+    /// Text checked piece by piece.
     utf8: Utf8Check,
     /// Whether the bytes are kept (decoding) or only checked.
     keep: bool,
@@ -92,8 +101,11 @@ pub(crate) struct Pieces {
     row_bytes_max: u64,
     incoming: Option<Incoming>,
     pub(crate) whole: WholeValues,
-    /// Bytes announced for the row's values so far (whole and incoming).
+    /// What the row's values so far (whole and incoming) cost: their announced bytes,
+    /// names and [`VALUE_IN_PIECES_COST_BYTES`] each.
     row_bytes: u64,
+    /// The row's values in pieces so far.
+    row_values: usize,
 }
 
 impl Pieces {
@@ -105,6 +117,7 @@ impl Pieces {
             incoming: None,
             whole: WholeValues::default(),
             row_bytes: 0,
+            row_values: 0,
         }
     }
 
@@ -154,7 +167,23 @@ impl Pieces {
                 limit: self.value_bytes_max,
             });
         }
-        self.row_bytes += start.length;
+        if start.length == 0 {
+            return Err(DecodeError::EmptyValueInPieces {
+                table: start.table,
+                column: start.column,
+            });
+        }
+        self.row_values += 1;
+        if self.row_values > VALUES_IN_PIECES_PER_ROW_MAX {
+            return Err(DecodeError::ValuesInPiecesTooMany {
+                limit: VALUES_IN_PIECES_PER_ROW_MAX,
+            });
+        }
+        // What holding the whole value costs: its bytes, its names and a fixed amount.
+        let names = (start.table.len() + start.column.len()) as u64;
+        self.row_bytes = self
+            .row_bytes
+            .saturating_add(start.length + names + VALUE_IN_PIECES_COST_BYTES);
         if self.row_bytes > self.row_bytes_max {
             return Err(DecodeError::RowPiecesTooLarge {
                 bytes: self.row_bytes,
@@ -189,10 +218,13 @@ impl Pieces {
             });
         }
         incoming.received = received;
+        // Text is checked piece by piece whether kept or not, so decoding refuses bad
+        // UTF-8 at the same piece as checking does.
+        if incoming.kind == PieceKind::Text {
+            incoming.utf8.feed(bytes).map_err(|()| text_not_utf8())?;
+        }
         if incoming.keep {
             incoming.bytes.extend_from_slice(bytes);
-        } else if incoming.kind == PieceKind::Text {
-            incoming.utf8.feed(bytes).map_err(|()| text_not_utf8())?;
         }
         self.complete_if_whole()
     }
@@ -205,6 +237,9 @@ impl Pieces {
         else {
             return Ok(());
         };
+        if !incoming.utf8.is_complete() {
+            return Err(text_not_utf8());
+        }
         let value = if incoming.keep {
             Some(match incoming.kind {
                 PieceKind::Blob => Value::Blob(incoming.bytes),
@@ -212,8 +247,6 @@ impl Pieces {
                     Value::Text(String::from_utf8(incoming.bytes).map_err(|_| text_not_utf8())?)
                 }
             })
-        } else if !incoming.utf8.is_complete() {
-            return Err(text_not_utf8());
         } else {
             None
         };
@@ -242,6 +275,7 @@ impl Pieces {
     pub(crate) fn after_message(&mut self, message: MessageType) -> Result<(), DecodeError> {
         self.check_between_values(message.name())?;
         self.row_bytes = 0;
+        self.row_values = 0;
         let unused = self.whole.clear();
         if unused > 0 {
             return Err(DecodeError::InPiecesUnused {

@@ -117,10 +117,12 @@ fn the_values_of_one_row_are_bounded_together() {
     ]);
     let mut decoder = FrameDecoder::new(1 << 20).with_value_limits(1000, 1000);
     let error = decode_all(&mut decoder, &frames(&message, 100).concat(), 64, false).unwrap_err();
+    // Each value costs its names ("files", "c1" or "c2") and a fixed amount besides.
+    let each = 600 + 7 + VALUE_IN_PIECES_COST_BYTES;
     assert_eq!(
         error,
         DecodeError::RowPiecesTooLarge {
-            bytes: 1200,
+            bytes: 2 * each,
             limit: 1000
         }
     );
@@ -278,5 +280,73 @@ fn a_decoder_that_refuses_pieces_refuses_value_start_and_value_piece() {
             decoder.next_message_checked().unwrap_err(),
             DecodeError::PiecesRefused
         );
+    }
+}
+
+/// Issue 32, item 1: a `value_start` of length 0 cost a few bytes on the wire and was
+/// held until the next row, without limit.
+#[test]
+fn an_empty_value_never_travels_in_pieces() {
+    for check_only in [false, true] {
+        assert_eq!(
+            first_error(&[value_start(PieceKind::Blob, 0)], check_only),
+            DecodeError::EmptyValueInPieces {
+                table: "files".into(),
+                column: "c1".into(),
+            }
+        );
+    }
+}
+
+/// Issue 32, item 1: each whole value held for the row costs a fixed amount and its
+/// names besides its bytes, so many small values reach the row's limit.
+#[test]
+fn small_values_in_pieces_cost_their_names_and_a_fixed_amount() {
+    let one = [value_start(PieceKind::Blob, 1), value_piece(b"a")].concat();
+    let cost = 1 + VALUE_IN_PIECES_COST_BYTES + "files".len() as u64 + "c1".len() as u64;
+    let limit = 100 * cost;
+    for check_only in [false, true] {
+        let mut decoder = FrameDecoder::new(1 << 20).with_value_limits(1000, limit);
+        let error = decode_all(&mut decoder, &one.repeat(1000), 1 << 16, check_only).unwrap_err();
+        assert_eq!(
+            error,
+            DecodeError::RowPiecesTooLarge {
+                bytes: 101 * cost,
+                limit
+            }
+        );
+    }
+}
+
+/// Issue 32, item 1: no more values wait for a row than a row can hold (an update's two
+/// images of the most columns a message names).
+#[test]
+fn no_more_values_in_pieces_than_a_row_holds() {
+    let one = [value_start(PieceKind::Blob, 1), value_piece(b"a")].concat();
+    let most = VALUES_IN_PIECES_PER_ROW_MAX;
+    let mut decoder = FrameDecoder::new(1 << 20).with_value_limits(1000, u64::MAX);
+    let error = decode_all(&mut decoder, &one.repeat(most + 1), 1 << 20, true).unwrap_err();
+    assert_eq!(error, DecodeError::ValuesInPiecesTooMany { limit: most });
+}
+
+/// Found by the `frame_stream` fuzz target: decoding checked a text value's UTF-8 only
+/// once the value was whole, so a bad piece followed by a frame too large was refused
+/// for the frame when decoding and for the text when checking.
+#[test]
+fn bad_utf8_is_refused_at_its_piece_in_both_modes() {
+    let mut too_large = vec![0xff, 0xff, 0xff, 0xff];
+    too_large.push(0);
+    for check_only in [false, true] {
+        assert!(matches!(
+            first_error(
+                &[
+                    value_start(PieceKind::Text, 4),
+                    value_piece(&[0xa6]),
+                    too_large.clone()
+                ],
+                check_only
+            ),
+            DecodeError::InvalidUtf8 { .. }
+        ));
     }
 }

@@ -32,8 +32,13 @@ pub struct ServerConfig {
     /// Refused logins from one address within `login_failure_window` after which its
     /// logins are refused unchecked until the window ends.
     pub login_failures_per_address_max: u32,
-    /// Refused logins for one user name (from any address) within
-    /// `login_failure_window` after which its logins are refused unchecked.
+    /// Refused logins for one user name from one address (an IPv6 address by its /64)
+    /// within `login_failure_window` after which that user's logins from that address
+    /// are refused unchecked.
+    pub login_failures_per_address_user_max: u32,
+    /// Refused logins for one user name from any address within `login_failure_window`
+    /// after which that user's logins are refused unchecked from every address that has
+    /// failed in the window (never from one that has not).
     pub login_failures_per_user_max: u32,
     /// The window the login failure limits count in.
     pub login_failure_window: Duration,
@@ -75,6 +80,15 @@ pub struct ServerConfig {
     /// The whole upload must arrive within this long of the connection's start: a
     /// client sending a byte now and then holds its slot no longer.
     pub upload_timeout: Duration,
+    /// An HTTP connection with no request in progress for this long is closed (HTTP/1.1
+    /// keep-alive and HTTP/2 alike); its connection permit is then free.
+    pub http_idle_timeout: Duration,
+    /// How often an HTTP/2 connection is pinged while open; one whose ping is not
+    /// answered within `read_timeout` is closed.
+    pub http2_keep_alive_interval: Duration,
+    /// Receipt requests (protocol v4) one HTTP connection may send per second; more are
+    /// answered without looking anything up.
+    pub receipts_per_connection_per_second_max: u32,
     /// A TLS handshake must complete within this long.
     pub tls_handshake_timeout: Duration,
     /// Bytes one connection's upload may inflate to when it is compressed; checked
@@ -93,6 +107,10 @@ pub struct ServerConfig {
     /// (each tried alone, in a transaction rolled back after); an upload with more
     /// failing rows fails as a whole with the first one's error.
     pub refused_rows_max: u64,
+    /// The most bytes the held uploads of one user (all its client ids) take together,
+    /// counted as stored (decompressed), not as received; a cut upload that would go
+    /// beyond it is not held.
+    pub held_uploads_bytes_per_user_max: u64,
     /// Held uploads older than this are removed by the background cleanup (every
     /// `cleanup_interval`); a client resuming later sends its upload again whole.
     pub held_upload_expiry: Duration,
@@ -104,6 +122,9 @@ pub struct ServerConfig {
     /// cut download that would go beyond it is not held (and its client's earlier one
     /// goes).
     pub held_downloads_bytes_max: u64,
+    /// The most bytes the held downloads of one user take together; a cut download that
+    /// would go beyond it is not held.
+    pub held_downloads_bytes_per_user_max: u64,
     /// Held downloads older than this are removed by the background cleanup; a client
     /// resuming later downloads afresh.
     pub held_download_expiry: Duration,
@@ -125,7 +146,8 @@ impl Default for ServerConfig {
             auth_connections: 2,
             password_checks_max: std::thread::available_parallelism().map_or(2, |n| n.get()),
             login_failures_per_address_max: 30,
-            login_failures_per_user_max: 10,
+            login_failures_per_address_user_max: 10,
+            login_failures_per_user_max: 100,
             client_ids_per_user_max: Some(CLIENT_IDS_PER_USER_MAX_DEFAULT),
             login_failure_window: Duration::from_secs(60),
             cache_bytes_max: crate::cache::default_cache_bytes_max(),
@@ -143,14 +165,19 @@ impl Default for ServerConfig {
             header_read_timeout: Duration::from_secs(10),
             upload_timeout: Duration::from_secs(600),
             tls_handshake_timeout: Duration::from_secs(10),
+            http_idle_timeout: Duration::from_secs(10),
+            http2_keep_alive_interval: Duration::from_secs(20),
+            receipts_per_connection_per_second_max: 4,
             decompressed_bytes_max: 512 * 1024 * 1024 + 1024 * 1024,
             write_timeout: Duration::from_secs(60),
             held_upload_bytes_max: 64 * 1024 * 1024,
             held_uploads_bytes_max: 1024 * 1024 * 1024,
+            held_uploads_bytes_per_user_max: 128 * 1024 * 1024,
             held_upload_expiry: Duration::from_secs(24 * 60 * 60),
             refused_rows_max: 1000,
             held_download_bytes_max: 64 * 1024 * 1024,
             held_downloads_bytes_max: 1024 * 1024 * 1024,
+            held_downloads_bytes_per_user_max: 128 * 1024 * 1024,
             held_download_expiry: Duration::from_secs(24 * 60 * 60),
             tokens: TokenConfig::default(),
             recorder: None,

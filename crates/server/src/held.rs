@@ -13,7 +13,9 @@
 
 use std::collections::HashMap;
 
-use rowsync_consolidated::{Consolidated, ConsolidatedConnection, Direction, HeldTransfer};
+use rowsync_consolidated::{
+    Consolidated, ConsolidatedConnection, Direction, HeldTransfer, HoldBounds,
+};
 use rowsync_protocol::{DownloadHeld, ErrorCode, Hello, UploadHeld, WireError};
 use sha2::{Digest, Sha256};
 
@@ -205,15 +207,19 @@ pub(crate) async fn hold_cut<B: Consolidated>(
     }
     let limits = HoldLimits {
         direction: Direction::Upload,
-        all_bytes_max: config.held_uploads_bytes_max,
+        bounds: HoldBounds {
+            all_bytes_max: config.held_uploads_bytes_max,
+            user_bytes_max: config.held_uploads_bytes_per_user_max,
+        },
     };
     hold(shared, limits, hello, user, &transfer.transfer_id, &bytes).await;
 }
 
-/// Where a transfer is held, and the bound on all held transfers of its direction.
+/// Where a transfer is held, and the bounds on the held transfers of its direction (all,
+/// and its user's).
 pub(crate) struct HoldLimits {
     pub(crate) direction: Direction,
-    pub(crate) all_bytes_max: u64,
+    pub(crate) bounds: HoldBounds,
 }
 
 /// Holds `bytes` of a client's transfer (one per client and direction), logged; a
@@ -226,10 +232,7 @@ pub(crate) async fn hold<B: Consolidated>(
     transfer_id: &str,
     bytes: &[u8],
 ) {
-    let HoldLimits {
-        direction,
-        all_bytes_max,
-    } = limits;
+    let HoldLimits { direction, bounds } = limits;
     let what = direction.name();
     let held = HeldTransfer {
         client_id: hello.client_id.clone(),
@@ -243,7 +246,7 @@ pub(crate) async fn hold<B: Consolidated>(
         Ok(mut worker) => {
             worker
                 .connection()
-                .hold_transfer(direction, &held, bytes, all_bytes_max)
+                .hold_transfer(direction, &held, bytes, bounds)
                 .await
         }
         Err(error) => Err(error),
@@ -263,28 +266,42 @@ pub(crate) async fn hold<B: Consolidated>(
         }
         Ok(false) => tracing::warn!(
             client_id = ?held.client_id,
+            user = ?held.user,
             bytes = held.length,
-            "a cut {what} was not held: all held {what}s would exceed {all_bytes_max} bytes \
-             (held_{what}s_bytes_max)"
+            "a cut {what} was not held: all held {what}s would exceed {} bytes \
+             (held_{what}s_bytes_max), the user's {} bytes (held_{what}s_bytes_per_user_max), \
+             or the client id holds another user's",
+            bounds.all_bytes_max,
+            bounds.user_bytes_max,
         ),
         Err(error) => tracing::warn!(%error, "holding a cut {what} failed"),
     }
 }
 
-/// Removes a held transfer that is no longer needed: an upload's start once it arrived
-/// whole, a download once its client has all of it.
+/// Removes a held transfer that is no longer needed (an upload's start once it arrived
+/// whole, a download once its client has all of it), if it is `user`'s.
 pub(crate) async fn release<B: Consolidated>(
     shared: &Shared<B>,
     direction: Direction,
     hello: &Hello,
+    user: &str,
     transfer_id: &str,
 ) {
     let released = match shared.auth_pool.acquire("").await {
         Ok(mut worker) => {
-            worker
-                .connection()
-                .release_held_transfer(direction, &hello.client_id, transfer_id)
+            let connection = worker.connection();
+            match connection
+                .held_transfer(direction, &hello.client_id, transfer_id)
                 .await
+            {
+                Ok(Some(held)) if held.user == user => {
+                    connection
+                        .release_held_transfer(direction, &hello.client_id, transfer_id)
+                        .await
+                }
+                Ok(_) => Ok(false),
+                Err(error) => Err(error),
+            }
         }
         Err(error) => Err(error),
     };
@@ -332,7 +349,10 @@ pub(crate) async fn hold_download<B: Consolidated>(
     };
     let limits = HoldLimits {
         direction: Direction::Download,
-        all_bytes_max: config.held_downloads_bytes_max,
+        bounds: HoldBounds {
+            all_bytes_max: config.held_downloads_bytes_max,
+            user_bytes_max: config.held_downloads_bytes_per_user_max,
+        },
     };
     hold(shared, limits, hello, user, transfer_id, &bytes).await;
 }

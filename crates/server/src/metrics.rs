@@ -111,6 +111,13 @@ pub struct Metrics {
     pub connections_awaiting_hello: Gauge,
     /// Connections closed without a hello to make room for newer ones.
     pub hello_pending_evictions: Counter,
+    /// HTTP connections open with no request in progress.
+    pub http_connections_idle: Gauge,
+    /// HTTP connections closed while idle to make room for newer ones.
+    pub http_idle_evictions: Counter,
+    /// Receipt requests answered without a lookup: malformed transfer id, or above
+    /// `receipts_per_connection_per_second_max`.
+    pub receipts_refused: Counter,
     /// Logins refused unchecked: too many failures for the address or the user.
     pub logins_throttled: Counter,
     /// The live monitor (`/monitor` on the admin endpoint).
@@ -169,6 +176,9 @@ impl Metrics {
             version_tables_loads: Counter::default(),
             connections_awaiting_hello: Gauge::default(),
             hello_pending_evictions: Counter::default(),
+            http_connections_idle: Gauge::default(),
+            http_idle_evictions: Counter::default(),
+            receipts_refused: Counter::default(),
             logins_throttled: Counter::default(),
             monitor: Monitor::new(settings),
             registry,
@@ -274,6 +284,21 @@ impl Metrics {
             "hello_pending_evictions",
             "Connections closed without a hello to make room for newer ones",
             metrics.hello_pending_evictions.clone(),
+        );
+        registry.register(
+            "http_connections_idle",
+            "HTTP connections open with no request in progress",
+            metrics.http_connections_idle.clone(),
+        );
+        registry.register(
+            "http_idle_evictions",
+            "HTTP connections closed while idle to make room for newer ones",
+            metrics.http_idle_evictions.clone(),
+        );
+        registry.register(
+            "receipts_refused",
+            "Receipt requests answered without a lookup (malformed, or too many on one connection)",
+            metrics.receipts_refused.clone(),
         );
         registry.register(
             "logins_throttled",

@@ -14,14 +14,22 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::metrics::Metrics;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 
-/// The registry of connections waiting for their hello, oldest first.
+/// The registry of connections waiting for their hello, oldest first. The same registry
+/// bounds HTTP connections with no request in progress (`Shared::idle_http`).
 pub(crate) struct PendingHellos {
     limit: usize,
     grace: Duration,
     state: Mutex<PendingState>,
-    metrics: Arc<Metrics>,
+    counted: Counted,
+}
+
+/// The metrics a registry keeps: the connections waiting, and those told to close.
+pub(crate) struct Counted {
+    pub(crate) waiting: Gauge,
+    pub(crate) evictions: Counter,
 }
 
 #[derive(Default)]
@@ -46,12 +54,12 @@ pub(crate) struct PendingHello<'r> {
 }
 
 impl PendingHellos {
-    pub(crate) fn new(limit: usize, grace: Duration, metrics: Arc<Metrics>) -> PendingHellos {
+    pub(crate) fn new(limit: usize, grace: Duration, counted: Counted) -> PendingHellos {
         PendingHellos {
             limit: limit.max(1),
             grace,
             state: Mutex::new(PendingState::default()),
-            metrics,
+            counted,
         }
     }
 
@@ -90,11 +98,9 @@ impl PendingHellos {
             // Stored if the connection is not waiting right now: it sees it on its next
             // wait.
             entry.remove().evicted.notify_one();
-            self.metrics.hello_pending_evictions.inc();
+            self.counted.evictions.inc();
         }
-        self.metrics
-            .connections_awaiting_hello
-            .set(state.waiting.len() as i64);
+        self.counted.waiting.set(state.waiting.len() as i64);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, PendingState> {
@@ -132,8 +138,8 @@ impl Drop for PendingHello<'_> {
         if let Ok(mut state) = self.registry.state.lock() {
             state.waiting.remove(&self.id);
             self.registry
-                .metrics
-                .connections_awaiting_hello
+                .counted
+                .waiting
                 .set(state.waiting.len() as i64);
         }
     }
@@ -142,11 +148,19 @@ impl Drop for PendingHello<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Metrics;
+
+    fn counted(metrics: &Metrics) -> Counted {
+        Counted {
+            waiting: metrics.connections_awaiting_hello.clone(),
+            evictions: metrics.hello_pending_evictions.clone(),
+        }
+    }
 
     #[test]
     fn without_grace_the_oldest_is_evicted_beyond_the_limit_and_leaving_frees_a_place() {
         let metrics = Arc::new(Metrics::new());
-        let registry = PendingHellos::new(2, Duration::ZERO, Arc::clone(&metrics));
+        let registry = PendingHellos::new(2, Duration::ZERO, counted(&metrics));
         let evicted = || metrics.hello_pending_evictions.get();
         let first = registry.register();
         let second = registry.register();
@@ -178,7 +192,7 @@ mod tests {
     async fn a_burst_keeps_its_grace_then_the_oldest_silent_ones_make_room() {
         let metrics = Arc::new(Metrics::new());
         let grace = Duration::from_millis(1000);
-        let registry = PendingHellos::new(2, grace, Arc::clone(&metrics));
+        let registry = PendingHellos::new(2, grace, counted(&metrics));
         let evicted = || metrics.hello_pending_evictions.get();
         let first = registry.register();
         tokio::time::advance(Duration::from_millis(400)).await;

@@ -11,9 +11,9 @@ use tokio::sync::Semaphore;
 use crate::cache::Cache;
 use crate::config::ServerConfig;
 use crate::metrics::{Metrics, Outcome};
-use crate::pending::PendingHellos;
+use crate::pending::{Counted, PendingHellos};
 use crate::pool::WorkerPool;
-use crate::throttle::LoginThrottle;
+use crate::throttle::{LoginThrottle, ThrottleLimits};
 use crate::version_tables::VersionTablesCache;
 
 /// Bytes read from a socket at a time.
@@ -37,7 +37,10 @@ pub(crate) struct Shared<B: Consolidated> {
     /// Connections with a slot still waiting for their hello
     /// (`hello_pending_connections_max`).
     pub(crate) pending_hellos: PendingHellos,
-    /// Refused logins counted by address and by user.
+    /// HTTP connections with no request in progress (`hello_pending_connections_max`):
+    /// beyond it, the oldest idle past the grace is closed, freeing its permit.
+    pub(crate) idle_http: PendingHellos,
+    /// Refused logins counted by address, by user at an address, and by user.
     pub(crate) login_throttle: LoginThrottle,
     /// The tables of each script version, for refusing unknown tables as they arrive.
     pub(crate) version_tables: VersionTablesCache,
@@ -61,14 +64,28 @@ impl<B: Consolidated> Shared<B> {
             password_checks: Semaphore::new(config.password_checks_max.max(1)),
             cache: Cache::new(config.cache_bytes_max, Arc::clone(&metrics)),
             login_throttle: LoginThrottle::new(
-                config.login_failures_per_address_max,
-                config.login_failures_per_user_max,
+                ThrottleLimits {
+                    per_address_max: config.login_failures_per_address_max,
+                    per_address_user_max: config.login_failures_per_address_user_max,
+                    per_user_max: config.login_failures_per_user_max,
+                },
                 config.login_failure_window,
             ),
             pending_hellos: PendingHellos::new(
                 config.hello_pending_connections_max,
                 config.hello_pending_grace,
-                Arc::clone(&metrics),
+                Counted {
+                    waiting: metrics.connections_awaiting_hello.clone(),
+                    evictions: metrics.hello_pending_evictions.clone(),
+                },
+            ),
+            idle_http: PendingHellos::new(
+                config.hello_pending_connections_max,
+                config.hello_pending_grace,
+                Counted {
+                    waiting: metrics.http_connections_idle.clone(),
+                    evictions: metrics.http_idle_evictions.clone(),
+                },
             ),
             version_tables: VersionTablesCache::default(),
             holding: crate::held::Holding::default(),

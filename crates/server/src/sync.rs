@@ -31,9 +31,13 @@ pub(crate) enum ClientClose {
 }
 
 /// Resolves once an HTTP connection has ended (its [`ConnectionOpen`] dropped), unless
-/// the server closed it for idling (see [`ConnectionOpen::closed_idle`]).
+/// the server closed it for idling (see [`ConnectionOpen::closed_idle`]); and counts the
+/// connection's receipt requests.
 #[derive(Clone)]
-pub(crate) struct ConnectionEnd(tokio::sync::watch::Receiver<bool>);
+pub(crate) struct ConnectionEnd(
+    tokio::sync::watch::Receiver<bool>,
+    std::sync::Arc<crate::receipt::ReceiptRate>,
+);
 
 /// Held while an HTTP connection is served; dropping it ends its [`ConnectionEnd`]s.
 pub(crate) struct ConnectionOpen {
@@ -42,7 +46,7 @@ pub(crate) struct ConnectionOpen {
 
 impl ConnectionOpen {
     /// The server closed the connection because no next request began within its
-    /// header timeout: the client may still be reading the last response out of the
+    /// idle limit: the client may still be reading the last response out of the
     /// network's buffers, and send its receipt on a connection of its own.
     pub(crate) fn closed_idle(&self) {
         self.open.send_replace(true);
@@ -52,7 +56,8 @@ impl ConnectionOpen {
 impl ConnectionEnd {
     pub(crate) fn new() -> (ConnectionOpen, ConnectionEnd) {
         let (open, end) = tokio::sync::watch::channel(false);
-        (ConnectionOpen { open }, ConnectionEnd(end))
+        let receipts = std::sync::Arc::default();
+        (ConnectionOpen { open }, ConnectionEnd(end, receipts))
     }
 
     pub(crate) async fn ended(mut self) {
@@ -155,7 +160,7 @@ async fn run_sync<B: Consolidated>(
                 .transfer
                 .clone()
                 .filter(|transfer| transfer.offset > 0)
-                .map(|transfer| (upload.hello.clone(), transfer));
+                .map(|transfer| (upload.hello.clone(), upload.user.clone(), transfer));
             let with_identity = |mut failure: Failure| {
                 failure.identity.get_or_insert_with(|| identity.clone());
                 failure
@@ -169,9 +174,9 @@ async fn run_sync<B: Consolidated>(
             let synchronized = database::synchronize(shared, *upload, timings, gone)
                 .await
                 .map_err(with_identity)?;
-            if let Some((hello, transfer)) = resumed {
-                crate::held::release(shared, Direction::Upload, &hello, &transfer.transfer_id)
-                    .await;
+            if let Some((hello, user, transfer)) = resumed {
+                let transfer_id = &transfer.transfer_id;
+                crate::held::release(shared, Direction::Upload, &hello, &user, transfer_id).await;
             }
             download::send_download(connection, shared, synchronized, timings, resumable)
                 .await
@@ -198,7 +203,13 @@ async fn run_sync<B: Consolidated>(
         Received::Receipt {
             transfer_id,
             offset,
-        } => Ok(crate::receipt::confirm(shared, &transfer_id, offset).await),
+        } => {
+            let receipts = match close {
+                ClientClose::Unseen(end) => Some(end.1.as_ref()),
+                ClientClose::Watched => None,
+            };
+            Ok(crate::receipt::confirm(shared, receipts, &transfer_id, offset).await)
+        }
         Received::HeldQuery(query) => {
             let stream::HeldQuery {
                 hello,

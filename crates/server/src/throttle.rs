@@ -1,7 +1,12 @@
-//! Login throttling: after `login_failures_per_address_max` refused logins from one
-//! address, or `login_failures_per_user_max` for one user name, within
-//! `login_failure_window`, further logins from that address or for that user are
-//! refused without checking anything (no database, no argon2 work) until the window
+//! Login throttling, counted in `login_failure_window`: after
+//! `login_failures_per_address_max` refused logins from one address (an IPv6 address
+//! counted by its /64), logins from it are refused; after
+//! `login_failures_per_address_user_max` for one user name from one address, that
+//! user's logins from that address are; and after `login_failures_per_user_max` for one
+//! user name from anywhere, that user's logins are refused from every address that has
+//! failed in the window. A user is never locked out from an address that has not
+//! failed, so knowing a user name is not enough to lock its owner out. Refused logins
+//! are refused without checking anything (no database, no argon2 work) until the window
 //! that counted them ends. I/O-free: the caller gives the time.
 
 use std::collections::HashMap;
@@ -9,10 +14,12 @@ use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// What is counted: an address, or a user name (whatever address it comes from).
+/// What is counted: an address (IPv6 by its /64), a user name at an address, or a user
+/// name whatever the address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Key {
     Address(IpAddr),
+    AddressUser(IpAddr, String),
     User(String),
 }
 
@@ -23,27 +30,37 @@ struct Failures {
     since: Instant,
 }
 
-/// The limits and the failures counted.
+/// The limits (refused logins in the window) and the failures counted.
 pub(crate) struct LoginThrottle {
     per_address_max: u32,
+    per_address_user_max: u32,
     per_user_max: u32,
     window: Duration,
     failures: Mutex<HashMap<Key, Failures>>,
 }
 
+/// The limits of a [`LoginThrottle`], each a count of refused logins in the window.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ThrottleLimits {
+    pub(crate) per_address_max: u32,
+    pub(crate) per_address_user_max: u32,
+    pub(crate) per_user_max: u32,
+}
+
 /// Why a login is refused before it is checked.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Throttled {
-    /// "address" or "user".
+    /// "address", "user at this address" or "user".
     pub(crate) by: &'static str,
     pub(crate) retry_after: Duration,
 }
 
 impl LoginThrottle {
-    pub(crate) fn new(per_address_max: u32, per_user_max: u32, window: Duration) -> LoginThrottle {
+    pub(crate) fn new(limits: ThrottleLimits, window: Duration) -> LoginThrottle {
         LoginThrottle {
-            per_address_max,
-            per_user_max,
+            per_address_max: limits.per_address_max,
+            per_address_user_max: limits.per_address_user_max,
+            per_user_max: limits.per_user_max,
             window,
             failures: Mutex::new(HashMap::new()),
         }
@@ -51,46 +68,54 @@ impl LoginThrottle {
 
     /// Whether a login from `address` for `user` may be checked now.
     pub(crate) fn check(&self, address: IpAddr, user: &str, now: Instant) -> Result<(), Throttled> {
-        let failures = self
-            .failures
-            .lock()
-            .expect("the throttle is never poisoned");
-        for (key, max, by) in keys(address, user)
-            .zip([self.per_address_max, self.per_user_max])
-            .map(|(key, max)| {
-                let by = if matches!(key, Key::Address(_)) {
-                    "address"
-                } else {
-                    "user"
-                };
-                (key, max, by)
-            })
-        {
-            if let Some(counted) = failures.get(&key) {
-                let ends = counted.since + self.window;
-                if counted.count >= max && now < ends {
-                    return Err(Throttled {
-                        by,
-                        retry_after: ends - now,
-                    });
-                }
+        let failures = self.lock();
+        let address = counted_address(address);
+        // The failures a key has in the current window (0 once the window ended).
+        let counted = |key: &Key| {
+            failures
+                .get(key)
+                .filter(|counted| now < counted.since + self.window)
+                .map_or((0, Duration::ZERO), |counted| {
+                    (counted.count, counted.since + self.window - now)
+                })
+        };
+        let (address_failures, address_ends) = counted(&Key::Address(address));
+        let mut limits = vec![(
+            address_failures,
+            address_ends,
+            self.per_address_max,
+            "address",
+        )];
+        if !user.is_empty() {
+            let (count, ends) = counted(&Key::AddressUser(address, user.to_string()));
+            limits.push((
+                count,
+                ends,
+                self.per_address_user_max,
+                "user at this address",
+            ));
+            // The user's count from anywhere holds only where this address failed too.
+            if address_failures > 0 {
+                let (count, ends) = counted(&Key::User(user.to_string()));
+                limits.push((count, ends.min(address_ends), self.per_user_max, "user"));
             }
         }
-        Ok(())
+        match limits.into_iter().find(|(count, _, max, _)| count >= max) {
+            Some((_, retry_after, _, by)) => Err(Throttled { by, retry_after }),
+            None => Ok(()),
+        }
     }
 
-    /// Counts a refused login against its address and its user name.
+    /// Counts a refused login against its address, its user name at the address, and
+    /// its user name.
     pub(crate) fn failed(&self, address: IpAddr, user: &str, now: Instant) {
-        let mut failures = self
-            .failures
-            .lock()
-            .expect("the throttle is never poisoned");
+        let mut failures = self.lock();
         // Expired windows are dropped now and then, so the map holds only the keys
         // that failed within the last window.
         if failures.len() >= 1024 && failures.len().is_power_of_two() {
             failures.retain(|_, counted| now < counted.since + self.window);
         }
-        for key in keys(address, user) {
+        for key in keys(counted_address(address), user) {
             let counted = failures.entry(key).or_insert(Failures {
                 count: 0,
                 since: now,
@@ -105,52 +130,130 @@ impl LoginThrottle {
         }
     }
 
-    /// A user logged in: its own count starts again (its address's does not, or one
-    /// valid account would let an address guess other users' passwords unthrottled).
-    pub(crate) fn succeeded(&self, user: &str) {
+    /// A user logged in from an address: its counts there and its own start again (the
+    /// address's does not, or one valid account would let an address guess other users'
+    /// passwords unthrottled).
+    pub(crate) fn succeeded(&self, address: IpAddr, user: &str) {
+        let mut failures = self.lock();
+        failures.remove(&Key::AddressUser(
+            counted_address(address),
+            user.to_string(),
+        ));
+        failures.remove(&Key::User(user.to_string()));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Failures>> {
         self.failures
             .lock()
             .expect("the throttle is never poisoned")
-            .remove(&Key::User(user.to_string()));
     }
 }
 
-/// The keys a login counts against: its address, and its user name when it has one
-/// (a token login may leave it empty; those are counted by address only).
-fn keys(address: IpAddr, user: &str) -> impl Iterator<Item = Key> {
-    std::iter::once(Key::Address(address))
-        .chain((!user.is_empty()).then(|| Key::User(user.to_string())))
+/// The address a login is counted by: an IPv4 address itself (also when mapped into
+/// IPv6), an IPv6 address by its /64 (one host commonly holds a whole /64).
+fn counted_address(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V4(_) => address,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        },
+    }
+}
+
+/// The keys a login counts against: its address, and its user name there and anywhere
+/// when it has one (a token login may leave it empty; those count by address only).
+fn keys(address: IpAddr, user: &str) -> Vec<Key> {
+    let mut keys = vec![Key::Address(address)];
+    if !user.is_empty() {
+        keys.push(Key::AddressUser(address, user.to_string()));
+        keys.push(Key::User(user.to_string()));
+    }
+    keys
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn throttle(
+        per_address_max: u32,
+        per_address_user_max: u32,
+        per_user_max: u32,
+    ) -> LoginThrottle {
+        let limits = ThrottleLimits {
+            per_address_max,
+            per_address_user_max,
+            per_user_max,
+        };
+        LoginThrottle::new(limits, Duration::from_secs(60))
+    }
+
     #[test]
     fn each_limit_refuses_until_its_window_ends() {
         let window = Duration::from_secs(60);
-        let throttle = LoginThrottle::new(3, 2, window);
+        let throttle = throttle(3, 2, 100);
         let start = Instant::now();
         let (first, second) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         throttle.failed(first, "alice", start);
-        throttle.failed(second, "alice", start);
-        // Two failures for alice, from two addresses: alice is throttled everywhere.
-        let refused = throttle.check(second, "alice", start).unwrap_err();
-        assert_eq!(refused.by, "user");
+        throttle.failed(first, "alice", start);
+        // Two failures for alice from the first address: alice is throttled there only.
+        let refused = throttle.check(first, "alice", start).unwrap_err();
+        assert_eq!(refused.by, "user at this address");
         assert_eq!(refused.retry_after, window);
+        assert!(throttle.check(second, "alice", start).is_ok());
         assert!(throttle.check(first, "bob", start).is_ok());
         throttle.failed(first, "bob", start);
-        throttle.failed(first, "carol", start);
         // Three failures from the first address: any user from it is throttled.
         assert_eq!(
             throttle.check(first, "dave", start).unwrap_err().by,
             "address"
         );
         assert!(throttle.check(second, "dave", start).is_ok());
-        // A login of alice resets alice's count, not the address's.
-        throttle.succeeded("alice");
-        assert!(throttle.check(second, "alice", start).is_ok());
         // The window ends.
         assert!(throttle.check(first, "dave", start + window).is_ok());
+    }
+
+    /// Issue 32, item 3: a user's count from anywhere refuses it only at addresses that
+    /// failed; a login clears the user's counts, not the address's.
+    #[test]
+    fn a_user_is_never_locked_out_from_an_address_that_has_not_failed() {
+        let throttle = throttle(30, 10, 3);
+        let now = Instant::now();
+        let guessers: Vec<IpAddr> = (1..=5)
+            .map(|n| format!("10.0.1.{n}").parse().unwrap())
+            .collect();
+        for &guesser in &guessers {
+            throttle.failed(guesser, "bob", now);
+        }
+        assert_eq!(
+            throttle.check(guessers[0], "bob", now).unwrap_err().by,
+            "user"
+        );
+        assert!(throttle.check(guessers[0], "alice", now).is_ok());
+        let home: IpAddr = "10.0.2.1".parse().unwrap();
+        assert!(throttle.check(home, "bob", now).is_ok());
+        throttle.succeeded(home, "bob");
+        assert!(throttle.check(guessers[0], "bob", now).is_ok());
+    }
+
+    /// An IPv6 host holds a whole /64: its addresses count as one.
+    #[test]
+    fn ipv6_addresses_count_by_their_64() {
+        let throttle = throttle(2, 10, 100);
+        let now = Instant::now();
+        throttle.failed("2001:db8:1:2::1".parse().unwrap(), "a", now);
+        throttle.failed("2001:db8:1:2:ffff::9".parse().unwrap(), "b", now);
+        let same_64: IpAddr = "2001:db8:1:2::77".parse().unwrap();
+        assert_eq!(throttle.check(same_64, "c", now).unwrap_err().by, "address");
+        assert!(throttle
+            .check("2001:db8:1:3::1".parse().unwrap(), "c", now)
+            .is_ok());
+        // An IPv4-mapped address is its IPv4 address.
+        throttle.failed("10.9.9.9".parse().unwrap(), "a", now);
+        throttle.failed("::ffff:10.9.9.9".parse().unwrap(), "a", now);
+        assert!(throttle
+            .check("10.9.9.9".parse().unwrap(), "c", now)
+            .is_err());
     }
 }

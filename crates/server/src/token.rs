@@ -1,5 +1,6 @@
 //! Signed tokens (JWT) as an alternative to passwords: HS256 with a shared secret or
-//! RS256 with the issuer's public key, checked for expiry, audience and issuer. The
+//! RS256 with the issuer's public key, checked for expiry, `nbf` (both with the clock
+//! skew `leeway_seconds`), audience and issuer. The
 //! token's subject is the user; nothing the client says elsewhere can change it.
 
 use jsonwebtoken::{decode, decode_header, Algorithm, DecodingKey, Validation};
@@ -78,6 +79,8 @@ impl TokenConfig {
         };
         let mut validation = Validation::new(header.alg);
         validation.leeway = self.leeway_seconds;
+        // A token valid only from `nbf` on (less the clock skew) is refused before then.
+        validation.validate_nbf = true;
         validation.set_required_spec_claims(&["exp", "sub"]);
         match &self.audience {
             Some(audience) => validation.set_audience(&[audience]),
@@ -92,5 +95,51 @@ impl TokenConfig {
             return Err(TokenError::EmptySubject);
         }
         Ok(data.claims.sub)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{encode, EncodingKey, Header};
+
+    fn now() -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    }
+
+    fn token_not_before(nbf: i64) -> String {
+        let claims = serde_json::json!({ "sub": "alice", "exp": now() + 7200, "nbf": nbf });
+        encode(
+            &Header::default(),
+            &claims,
+            &EncodingKey::from_secret(b"secret"),
+        )
+        .unwrap()
+    }
+
+    /// Issue 32, item 6: a token valid from an hour on logged in at once.
+    #[test]
+    fn a_token_is_refused_before_its_nbf_but_within_the_clock_skew() {
+        let config = TokenConfig {
+            hs256_secret: Some(b"secret".to_vec()),
+            leeway_seconds: 60,
+            ..TokenConfig::default()
+        };
+        let refused = config.verify(&token_not_before(now() + 3600)).unwrap_err();
+        assert!(
+            matches!(&refused, TokenError::Invalid(reason) if reason.contains("ImmatureSignature")),
+            "{refused}"
+        );
+        assert_eq!(
+            config.verify(&token_not_before(now() + 30)).unwrap(),
+            "alice"
+        );
+        assert_eq!(
+            config.verify(&token_not_before(now() - 30)).unwrap(),
+            "alice"
+        );
     }
 }

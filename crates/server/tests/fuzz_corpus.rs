@@ -145,6 +145,48 @@ fn with_control(control: &[u8], rest: &[u8]) -> Vec<u8> {
     input
 }
 
+/// Issue 32, item 1, the figures: the heap a checking decoder with the server's default
+/// limits holds after `count` values in pieces of `length` bytes that no row takes (or
+/// when it refuses them). Run by hand: `cargo test -p rowsync-server --test fuzz_corpus
+/// -- --ignored --nocapture values_in_pieces_held`.
+#[test]
+#[ignore = "prints figures; run by hand"]
+fn values_in_pieces_held() {
+    let live = rowsync_server::fuzzing::live_bytes;
+    for (length, count) in [(0u64, 1_000_000usize), (1, 1_000_000)] {
+        let mut frame = encode_frame(&Message::ValueStart(ValueStart {
+            kind: PieceKind::Blob,
+            length,
+            table: "orders".into(),
+            column: "c1".into(),
+        }));
+        if length > 0 {
+            frame.extend(encode_frame(&Message::ValuePiece(ValuePiece {
+                bytes: vec![b'a'; length as usize],
+            })));
+        }
+        let before = live();
+        let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT)
+            .with_value_limits(VALUE_BYTES_MAX_DEFAULT, 512 * 1024 * 1024);
+        let mut outcome = format!("{count} taken");
+        let mut peak = 0;
+        for n in 0..count {
+            decoder.feed(&frame);
+            if let Err(error) = decoder.next_message_checked() {
+                outcome = format!("refused after {n}: {error}");
+                break;
+            }
+            peak = peak.max(live().saturating_sub(before));
+        }
+        eprintln!(
+            "{count} values of {length} bytes in pieces ({} wire bytes each): {} bytes held at \
+             most; {outcome}",
+            frame.len(),
+            peak
+        );
+    }
+}
+
 /// Writes the seed inputs the fuzzers started from (`fuzz/corpus/<target>/seed-*`):
 /// valid streams of every message, compression and exchange. Run by hand:
 /// `cargo test -p rowsync-server --test fuzz_corpus -- --ignored write_seeds`.
@@ -165,6 +207,34 @@ fn write_seeds() {
         "frame_decoder",
         "seed-small".into(),
         with_control(&[0, 40, 0], &all),
+    ));
+    // Streams of valid frames fed many times over (issue 32, item 1): empty and tiny
+    // values in pieces that no row takes, and whole syncs.
+    let value_start = |length: u64| {
+        encode_frame(&Message::ValueStart(ValueStart {
+            kind: PieceKind::Blob,
+            length,
+            table: "orders".into(),
+            column: "c1".into(),
+        }))
+    };
+    let piece = encode_frame(&Message::ValuePiece(ValuePiece {
+        bytes: b"a".to_vec(),
+    }));
+    seeds.push((
+        "frame_stream",
+        "seed-empty-values".into(),
+        with_control(&[0, 0x30, 0xff, 0xff], &value_start(0)),
+    ));
+    seeds.push((
+        "frame_stream",
+        "seed-small-values".into(),
+        with_control(&[0, 0x30, 0xff, 0xff], &[value_start(1), piece].concat()),
+    ));
+    seeds.push((
+        "frame_stream",
+        "seed-sync".into(),
+        with_control(&[0x10, 0, 0, 100], &sync_frames()),
     ));
     let compressions = [
         ("plain", None),

@@ -497,3 +497,201 @@ async fn failed_logins_from_one_address_are_throttled() {
     );
     assert_eq!(server.metrics.logins_throttled.get(), 1);
 }
+
+/// A raw sync (hello, then an empty upload) from `source`, a loopback address other
+/// than 127.0.0.1: the refusal's message, or "" when the login was accepted.
+async fn login_from(server: &TestServer, source: [u8; 4], user: &str, password: &str) -> String {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(std::net::SocketAddr::from((source, 0)))
+        .unwrap();
+    let mut stream = socket.connect(server.address).await.unwrap();
+    let hello = Message::Hello(rowsync_protocol::Hello {
+        protocol_version: 2,
+        client_id: format!("raw-{user}-{}-{}", source[2], source[3]),
+        user: user.into(),
+        password: password.into(),
+        script_version: "v1".into(),
+        last_download_watermark: 0,
+        token: String::new(),
+        auth_parameters: Vec::new(),
+        download_ack: false,
+    });
+    let end = Message::EndUpload(rowsync_protocol::EndUpload { upload_sequence: 1 });
+    let mut frames = encode_frame(&hello);
+    frames.extend(encode_frame(&end));
+    stream.write_all(&frames).await.unwrap();
+    let mut decoder = FrameDecoder::new(1 << 20);
+    let mut buffer = vec![0u8; 4096];
+    loop {
+        let read = stream.read(&mut buffer).await.unwrap_or(0);
+        assert!(read > 0, "the server closed without an answer");
+        decoder.feed(&buffer[..read]);
+        match decoder.next_message().unwrap() {
+            Some(Message::Error(error)) => {
+                assert_eq!(error.error_code(), Some(ErrorCode::AuthenticationFailed));
+                return error.message;
+            }
+            // Accepted: the download begins.
+            Some(_) => return "".into(),
+            None => {}
+        }
+    }
+}
+
+/// Issue 32, item 3: eleven wrong passwords for bob from one address locked bob out from
+/// every address, and 580 guesses over 20 addresses went unthrottled by user. Now the
+/// pair (address, user) is throttled, the user's count only at addresses that failed,
+/// and bob logs in from an address that has not failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_logins_lock_out_the_pair_not_the_user_everywhere() {
+    let server = TestServer::start_with(ServerConfig {
+        login_failures_per_address_max: 30,
+        login_failures_per_address_user_max: 3,
+        login_failures_per_user_max: 5,
+        login_failure_window: Duration::from_secs(3600),
+        ..ServerConfig::default()
+    })
+    .await;
+    let right = password("bob");
+    for _ in 0..3 {
+        let refused = login_from(&server, [127, 0, 3, 1], "bob", "guess").await;
+        assert!(refused.contains("wrong password"), "{refused}");
+    }
+    let refused = login_from(&server, [127, 0, 3, 1], "bob", &right).await;
+    assert!(refused.contains("too many failed logins"), "{refused}");
+    // Another user from the same address, and bob from a clean address, log in.
+    assert_eq!(
+        login_from(&server, [127, 0, 3, 1], "alice", &password("alice")).await,
+        ""
+    );
+    assert_eq!(login_from(&server, [127, 0, 3, 2], "bob", &right).await, "");
+    // Guesses for alice spread over many addresses: past her count, every address that
+    // guessed is refused unchecked, while one that never failed still logs her in.
+    for n in 0..20u8 {
+        login_from(&server, [127, 0, 4, n], "alice", "guess").await;
+    }
+    let refused = login_from(&server, [127, 0, 4, 0], "alice", &password("alice")).await;
+    assert!(refused.contains("too many failed logins"), "{refused}");
+    assert_eq!(
+        login_from(&server, [127, 0, 4, 200], "alice", &password("alice")).await,
+        ""
+    );
+    assert!(server.metrics.logins_throttled.get() >= 2);
+}
+
+/// An h2c connection that sent one `GET /` (answered 405) and stays open: its request
+/// sender and the task driving it (which ends when the server closes the connection).
+async fn idle_h2c(
+    server: &TestServer,
+) -> (
+    hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let stream = TcpStream::connect(server.http_address).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let driving = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let request = hyper::Request::get(format!("http://{}/", server.http_address))
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 405);
+    (sender, driving)
+}
+
+/// Issue 32, item 2: 1,024 h2c connections that each sent one `GET /` and stayed open
+/// made every HTTP sync get 503 for a minute. Connections without a request in
+/// progress are bounded like silent TCP connections: beyond
+/// `hello_pending_connections_max`, the oldest past the grace is closed, so a sync
+/// finds a connection permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http_connections_do_not_lock_out_http_syncs() {
+    let server = TestServer::start_with(ServerConfig {
+        connections_max: 8,
+        hello_pending_connections_max: 2,
+        hello_pending_grace: Duration::from_millis(200),
+        http_idle_timeout: Duration::from_secs(600),
+        ..ServerConfig::default()
+    })
+    .await;
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        idle.push(idle_h2c(&server).await);
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    for via in [Via::H2c, Via::Http] {
+        let mut options = server.options_over("alice", via, rowsync_client::Compression::None);
+        options.busy_retry = rowsync_client::BusyRetry::Never;
+        let mut client = server.client(&format!("past-idle-{via:?}"));
+        client
+            .sync(&options)
+            .await
+            .expect("a sync past idle connections");
+    }
+    let closed = idle
+        .iter()
+        .filter(|(_, driving)| driving.is_finished())
+        .count();
+    assert!(closed >= 6, "{closed} of the 8 idle connections closed");
+}
+
+/// Issue 32, item 2: an HTTP/2 connection had no idle limit after its first request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_is_closed_after_the_idle_timeout() {
+    let server = TestServer::start_with(ServerConfig {
+        http_idle_timeout: Duration::from_millis(300),
+        ..ServerConfig::default()
+    })
+    .await;
+    let (_sender, driving) = idle_h2c(&server).await;
+    tokio::time::timeout(Duration::from_secs(5), driving)
+        .await
+        .expect("the server closed the idle connection")
+        .unwrap();
+}
+
+/// Issue 32, item 2, the figures: 1,024 h2c connections each send one `GET /` and stay
+/// open against a server with the default limits; then HTTP syncs are tried every
+/// 100 ms. Prints how long until the first succeeded and how many syncs were answered
+/// busy. Run by hand: `cargo test -p rowsync-server --test load -- --ignored
+/// --nocapture idle_h2c_figures`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "prints figures; run by hand"]
+async fn idle_h2c_figures() {
+    let server = TestServer::start().await;
+    let mut idle = Vec::new();
+    for _ in 0..1024 {
+        idle.push(idle_h2c(&server).await);
+    }
+    let started = std::time::Instant::now();
+    let mut busy = 0;
+    let mut options = server.options_over("alice", Via::H2c, rowsync_client::Compression::None);
+    options.busy_retry = rowsync_client::BusyRetry::Never;
+    let mut client = server.client("after-idle");
+    let outcome = loop {
+        match client.sync(&options).await {
+            Ok(_) => break "synced",
+            Err(ClientError::Busy { .. }) => busy += 1,
+            Err(error) => panic!("{error}"),
+        }
+        if started.elapsed() > Duration::from_secs(70) {
+            break "still busy";
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let open = idle
+        .iter()
+        .filter(|(_, driving)| !driving.is_finished())
+        .count();
+    eprintln!(
+        "{outcome} after {:.1} s, {busy} syncs answered busy; {open} of 1024 idle connections open",
+        started.elapsed().as_secs_f64()
+    );
+}

@@ -1356,3 +1356,137 @@ async fn a_receipt_outlasting_the_keep_alive_comes_on_a_new_connection() {
     assert_eq!(server.metrics.downloads_held.get(), 0, "nothing was held");
     server.stop().await;
 }
+
+/// Issue 32, item 7: receipts need no login and any transfer id was looked up (an
+/// empty one, or 3 MB), 869 a second from one client. A transfer id not of the
+/// unguessable form (32 to 128 hex digits) is answered without a lookup, and so is a
+/// receipt beyond `receipts_per_connection_per_second_max` on its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_receipts_are_answered_without_lookups() {
+    use http_body_util::{BodyExt, Full};
+    let server = TestServer::start_with(ServerConfig {
+        receipts_per_connection_per_second_max: 4,
+        ..ServerConfig::default()
+    })
+    .await;
+    for forged in [
+        String::new(),
+        "3f2a9c1e0b7d4e58".into(),
+        "a".repeat(3_000_000),
+    ] {
+        let (status, body) = post_receipt(server.http_address, &forged, 10).await;
+        assert_eq!((status, body.len()), (200, 0));
+    }
+    assert_eq!(server.metrics.receipts_refused.get(), 3);
+    // Ten well-formed receipts on one keep-alive connection, at once: four looked up.
+    let stream = tokio::net::TcpStream::connect(server.http_address)
+        .await
+        .unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let frame = encode_frame(&Message::DownloadResume(rowsync_protocol::DownloadResume {
+        transfer_id: "0123456789abcdef0123456789abcdef".into(),
+        offset: 70_000,
+    }));
+    for _ in 0..10 {
+        let request = hyper::Request::post("/sync")
+            .header("host", server.http_address.to_string())
+            .header("content-type", "application/x-rowsync")
+            .body(Full::new(bytes::Bytes::from(frame.clone())))
+            .unwrap();
+        sender.ready().await.expect("the connection is kept alive");
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        response.into_body().collect().await.unwrap();
+    }
+    assert_eq!(server.metrics.receipts_refused.get(), 3 + 6);
+    server.stop().await;
+}
+
+/// A version 3 upload, zlib-compressed, of `rows` rows of 1 KiB under `client_id`,
+/// sent without its end and cut (closed): the server holds what it received.
+async fn cut_compressed_upload(server: &TestServer, user: &str, client_id: &str, rows: usize) {
+    use rowsync_protocol::{compress_all, Compression as Wire, Preamble, UploadResume};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut hello = hello_v3(user);
+    hello.client_id = client_id.into();
+    let mut frames = encode_frame(&Message::Hello(hello));
+    frames.extend(encode_frame(&Message::UploadResume(UploadResume {
+        transfer_id: format!("{client_id:0>32}"),
+        offset: 0,
+    })));
+    frames.extend(encode_frame(&orders_chunk("orders", user, rows)));
+    let mut bytes = Preamble {
+        compression: Wire::Zlib,
+    }
+    .encode()
+    .to_vec();
+    bytes.extend(compress_all(Wire::Zlib, &frames).unwrap());
+    let mut stream = tokio::net::TcpStream::connect(server.address)
+        .await
+        .unwrap();
+    stream.write_all(&bytes).await.unwrap();
+    stream.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+}
+
+fn held_upload_bytes(server: &TestServer, user: &str) -> i64 {
+    server
+        .consolidated()
+        .query_row(
+            "SELECT coalesce(sum(length), 0) FROM rs_held_upload WHERE user_name = ?1",
+            [user],
+            |row| row.get(0),
+        )
+        .unwrap()
+}
+
+/// Issue 32, item 5: one user's compressed cut uploads (4 KB on the wire, 4 MB held
+/// each) from 16 client ids filled the server-wide budget. Each user's held bytes, as
+/// stored (decompressed), stay within `held_uploads_bytes_per_user_max`; another user's
+/// cut upload is still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_user_holds_no_more_than_its_share_of_cut_uploads() {
+    let per_user_max = 1_000_000;
+    let server = TestServer::start_with(ServerConfig {
+        held_uploads_bytes_max: 4_000_000,
+        held_uploads_bytes_per_user_max: per_user_max,
+        ..ServerConfig::default()
+    })
+    .await;
+    for n in 0..16 {
+        cut_compressed_upload(&server, "alice", &format!("alice-{n}"), 300).await;
+    }
+    server_idle(&server.metrics).await;
+    let alice = held_upload_bytes(&server, "alice");
+    eprintln!("alice holds {alice} bytes after 16 cut uploads of 300 KiB each");
+    assert!(alice > 0 && alice as u64 <= per_user_max, "{alice}");
+    cut_compressed_upload(&server, "bob", "bob-0", 300).await;
+    server_idle(&server.metrics).await;
+    assert!(held_upload_bytes(&server, "bob") > 300_000);
+    server.stop().await;
+}
+
+/// Issue 32, item 4: a user cutting an upload under another user's client id replaced
+/// that user's held upload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_upload_is_not_replaced_by_another_user() {
+    let server = TestServer::start().await;
+    cut_compressed_upload(&server, "alice", "shared-id", 50).await;
+    server_idle(&server.metrics).await;
+    let held = held_upload_bytes(&server, "alice");
+    assert!(held > 50_000);
+    cut_compressed_upload(&server, "bob", "shared-id", 10).await;
+    server_idle(&server.metrics).await;
+    assert_eq!(
+        held_upload_bytes(&server, "alice"),
+        held,
+        "alice's upload stays"
+    );
+    assert_eq!(held_upload_bytes(&server, "bob"), 0);
+    server.stop().await;
+}

@@ -649,3 +649,40 @@ async fn above_the_connection_limit_every_transport_answers_busy() {
     drop(squatter);
     server.stop().await;
 }
+
+/// Issue 32, item 8: a request with both Content-Length and Transfer-Encoding (the
+/// request-smuggling shape, when a proxy in front trusts Content-Length) was accepted;
+/// hyper takes the chunked body and drops Content-Length. It is refused with 400, in
+/// either order of the two, and the connection is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_length_with_transfer_encoding_is_refused_with_400() {
+    let server = TestServer::start().await;
+    let heads = [
+        "Content-Length: 5\r\nTransfer-Encoding: chunked",
+        "transfer-encoding: chunked\r\ncontent-length: 5",
+    ];
+    for head in heads {
+        let mut stream = TcpStream::connect(server.http_address).await.unwrap();
+        let request = format!(
+            "POST /sync HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-rowsync\r\n{head}\r\n\r\n0\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut received = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut received))
+            .await
+            .expect("the server answers and closes")
+            .unwrap();
+        let answer = String::from_utf8_lossy(&received);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{head:?}: {answer}");
+    }
+    // Either alone is served as ever.
+    let mut stream = TcpStream::connect(server.http_address).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut received = Vec::new();
+    stream.read_to_end(&mut received).await.unwrap();
+    assert!(String::from_utf8_lossy(&received).starts_with("HTTP/1.1 405"));
+    server.stop().await;
+}

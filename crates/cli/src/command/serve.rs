@@ -66,8 +66,14 @@ pub struct ServeArgs {
     /// which its logins are refused unchecked until the window ends.
     #[arg(long, default_value_t = ServerConfig::default().login_failures_per_address_max)]
     login_failures_per_address_max: u32,
-    /// Refused logins for one user name (any address), within
-    /// --login-failure-window-seconds, after which its logins are refused unchecked.
+    /// Refused logins for one user name from one address (IPv6: its /64), within
+    /// --login-failure-window-seconds, after which that user's logins from that address
+    /// are refused unchecked.
+    #[arg(long, default_value_t = ServerConfig::default().login_failures_per_address_user_max)]
+    login_failures_per_address_user_max: u32,
+    /// Refused logins for one user name from any address, within
+    /// --login-failure-window-seconds, after which its logins are refused unchecked from
+    /// every address that failed in the window (never from one that did not).
     #[arg(long, default_value_t = ServerConfig::default().login_failures_per_user_max)]
     login_failures_per_user_max: u32,
     /// Client ids (subscriptions) one user may have; the first sync of a new client id
@@ -130,6 +136,17 @@ pub struct ServeArgs {
     /// A TLS handshake must complete within this.
     #[arg(long, default_value_t = ServerConfig::default().tls_handshake_timeout.as_millis() as u64)]
     tls_handshake_timeout_ms: u64,
+    /// Milliseconds an HTTP connection may stay open with no request in progress.
+    #[arg(long, default_value_t = ServerConfig::default().http_idle_timeout.as_millis() as u64)]
+    http_idle_timeout_ms: u64,
+    /// Seconds between the pings of an HTTP/2 connection; one not answered within
+    /// --read-timeout-seconds closes it.
+    #[arg(long, default_value_t = ServerConfig::default().http2_keep_alive_interval.as_secs())]
+    http2_keep_alive_interval_seconds: u64,
+    /// Download receipts (protocol v4) one HTTP connection may send per second; more are
+    /// answered without a lookup.
+    #[arg(long, default_value_t = ServerConfig::default().receipts_per_connection_per_second_max)]
+    receipts_per_connection_per_second_max: u32,
     /// Bytes a compressed upload may inflate to, checked while decompressing.
     #[arg(long, default_value_t = ServerConfig::default().decompressed_bytes_max)]
     decompressed_bytes_max: u64,
@@ -159,6 +176,10 @@ pub struct ServeArgs {
     /// aside and send the rest); beyond it the sync fails as a whole.
     #[arg(long, default_value_t = ServerConfig::default().refused_rows_max)]
     refused_rows_max: u64,
+    /// Hold at most this many bytes of cut uploads of one user (all its client ids), as
+    /// stored (decompressed).
+    #[arg(long, default_value_t = ServerConfig::default().held_uploads_bytes_per_user_max)]
+    held_uploads_bytes_per_user_max: u64,
     /// Remove a held cut upload after this many seconds.
     #[arg(long, default_value_t = ServerConfig::default().held_upload_expiry.as_secs())]
     held_upload_expiry_seconds: u64,
@@ -168,6 +189,9 @@ pub struct ServeArgs {
     /// Hold at most this many bytes of cut downloads in all (in the consolidated database).
     #[arg(long, default_value_t = ServerConfig::default().held_downloads_bytes_max)]
     held_downloads_bytes_max: u64,
+    /// Hold at most this many bytes of cut downloads of one user.
+    #[arg(long, default_value_t = ServerConfig::default().held_downloads_bytes_per_user_max)]
+    held_downloads_bytes_per_user_max: u64,
     /// Remove a held cut download after this many seconds.
     #[arg(long, default_value_t = ServerConfig::default().held_download_expiry.as_secs())]
     held_download_expiry_seconds: u64,
@@ -372,6 +396,7 @@ impl ServeArgs {
             hello_pending_connections_max: self.hello_pending_connections_max,
             hello_pending_grace: Duration::from_millis(self.hello_pending_grace_ms),
             login_failures_per_address_max: self.login_failures_per_address_max,
+            login_failures_per_address_user_max: self.login_failures_per_address_user_max,
             login_failures_per_user_max: self.login_failures_per_user_max,
             client_ids_per_user_max: (self.client_ids_per_user_max > 0)
                 .then_some(self.client_ids_per_user_max),
@@ -386,14 +411,21 @@ impl ServeArgs {
             read_timeout: Duration::from_secs(self.read_timeout_seconds),
             header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
             tls_handshake_timeout: Duration::from_millis(self.tls_handshake_timeout_ms),
+            http_idle_timeout: Duration::from_millis(self.http_idle_timeout_ms),
+            http2_keep_alive_interval: Duration::from_secs(
+                self.http2_keep_alive_interval_seconds.max(1),
+            ),
+            receipts_per_connection_per_second_max: self.receipts_per_connection_per_second_max,
             decompressed_bytes_max: self.decompressed_bytes_max,
             cleanup_interval: Duration::from_secs(self.cleanup_interval_seconds.max(1)),
             held_upload_bytes_max: self.held_upload_bytes_max,
             held_uploads_bytes_max: self.held_uploads_bytes_max,
+            held_uploads_bytes_per_user_max: self.held_uploads_bytes_per_user_max,
             held_upload_expiry: Duration::from_secs(self.held_upload_expiry_seconds),
             refused_rows_max: self.refused_rows_max,
             held_download_bytes_max: self.held_download_bytes_max,
             held_downloads_bytes_max: self.held_downloads_bytes_max,
+            held_downloads_bytes_per_user_max: self.held_downloads_bytes_per_user_max,
             held_download_expiry: Duration::from_secs(self.held_download_expiry_seconds),
             tokens,
             ..defaults

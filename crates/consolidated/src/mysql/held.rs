@@ -4,7 +4,10 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, TxOpts};
 
 use super::error::db;
-use crate::held::{fits, stored_length, Direction, HeldTransfer, HELD_TRANSFER_PART_BYTES};
+use crate::held::{
+    fits, replaceable_by, stored_length, Direction, HeldTransfer, HoldBounds,
+    HELD_TRANSFER_PART_BYTES,
+};
 use crate::DbError;
 
 /// Text columns compare byte for byte, as the other system tables' do.
@@ -63,7 +66,7 @@ pub async fn hold(
     direction: Direction,
     held: &HeldTransfer,
     bytes: &[u8],
-    all_bytes_max: u64,
+    bounds: HoldBounds,
 ) -> Result<bool, DbError> {
     let (table, part_table) = direction.tables();
     let length = stored_length(bytes.len() as u64)?;
@@ -71,14 +74,31 @@ pub async fn hold(
         .start_transaction(TxOpts::default())
         .await
         .map_err(db)?;
-    remove(&mut transaction, direction, &held.client_id).await?;
-    let others: Option<i64> = transaction
-        .query_first(format!(
-            "SELECT CAST(coalesce(sum(length), 0) AS SIGNED) FROM {table}"
-        ))
+    let owner: Option<String> = transaction
+        .exec_first(
+            format!("SELECT user_name FROM {table} WHERE client_id = ? FOR UPDATE"),
+            (&held.client_id,),
+        )
         .await
         .map_err(db)?;
-    if !fits(others.unwrap_or(0), bytes.len() as u64, all_bytes_max) {
+    if !replaceable_by(owner.as_deref(), &held.user) {
+        transaction.rollback().await.map_err(db)?;
+        return Ok(false);
+    }
+    remove(&mut transaction, direction, &held.client_id).await?;
+    let sums: Option<(i64, i64)> = transaction
+        .exec_first(
+            format!(
+                "SELECT CAST(coalesce(sum(length), 0) AS SIGNED), \
+                 CAST(coalesce(sum(CASE WHEN user_name = ? THEN length ELSE 0 END), 0) AS SIGNED) \
+                 FROM {table}"
+            ),
+            (&held.user,),
+        )
+        .await
+        .map_err(db)?;
+    let (others, users) = sums.unwrap_or((0, 0));
+    if !fits(others, users, bytes.len() as u64, bounds) {
         transaction.commit().await.map_err(db)?;
         return Ok(false);
     }

@@ -140,9 +140,9 @@ impl ConsolidatedConnection for MysqlConnection {
         direction: crate::Direction,
         held: &crate::HeldTransfer,
         bytes: &[u8],
-        all_bytes_max: u64,
+        bounds: impl Into<crate::HoldBounds> + Send,
     ) -> Result<bool, DbError> {
-        held::hold(&mut self.connection, direction, held, bytes, all_bytes_max).await
+        held::hold(&mut self.connection, direction, held, bytes, bounds.into()).await
     }
 
     async fn held_transfer(

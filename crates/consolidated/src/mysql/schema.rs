@@ -200,9 +200,11 @@ pub struct ColumnLimits {
     pub scales: std::collections::HashMap<String, u32>,
     /// Numeric columns, which would convert text ('12') to a number.
     pub numeric: std::collections::HashSet<String>,
+    /// Integer columns, which would round a double with a fraction (1.5 to 2).
+    pub integer: std::collections::HashSet<String>,
 }
 
-/// Numeric types, which convert text ('12') to a number, and any other text to 0.
+/// Numeric types (the integer ones first, six of them), which convert text ('12') to a number, and any other text to 0.
 const NUMERIC_TYPES: [&str; 10] = [
     "tinyint",
     "smallint",
@@ -244,6 +246,9 @@ pub fn column_limits(columns: &[ColumnInfo]) -> ColumnLimits {
         }
         if NUMERIC_TYPES.contains(&column.data_type.as_str()) {
             limits.numeric.insert(column.name.clone());
+        }
+        if NUMERIC_TYPES[..6].contains(&column.data_type.as_str()) {
+            limits.integer.insert(column.name.clone());
         }
     }
     limits

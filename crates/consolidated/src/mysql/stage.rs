@@ -116,6 +116,7 @@ impl Stage {
         for row in rows {
             for (value, column) in row.iter().zip(&self.columns) {
                 let column = column.strip_prefix(OLD_IMAGE_PREFIX).unwrap_or(column);
+                refuse_fraction_in_integer(table, column, value, scales)?;
                 // A decimal's exact digits, as a SQLite client stores them, are that
                 // decimal; other text in a numeric column would be converted.
                 let digits = match value {
@@ -178,6 +179,24 @@ impl Stage {
 
     fn key_list(&self, alias: &str) -> String {
         column_list(&self.key_columns, &format!("{alias}."))
+    }
+}
+
+/// An integer column rounds a double with a fraction without an error (1.5 to 2): such a
+/// value is refused naming table and column.
+fn refuse_fraction_in_integer(
+    table: &str,
+    column: &str,
+    value: &Value,
+    limits: &ColumnLimits,
+) -> Result<(), SyncError> {
+    match value {
+        Value::Double(number) if limits.integer.contains(column) && number.fract() != 0.0 => {
+            Err(SyncError::Schema(format!(
+                "upload of table {table:?} holds a value its column cannot take: column {column:?} holds integers, the value {number:?} has a fraction"
+            )))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -2,7 +2,10 @@
 
 use tokio_postgres::{Client, GenericClient};
 
-use crate::held::{fits, stored_length, Direction, HeldTransfer, HELD_TRANSFER_PART_BYTES};
+use crate::held::{
+    fits, replaceable_by, stored_length, Direction, HeldTransfer, HoldBounds,
+    HELD_TRANSFER_PART_BYTES,
+};
 use crate::DbError;
 
 /// The tables of both directions' held transfers, created under a lock that serializes
@@ -62,20 +65,33 @@ pub async fn hold(
     direction: Direction,
     held: &HeldTransfer,
     bytes: &[u8],
-    all_bytes_max: u64,
+    bounds: HoldBounds,
 ) -> Result<bool, DbError> {
     let (table, part_table) = direction.tables();
     let length = stored_length(bytes.len() as u64)?;
     let transaction = client.transaction().await?;
-    remove(&transaction, direction, &held.client_id).await?;
-    let others: i64 = transaction
-        .query_one(
-            &format!("SELECT coalesce(sum(length), 0)::bigint FROM {table}"),
-            &[],
+    let owner: Option<String> = transaction
+        .query_opt(
+            &format!("SELECT user_name FROM {table} WHERE client_id = $1"),
+            &[&held.client_id],
         )
         .await?
-        .get(0);
-    if !fits(others, bytes.len() as u64, all_bytes_max) {
+        .map(|row| row.get(0));
+    if !replaceable_by(owner.as_deref(), &held.user) {
+        return Ok(false);
+    }
+    remove(&transaction, direction, &held.client_id).await?;
+    let row = transaction
+        .query_one(
+            &format!(
+                "SELECT coalesce(sum(length), 0)::bigint, \
+                 coalesce(sum(CASE WHEN user_name = $1 THEN length ELSE 0 END), 0)::bigint \
+                 FROM {table}"
+            ),
+            &[&held.user],
+        )
+        .await?;
+    if !fits(row.get(0), row.get(1), bytes.len() as u64, bounds) {
         transaction.commit().await?;
         return Ok(false);
     }

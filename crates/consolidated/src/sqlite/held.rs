@@ -2,7 +2,10 @@
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use crate::held::{fits, stored_length, Direction, HeldTransfer, HELD_TRANSFER_PART_BYTES};
+use crate::held::{
+    fits, replaceable_by, stored_length, Direction, HeldTransfer, HoldBounds,
+    HELD_TRANSFER_PART_BYTES,
+};
 use crate::DbError;
 
 /// The tables of both directions' held transfers.
@@ -52,18 +55,31 @@ pub fn hold(
     direction: Direction,
     held: &HeldTransfer,
     bytes: &[u8],
-    all_bytes_max: u64,
+    bounds: HoldBounds,
 ) -> Result<bool, DbError> {
     let (table, part_table) = direction.tables();
     let length = stored_length(bytes.len() as u64)?;
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let owner: Option<String> = transaction
+        .query_row(
+            &format!("SELECT user_name FROM {table} WHERE client_id = ?1"),
+            [&held.client_id],
+            |row| row.get(0),
+        )
+        .optional()?;
+    if !replaceable_by(owner.as_deref(), &held.user) {
+        return Ok(false);
+    }
     remove(&transaction, direction, &held.client_id)?;
-    let others: i64 = transaction.query_row(
-        &format!("SELECT coalesce(sum(length), 0) FROM {table}"),
-        [],
-        |row| row.get(0),
+    let (others, users): (i64, i64) = transaction.query_row(
+        &format!(
+            "SELECT coalesce(sum(length), 0), \
+             coalesce(sum(CASE WHEN user_name = ?1 THEN length ELSE 0 END), 0) FROM {table}"
+        ),
+        [&held.user],
+        |row| Ok((row.get(0)?, row.get(1)?)),
     )?;
-    if !fits(others, bytes.len() as u64, all_bytes_max) {
+    if !fits(others, users, bytes.len() as u64, bounds) {
         transaction.commit()?;
         return Ok(false);
     }

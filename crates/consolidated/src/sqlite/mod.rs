@@ -227,10 +227,10 @@ impl ConsolidatedConnection for SqliteConnection {
         direction: crate::Direction,
         held: &crate::HeldTransfer,
         bytes: &[u8],
-        all_bytes_max: u64,
+        bounds: impl Into<crate::HoldBounds> + Send,
     ) -> Result<bool, DbError> {
-        let (held, bytes) = (held.clone(), bytes.to_vec());
-        self.run(move |connection| held::hold(connection, direction, &held, &bytes, all_bytes_max))
+        let (held, bytes, bounds) = (held.clone(), bytes.to_vec(), bounds.into());
+        self.run(move |connection| held::hold(connection, direction, &held, &bytes, bounds))
             .await
     }
 

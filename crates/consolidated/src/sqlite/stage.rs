@@ -26,6 +26,9 @@ pub(super) struct Stage {
     table: String,
     columns: Vec<String>,
     key_columns: Vec<String>,
+    /// The staged column that is the table's INTEGER PRIMARY KEY (its rowid), if any:
+    /// SQLite refuses anything but an integer there, at the script's insert.
+    rowid_column: Option<usize>,
 }
 
 impl Stage {
@@ -68,11 +71,14 @@ impl Stage {
             ));
         }
         connection.execute_batch(&ddl)?;
+        let rowid_column = rowid_alias(connection, &shape.name)?
+            .and_then(|rowid| staged_columns.iter().position(|column| *column == rowid));
         Ok(Stage {
             name,
             table: shape.name.clone(),
             columns: staged_columns,
             key_columns: shape.key_columns.clone(),
+            rowid_column,
         })
     }
 
@@ -104,6 +110,18 @@ impl Stage {
             let Some(stored) = stored.next()? else {
                 continue;
             };
+            if let Some(index) = self.rowid_column {
+                if !matches!(
+                    stored.get_ref(index)?,
+                    ValueRef::Integer(_) | ValueRef::Null
+                ) {
+                    let sent = row[index];
+                    return Err(self.refused(
+                        index,
+                        &format!("an INTEGER PRIMARY KEY holds only integers, not {sent:?}"),
+                    ));
+                }
+            }
             for (index, sent) in row.iter().enumerate() {
                 if self.columns[index].starts_with(OLD_IMAGE_PREFIX) {
                     continue;
@@ -191,6 +209,24 @@ impl Stage {
             &[],
         )
     }
+}
+
+/// The column that is `table`'s rowid (a lone INTEGER PRIMARY KEY of a rowid table), if
+/// any.
+fn rowid_alias(connection: &Connection, table: &str) -> Result<Option<String>, SyncError> {
+    let mut statement = connection.prepare(
+        "SELECT name, upper(type) FROM pragma_table_info(?1) WHERE pk > 0 \
+         AND NOT EXISTS (SELECT 1 FROM pragma_index_list(?1) WHERE origin = 'pk')",
+    )?;
+    let keys = statement
+        .query_map([table], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(match keys.as_slice() {
+        [(name, kind)] if kind == "INTEGER" => Some(name.clone()),
+        _ => None,
+    })
 }
 
 /// Whether SQLite holds `sent` exactly as `stored`: the same value in the same storage

@@ -3,7 +3,7 @@
 //! bounded in all, replaced, released and expired; each direction apart from the other.
 
 use rowsync_consolidated::{
-    ConsolidatedConnection, Direction, HeldTransfer, HELD_TRANSFER_PART_BYTES,
+    ConsolidatedConnection, Direction, HeldTransfer, HoldBounds, HELD_TRANSFER_PART_BYTES,
 };
 
 use super::{Factory, Fixture, RawSql};
@@ -252,4 +252,66 @@ pub async fn held_uploads_and_downloads_of_a_client_are_apart<F: Factory>() {
         .await
         .unwrap();
     assert!(upload_left.is_some());
+}
+
+/// Issue 32, items 4 and 5: a user who held a transfer under another user's client id
+/// replaced that user's held transfer; and one user could fill the whole bound. A held
+/// transfer is replaced only by its own user, and each user's held bytes (as stored)
+/// stay within the user's share.
+pub async fn a_held_transfer_is_replaced_only_by_its_user_within_the_users_share<F: Factory>() {
+    for direction in Direction::ALL {
+        replaced_only_by_its_user::<F>(direction).await;
+    }
+}
+
+async fn replaced_only_by_its_user<F: Factory>(direction: Direction) {
+    let mut f = Fixture::<F>::new().await;
+    let bytes = stream(600);
+    let victim = held("c1", "t1", &bytes, 1_000);
+    assert!(f
+        .admin
+        .hold_transfer(direction, &victim, &bytes, u64::MAX)
+        .await
+        .unwrap());
+    let mallory = |client_id: &str, transfer_id: &str| HeldTransfer {
+        user: "mallory".into(),
+        ..held(client_id, transfer_id, &bytes, 2_000)
+    };
+    assert!(!f
+        .admin
+        .hold_transfer(direction, &mallory("c1", "t2"), &bytes, u64::MAX)
+        .await
+        .unwrap());
+    assert_eq!(
+        f.admin.held_transfer(direction, "c1", "t1").await.unwrap(),
+        Some(victim.clone()),
+        "the victim's transfer stays"
+    );
+    let share = HoldBounds {
+        all_bytes_max: u64::MAX,
+        user_bytes_max: 1_000,
+    };
+    assert!(f
+        .admin
+        .hold_transfer(direction, &mallory("c2", "t3"), &bytes, share)
+        .await
+        .unwrap());
+    // 600 + 600 > 1000 for mallory: her second client's transfer is not held...
+    assert!(!f
+        .admin
+        .hold_transfer(direction, &mallory("c3", "t4"), &bytes, share)
+        .await
+        .unwrap());
+    // ...while another user's fits beside hers, and she replaces her own.
+    let small = stream(300);
+    assert!(f
+        .admin
+        .hold_transfer(direction, &held("c4", "t5", &small, 3_000), &small, share)
+        .await
+        .unwrap());
+    assert!(f
+        .admin
+        .hold_transfer(direction, &mallory("c2", "t6"), &bytes, share)
+        .await
+        .unwrap());
 }

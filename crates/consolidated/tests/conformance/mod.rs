@@ -106,6 +106,7 @@ macro_rules! conformance_suite {
             composite_primary_keys_sync_both_ways,
             decimals_round_trip_without_losing_digits,
             a_value_is_stored_exactly_or_refused_naming_table_and_column,
+            a_key_of_another_type_is_refused_like_any_value,
             cleanup_drops_only_tombstones_every_client_passed,
             a_resent_upload_still_delivers_its_conflict_resolution,
             a_delete_of_a_row_changed_after_the_download_is_a_conflict,
@@ -134,6 +135,7 @@ macro_rules! conformance_suite {
             a_held_transfer_is_found_whole_in_parts_and_by_its_transfer_only,
             held_transfers_stay_within_their_bound_and_expire,
             held_uploads_and_downloads_of_a_client_are_apart,
+            a_held_transfer_is_replaced_only_by_its_user_within_the_users_share,
             uploads_apply_parents_first_and_delete_children_first,
             deletes_apply_children_first_whatever_order_the_tables_come_in,
             a_row_whose_parent_exists_nowhere_still_fails_the_sync,
@@ -2354,4 +2356,31 @@ pub async fn a_large_upload_over_apply_streams_lands_as_on_one_stream<F: Factory
     let resent = f.sync_ok(upload).await;
     assert!(resent.summary.upload_already_applied);
     assert_eq!(f.orders().await, expected, "nothing applied twice");
+}
+
+/// Issue 32, item 10: a text or double value for an INTEGER PRIMARY KEY was a script
+/// error (code 9) on SQLite; it is a value its column cannot take (code 7), named by
+/// table and column, like every other, and nothing of the sync applies.
+pub async fn a_key_of_another_type_is_refused_like_any_value<F: Factory>() {
+    let f = Fixture::<F>::with_orders(&[]).await;
+    for id in [text("abc"), Value::Double(1.5)] {
+        let mut row = order(1, "alice", "pen", 1, None);
+        row[0] = id.clone();
+        let error = f
+            .sync(request(
+                "alice-1",
+                "alice",
+                0,
+                1,
+                vec![orders_upload(vec![row], vec![], vec![])],
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(error.code(), ErrorCode::Schema, "{id:?}: {error:?}");
+        assert!(
+            matches!(&error, SyncError::Schema(message)
+                if message.contains("\"orders\"") && message.contains("\"id\"")),
+            "{id:?}: {error:?}"
+        );
+    }
 }

@@ -195,6 +195,7 @@ pub(crate) async fn send_held_download<B: Consolidated>(
             shared,
             rowsync_consolidated::Direction::Download,
             &hello,
+            &user,
             &transfer_id,
         )
         .await;

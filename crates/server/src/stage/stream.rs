@@ -460,9 +460,10 @@ impl<'s, S: AsyncRead + Unpin> UploadReader<'s, S> {
     }
 }
 
-/// The authenticated user of a hello, unless its address or user name has too many
-/// refused logins in the current window (refused unchecked: no database, no argon2);
-/// a refusal counts against both.
+/// The authenticated user of a hello, unless its address, its user name at the address,
+/// or its user name (at an address that failed too) has too many refused logins in the
+/// current window (refused unchecked: no database, no argon2); a refusal counts
+/// against all three (`throttle`).
 async fn throttled_login<B: Consolidated>(
     shared: &Shared<B>,
     peer: SocketAddr,
@@ -483,7 +484,7 @@ async fn throttled_login<B: Consolidated>(
     }
     let authenticated = authenticated_user(shared, hello).await;
     match &authenticated {
-        Ok(_) => throttle.succeeded(&hello.user),
+        Ok(_) => throttle.succeeded(address, &hello.user),
         Err(failure)
             if failure.error().and_then(WireError::error_code)
                 == Some(ErrorCode::AuthenticationFailed) =>
