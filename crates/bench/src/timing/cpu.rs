@@ -423,9 +423,8 @@ mod tests {
             "{usage:?}"
         );
         assert_eq!(usage.database_seconds, None);
-        assert!(
-            usage.wall_seconds >= usage.bench_seconds - 0.05,
-            "{usage:?}"
-        );
+        // Not compared with the CPU: the test harness's other threads count in this
+        // process's CPU too.
+        assert!(usage.wall_seconds > 0.0, "{usage:?}");
     }
 }
