@@ -149,16 +149,11 @@ impl LosingRows {
         if self.count == 0 {
             return Ok(0);
         }
-        let mut decoder = FrameDecoder::new(usize::MAX / 2).with_value_limits(u64::MAX, u64::MAX);
         let mut kept = 0;
-        for frame in frames {
-            decoder.feed(frame);
-            while let Some(message) = decoder.next_message()? {
-                if let Message::Upload(upload) = message {
-                    kept += self.record_table(connection, &upload, upload_sequence)?;
-                }
-            }
-        }
+        for_each_upload(frames, |upload| {
+            kept += self.record_table(connection, &upload, upload_sequence)?;
+            Ok(())
+        })?;
         Ok(kept)
     }
 
@@ -222,6 +217,24 @@ impl LosingRows {
         }
         Ok(kept)
     }
+}
+
+/// Calls `each` with every table upload an in-flight upload's `frames` hold (this
+/// client's own frames: no limits but their own), values in pieces made whole.
+pub fn for_each_upload(
+    frames: &[Vec<u8>],
+    mut each: impl FnMut(TableUpload) -> Result<(), ClientError>,
+) -> Result<(), ClientError> {
+    let mut decoder = FrameDecoder::new(usize::MAX / 2).with_value_limits(u64::MAX, u64::MAX);
+    for frame in frames {
+        decoder.feed(frame);
+        while let Some(message) = decoder.next_message()? {
+            if let Message::Upload(upload) = message {
+                each(upload)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 pub fn pick(row: &[Value], positions: &[usize]) -> Row {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use rowsync_protocol::{encode_key_identity, RefusedRow, Row, TableUpload};
 use rusqlite::types::Value as SqlValue;
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value as Json;
 
 use crate::kept::{json_column, object, pick};
@@ -117,72 +117,81 @@ impl<'a> Refusals<'a> {
                 upload.table
             ))
         })?;
+        // Taken out first, written after.
+        let mut aside: Vec<SetAside> = Vec::new();
+        upload.inserts.retain(|row| {
+            let key = pick(row, &positions);
+            let Some(refused) = refusal_of(&key) else {
+                return true;
+            };
+            aside.push(SetAside {
+                operation: "insert",
+                key,
+                client_row: Some(row.clone()),
+                old_row: None,
+                refused,
+            });
+            false
+        });
+        upload.updates.retain(|update| {
+            let key = pick(&update.new, &positions);
+            let Some(refused) = refusal_of(&key) else {
+                return true;
+            };
+            aside.push(SetAside {
+                operation: "update",
+                key,
+                client_row: Some(update.new.clone()),
+                old_row: Some(update.old.clone()),
+                refused,
+            });
+            false
+        });
+        upload.deletes.retain(|key| {
+            let Some(refused) = refusal_of(key) else {
+                return true;
+            };
+            aside.push(SetAside {
+                operation: "delete",
+                key: key.clone(),
+                client_row: None,
+                old_row: None,
+                refused,
+            });
+            false
+        });
         let mut insert = connection.prepare_cached(
             "INSERT INTO rs_client_rejected
                  (table_name, operation, key, client_row, old_row, code, reason, upload_sequence)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )?;
-        let table = upload.table.clone();
-        let mut write = |operation: &str,
-                         key: &Row,
-                         new: Option<&Row>,
-                         old: Option<&Row>,
-                         refused: &RefusedRow| {
-            insert.execute(params![
-                table,
-                operation,
-                object(&upload.key_columns, key).to_string(),
-                new.map(|row| object(&upload.columns, row).to_string()),
-                old.map(|row| object(&upload.columns, row).to_string()),
-                refused.code,
-                refused.reason,
-                upload_sequence as i64,
-            ])
+        let row_json = |row: &Option<Row>| {
+            row.as_ref()
+                .map(|row| object(&upload.columns, row).to_string())
         };
-        let mut count = 0u64;
-        let mut failed = None;
-        upload.inserts.retain(|row| {
-            let key = pick(row, &positions);
-            match refusal_of(&key) {
-                Some(refused) if failed.is_none() => {
-                    failed = write("insert", &key, Some(row), None, refused).err();
-                    count += 1;
-                    false
-                }
-                _ => true,
-            }
-        });
-        upload.updates.retain(|update| {
-            let key = pick(&update.new, &positions);
-            match refusal_of(&key) {
-                Some(refused) if failed.is_none() => {
-                    failed = write(
-                        "update",
-                        &key,
-                        Some(&update.new),
-                        Some(&update.old),
-                        refused,
-                    )
-                    .err();
-                    count += 1;
-                    false
-                }
-                _ => true,
-            }
-        });
-        upload.deletes.retain(|key| match refusal_of(key) {
-            Some(refused) if failed.is_none() => {
-                failed = write("delete", key, None, None, refused).err();
-                count += 1;
-                false
-            }
-            _ => true,
-        });
-        match failed {
-            Some(error) => Err(error.into()),
-            None => Ok(count),
+        for change in &aside {
+            insert.execute(params![
+                upload.table,
+                change.operation,
+                object(&upload.key_columns, &change.key).to_string(),
+                row_json(&change.client_row),
+                row_json(&change.old_row),
+                change.refused.code,
+                change.refused.reason,
+                upload_sequence as i64,
+            ])?;
         }
+        Ok(aside.len() as u64)
     }
+}
+
+/// A change taken out of an upload, with the refusal that names it.
+struct SetAside<'r> {
+    operation: &'static str,
+    key: Row,
+    client_row: Option<Row>,
+    old_row: Option<Row>,
+    refused: &'r RefusedRow,
 }
 
 fn identity(key: &Row) -> Vec<u8> {
@@ -191,34 +200,38 @@ fn identity(key: &Row) -> Vec<u8> {
     encoded
 }
 
+const REJECTED_COLUMNS: &str = "id, table_name, operation, key, client_row, old_row, code, \
+     reason, upload_sequence, recorded_at";
+
 /// Every rejected change, oldest first.
 pub fn rejected_rows(connection: &Connection) -> Result<Vec<RejectedRow>, ClientError> {
-    let mut statement = connection.prepare(
-        "SELECT id, table_name, operation, key, client_row, old_row, code, reason,
-                upload_sequence, recorded_at FROM rs_client_rejected ORDER BY id",
-    )?;
-    let rows = statement.query_map([], |row| {
-        Ok(RejectedRow {
-            id: row.get(0)?,
-            table: row.get(1)?,
-            operation: row.get(2)?,
-            key: json_column(row, 3)?.unwrap_or(Json::Null),
-            client_row: json_column(row, 4)?,
-            old_row: json_column(row, 5)?,
-            code: row.get::<_, i64>(6)?.clamp(0, i64::from(u16::MAX)) as u16,
-            reason: row.get(7)?,
-            upload_sequence: row.get::<_, i64>(8)?.max(0) as u64,
-            recorded_at: row.get(9)?,
-        })
-    })?;
+    let mut statement = connection.prepare(&format!(
+        "SELECT {REJECTED_COLUMNS} FROM rs_client_rejected ORDER BY id"
+    ))?;
+    let rows = statement.query_map([], rejected_of)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
 /// One rejected change, if it is there.
 pub fn rejected_row(connection: &Connection, id: i64) -> Result<Option<RejectedRow>, ClientError> {
-    Ok(rejected_rows(connection)?
-        .into_iter()
-        .find(|row| row.id == id))
+    let sql = format!("SELECT {REJECTED_COLUMNS} FROM rs_client_rejected WHERE id = ?1");
+    Ok(connection.query_row(&sql, [id], rejected_of).optional()?)
+}
+
+/// A row of `rs_client_rejected`, its columns in the order of `REJECTED_COLUMNS`.
+fn rejected_of(row: &rusqlite::Row) -> rusqlite::Result<RejectedRow> {
+    Ok(RejectedRow {
+        id: row.get(0)?,
+        table: row.get(1)?,
+        operation: row.get(2)?,
+        key: json_column(row, 3)?.unwrap_or(Json::Null),
+        client_row: json_column(row, 4)?,
+        old_row: json_column(row, 5)?,
+        code: row.get::<_, i64>(6)?.clamp(0, i64::from(u16::MAX)) as u16,
+        reason: row.get(7)?,
+        upload_sequence: row.get::<_, i64>(8)?.max(0) as u64,
+        recorded_at: row.get(9)?,
+    })
 }
 
 /// The values of `columns` in a row kept as JSON (see [`RejectedRow`]), as SQLite

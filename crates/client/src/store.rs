@@ -5,11 +5,11 @@ use std::collections::HashMap;
 
 use rand::RngCore;
 use rowsync_protocol::{
-    message_frames, Download, FrameDecoder, Message, RefusedRow, Row, RowUpdate, TableUpload, Value,
+    message_frames, Download, Message, RefusedRow, Row, RowUpdate, TableUpload, Value,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use crate::kept::{LosingRows, KEPT_CONFLICTS_DDL};
+use crate::kept::{for_each_upload, LosingRows, KEPT_CONFLICTS_DDL};
 use crate::rejected::{self, Refusals, REJECTED_DDL};
 use crate::ClientError;
 
@@ -914,24 +914,15 @@ pub fn set_aside(
 ) -> Result<u64, ClientError> {
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let refusals = Refusals::new(refused);
-    let mut decoder = FrameDecoder::new(usize::MAX / 2).with_value_limits(u64::MAX, u64::MAX);
     let mut messages = Vec::new();
     let mut set_aside = 0;
-    for frame in &batch.frames {
-        decoder.feed(frame);
-        while let Some(message) = decoder.next_message()? {
-            if let Message::Upload(mut upload) = message {
-                set_aside +=
-                    refusals.set_aside(&transaction, &mut upload, batch.upload_sequence)?;
-                if !(upload.inserts.is_empty()
-                    && upload.updates.is_empty()
-                    && upload.deletes.is_empty())
-                {
-                    messages.push(upload);
-                }
-            }
+    for_each_upload(&batch.frames, |mut upload| {
+        set_aside += refusals.set_aside(&transaction, &mut upload, batch.upload_sequence)?;
+        if !(upload.inserts.is_empty() && upload.updates.is_empty() && upload.deletes.is_empty()) {
+            messages.push(upload);
         }
-    }
+        Ok(())
+    })?;
     let sequence = batch.upload_sequence as i64;
     transaction.execute(
         "DELETE FROM rs_client_inflight WHERE upload_sequence = ?1",
