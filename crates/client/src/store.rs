@@ -1342,6 +1342,15 @@ impl DownloadApply {
 /// stale on the server does: the log entry goes, the server's row is applied, and the
 /// delete is kept as a conflict (`rs_client_conflict`, upload sequence 0: never sent).
 /// Returns how many.
+/// `"k1" = ?start AND "k2" = ?start+1 ...`: the key columns equal to numbered parameters.
+fn keys_equal(keys: &[String], start: usize) -> String {
+    keys.iter()
+        .enumerate()
+        .map(|(i, k)| format!("{} = ?{}", q(k), start + i))
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
 fn keep_stale_deletes(
     connection: &Connection,
     download: &Download,
@@ -1369,13 +1378,7 @@ fn keep_stale_deletes(
     if !pending_deletes {
         return Ok(0);
     }
-    let key_match = download
-        .key_columns
-        .iter()
-        .enumerate()
-        .map(|(n, k)| format!("{} = ?{}", q(k), n + 1))
-        .collect::<Vec<_>>()
-        .join(" AND ");
+    let key_match = keys_equal(&download.key_columns, 1);
     let differs = compared
         .iter()
         .enumerate()
@@ -1392,7 +1395,7 @@ fn keep_stale_deletes(
     )?;
     let mut count = 0;
     for row in &download.upserts {
-        let key: Row = keys.iter().map(|&at| row[at].clone()).collect();
+        let key = crate::kept::pick(row, &keys);
         let values = key.iter().chain(compared.iter().map(|(_, at)| &row[*at]));
         if stale.execute(rusqlite::params_from_iter(values))? == 0 {
             continue;
@@ -1414,20 +1417,13 @@ fn apply_table(
 ) -> Result<u64, ClientError> {
     let table = q(&download.table);
     let keys = &download.key_columns;
-    let key_placeholders = |start: usize| {
-        keys.iter()
-            .enumerate()
-            .map(|(i, k)| format!("{} = ?{}", q(k), start + i))
-            .collect::<Vec<_>>()
-            .join(" AND ")
-    };
     let width = download.columns.len();
     let no_pending = |start: usize| {
         if is_tracked {
             format!(
                 "NOT EXISTS (SELECT 1 FROM {} WHERE {})",
                 q(&log_table(&download.table)),
-                key_placeholders(start)
+                keys_equal(keys, start)
             )
         } else {
             "1".to_string()
@@ -1437,7 +1433,7 @@ fn apply_table(
     if !download.deletes.is_empty() {
         let mut delete = connection.prepare_cached(&format!(
             "DELETE FROM {table} WHERE {} AND {}",
-            key_placeholders(1),
+            keys_equal(keys, 1),
             no_pending(1)
         ))?;
         for key in &download.deletes {
