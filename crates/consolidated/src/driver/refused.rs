@@ -6,7 +6,7 @@
 use rowsync_protocol::{RefusedRow, Row, TableUpload};
 
 use super::upload::{apply_kinds, passes, plan_table, resolve_conflicts, upload_order};
-use super::upload::{SyncContext, TablePlan};
+use super::upload::{SyncContext, TablePlan, UploadKind};
 use crate::dialect::{Dialect, Savepoint, SyncBackend};
 use crate::parameters::Parameters;
 use crate::scripts::*;
@@ -79,7 +79,13 @@ async fn probe<D: Dialect>(
                 plan: &plans[index],
                 event,
             };
-            let count = rows_of(&trying.plan.upload, event);
+            let plan = trying.plan;
+            let count = UploadKind {
+                upload: &plan.upload,
+                event,
+                layout: &plan.layout,
+            }
+            .count();
             for start in (0..count).step_by(PART_ROWS) {
                 let part = start..(start + PART_ROWS).min(count);
                 if trying.part(transaction, part.clone()).await?.is_ok() {
@@ -190,14 +196,6 @@ fn reason(error: &SyncError) -> String {
         reason.truncate(end);
     }
     reason
-}
-
-fn rows_of(upload: &TableUpload, event: &str) -> usize {
-    match event {
-        UPLOAD_INSERT => upload.inserts.len(),
-        UPLOAD_UPDATE => upload.updates.len(),
-        _ => upload.deletes.len(),
-    }
 }
 
 /// Rows `range` of one kind of `upload`, as an upload of their own.

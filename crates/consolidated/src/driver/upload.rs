@@ -358,15 +358,15 @@ fn without_columns(upload: &TableUpload, shape: &TableShape, dropped: &[String])
 }
 
 /// One kind of operation of a table's upload.
-struct UploadKind<'a> {
-    upload: &'a TableUpload,
+pub struct UploadKind<'a> {
+    pub upload: &'a TableUpload,
     /// `upload_insert`, `upload_update` or `upload_delete`.
-    event: &'static str,
-    layout: &'a ImageLayout,
+    pub event: &'static str,
+    pub layout: &'a ImageLayout,
 }
 
 impl UploadKind<'_> {
-    fn count(&self) -> usize {
+    pub fn count(&self) -> usize {
         match self.event {
             UPLOAD_INSERT => self.upload.inserts.len(),
             UPLOAD_UPDATE => self.upload.updates.len(),
