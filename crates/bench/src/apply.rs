@@ -376,6 +376,7 @@ async fn sync_timed_version(
         acknowledge: None,
         transfer: None,
         download_resume: None,
+        key_ranges: &[],
     })
     .await?;
     let elapsed = started.elapsed();
@@ -402,6 +403,7 @@ async fn download_all(address: &str) -> Result<usize> {
         acknowledge: None,
         transfer: None,
         download_resume: None,
+        key_ranges: &[],
     })
     .await?;
     match event {

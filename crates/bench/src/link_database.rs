@@ -246,6 +246,7 @@ fn backlog(client_id: &str, ids: std::ops::Range<i64>) -> SyncRequest {
         transfer_id: None,
         check_identity: false,
         refused_rows_max: 0,
+        key_ranges: None,
     }
 }
 

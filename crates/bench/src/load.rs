@@ -118,6 +118,7 @@ async fn run_once(
                     acknowledge: None,
                     transfer: None,
                     download_resume: None,
+                    key_ranges: &[],
                 })
                 .await;
                 // A refused client that is still sending when the server gives up

@@ -9,7 +9,9 @@ use clap::{Parser, Subcommand};
 use command::bench::{
     BenchApplyArgs, BenchArgs, BenchLinkArgs, BenchLoadArgs, BenchStoreArgs, BenchTransportArgs,
 };
-use command::{bench, cert, cleanup, demo, init, profile, replay, script, serve, user, version};
+use command::{
+    bench, cert, cleanup, demo, init, keys, profile, replay, script, serve, user, version,
+};
 
 #[derive(Parser)]
 #[command(
@@ -48,6 +50,9 @@ enum Command {
     },
     /// Make an existing table synchronizable: change tracking and default scripts.
     Init(init::InitArgs),
+    /// Hand clients ranges of a table's integer keys for the rows they insert offline
+    /// (the server's own key generator moves above them): docs/types.md.
+    Keys(keys::KeysArgs),
     /// Remove tombstones every subscribed client has passed (the server also does this
     /// every --cleanup-interval-seconds).
     Cleanup(cleanup::CleanupArgs),
@@ -124,6 +129,7 @@ async fn run(command: Command) -> Result<()> {
         Command::Script { command } => script::run(command).await,
         Command::Version { command } => version::run(command).await,
         Command::Init(args) => init::run(args).await,
+        Command::Keys(args) => keys::run(args).await,
         Command::Cleanup(args) => cleanup::run(args).await,
         Command::Cert(args) => cert::run(args),
         Command::BenchTransport(args) => bench::run_transport(args).await,

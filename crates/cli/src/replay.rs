@@ -230,6 +230,7 @@ async fn replay_one(
                 acknowledge: None,
                 transfer: None,
                 download_resume: None,
+                key_ranges: &[],
             },
             &mut digesting,
         )

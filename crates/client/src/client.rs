@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 use crate::durability::{self, ClientOptions, Durability};
 use crate::kept::{self, KeptConflict};
+use crate::keys;
 use crate::rejected::{self, RejectedRow};
 use crate::report::{ConflictedRow, ConflictedRows, Identity, SyncProgress, SyncReport};
 use crate::session::SessionEvent;
@@ -279,6 +280,15 @@ impl Client {
         store::untrack(&mut self.connection, table)
     }
 
+    /// Takes the next key of `table` from the key ranges the server handed this client
+    /// (protocol v7): a key no other client and no writer on the server is handed, for
+    /// a row inserted offline. [`ClientError::NoKeys`] when none is left: sync first
+    /// (the server hands a range out with the first sync, and a new one when less than
+    /// half of one is left). docs/types.md, "Keys for rows made offline".
+    pub fn next_key(&mut self, table: &str) -> Result<i64, ClientError> {
+        keys::next_key(&mut self.connection, table)
+    }
+
     pub fn has_pending_changes(&self) -> Result<bool, ClientError> {
         store::has_pending_changes(&self.connection)
     }
@@ -466,6 +476,7 @@ impl Client {
             let exchange = Exchange {
                 upload_frames: &batch.frames,
                 upload_sequence: batch.upload_sequence,
+                key_ranges: &batch.key_ranges,
                 transfer: transfer.clone(),
                 ..short_exchange(options, &hello)
             };
@@ -529,7 +540,8 @@ impl Client {
         match event {
             SessionEvent::Complete(completed) => {
                 let end = completed.end;
-                let applied = apply.finish(&self.connection, batch, end.watermark)?;
+                let ranges = &completed.key_ranges;
+                let applied = apply.finish(&self.connection, batch, end.watermark, ranges)?;
                 if let Some(Transfer::Resume { offset, .. }) = transfer {
                     report.upload_bytes_resumed += offset;
                 }
@@ -645,7 +657,8 @@ impl Client {
             match event {
                 SessionEvent::Complete(completed) if whole => {
                     let end = completed.end;
-                    let applied = apply.finish(&self.connection, batch, end.watermark)?;
+                    let ranges = &completed.key_ranges;
+                    let applied = apply.finish(&self.connection, batch, end.watermark, ranges)?;
                     report.download_bytes_resumed += prefix.len() as u64;
                     return Ok(Some((end, applied)));
                 }
@@ -743,7 +756,7 @@ impl Client {
         let SessionEvent::Held(held) = event else {
             return Ok(0);
         };
-        let end = end_upload_frame(batch.upload_sequence);
+        let end = end_upload_frame(hello, batch.upload_sequence, &batch.key_ranges);
         Ok(
             if held_prefix_matches(
                 transfer_stream(&batch.frames, &end),
@@ -807,6 +820,7 @@ fn short_exchange<'a>(options: &'a SyncOptions, hello: &Hello) -> Exchange<'a> {
         acknowledge: None,
         transfer: None,
         download_resume: None,
+        key_ranges: &[],
     }
 }
 

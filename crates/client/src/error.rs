@@ -45,6 +45,13 @@ pub enum ClientError {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
+    /// No key of the table's ranges is left on this device (protocol v7 key ranges).
+    #[error(
+        "no key of table {table:?} is left on this device: sync to be handed a new range \
+         (the server hands ranges out for the tables its script version has a key_range \
+         script for: `rowsync keys`, docs/types.md)"
+    )]
+    NoKeys { table: String },
     /// An option the client cannot work with (a durability mode name, a combination).
     #[error("invalid client option: {0}")]
     Option(String),

@@ -11,6 +11,7 @@ mod client;
 mod durability;
 mod error;
 mod kept;
+mod keys;
 mod rejected;
 mod report;
 mod session;

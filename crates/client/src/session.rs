@@ -1,7 +1,9 @@
 //! The client side of one sync as a state machine: server messages in, events out.
 //! No I/O: the transport feeds it decoded messages.
 
-use rowsync_protocol::{Conflicts, Download, EndDownload, Message, UploadHeld};
+use rowsync_protocol::{
+    Conflicts, Download, EndDownload, KeyRange, Message, UploadHeld, KEY_RANGES_PER_MESSAGE_MAX,
+};
 
 use crate::ClientError;
 
@@ -11,6 +13,8 @@ pub struct ClientSession {
     conflicts: Vec<Conflicts>,
     /// A download message came: conflicting keys may no longer be named.
     download_started: bool,
+    /// Key ranges the server handed out (protocol v7), kept until the end.
+    key_ranges: Vec<KeyRange>,
     finished: bool,
 }
 
@@ -20,6 +24,8 @@ pub struct CompletedSync {
     pub downloads: Vec<Download>,
     /// The keys the server did not apply as uploaded, by table (protocol v2).
     pub conflicts: Vec<Conflicts>,
+    /// Key ranges handed to this client (protocol v7), kept with the download.
+    pub key_ranges: Vec<KeyRange>,
     pub end: EndDownload,
 }
 
@@ -84,9 +90,15 @@ impl ClientSession {
                 self.check_conflicts(&conflicts)?;
                 return Ok(Received::Conflicts(conflicts));
             }
+            Message::KeyRanges(handed) => {
+                check_key_ranges(&handed.ranges)?;
+                self.key_ranges.extend(handed.ranges);
+                return Ok(Received::Event(SessionEvent::Continue));
+            }
             Message::EndDownload(end) => SessionEvent::Complete(CompletedSync {
                 downloads: Vec::new(),
                 conflicts: Vec::new(),
+                key_ranges: std::mem::take(&mut self.key_ranges),
                 end,
             }),
             Message::Busy { retry_after_ms } => SessionEvent::Busy { retry_after_ms },
@@ -136,6 +148,24 @@ pub enum Received {
     Conflicts(Conflicts),
     /// The session ended (or, never, [`SessionEvent::Continue`]).
     Event(SessionEvent),
+}
+
+/// Key ranges from the server: at most `KEY_RANGES_PER_MESSAGE_MAX`, each holding at
+/// least one key.
+fn check_key_ranges(ranges: &[KeyRange]) -> Result<(), ClientError> {
+    if ranges.len() > KEY_RANGES_PER_MESSAGE_MAX {
+        return Err(ClientError::Protocol(format!(
+            "a key_ranges message names {} ranges; at most {KEY_RANGES_PER_MESSAGE_MAX} are taken",
+            ranges.len()
+        )));
+    }
+    match ranges.iter().find(|range| !range.is_well_formed()) {
+        Some(range) => Err(ClientError::Protocol(format!(
+            "key range {}..{} of table {:?} holds no key",
+            range.start, range.end, range.table
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn check_download(download: &Download) -> Result<(), ClientError> {

@@ -5,11 +5,12 @@ use std::collections::HashMap;
 
 use rand::RngCore;
 use rowsync_protocol::{
-    message_frames, Download, Message, RefusedRow, Row, RowUpdate, TableUpload, Value,
+    message_frames, Download, KeyRange, Message, RefusedRow, Row, RowUpdate, TableUpload, Value,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::kept::{for_each_upload, LosingRows, KEPT_CONFLICTS_DDL};
+use crate::keys::{self, KEY_RANGE_DDL};
 use crate::rejected::{self, Refusals, REJECTED_DDL};
 use crate::ClientError;
 
@@ -78,6 +79,7 @@ pub fn install(connection: &Connection, client_id: Option<&str>) -> Result<Strin
     connection.execute_batch(CLIENT_TABLES)?;
     connection.execute_batch(KEPT_CONFLICTS_DDL)?;
     connection.execute_batch(REJECTED_DDL)?;
+    connection.execute_batch(KEY_RANGE_DDL)?;
     for (table, column, sql_type) in ADDED_COLUMNS {
         if !has_column(connection, table, column)? {
             connection.execute_batch(&format!(
@@ -720,6 +722,9 @@ pub struct Batch {
     pub operations: u64,
     /// This batch was sent before without an answer: the server may have applied it.
     pub is_retry: bool,
+    /// The key ranges this client holds, as they stood when the batch was taken
+    /// (protocol v7 sends them before the end of upload).
+    pub key_ranges: Vec<KeyRange>,
 }
 
 /// The transfer an upload is sent as (protocol v3), and the attempts made before this
@@ -822,6 +827,7 @@ pub fn next_batch_for(
             frames,
             operations,
             is_retry: true,
+            key_ranges: keys::held(&transaction)?,
         });
     }
     let sequence = state(&transaction)?.upload_sequence_acknowledged + 1;
@@ -831,6 +837,7 @@ pub fn next_batch_for(
     }
     let (frames, operations_total) =
         write_inflight(&transaction, sequence, script_version, messages)?;
+    let key_ranges = keys::held(&transaction)?;
     transaction.commit()?;
     Ok(Batch {
         upload_sequence: sequence,
@@ -838,6 +845,7 @@ pub fn next_batch_for(
         frames,
         operations: operations_total,
         is_retry: false,
+        key_ranges,
     })
 }
 
@@ -1192,8 +1200,11 @@ pub fn apply_download(
             frames: Vec::new(),
             operations: 0,
             is_retry: false,
+            key_ranges: Vec::new(),
         };
-        Ok(apply.finish(connection, &batch, watermark)?.rows_applied)
+        Ok(apply
+            .finish(connection, &batch, watermark, &[])?
+            .rows_applied)
     })();
     if applied.is_err() {
         DownloadApply::abort(connection);
@@ -1293,14 +1304,17 @@ impl DownloadApply {
 
     /// Keeps the losing side of the conflicts named (from the frames of `batch`, the
     /// upload this download answers),
-    /// records the watermark and the upload's acknowledgement, and commits.
+    /// keeps the key ranges handed out (protocol v7), records the watermark and the
+    /// upload's acknowledgement, and commits.
     pub fn finish(
         mut self,
         connection: &Connection,
         batch: &Batch,
         watermark: i64,
+        key_ranges: &[KeyRange],
     ) -> Result<AppliedDownload, ClientError> {
         self.begin(connection)?;
+        keys::keep(connection, key_ranges)?;
         let upload_sequence = batch.upload_sequence;
         let conflicts_kept = self
             .losing

@@ -18,9 +18,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rowsync_protocol::{
     decode_message, encode_frame, Compression, Conflicts, Download, DownloadAck, DownloadHeld,
-    DownloadResume, EndUpload, FrameDecoder, Hello, Inbound, Message, Outbound, UploadHeld,
-    UploadResume, DOWNLOAD_RECEIPT_BYTES_MIN, DOWNLOAD_RESUME_SINCE_VERSION, FRAME_HEADER_BYTES,
-    RESUME_SINCE_VERSION, ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT,
+    DownloadResume, EndUpload, FrameDecoder, Hello, Inbound, KeyRange, KeyRanges, Message,
+    Outbound, UploadHeld, UploadResume, DOWNLOAD_RECEIPT_BYTES_MIN, DOWNLOAD_RESUME_SINCE_VERSION,
+    FRAME_HEADER_BYTES, KEY_RANGES_SINCE_VERSION, RESUME_SINCE_VERSION,
+    ROW_PIECES_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT,
 };
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -227,6 +228,8 @@ pub struct Exchange<'a> {
     /// Protocol v4: instead of an upload, continue the cut download of this transfer
     /// after the bytes of its stream the client holds.
     pub download_resume: Option<HeldDownload<'a>>,
+    /// Protocol v7: the key ranges the client holds, sent before the end of upload.
+    pub key_ranges: &'a [KeyRange],
 }
 
 /// What a client holds of a cut download (protocol v4): the transfer and the start of
@@ -267,9 +270,19 @@ pub fn transfer_stream<'a>(
         .chain(std::iter::once(end))
 }
 
-/// The end of upload frame of a sequence.
-pub fn end_upload_frame(upload_sequence: u64) -> Vec<u8> {
-    encode_frame(&Message::EndUpload(EndUpload { upload_sequence }))
+/// The frames that end an upload: the key ranges the client holds (protocol v7, when
+/// it holds any), then the end of upload of its sequence.
+pub fn end_upload_frame(hello: &Hello, upload_sequence: u64, key_ranges: &[KeyRange]) -> Vec<u8> {
+    let mut frames = Vec::new();
+    if hello.protocol_version >= KEY_RANGES_SINCE_VERSION && !key_ranges.is_empty() {
+        frames = encode_frame(&Message::KeyRanges(KeyRanges {
+            ranges: key_ranges.to_vec(),
+        }));
+    }
+    frames.extend(encode_frame(&Message::EndUpload(EndUpload {
+        upload_sequence,
+    })));
+    frames
 }
 
 /// Bytes that crossed the TCP connection, in each direction, everything included (TLS
@@ -606,7 +619,7 @@ fn upload_stream(request: &Exchange<'_>) -> Result<(Vec<Vec<u8>>, Option<String>
         .map_err(compress_error)?;
     hello_piece.extend(outbound.compressor().flush().map_err(compress_error)?);
     pieces.push(hello_piece);
-    let end = end_upload_frame(request.upload_sequence);
+    let end = end_upload_frame(&request.hello, request.upload_sequence, request.key_ranges);
     let download_resumable = request.hello.protocol_version >= DOWNLOAD_RESUME_SINCE_VERSION;
     let mut receipt = None;
     let (head, upload_frames, offset): (Option<Vec<u8>>, &[Vec<u8>], u64) =
@@ -1363,6 +1376,7 @@ mod tests {
                 acknowledge: None,
                 transfer: None,
                 download_resume: None,
+                key_ranges: &[],
             };
             let (pieces, _) = upload_stream(&request).unwrap();
             // The preamble, then a piece that inflates to the hello frame exactly.

@@ -341,6 +341,7 @@ async fn sync_as_version_1(
         acknowledge: None,
         transfer: None,
         download_resume: None,
+        key_ranges: &[],
     })
     .await
     .unwrap();

@@ -341,6 +341,16 @@ pub trait Dialect {
         parameters: &Parameters<'_>,
     ) -> Result<Option<ScriptRows>, SyncError>;
 
+    /// Runs a table's query script (`key_range`) if the version has one; returns what
+    /// it selected.
+    async fn run_table_query(
+        &mut self,
+        scripts: &Scripts,
+        table: &str,
+        event: &str,
+        parameters: &Parameters<'_>,
+    ) -> Result<Option<ScriptRows>, SyncError>;
+
     /// A table's columns and primary key; `SyncError::Schema` when there is no such table.
     async fn table_shape(&mut self, table: &str) -> Result<TableShape, SyncError>;
 

@@ -17,6 +17,7 @@ pub mod failpoints;
 mod foreign_keys;
 mod held;
 mod history;
+mod key_space;
 pub mod mysql;
 mod names;
 mod parameters;
@@ -49,6 +50,7 @@ pub use download::{
 pub use error::{DbError, SyncError};
 pub use held::{Direction, HeldTransfer, HoldBounds, HELD_TRANSFER_PART_BYTES};
 pub use history::HistoryRecord;
+pub use key_space::{key_range_script, KeyRangeInit, KeySpace, RANGE_KEYS_DEFAULT};
 pub use names::quote_identifier;
 /// Named parameters as a tool binds them outside a sync (`rowsync profile` runs single
 /// scripts with the values a sync would give them).
@@ -156,6 +158,15 @@ pub trait ConsolidatedConnection: Send + 'static {
         &mut self,
         init: &TableInit,
     ) -> impl Future<Output = Result<InitOutcome, DbError>> + Send;
+
+    /// Splits a table's key space between the clients and the server for key ranges
+    /// (`rowsync keys`, see `key_space`): the server's key generator moved above the
+    /// clients' part, recorded in `rs_key_space`. Run again, it keeps the split it made.
+    /// The version's `key_range` script ([`key_range_script`]) is stored apart.
+    fn init_key_ranges(
+        &mut self,
+        init: &KeyRangeInit,
+    ) -> impl Future<Output = Result<KeySpace, DbError>> + Send;
 
     /// Runs one sync's database work in one transaction: applies the upload unless its
     /// sequence was already applied, records the sequence, and streams the download to

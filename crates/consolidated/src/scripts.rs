@@ -55,8 +55,13 @@ pub const UPLOAD_FETCH: &str = "upload_fetch";
 pub const RESOLVE_CONFLICT: &str = "resolve_conflict";
 pub const DOWNLOAD_CURSOR: &str = "download_cursor";
 pub const DOWNLOAD_DELETE_CURSOR: &str = "download_delete_cursor";
+/// A query that hands the client a new range of the table's keys (protocol v7): it
+/// returns one row, the range's first key and the key after its last (or no row when
+/// the table's key space is used up). Run when the client has less than half a range
+/// left; `rowsync keys` writes it.
+pub const KEY_RANGE: &str = "key_range";
 
-pub const TABLE_EVENTS: [&str; 8] = [
+pub const TABLE_EVENTS: [&str; 9] = [
     UPLOAD_INSERT,
     UPLOAD_INSERT_FAST,
     UPLOAD_UPDATE,
@@ -65,6 +70,7 @@ pub const TABLE_EVENTS: [&str; 8] = [
     UPLOAD_FETCH,
     DOWNLOAD_CURSOR,
     DOWNLOAD_DELETE_CURSOR,
+    KEY_RANGE,
 ];
 
 pub const UPLOAD_PLACEHOLDER: &str = "{upload}";

@@ -1,4 +1,4 @@
-use rowsync_protocol::{SyncSummary, TableUpload};
+use rowsync_protocol::{KeyRange, SyncSummary, TableUpload};
 
 use crate::parameters::Parameters;
 
@@ -29,6 +29,9 @@ pub struct SyncRequest {
     /// names (`RowsRefused`) before failing as a whole; 0 (older clients) fails the
     /// sync with the first row's error, as before.
     pub refused_rows_max: u64,
+    /// Protocol v7: the key ranges the client holds (`None` for older clients, which
+    /// are handed none).
+    pub key_ranges: Option<Vec<KeyRange>>,
 }
 
 impl SyncRequest {
@@ -48,6 +51,8 @@ pub struct SyncOutcome {
     pub summary: SyncSummary,
     /// Rows (upserts and deletes) streamed to the download.
     pub download_rows: u64,
+    /// Key ranges handed to the client by this sync (protocol v7).
+    pub key_ranges: Vec<KeyRange>,
     /// Time from the transaction's start until the upload was applied (the rest of the
     /// sync's database time went to the download).
     pub apply_time: std::time::Duration,

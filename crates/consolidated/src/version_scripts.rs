@@ -116,10 +116,15 @@ impl Scripts {
     }
 
     pub fn download_tables(&self) -> Vec<&str> {
+        self.tables_with(&[DOWNLOAD_CURSOR, DOWNLOAD_DELETE_CURSOR])
+    }
+
+    /// The tables with a script for one of `events`, sorted, each once.
+    pub fn tables_with(&self, events: &[&str]) -> Vec<&str> {
         let mut tables: Vec<&str> = self
             .by_table_event
             .keys()
-            .filter(|(_, event)| event == DOWNLOAD_CURSOR || event == DOWNLOAD_DELETE_CURSOR)
+            .filter(|(table, event)| !table.is_empty() && events.contains(&event.as_str()))
             .map(|(table, _)| table.as_str())
             .collect();
         tables.sort_unstable();

@@ -353,6 +353,7 @@ async fn a_connection_keeps_table_shapes_until_the_schema_changes() {
                 transfer_id: None,
                 check_identity: false,
                 refused_rows_max: 0,
+                key_ranges: None,
             }),
         )
         .await
@@ -529,6 +530,7 @@ async fn an_empty_sync_on_a_warm_connection_takes_five_round_trips() {
                 transfer_id: None,
                 check_identity: false,
                 refused_rows_max: 0,
+                key_ranges: None,
             }),
         )
         .await
@@ -630,6 +632,7 @@ async fn the_fast_form_costs_no_round_trip() {
                 transfer_id: None,
                 check_identity: false,
                 refused_rows_max: 0,
+                key_ranges: None,
             }),
         )
         .await

@@ -75,6 +75,7 @@ fn inserts(ids: std::ops::RangeInclusive<i64>) -> SyncRequest {
         transfer_id: None,
         check_identity: false,
         refused_rows_max: 0,
+        key_ranges: None,
     }
 }
 

@@ -119,6 +119,15 @@ pub(crate) fn encode_body(message: &Message, marks: &mut Marks<'_>) -> Vec<u8> {
             out.extend_from_slice(&held.length.to_be_bytes());
             put_bytes(&mut out, &held.sha256);
         }
+        Message::KeyRanges(key_ranges) => {
+            put_count(&mut out, key_ranges.ranges.len());
+            for range in &key_ranges.ranges {
+                put_str(&mut out, &range.table);
+                out.extend_from_slice(&range.start.to_be_bytes());
+                out.extend_from_slice(&range.end.to_be_bytes());
+                out.extend_from_slice(&range.next.to_be_bytes());
+            }
+        }
         Message::Conflicts(conflicts) => {
             put_str(&mut out, &conflicts.table);
             put_names(&mut out, &conflicts.key_columns);
@@ -361,6 +370,7 @@ pub(crate) fn decode(
             length: reader.u64("held length")?,
             sha256: reader.bytes("held digest")?.to_vec(),
         }),
+        0x10 => Message::KeyRanges(reader.key_ranges()?),
         other => return Err(DecodeError::UnknownMessageType(other)),
     };
     if reader.in_pieces > 0 && reader.rows_seen != 1 {
@@ -385,6 +395,8 @@ const ROW_BYTES_MIN: usize = 2;
 /// column names (2), an empty key (2) and its code (2).
 const REFUSED_ROW_BYTES_MIN: usize = 14;
 const VALUE_BYTES_MIN: usize = 1;
+/// The fewest bytes a key range takes: its table's count (4) and three numbers (24).
+const KEY_RANGE_BYTES_MIN: usize = 28;
 const NAME_BYTES_MIN: usize = 4;
 
 fn put_count(out: &mut Vec<u8>, count: usize) {
@@ -680,6 +692,20 @@ impl<'a> Reader<'a, '_> {
 
     /// One row: its values, or (checking only) an empty row once every value is checked.
     /// A value sent in pieces must have been announced for its table and column.
+    fn key_ranges(&mut self) -> Result<KeyRanges, DecodeError> {
+        let count = self.count("key range", KEY_RANGE_BYTES_MIN)?;
+        let mut ranges = Vec::with_capacity(count);
+        for _ in 0..count {
+            ranges.push(KeyRange {
+                table: self.string("key range table")?,
+                start: self.i64("key range start")?,
+                end: self.i64("key range end")?,
+                next: self.i64("key range next")?,
+            });
+        }
+        Ok(KeyRanges { ranges })
+    }
+
     fn row(&mut self, table: &str, names: &[String]) -> Result<Row, DecodeError> {
         let width = names.len();
         let offset = self.offset;

@@ -30,8 +30,8 @@ pub use error::{DecodeError, ErrorCode};
 pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES};
 pub use message::{
     Conflicts, Download, DownloadAck, DownloadHeld, DownloadResume, EndDownload, EndUpload, Hello,
-    Message, MessageType, PieceKind, RefusedRow, RowUpdate, SyncSummary, TableUpload, UploadHeld,
-    UploadResume, ValuePiece, ValueStart, WireError,
+    KeyRange, KeyRanges, Message, MessageType, PieceKind, RefusedRow, RowUpdate, SyncSummary,
+    TableUpload, UploadHeld, UploadResume, ValuePiece, ValueStart, WireError,
 };
 pub use numeric::{parse_decimal_value, Numeric, NUMERIC_SCALE_MAX, NUMERIC_WHOLE_DIGITS_MAX};
 pub use pieces::{
@@ -50,7 +50,7 @@ pub use value::{
 
 /// The protocol version this crate speaks. A server accepts a hello of this version or
 /// any down to [`PROTOCOL_VERSION_MIN`] and refuses others.
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// The oldest protocol version a server still serves: a v1 session gets every v2 value
 /// in its v1 form ([`Value::to_v1`]), and never a value in pieces.
@@ -84,6 +84,14 @@ pub const IDENTITY_SINCE_VERSION: u16 = 5;
 /// (`ErrorCode::RowsRefused` with `WireError::refused`) instead of failing the whole
 /// sync with the first row's error; its client sets them aside and sends the rest.
 pub const REFUSED_ROWS_SINCE_VERSION: u16 = 6;
+
+/// The first protocol version with key ranges (`KeyRanges`): the client says which
+/// ranges it holds before `EndUpload`, and the server hands it new ones before
+/// `EndDownload` where the script version has a `key_range` script for the table.
+pub const KEY_RANGES_SINCE_VERSION: u16 = 7;
+
+/// The most key ranges one `KeyRanges` message may carry; a receiver refuses more.
+pub const KEY_RANGES_PER_MESSAGE_MAX: usize = 1024;
 
 /// Over HTTP(S), a version 4 download whose stream (its decompressed frames) is at least
 /// this many bytes is confirmed by a receipt of its own: after the response, the client

@@ -39,6 +39,10 @@ pub enum Message {
     /// Protocol v4: the server's answer to `DownloadResume`: the held download's whole
     /// length and SHA-256; the stream's bytes from the asked offset follow.
     DownloadHeld(DownloadHeld),
+    /// Protocol v7: key ranges. From a client, right before `EndUpload`: the ranges it
+    /// holds and how far it used each. From the server, right before `EndDownload`: new
+    /// ranges handed to the client.
+    KeyRanges(KeyRanges),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +63,7 @@ pub enum MessageType {
     UploadHeld = 0x0D,
     DownloadResume = 0x0E,
     DownloadHeld = 0x0F,
+    KeyRanges = 0x10,
 }
 
 impl Message {
@@ -79,13 +84,14 @@ impl Message {
             Message::UploadHeld(_) => MessageType::UploadHeld,
             Message::DownloadResume(_) => MessageType::DownloadResume,
             Message::DownloadHeld(_) => MessageType::DownloadHeld,
+            Message::KeyRanges(_) => MessageType::KeyRanges,
         }
     }
 }
 
 impl MessageType {
     /// Every message type, in type byte order.
-    pub const ALL: [MessageType; 15] = [
+    pub const ALL: [MessageType; 16] = [
         MessageType::Hello,
         MessageType::Upload,
         MessageType::EndUpload,
@@ -101,6 +107,7 @@ impl MessageType {
         MessageType::UploadHeld,
         MessageType::DownloadResume,
         MessageType::DownloadHeld,
+        MessageType::KeyRanges,
     ];
 
     /// The message type of a type byte, if there is one.
@@ -127,6 +134,7 @@ impl MessageType {
             MessageType::UploadHeld => "upload_held",
             MessageType::DownloadResume => "download_resume",
             MessageType::DownloadHeld => "download_held",
+            MessageType::KeyRanges => "key_ranges",
         }
     }
 }
@@ -241,6 +249,37 @@ pub struct DownloadHeld {
     pub length: u64,
     #[serde(with = "hex::serde")]
     pub sha256: Vec<u8>,
+}
+
+/// Key ranges of one client (protocol v7), in either direction.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct KeyRanges {
+    pub ranges: Vec<KeyRange>,
+}
+
+/// Keys `start` (included) to `end` (excluded) of one table's key column, handed to one
+/// client for the rows it inserts offline; no other client and no writer on the server
+/// is handed them. `next` is the first key the client has not used (`start` in a range
+/// the server hands out).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRange {
+    pub table: String,
+    pub start: i64,
+    pub end: i64,
+    pub next: i64,
+}
+
+impl KeyRange {
+    /// Keys of the range not used yet (0 for a range used up or malformed).
+    pub fn keys_left(&self) -> u64 {
+        let next = self.next.max(self.start);
+        u64::try_from(i128::from(self.end) - i128::from(next)).unwrap_or(0)
+    }
+
+    /// Whether `start <= next <= end` and the range holds at least one key.
+    pub fn is_well_formed(&self) -> bool {
+        self.start < self.end && self.start <= self.next && self.next <= self.end
+    }
 }
 
 /// The client's changes to one table. A large upload of one table may span several

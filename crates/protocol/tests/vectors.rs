@@ -358,6 +358,36 @@ fn vectors() -> Vec<(&'static str, Message)> {
                 sha256: (0u8..32).collect(),
             }),
         ),
+        (
+            "key_ranges_from_client",
+            Message::KeyRanges(KeyRanges {
+                ranges: vec![KeyRange {
+                    table: "customer".into(),
+                    start: 1_001,
+                    end: 2_001,
+                    next: 1_734,
+                }],
+            }),
+        ),
+        (
+            "key_ranges_from_server",
+            Message::KeyRanges(KeyRanges {
+                ranges: vec![
+                    KeyRange {
+                        table: "customer".into(),
+                        start: 2_001,
+                        end: 3_001,
+                        next: 2_001,
+                    },
+                    KeyRange {
+                        table: "rental".into(),
+                        start: 4_294_967_296,
+                        end: 4_294_968_296,
+                        next: 4_294_967_296,
+                    },
+                ],
+            }),
+        ),
     ]
 }
 

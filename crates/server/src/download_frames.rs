@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use rowsync_consolidated::SyncOutcome;
 use rowsync_protocol::{
-    encode_frame, message_frames, Conflicts, Download, EndDownload, Message, Row, Value,
+    encode_frame, message_frames, Conflicts, Download, EndDownload, KeyRanges, Message, Row, Value,
     FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES, PIECES_SINCE_VERSION,
 };
 
@@ -211,12 +211,20 @@ pub(crate) fn conflict_frames(conflicts: Conflicts, message_bytes_max: usize) ->
         .collect()
 }
 
-/// The frame that ends a download: its watermark and the sync's summary.
+/// The frames that end a download: the key ranges handed out (protocol v7, only when
+/// there are any), then its watermark and the sync's summary.
 pub(crate) fn end_frame(outcome: &SyncOutcome) -> Vec<u8> {
-    encode_frame(&Message::EndDownload(EndDownload {
+    let mut frames = Vec::new();
+    if !outcome.key_ranges.is_empty() {
+        frames = encode_frame(&Message::KeyRanges(KeyRanges {
+            ranges: outcome.key_ranges.clone(),
+        }));
+    }
+    frames.extend(encode_frame(&Message::EndDownload(EndDownload {
         watermark: outcome.watermark,
         summary: outcome.summary,
-    }))
+    })));
+    frames
 }
 
 #[cfg(test)]

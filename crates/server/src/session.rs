@@ -7,7 +7,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use rowsync_protocol::{
-    ErrorCode, Hello, Message, RefusedRow, TableUpload, WireError, DOWNLOAD_RESUME_SINCE_VERSION,
+    ErrorCode, Hello, KeyRanges, Message, RefusedRow, TableUpload, WireError,
+    DOWNLOAD_RESUME_SINCE_VERSION, KEY_RANGES_PER_MESSAGE_MAX, KEY_RANGES_SINCE_VERSION,
     PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, REFUSED_ROWS_SINCE_VERSION, RESUME_SINCE_VERSION,
 };
 
@@ -279,6 +280,24 @@ impl ServerSession {
             (
                 State::Uploading {
                     hello,
+                    tables,
+                    waiting: None,
+                },
+                Message::KeyRanges(key_ranges),
+            ) if hello.protocol_version >= KEY_RANGES_SINCE_VERSION => {
+                check_key_ranges(&key_ranges)?;
+                (
+                    State::Uploading {
+                        hello,
+                        tables,
+                        waiting: None,
+                    },
+                    Step::Continue,
+                )
+            }
+            (
+                State::Uploading {
+                    hello,
                     waiting: None,
                     ..
                 },
@@ -297,7 +316,7 @@ impl ServerSession {
                     State::Uploading {
                         waiting: Some(_), ..
                     } => "nothing before the unknown table is resolved",
-                    State::Uploading { .. } => "upload or end_upload",
+                    State::Uploading { .. } => "upload, key_ranges or end_upload",
                     State::AwaitingAcknowledgement { .. } => "download_ack",
                     State::Done => "nothing",
                 };
@@ -468,6 +487,34 @@ impl MergedTables {
     }
 }
 
+/// A client's key ranges (protocol v7): at most `KEY_RANGES_PER_MESSAGE_MAX`, each
+/// holding at least one key, its next key within it.
+fn check_key_ranges(key_ranges: &KeyRanges) -> Result<(), WireError> {
+    if key_ranges.ranges.len() > KEY_RANGES_PER_MESSAGE_MAX {
+        return Err(WireError::new(
+            ErrorCode::Protocol,
+            format!(
+                "a key_ranges message names {} ranges; at most {KEY_RANGES_PER_MESSAGE_MAX} are taken",
+                key_ranges.ranges.len()
+            ),
+        ));
+    }
+    match key_ranges
+        .ranges
+        .iter()
+        .find(|range| !range.is_well_formed())
+    {
+        Some(range) => Err(WireError::new(
+            ErrorCode::Protocol,
+            format!(
+                "key range {}..{} of table {:?} with next key {} is not a range: its start \
+                 must be below its end and its next key within it",
+                range.start, range.end, range.table, range.next
+            ),
+        )),
+        None => Ok(()),
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -630,8 +677,8 @@ mod tests {
     }
 
     #[test]
-    fn accepts_versions_1_to_6_and_refuses_others_by_name() {
-        for version in [1, 2, 3, 4, 5, 6] {
+    fn accepts_versions_1_to_7_and_refuses_others_by_name() {
+        for version in [1, 2, 3, 4, 5, 6, 7] {
             let Message::Hello(mut hello) = hello() else {
                 unreachable!()
             };
@@ -642,7 +689,7 @@ mod tests {
                 Step::Hello(_)
             ));
         }
-        for version in [0, 7] {
+        for version in [0, 8] {
             let Message::Hello(mut hello) = hello() else {
                 unreachable!()
             };
@@ -656,9 +703,55 @@ mod tests {
             );
             assert_eq!(
                 error.message,
-                format!("protocol version {version} is not supported; this server speaks versions 1 to 6")
+                format!("protocol version {version} is not supported; this server speaks versions 1 to 7")
             );
         }
+    }
+
+    #[test]
+    fn a_v7_upload_may_name_its_key_ranges_before_its_end() {
+        let key_ranges = |start: i64, end: i64, next: i64| {
+            Message::KeyRanges(KeyRanges {
+                ranges: vec![rowsync_protocol::KeyRange {
+                    table: "t".into(),
+                    start,
+                    end,
+                    next,
+                }],
+            })
+        };
+        let session_of = |version: u16| {
+            let Message::Hello(mut hello) = hello() else {
+                unreachable!()
+            };
+            hello.protocol_version = version;
+            let mut session = ServerSession::new(1 << 20);
+            session.handle(Message::Hello(hello), 10).unwrap();
+            if version >= RESUME_SINCE_VERSION {
+                let resume = UploadResume {
+                    transfer_id: "t".into(),
+                    offset: 0,
+                };
+                session.handle(Message::UploadResume(resume), 10).unwrap();
+            }
+            session
+        };
+        let mut session = session_of(7);
+        session.handle(chunk(1), 10).unwrap();
+        assert!(matches!(
+            session.handle(key_ranges(10, 20, 20), 10).unwrap(),
+            Step::Continue
+        ));
+        assert!(matches!(
+            session.handle(Message::EndUpload(EndUpload { upload_sequence: 1 }), 10).unwrap(),
+            Step::Complete(_)
+        ));
+        for malformed in [key_ranges(10, 20, 21), key_ranges(10, 10, 10), key_ranges(10, 20, 9)] {
+            let error = session_of(7).handle(malformed, 10).unwrap_err();
+            assert!(error.message.contains("is not a range"), "{error}");
+        }
+        let error = session_of(6).handle(key_ranges(10, 20, 10), 10).unwrap_err();
+        assert!(error.message.contains("received key_ranges"), "{error}");
     }
 
     #[test]
@@ -712,7 +805,7 @@ mod tests {
         ));
         session.handle(chunk(1), 10).unwrap();
         let error = session.handle(resume, 10).unwrap_err();
-        assert!(error.message.contains("expected upload or end_upload"));
+        assert!(error.message.contains("expected upload, key_ranges or end_upload"));
 
         let mut session = ServerSession::new(1 << 20);
         session.handle(hello_v3(), 10).unwrap();

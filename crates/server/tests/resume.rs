@@ -499,6 +499,7 @@ async fn resuming_a_transfer_the_server_does_not_hold_is_refused_with_code_14() 
             offset: 100,
         }),
         download_resume: None,
+        key_ranges: &[],
     })
     .await
     .unwrap_err();
@@ -926,6 +927,7 @@ async fn bad_download_resumptions_are_refused_with_code_14() {
                     transfer_id: &transfer,
                     prefix: &prefix,
                 }),
+                key_ranges: &[],
             })
             .await
             .unwrap_err();

@@ -152,6 +152,7 @@ async fn stale_update(
         acknowledge: None,
         transfer: None,
         download_resume: None,
+        key_ranges: &[],
     })
     .await
     .unwrap();

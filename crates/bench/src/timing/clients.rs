@@ -411,6 +411,7 @@ impl VerifyClient {
                 acknowledge: None,
                 transfer: None,
                 download_resume: None,
+                key_ranges: &[],
             })
             .await;
             let hint = match exchanged {

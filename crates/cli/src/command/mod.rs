@@ -12,6 +12,7 @@ pub mod cert;
 pub mod cleanup;
 pub mod demo;
 pub mod init;
+pub mod keys;
 pub mod profile;
 pub mod replay;
 pub mod script;

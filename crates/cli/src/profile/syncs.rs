@@ -163,6 +163,7 @@ fn requests(
                 transfer_id: None,
                 check_identity: false,
                 refused_rows_max: 0,
+                key_ranges: None,
             }
         })
         .collect()

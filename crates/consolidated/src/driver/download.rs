@@ -147,6 +147,7 @@ mod tests {
             transfer_id: None,
             check_identity: false,
             refused_rows_max: 0,
+            key_ranges: None,
         }
     }
 

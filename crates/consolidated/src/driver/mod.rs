@@ -8,6 +8,7 @@
 //!                handle_error per failing row), conflicts found set-wise,
 //!                resolve_conflict, upload_fetch (server wins)
 //!   end_upload
+//!   key_range                        (per table the client runs low on keys of, v7)
 //!   modify_next_last_download        (the watermark)
 //!   begin_download
 //!     per table: download_delete_cursor, download_cursor (echoes left out by the
@@ -19,6 +20,7 @@
 //! ```
 
 mod download;
+mod key_ranges;
 mod refused;
 mod rows;
 mod streams;
@@ -239,6 +241,9 @@ async fn run_events<D: Dialect, B: SyncBackend>(
         .await?;
     crate::failpoint!("before_apply");
     let uploaded = upload::apply_upload(transaction, streams, &sync, request).await?;
+    // Before anything is sent: a concurrent sync that took the same range first fails
+    // this attempt on the range's key, and the attempt is retried.
+    let key_ranges = key_ranges::hand_out(transaction, scripts, &parameters, request).await?;
     // Also for an upload applied before: its client may not have applied that sync's
     // download, and must learn which of its changes lost before this one overwrites them.
     download::send_conflicts(request, &uploaded.resolutions, download).await?;
@@ -262,6 +267,7 @@ async fn run_events<D: Dialect, B: SyncBackend>(
     download.finish().await?;
     Ok(SyncOutcome {
         download_rows,
+        key_ranges,
         watermark,
         apply_time,
         summary: SyncSummary {

@@ -67,10 +67,21 @@ pub async fn run_event(
     event: &str,
     parameters: &Parameters<'_>,
 ) -> Result<Option<ScriptRows>, SyncError> {
-    let Some(script) = scripts.connection_event(event) else {
+    run_query_script(connection, scripts, ("", event), parameters).await
+}
+
+/// Runs the script of `(table, event)` (table "" for a connection event) if the version
+/// has one; returns what it selected.
+pub async fn run_query_script(
+    connection: &mut impl Queryable,
+    scripts: &Scripts,
+    (table, event): (&str, &str),
+    parameters: &Parameters<'_>,
+) -> Result<Option<ScriptRows>, SyncError> {
+    let Some(script) = scripts.get(table, event) else {
         return Ok(None);
     };
-    let (rows, _) = run_script(connection, script, parameters, None, "", event).await?;
+    let (rows, _) = run_script(connection, script, parameters, None, table, event).await?;
     Ok(Some(rows))
 }
 

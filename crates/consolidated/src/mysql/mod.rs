@@ -10,6 +10,7 @@
 pub(crate) mod error;
 mod events;
 mod held;
+mod key_space;
 mod query;
 mod schema;
 mod stage;
@@ -24,6 +25,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder};
 use rowsync_protocol::Row;
 
+use crate::key_space::{KeyRangeInit, KeySpace};
 use crate::version_scripts::ScriptCache;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
@@ -214,6 +216,10 @@ impl ConsolidatedConnection for MysqlConnection {
 
     async fn password_hash(&mut self, name: &str) -> Result<Option<String>, DbError> {
         schema::password_hash(&mut self.connection, name).await
+    }
+
+    async fn init_key_ranges(&mut self, init: &KeyRangeInit) -> Result<KeySpace, DbError> {
+        key_space::init_key_ranges(&mut self.connection, init).await
     }
 
     async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {

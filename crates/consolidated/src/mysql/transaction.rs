@@ -9,7 +9,7 @@ use mysql_async::{Transaction, TxOpts};
 use rowsync_protocol::{Row, Value};
 
 use super::error::{db, row_script_failure, server_code, LOCK_NOT_GRANTED};
-use super::events::run_event;
+use super::events::{run_event, run_query_script};
 use super::query::{bind_script, run, run_script};
 use super::schema::{column_limits, foreign_keys, table_shape, ColumnLimits};
 use super::stage::{apply_staged, Stage};
@@ -209,6 +209,17 @@ impl Dialect for MysqlTransaction<'_> {
         parameters: &Parameters<'_>,
     ) -> Result<Option<ScriptRows>, SyncError> {
         run_event(&mut self.transaction, scripts, event, parameters).await
+    }
+
+    async fn run_table_query(
+        &mut self,
+        scripts: &Scripts,
+        table: &str,
+        event: &str,
+        parameters: &Parameters<'_>,
+    ) -> Result<Option<ScriptRows>, SyncError> {
+        let script = (table, event);
+        run_query_script(&mut self.transaction, scripts, script, parameters).await
     }
 
     async fn table_shape(&mut self, table: &str) -> Result<TableShape, SyncError> {

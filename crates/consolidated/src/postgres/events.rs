@@ -86,14 +86,26 @@ pub async fn run_event(
     event: &str,
     parameters: &Parameters<'_>,
 ) -> Result<Option<ScriptRows>, SyncError> {
-    let Some(script) = scripts.connection_event(event) else {
+    run_query_script(client, statements, scripts, ("", event), parameters).await
+}
+
+/// Runs the script of `(table, event)` (table "" for a connection event) if the version
+/// has one; returns what it selected.
+pub async fn run_query_script(
+    client: &impl GenericClient,
+    statements: &Statements,
+    scripts: &Scripts,
+    (table, event): (&str, &str),
+    parameters: &Parameters<'_>,
+) -> Result<Option<ScriptRows>, SyncError> {
+    let Some(script) = scripts.get(table, event) else {
         return Ok(None);
     };
-    let (sql, values) = bind_script(script, parameters, "", event)?;
+    let (sql, values) = bind_script(script, parameters, table, event)?;
     query_rows(client, statements, &sql, &values)
         .await
         .map(Some)
-        .map_err(|error| script_failure(event, "", error))
+        .map_err(|error| script_failure(event, table, error))
 }
 
 /// `authenticate_user` in its own committed transaction, or the stored password hash

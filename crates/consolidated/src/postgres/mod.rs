@@ -30,6 +30,7 @@ mod array_stage;
 mod error;
 mod events;
 mod held;
+mod key_space;
 mod query;
 mod rows;
 mod schema;
@@ -54,6 +55,7 @@ use tokio_postgres::{Client, NoTls};
 
 use crate::dialect::SyncBackend;
 pub use crate::driver::SYNC_ATTEMPTS_MAX;
+use crate::key_space::{KeyRangeInit, KeySpace};
 use crate::version_scripts::ScriptCache;
 use crate::{
     ApplyStreamSettings, AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError,
@@ -378,6 +380,10 @@ impl ConsolidatedConnection for PostgresConnection {
             )
             .await?;
         Ok(row.map(|row| row.get(0)))
+    }
+
+    async fn init_key_ranges(&mut self, init: &KeyRangeInit) -> Result<KeySpace, DbError> {
+        key_space::init_key_ranges(&mut self.client, init).await
     }
 
     async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {

@@ -5,7 +5,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Transaction;
 
 use super::error::script_failure;
-use super::events::run_event;
+use super::events::{run_event, run_query_script};
 use super::query::{
     bind_script, binds_of, query_rows, query_script, read_cursor, read_cursor_pair,
 };
@@ -517,6 +517,24 @@ impl Dialect for PgTransaction<'_> {
 
     /// The shape, the partition column and the foreign keys are read in one round trip
     /// (pipelined) and kept (`shapes`).
+    async fn run_table_query(
+        &mut self,
+        scripts: &Scripts,
+        table: &str,
+        event: &str,
+        parameters: &Parameters<'_>,
+    ) -> Result<Option<ScriptRows>, SyncError> {
+        let script = (table, event);
+        run_query_script(
+            &self.transaction,
+            self.statements,
+            scripts,
+            script,
+            parameters,
+        )
+        .await
+    }
+
     async fn table_shape(&mut self, table: &str) -> Result<TableShape, SyncError> {
         if let Some(cached) = self.shapes.get(table) {
             return Ok(cached.shape.clone());

@@ -60,11 +60,22 @@ pub fn run_event(
     event: &str,
     parameters: &Parameters,
 ) -> Result<Option<ScriptRows>, SyncError> {
-    let Some(script) = scripts.connection_event(event) else {
+    run_query_script(connection, scripts, ("", event), parameters)
+}
+
+/// Runs the script of `(table, event)` (table "" for a connection event) if the version
+/// has one; returns what it selected.
+pub fn run_query_script(
+    connection: &Connection,
+    scripts: &Scripts,
+    (table, event): (&str, &str),
+    parameters: &Parameters,
+) -> Result<Option<ScriptRows>, SyncError> {
+    let Some(script) = scripts.get(table, event) else {
         return Ok(None);
     };
     Ok(Some(
-        run_bound(connection, script, parameters, None, "", event)?.0,
+        run_bound(connection, script, parameters, None, table, event)?.0,
     ))
 }
 

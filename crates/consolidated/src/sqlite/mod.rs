@@ -8,6 +8,7 @@
 mod error;
 mod events;
 mod held;
+mod key_space;
 mod query;
 mod schema;
 mod stage;
@@ -20,6 +21,7 @@ use std::time::Duration;
 use rusqlite::trace::{TraceEvent, TraceEventCodes};
 use rusqlite::{Connection, OpenFlags};
 
+use crate::key_space::{KeyRangeInit, KeySpace};
 use crate::version_scripts::ScriptCache;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
@@ -313,6 +315,12 @@ impl ConsolidatedConnection for SqliteConnection {
     async fn password_hash(&mut self, name: &str) -> Result<Option<String>, DbError> {
         let name = name.to_string();
         self.run(move |connection| schema::password_hash(connection, &name))
+            .await
+    }
+
+    async fn init_key_ranges(&mut self, init: &KeyRangeInit) -> Result<KeySpace, DbError> {
+        let init = init.clone();
+        self.run(move |connection| key_space::init_key_ranges(connection, &init))
             .await
     }
 

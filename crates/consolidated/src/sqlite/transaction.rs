@@ -4,7 +4,7 @@
 use rowsync_protocol::{Row, Value};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::events::run_event;
+use super::events::{run_event, run_query_script};
 use super::query::{query_script, read_cursor, run_bound, run_script};
 use super::schema::{foreign_keys, partition_value_misfit, table_shape};
 use super::stage::{Landed, Stage};
@@ -133,6 +133,16 @@ impl Dialect for SqliteTransaction<'_> {
         parameters: &Parameters<'_>,
     ) -> Result<Option<ScriptRows>, SyncError> {
         run_event(self.connection, scripts, event, parameters)
+    }
+
+    async fn run_table_query(
+        &mut self,
+        scripts: &Scripts,
+        table: &str,
+        event: &str,
+        parameters: &Parameters<'_>,
+    ) -> Result<Option<ScriptRows>, SyncError> {
+        run_query_script(self.connection, scripts, (table, event), parameters)
     }
 
     async fn table_shape(&mut self, table: &str) -> Result<TableShape, SyncError> {

@@ -391,6 +391,7 @@ fn request(
         transfer_id: None,
         check_identity: false,
         refused_rows_max: 0,
+        key_ranges: None,
     }
 }
 

@@ -116,6 +116,7 @@ impl Replica {
             transfer_id: None,
             check_identity: false,
             refused_rows_max: 0,
+            key_ranges: None,
         })
     }
 

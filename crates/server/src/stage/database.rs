@@ -12,9 +12,9 @@ use rowsync_consolidated::{
     DownloadMessage, SyncError, SyncOutcome, SyncRequest,
 };
 use rowsync_protocol::{
-    ErrorCode, FrameDecoder, Message, TableUpload, WireError, CONFLICTS_SINCE_VERSION,
-    DOWNLOAD_RESUME_SINCE_VERSION, IDENTITY_SINCE_VERSION, PREAMBLE_BYTES,
-    REFUSED_ROWS_SINCE_VERSION,
+    ErrorCode, FrameDecoder, KeyRange, Message, TableUpload, WireError, CONFLICTS_SINCE_VERSION,
+    DOWNLOAD_RESUME_SINCE_VERSION, IDENTITY_SINCE_VERSION, KEY_RANGES_SINCE_VERSION,
+    PREAMBLE_BYTES, REFUSED_ROWS_SINCE_VERSION,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -90,7 +90,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
     timings.record(metrics, Phase::worker_wait, waiting.elapsed());
     // The upload is decoded from its spool only now, so syncs waiting for a worker hold
     // it encoded (and spilled when the cache is full), never twice.
-    let tables = assemble_upload(upload_spool, upload_decoder(&UploadLimits::of(config)))
+    let assembled = assemble_upload(upload_spool, upload_decoder(&UploadLimits::of(config)))
         .await
         .map_err(|error| Failure::tell(WireError::new(ErrorCode::Protocol, error.to_string())))?;
     let request = Arc::new(SyncRequest {
@@ -99,7 +99,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
         script_version: hello.script_version,
         last_download_watermark: hello.last_download_watermark,
         upload_sequence,
-        tables,
+        tables: assembled.tables,
         auth_parameters: hello.auth_parameters,
         client_ids_per_user_max: config.client_ids_per_user_max,
         transfer_id: transfer.map(|transfer| transfer.transfer_id),
@@ -108,6 +108,8 @@ pub(crate) async fn synchronize<B: Consolidated>(
             true => config.refused_rows_max,
             false => 0,
         },
+        key_ranges: (hello.protocol_version >= KEY_RANGES_SINCE_VERSION)
+            .then_some(assembled.key_ranges),
     });
     let working = Instant::now();
     let canceller = worker.connection().canceller();
@@ -295,12 +297,19 @@ fn spool_refusal(error: SpoolError) -> WireError {
     WireError::new(code, error.to_string())
 }
 
+/// An upload decoded from its spool: its tables, merged, and the client's key ranges.
+struct AssembledUpload {
+    tables: Vec<TableUpload>,
+    key_ranges: Vec<KeyRange>,
+}
+
 /// Decodes the spooled byte stream again and merges its upload messages by table.
 async fn assemble_upload(
     spool: Spool,
     mut decoder: FrameDecoder,
-) -> Result<Vec<TableUpload>, SpoolError> {
+) -> Result<AssembledUpload, SpoolError> {
     let mut tables = MergedTables::default();
+    let mut key_ranges = Vec::new();
     spool
         .drain(|piece| {
             decoder.feed(piece);
@@ -309,16 +318,21 @@ async fn assemble_upload(
                 .next_message_prechecked()
                 .map_err(|error| SpoolError::Decode(error.to_string()))?
             {
-                if let Message::Upload(upload) = message {
-                    tables
+                match message {
+                    Message::Upload(upload) => tables
                         .merge(upload)
-                        .map_err(|error| SpoolError::Decode(error.message.clone()))?;
+                        .map_err(|error| SpoolError::Decode(error.message.clone()))?,
+                    Message::KeyRanges(held) => key_ranges.extend(held.ranges),
+                    _ => {}
                 }
             }
             Ok(())
         })
         .await?;
-    Ok(tables.into_tables())
+    Ok(AssembledUpload {
+        tables: tables.into_tables(),
+        key_ranges,
+    })
 }
 
 /// Records a download acknowledgement on a worker, which runs the `download_ack` script;
