@@ -206,6 +206,13 @@ impl PyClient {
         self.with_client(py, |client| client.untrack(&table))
     }
 
+    /// The next key of ``table`` from the key ranges the server handed this client: a
+    /// key no other client and no writer on the server is handed, for a row inserted
+    /// offline. Raises when none is left: sync first.
+    fn next_key(&self, py: Python<'_>, table: String) -> PyResult<i64> {
+        self.with_client(py, |client| client.next_key(&table))
+    }
+
     /// The durability mode: ``"full"``, ``"normal"``, ``"off"`` or ``"memory"``.
     #[getter]
     fn durability(&self, py: Python<'_>) -> PyResult<&'static str> {

@@ -344,3 +344,46 @@ except rowsync.SqliteLibraryError as error:
     )
     assert (done.returncode, done.stdout) == (0, "opened\n"), done.stderr
     assert database.exists()
+
+
+def test_rows_made_offline_take_keys_from_the_range_the_server_handed_out(tmp_path):
+    """`rowsync keys` as the docs give it, then Client.next_key."""
+    notes = "CREATE TABLE notes (id INTEGER PRIMARY KEY{}, owner TEXT NOT NULL, body TEXT)"
+    central = tmp_path / "central.db"
+    with sqlite3.connect(central) as db:
+        db.execute(notes.format(" AUTOINCREMENT"))
+        db.execute("INSERT INTO notes (owner, body) VALUES ('alice', 'from the office')")
+    run("init", "--db", str(central), "--table", "notes", "--partition-column", "owner")
+    said = run("keys", "--db", str(central), "--table", "notes", "--range-keys", "100")
+    assert "clients are handed keys of id from 2 to" in said, said
+    run("user", "add", "--db", str(central), "--name", "alice", stdin="alice-password\n")
+    process = subprocess.Popen(
+        [ROWSYNC_BIN, "serve", "--db", str(central), "--listen", "127.0.0.1:0"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = process.stderr.readline().split()[-1]
+        path = tmp_path / "phone.db"
+        with sqlite3.connect(path) as db:
+            db.execute(notes.format(""))
+        client = rowsync.Client(str(path))
+        client.track("notes")
+        with pytest.raises(rowsync.SyncError, match="sync to be handed a new range"):
+            client.next_key("notes")
+        client.sync(url, user="alice", password="alice-password")
+        keys = [client.next_key("notes") for _ in range(2)]
+        assert keys == [2, 3]
+        with sqlite3.connect(path) as db:
+            db.executemany(
+                "INSERT INTO notes VALUES (?, 'alice', 'made offline')", ((k,) for k in keys)
+            )
+        report = client.sync(url, user="alice", password="alice-password")
+        assert (report.rows_uploaded, report.conflicts) == (2, 0)
+        with sqlite3.connect(central) as db:
+            db.execute("INSERT INTO notes (owner, body) VALUES ('alice', 'office again')")
+            ids = [row[0] for row in db.execute("SELECT id FROM notes ORDER BY id")]
+        assert ids[:3] == [1, 2, 3] and ids[3] > 100, ids
+    finally:
+        process.kill()
+        process.wait()

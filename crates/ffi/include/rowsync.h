@@ -219,6 +219,17 @@ enum rowsync_status rowsync_untrack(struct rowsync_client *client,
                                     const char *table,
                                     uint64_t *set_aside);
 
+// Sets `*out` to the next key of `table` from the key ranges the server handed this
+// client (protocol v7, `rowsync keys` on the server): a key no other client and no
+// writer on the server is handed, for a row inserted offline. `ROWSYNC_ERROR` when no
+// key is left: sync first.
+//
+// # Safety
+// `client` is live; `table` is a NUL-terminated UTF-8 string; `out` is writable.
+enum rowsync_status rowsync_next_key(struct rowsync_client *client,
+                                     const char *table,
+                                     int64_t *out);
+
 // Sets `*out` to whether changes wait for upload.
 //
 // # Safety

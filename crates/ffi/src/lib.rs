@@ -546,6 +546,27 @@ pub unsafe extern "C" fn rowsync_untrack(
     })
 }
 
+/// Sets `*out` to the next key of `table` from the key ranges the server handed this
+/// client (protocol v7, `rowsync keys` on the server): a key no other client and no
+/// writer on the server is handed, for a row inserted offline. `ROWSYNC_ERROR` when no
+/// key is left: sync first.
+///
+/// # Safety
+/// `client` is live; `table` is a NUL-terminated UTF-8 string; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn rowsync_next_key(
+    client: *mut rowsync_client,
+    table: *const c_char,
+    out: *mut i64,
+) -> rowsync_status {
+    guard(|| {
+        let client = handle(client, "client")?;
+        let table = text(table, "table")?;
+        *handle(out, "out")? = client.client.next_key(table)?;
+        Ok(())
+    })
+}
+
 /// Sets `*out` to whether changes wait for upload.
 ///
 /// # Safety

@@ -119,6 +119,8 @@ class Client:
         """Remove a rejected change for good; whether it was there."""
     def untrack(self, table: str) -> int:
         """Stop tracking `table`; its changes not uploaded yet are set aside as rejected."""
+    def next_key(self, table: str) -> int:
+        """The next key of `table` from the key ranges the server handed this client."""
     def pending_changes(self) -> bool:
         """Whether changes wait for upload."""
     def sync(
