@@ -743,14 +743,22 @@ mod tests {
             Step::Continue
         ));
         assert!(matches!(
-            session.handle(Message::EndUpload(EndUpload { upload_sequence: 1 }), 10).unwrap(),
+            session
+                .handle(Message::EndUpload(EndUpload { upload_sequence: 1 }), 10)
+                .unwrap(),
             Step::Complete(_)
         ));
-        for malformed in [key_ranges(10, 20, 21), key_ranges(10, 10, 10), key_ranges(10, 20, 9)] {
+        for malformed in [
+            key_ranges(10, 20, 21),
+            key_ranges(10, 10, 10),
+            key_ranges(10, 20, 9),
+        ] {
             let error = session_of(7).handle(malformed, 10).unwrap_err();
             assert!(error.message.contains("is not a range"), "{error}");
         }
-        let error = session_of(6).handle(key_ranges(10, 20, 10), 10).unwrap_err();
+        let error = session_of(6)
+            .handle(key_ranges(10, 20, 10), 10)
+            .unwrap_err();
         assert!(error.message.contains("received key_ranges"), "{error}");
     }
 
@@ -805,7 +813,9 @@ mod tests {
         ));
         session.handle(chunk(1), 10).unwrap();
         let error = session.handle(resume, 10).unwrap_err();
-        assert!(error.message.contains("expected upload, key_ranges or end_upload"));
+        assert!(error
+            .message
+            .contains("expected upload, key_ranges or end_upload"));
 
         let mut session = ServerSession::new(1 << 20);
         session.handle(hello_v3(), 10).unwrap();
