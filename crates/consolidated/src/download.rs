@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use rowsync_protocol::{Conflicts, Download, Row, SyncSummary, Value};
+use rowsync_protocol::{Conflicts, Download, KeyRange, Row, SyncSummary, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{ConsolidatedConnection, SyncError, SyncRequest};
@@ -138,6 +138,8 @@ pub struct CollectedSync {
     pub conflicts: Vec<Conflicts>,
     pub watermark: i64,
     pub summary: SyncSummary,
+    /// Key ranges the sync handed out (protocol v7).
+    pub key_ranges: Vec<KeyRange>,
 }
 
 impl CollectedSync {
@@ -191,5 +193,6 @@ pub async fn synchronize_collect<C: ConsolidatedConnection>(
         conflicts,
         watermark: outcome.watermark,
         summary: outcome.summary,
+        key_ranges: outcome.key_ranges,
     })
 }

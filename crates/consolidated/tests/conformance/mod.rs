@@ -139,6 +139,8 @@ macro_rules! conformance_suite {
             uploads_apply_parents_first_and_delete_children_first,
             deletes_apply_children_first_whatever_order_the_tables_come_in,
             a_row_whose_parent_exists_nowhere_still_fails_the_sync,
+            key_ranges_are_handed_out_in_turn_from_a_split_made_once,
+            keys_that_cannot_have_ranges_are_refused_by_name,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {
@@ -156,12 +158,14 @@ mod cancel;
 mod foreign_keys;
 mod held;
 mod history;
+mod keys;
 mod schema_changes;
 mod scripts;
 pub use cancel::*;
 pub use foreign_keys::*;
 pub use held::*;
 pub use history::*;
+pub use keys::*;
 pub use schema_changes::*;
 pub use scripts::*;
 
