@@ -316,7 +316,12 @@ impl ServerSession {
                     State::Uploading {
                         waiting: Some(_), ..
                     } => "nothing before the unknown table is resolved",
-                    State::Uploading { .. } => "upload, key_ranges or end_upload",
+                    State::Uploading { hello, .. }
+                        if hello.protocol_version >= KEY_RANGES_SINCE_VERSION =>
+                    {
+                        "upload, key_ranges or end_upload"
+                    }
+                    State::Uploading { .. } => "upload or end_upload",
                     State::AwaitingAcknowledgement { .. } => "download_ack",
                     State::Done => "nothing",
                 };
