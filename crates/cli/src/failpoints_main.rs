@@ -5,6 +5,6 @@
 #[path = "main.rs"]
 mod rowsync;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     rowsync::main()
 }

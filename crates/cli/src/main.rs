@@ -97,7 +97,7 @@ enum Command {
     Demo(demo::DemoArgs),
 }
 
-pub(crate) fn main() -> Result<()> {
+pub(crate) fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("ROWSYNC_LOG")
@@ -110,8 +110,49 @@ pub(crate) fn main() -> Result<()> {
         .log_internal_errors(false)
         .init();
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    runtime.block_on(run(cli.command))
+    if cli.command.only_prints() {
+        end_quietly_when_the_output_closes();
+    }
+    let ran = tokio::runtime::Runtime::new()
+        .context("starting the async runtime")
+        .and_then(|runtime| runtime.block_on(run(cli.command)));
+    match ran {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // The message and its causes (each refusal names its fix), never a backtrace:
+        // backtraces are for panics.
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+impl Command {
+    /// Commands that talk to nothing but the database and their output: a closed output
+    /// (`| head`) ends them as it ends `ls`. A server or client keeps the default
+    /// (a closed socket is an error to handle, not an end).
+    fn only_prints(&self) -> bool {
+        matches!(
+            self,
+            Command::Script { .. }
+                | Command::Version { .. }
+                | Command::User { .. }
+                | Command::Init(_)
+                | Command::Keys(_)
+                | Command::Cleanup(_)
+                | Command::Cert(_)
+        )
+    }
+}
+
+/// Restores the default action of SIGPIPE (Rust's runtime ignores it, so a print to a
+/// closed pipe panics with "failed printing to stdout").
+fn end_quietly_when_the_output_closes() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to its default, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 async fn run(command: Command) -> Result<()> {

@@ -359,3 +359,84 @@ async fn cert_and_serve_over_tls_and_https_from_the_command_line() {
         .collect();
     assert_eq!(downloaded, vec![1, 0]);
 }
+
+/// A command whose output is cut short (`rowsync script show ... | head -1`) exits
+/// quietly, as `ls | head` does: no panic, no "Broken pipe" message.
+#[test]
+fn a_closed_output_ends_a_listing_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("consolidated.db");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(NOTES)
+        .unwrap();
+    let db = db.to_str().unwrap();
+    let init = rowsync()
+        .args([
+            "init",
+            "--db",
+            db,
+            "--table",
+            "notes",
+            "--partition-column",
+            "owner",
+        ])
+        .output()
+        .unwrap();
+    assert!(init.status.success());
+    // A script far longer than a pipe holds (64 KiB), so the reader's close is met.
+    let long_script = format!("SELECT 1\n{}", "-- a comment line\n".repeat(20_000));
+    rusqlite::Connection::open(db)
+        .unwrap()
+        .execute(
+            "UPDATE rs_script SET script = ?1 WHERE table_name = 'notes' AND event = 'download_cursor'",
+            [long_script],
+        )
+        .unwrap();
+    let mut list = rowsync()
+        .args(["script", "show", "--db", db, "--version", "v1"])
+        .args(["--table", "notes", "--event", "download_cursor"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read one line, then close the pipe: the rest of the listing meets a closed output.
+    let mut first = String::new();
+    BufReader::new(list.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    drop(list.stdout.take());
+    let done = list.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(!first.is_empty());
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+        "{stderr}"
+    );
+}
+
+/// A refusal is its message, not a backtrace, even with RUST_BACKTRACE set.
+#[test]
+fn a_refusal_prints_its_message_without_a_backtrace() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("consolidated.db");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(NOTES)
+        .unwrap();
+    let refused = rowsync()
+        .args(["init", "--db", db.to_str().unwrap()])
+        .args(["--table", "notes", "--partition-column", "nobody"])
+        .env("RUST_BACKTRACE", "1")
+        .env("RUST_LIB_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(stderr.contains("has no column \"nobody\""), "{stderr}");
+    assert!(
+        !stderr.contains("backtrace") && !stderr.contains(" at "),
+        "{stderr}"
+    );
+}
