@@ -104,8 +104,10 @@ async fn command_line_scenario(db: &str, dir: &tempfile::TempDir) {
     let wrong = client
         .sync(&SyncOptions::new(&address, "erin", "erin-secreT"))
         .await;
+    let user_admin = user_administration(db, &address, &mut client).await;
     serve.kill().unwrap();
     serve.wait().unwrap();
+    user_admin.unwrap();
 
     assert_eq!(report.unwrap().rows_downloaded, 1);
     let body: String = client
@@ -115,6 +117,50 @@ async fn command_line_scenario(db: &str, dir: &tempfile::TempDir) {
     assert_eq!(body, "hello");
     // The refusal arrives even though logging it hits a broken pipe.
     assert!(matches!(wrong, Err(ClientError::Server(_))), "{wrong:?}");
+}
+
+/// `rowsync user list | disable | enable | set-password | remove` against a server
+/// that runs: a disabled or removed user is refused as a wrong password is.
+async fn user_administration(db: &str, address: &str, client: &mut Client) -> Result<(), String> {
+    let login_code = |result: Result<rowsync_client::SyncReport, ClientError>| match result {
+        Err(error) => error.server_code(),
+        Ok(report) => panic!("a sync that should be refused went through: {report:?}"),
+    };
+    let wrong_password = login_code(
+        client
+            .sync(&SyncOptions::new(address, "erin", "not-erins"))
+            .await,
+    );
+    let erin = SyncOptions::new(address, "erin", "erin-secret");
+    run_ok(&["user", "disable", "--db", db, "--name", "erin"], None);
+    assert!(run_ok(&["user", "list", "--db", db], None).starts_with("erin\tdisabled\t"));
+    assert_eq!(login_code(client.sync(&erin).await), wrong_password);
+    run_ok(&["user", "enable", "--db", db, "--name", "erin"], None);
+    client
+        .sync(&erin)
+        .await
+        .map_err(|error| error.to_string())?;
+
+    let set = ["user", "set-password", "--db", db, "--name", "erin"];
+    run_ok(&set, Some("erin-new-secret\n"));
+    assert_eq!(login_code(client.sync(&erin).await), wrong_password);
+    let renewed = SyncOptions::new(address, "erin", "erin-new-secret");
+    client
+        .sync(&renewed)
+        .await
+        .map_err(|error| error.to_string())?;
+    let nobody = run_refused(&["user", "set-password", "--db", db, "--name", "nobody"]);
+    assert!(
+        nobody.contains("no user \"nobody\"") && nobody.contains("user add"),
+        "{nobody}"
+    );
+
+    run_ok(&["user", "remove", "--db", db, "--name", "erin"], None);
+    assert_eq!(login_code(client.sync(&renewed).await), wrong_password);
+    let again = run_refused(&["user", "remove", "--db", db, "--name", "erin"]);
+    assert!(again.contains("no user \"erin\""), "{again}");
+    assert_eq!(run_ok(&["user", "list", "--db", db], None), "");
+    Ok(())
 }
 
 fn run_ok(args: &[&str], stdin: Option<&str>) -> String {

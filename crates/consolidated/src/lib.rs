@@ -57,7 +57,7 @@ pub use names::quote_identifier;
 pub use parameters::{positional_parameters, positional_parameters_with, Parameters, RowImages};
 pub use types::{
     ApplyStreamSettings, AuthCheck, AuthRequest, DownloadAckRequest, InitOutcome, ScriptEntry,
-    SyncOutcome, SyncRequest, TableInit,
+    SyncOutcome, SyncRequest, TableInit, UserEntry,
 };
 
 /// A consolidated database: hands out connections. Cheap to clone.
@@ -94,7 +94,23 @@ pub trait ConsolidatedConnection: Send + 'static {
         limit: u64,
     ) -> impl Future<Output = Result<Vec<HistoryRecord>, DbError>> + Send;
 
-    /// The stored password hash of a user, `None` if there is no such user.
+    /// The built-in users (`rs_user`), by name.
+    fn users(&mut self) -> impl Future<Output = Result<Vec<UserEntry>, DbError>> + Send;
+
+    /// Removes a built-in user; false when there is none. Its client ids stay, and come
+    /// back to it if the name is added again.
+    fn remove_user(&mut self, name: &str) -> impl Future<Output = Result<bool, DbError>> + Send;
+
+    /// Disables (or enables again) a built-in user: a disabled user's password logins
+    /// are refused as a wrong password is. False when there is no such user.
+    fn set_user_disabled(
+        &mut self,
+        name: &str,
+        disabled: bool,
+    ) -> impl Future<Output = Result<bool, DbError>> + Send;
+
+    /// The stored password hash of a user, `None` if there is no such user or it is
+    /// disabled.
     fn password_hash(
         &mut self,
         name: &str,

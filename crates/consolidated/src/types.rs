@@ -158,6 +158,15 @@ impl DownloadAckRequest {
     }
 }
 
+/// A built-in user (`rs_user`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserEntry {
+    pub name: String,
+    pub disabled: bool,
+    /// When it was added, as the database writes the time.
+    pub created_at: String,
+}
+
 /// One stored script, as `rowsync script` lists and sets them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScriptEntry {

@@ -1,4 +1,5 @@
-//! `rowsync user add`: adds a user or sets the password of an existing one.
+//! `rowsync user`: the built-in users (`rs_user`): add, list, set a password, disable,
+//! enable, remove.
 
 use std::io::Read;
 
@@ -11,6 +12,52 @@ use rowsync_server::auth;
 pub enum UserCommand {
     /// Add a user, or set the password of an existing one.
     Add(UserAddArgs),
+    /// List the users: name, enabled or disabled, when added.
+    List(UserListArgs),
+    /// Set the password of an existing user (read from standard input when absent).
+    SetPassword(UserAddArgs),
+    /// Refuse a user's password logins from now on, as a wrong password is refused;
+    /// its client ids and rows stay.
+    Disable(UserNameArgs),
+    /// Take a disabled user's password logins again.
+    Enable(UserNameArgs),
+    /// Remove a user; its client ids stay and come back to it if the name is added again.
+    Remove(UserNameArgs),
+}
+
+#[derive(clap::Args)]
+pub struct UserListArgs {
+    #[command(flatten)]
+    database: DatabaseArg,
+}
+
+#[derive(clap::Args)]
+pub struct UserNameArgs {
+    #[command(flatten)]
+    database: DatabaseArg,
+    #[arg(long)]
+    name: String,
+}
+
+/// What `disable`, `enable` and `remove` do to the user named.
+#[derive(Clone, Copy)]
+enum UserChange {
+    Disable,
+    Enable,
+    Remove,
+}
+
+struct ChangeUser {
+    args: UserNameArgs,
+    change: UserChange,
+}
+
+struct ListUsers;
+
+/// `add` (upsert) or `set-password` (the user must exist).
+struct SavePassword {
+    args: UserAddArgs,
+    must_exist: bool,
 }
 
 #[derive(clap::Args)]
@@ -26,14 +73,62 @@ pub struct UserAddArgs {
 
 pub async fn run(command: UserCommand) -> Result<()> {
     match command {
-        UserCommand::Add(args) => args.database.database().run(args).await,
+        UserCommand::Add(args) => save(args, false).await,
+        UserCommand::SetPassword(args) => save(args, true).await,
+        UserCommand::List(args) => args.database.database().run(ListUsers).await,
+        UserCommand::Disable(args) => change(args, UserChange::Disable).await,
+        UserCommand::Enable(args) => change(args, UserChange::Enable).await,
+        UserCommand::Remove(args) => change(args, UserChange::Remove).await,
     }
 }
 
-impl OnBackend for UserAddArgs {
+async fn save(args: UserAddArgs, must_exist: bool) -> Result<()> {
+    let database = args.database.database();
+    database.run(SavePassword { args, must_exist }).await
+}
+
+async fn change(args: UserNameArgs, change: UserChange) -> Result<()> {
+    let database = args.database.database();
+    database.run(ChangeUser { args, change }).await
+}
+
+impl OnBackend for ListUsers {
     type Output = ();
     async fn run<B: Consolidated>(self, backend: B) -> Result<()> {
-        let password = match self.password {
+        let mut connection = backend.connect().await?;
+        connection.install_system_tables().await?;
+        for user in connection.users().await? {
+            let state = if user.disabled { "disabled" } else { "enabled" };
+            println!("{}\t{state}\t{}", user.name, user.created_at);
+        }
+        Ok(())
+    }
+}
+
+impl OnBackend for ChangeUser {
+    type Output = ();
+    async fn run<B: Consolidated>(self, backend: B) -> Result<()> {
+        let mut connection = backend.connect().await?;
+        connection.install_system_tables().await?;
+        let name = &self.args.name;
+        let (found, done) = match self.change {
+            UserChange::Disable => (connection.set_user_disabled(name, true).await?, "disabled"),
+            UserChange::Enable => (connection.set_user_disabled(name, false).await?, "enabled"),
+            UserChange::Remove => (connection.remove_user(name).await?, "removed"),
+        };
+        if !found {
+            bail!("there is no user {name:?}; `rowsync user list` shows the users");
+        }
+        println!("user {name} {done}");
+        Ok(())
+    }
+}
+
+impl OnBackend for SavePassword {
+    type Output = ();
+    async fn run<B: Consolidated>(self, backend: B) -> Result<()> {
+        let SavePassword { args, must_exist } = self;
+        let password = match args.password {
             Some(password) => password,
             None => {
                 let mut input = String::new();
@@ -50,8 +145,21 @@ impl OnBackend for UserAddArgs {
             auth::hash_password(&password).map_err(|error| anyhow::anyhow!("hashing: {error}"))?;
         let mut connection = backend.connect().await?;
         connection.install_system_tables().await?;
-        connection.set_user(&self.name, &hash).await?;
-        println!("user {} saved", self.name);
+        if must_exist
+            && !connection
+                .users()
+                .await?
+                .iter()
+                .any(|user| user.name == args.name)
+        {
+            bail!(
+                "there is no user {:?}; add it with `rowsync user add --name {}`",
+                args.name,
+                args.name
+            );
+        }
+        connection.set_user(&args.name, &hash).await?;
+        println!("user {} saved", args.name);
         Ok(())
     }
 }

@@ -16,6 +16,7 @@ mod schema;
 mod stage;
 mod stamp;
 mod transaction;
+mod users;
 pub mod value;
 
 use std::collections::HashMap;
@@ -27,6 +28,7 @@ use rowsync_protocol::Row;
 
 use crate::key_space::{KeyRangeInit, KeySpace};
 use crate::version_scripts::ScriptCache;
+use crate::UserEntry;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
     DownloadSender, InitOutcome, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
@@ -212,6 +214,18 @@ impl ConsolidatedConnection for MysqlConnection {
 
     async fn sync_history(&mut self, limit: u64) -> Result<Vec<crate::HistoryRecord>, DbError> {
         schema::sync_history(&mut self.connection, limit).await
+    }
+
+    async fn users(&mut self) -> Result<Vec<UserEntry>, DbError> {
+        users::users(&mut self.connection).await
+    }
+
+    async fn remove_user(&mut self, name: &str) -> Result<bool, DbError> {
+        users::remove_user(&mut self.connection, name).await
+    }
+
+    async fn set_user_disabled(&mut self, name: &str, disabled: bool) -> Result<bool, DbError> {
+        users::set_user_disabled(&mut self.connection, name, disabled).await
     }
 
     async fn password_hash(&mut self, name: &str) -> Result<Option<String>, DbError> {

@@ -134,6 +134,12 @@ async fn install_unlocked(connection: &mut Conn) -> Result<(), DbError> {
             .await
             .map_err(db)?;
     }
+    if !has_column(connection, "rs_user", "disabled").await? {
+        connection
+            .query_drop("ALTER TABLE rs_user ADD COLUMN disabled BOOLEAN NOT NULL DEFAULT 0")
+            .await
+            .map_err(db)?;
+    }
     Ok(())
 }
 
@@ -164,7 +170,7 @@ pub async fn set_user(
 
 pub async fn password_hash(connection: &mut Conn, name: &str) -> Result<Option<String>, DbError> {
     connection
-        .exec_first("SELECT password_hash FROM rs_user WHERE name = ?", (name,))
+        .exec_first(super::users::PASSWORD_HASH, (name,))
         .await
         .map_err(db)
 }

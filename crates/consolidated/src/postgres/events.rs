@@ -119,10 +119,7 @@ pub async fn authenticate(
     let scripts = scripts_for(client, statements, cache, &request.script_version).await?;
     if scripts.connection_event(AUTHENTICATE_USER).is_none() {
         let hash = client
-            .query_opt(
-                "SELECT password_hash FROM rs_user WHERE name = $1",
-                &[&request.user],
-            )
+            .query_opt(super::users::PASSWORD_HASH, &[&request.user])
             .await?
             .map(|row| row.get(0));
         return Ok(AuthCheck::BuiltIn(hash));

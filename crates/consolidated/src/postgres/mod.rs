@@ -40,6 +40,7 @@ mod statements;
 mod stored;
 mod streams;
 mod transaction;
+mod users;
 
 pub use streams::ABORT_DECISION_KEEP_HOURS;
 
@@ -57,6 +58,7 @@ use crate::dialect::SyncBackend;
 pub use crate::driver::SYNC_ATTEMPTS_MAX;
 use crate::key_space::{KeyRangeInit, KeySpace};
 use crate::version_scripts::ScriptCache;
+use crate::UserEntry;
 use crate::{
     ApplyStreamSettings, AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError,
     DownloadAckRequest, DownloadSender, InitOutcome, ScriptEntry, SyncError, SyncOutcome,
@@ -371,13 +373,22 @@ impl ConsolidatedConnection for PostgresConnection {
         schema::sync_history(&self.client, limit).await
     }
 
+    async fn users(&mut self) -> Result<Vec<UserEntry>, DbError> {
+        users::users(&self.client).await
+    }
+
+    async fn remove_user(&mut self, name: &str) -> Result<bool, DbError> {
+        users::remove_user(&self.client, name).await
+    }
+
+    async fn set_user_disabled(&mut self, name: &str, disabled: bool) -> Result<bool, DbError> {
+        users::set_user_disabled(&self.client, name, disabled).await
+    }
+
     async fn password_hash(&mut self, name: &str) -> Result<Option<String>, DbError> {
         let row = self
             .client
-            .query_opt(
-                "SELECT password_hash FROM rs_user WHERE name = $1",
-                &[&name],
-            )
+            .query_opt(users::PASSWORD_HASH, &[&name])
             .await?;
         Ok(row.map(|row| row.get(0)))
     }

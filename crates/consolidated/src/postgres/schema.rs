@@ -64,6 +64,7 @@ CREATE TABLE IF NOT EXISTS rs_stream_decision (
 ALTER TABLE rs_subscription ADD COLUMN IF NOT EXISTS download_acknowledged BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE rs_subscription ADD COLUMN IF NOT EXISTS last_sync_xid BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE rs_subscription ADD COLUMN IF NOT EXISTS upload_transfer_id TEXT;
+ALTER TABLE rs_user ADD COLUMN IF NOT EXISTS disabled BOOLEAN NOT NULL DEFAULT false;
 CREATE INDEX IF NOT EXISTS rs_subscription_user ON rs_subscription (user_name);
 CREATE TABLE IF NOT EXISTS rs_table (
     table_name TEXT PRIMARY KEY,

@@ -13,6 +13,7 @@ mod query;
 mod schema;
 mod stage;
 mod transaction;
+mod users;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -23,6 +24,7 @@ use rusqlite::{Connection, OpenFlags};
 
 use crate::key_space::{KeyRangeInit, KeySpace};
 use crate::version_scripts::ScriptCache;
+use crate::UserEntry;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
     DownloadSender, InitOutcome, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
@@ -309,6 +311,22 @@ impl ConsolidatedConnection for SqliteConnection {
 
     async fn sync_history(&mut self, limit: u64) -> Result<Vec<crate::HistoryRecord>, DbError> {
         self.run(move |connection| schema::sync_history(connection, limit))
+            .await
+    }
+
+    async fn users(&mut self) -> Result<Vec<UserEntry>, DbError> {
+        self.run(move |connection| users::users(connection)).await
+    }
+
+    async fn remove_user(&mut self, name: &str) -> Result<bool, DbError> {
+        let name = name.to_string();
+        self.run(move |connection| users::remove_user(connection, &name))
+            .await
+    }
+
+    async fn set_user_disabled(&mut self, name: &str, disabled: bool) -> Result<bool, DbError> {
+        let name = name.to_string();
+        self.run(move |connection| users::set_user_disabled(connection, &name, disabled))
             .await
     }
 

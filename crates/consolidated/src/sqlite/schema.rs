@@ -101,6 +101,15 @@ pub fn install_system_tables(connection: &Connection) -> Result<(), DbError> {
             "ALTER TABLE rs_script_version ADD COLUMN revision INTEGER NOT NULL DEFAULT 0",
         )?;
     }
+    let has_disabled: bool = connection.query_row(
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('rs_user') WHERE name = 'disabled')",
+        [],
+        |row| row.get(0),
+    )?;
+    if !has_disabled {
+        connection
+            .execute_batch("ALTER TABLE rs_user ADD COLUMN disabled INTEGER NOT NULL DEFAULT 0")?;
+    }
     // The transfer id of the upload applied last (protocol v5 identity check).
     let has_transfer_id: bool = connection.query_row(
         "SELECT EXISTS (SELECT 1 FROM pragma_table_info('rs_subscription') WHERE name = 'upload_transfer_id')",
@@ -216,11 +225,7 @@ pub fn set_user(
 
 pub fn password_hash(connection: &mut Connection, name: &str) -> Result<Option<String>, DbError> {
     Ok(connection
-        .query_row(
-            "SELECT password_hash FROM rs_user WHERE name = ?1",
-            [name],
-            |row| row.get(0),
-        )
+        .query_row(super::users::PASSWORD_HASH, [name], |row| row.get(0))
         .optional()?)
 }
 

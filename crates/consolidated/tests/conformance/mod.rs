@@ -141,6 +141,7 @@ macro_rules! conformance_suite {
             a_row_whose_parent_exists_nowhere_still_fails_the_sync,
             key_ranges_are_handed_out_in_turn_from_a_split_made_once,
             keys_that_cannot_have_ranges_are_refused_by_name,
+            users_are_listed_disabled_enabled_and_removed,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {
@@ -161,6 +162,7 @@ mod history;
 mod keys;
 mod schema_changes;
 mod scripts;
+mod users;
 pub use cancel::*;
 pub use foreign_keys::*;
 pub use held::*;
@@ -168,6 +170,7 @@ pub use history::*;
 pub use keys::*;
 pub use schema_changes::*;
 pub use scripts::*;
+pub use users::*;
 
 // ---------------------------------------------------------------------------------
 // Fixture and helpers

@@ -1,0 +1,56 @@
+//! The built-in users (`rs_user`) on MariaDB: listed, removed, disabled.
+
+use mysql_async::prelude::Queryable;
+use mysql_async::Conn;
+
+use super::error::db;
+use crate::{DbError, UserEntry};
+
+/// A user's password hash for a password login: `None` for no such user, or a disabled one.
+pub const PASSWORD_HASH: &str = "SELECT password_hash FROM rs_user WHERE name = ? AND disabled = 0";
+
+pub async fn users(connection: &mut Conn) -> Result<Vec<UserEntry>, DbError> {
+    let rows: Vec<(String, bool, String)> = connection
+        .query("SELECT name, disabled <> 0, CAST(created_at AS CHAR) FROM rs_user ORDER BY name")
+        .await
+        .map_err(db)?;
+    Ok(rows
+        .into_iter()
+        .map(|(name, disabled, created_at)| UserEntry {
+            name,
+            disabled,
+            created_at,
+        })
+        .collect())
+}
+
+pub async fn remove_user(connection: &mut Conn, name: &str) -> Result<bool, DbError> {
+    connection
+        .exec_drop("DELETE FROM rs_user WHERE name = ?", (name,))
+        .await
+        .map_err(db)?;
+    Ok(connection.affected_rows() > 0)
+}
+
+pub async fn set_user_disabled(
+    connection: &mut Conn,
+    name: &str,
+    disabled: bool,
+) -> Result<bool, DbError> {
+    // Matched rows, not changed ones: disabling a disabled user is no error.
+    let found: Option<String> = connection
+        .exec_first(
+            "SELECT name FROM rs_user WHERE name = ? FOR UPDATE",
+            (name,),
+        )
+        .await
+        .map_err(db)?;
+    connection
+        .exec_drop(
+            "UPDATE rs_user SET disabled = ? WHERE name = ?",
+            (disabled, name),
+        )
+        .await
+        .map_err(db)?;
+    Ok(found.is_some())
+}

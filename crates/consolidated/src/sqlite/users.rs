@@ -1,0 +1,40 @@
+//! The built-in users (`rs_user`) on SQLite: listed, removed, disabled.
+
+use rusqlite::{params, Connection};
+
+use crate::{DbError, UserEntry};
+
+/// A user's password hash for a password login: `None` for no such user, or a disabled one.
+pub const PASSWORD_HASH: &str =
+    "SELECT password_hash FROM rs_user WHERE name = ?1 AND disabled = 0";
+
+pub fn users(connection: &Connection) -> Result<Vec<UserEntry>, DbError> {
+    let mut statement =
+        connection.prepare("SELECT name, disabled, created_at FROM rs_user ORDER BY name")?;
+    let users = statement
+        .query_map([], |row| {
+            Ok(UserEntry {
+                name: row.get(0)?,
+                disabled: row.get(1)?,
+                created_at: row.get(2)?,
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(users)
+}
+
+pub fn remove_user(connection: &Connection, name: &str) -> Result<bool, DbError> {
+    Ok(connection.execute("DELETE FROM rs_user WHERE name = ?1", [name])? > 0)
+}
+
+pub fn set_user_disabled(
+    connection: &Connection,
+    name: &str,
+    disabled: bool,
+) -> Result<bool, DbError> {
+    let changed = connection.execute(
+        "UPDATE rs_user SET disabled = ?2 WHERE name = ?1",
+        params![name, disabled],
+    )?;
+    Ok(changed > 0)
+}
