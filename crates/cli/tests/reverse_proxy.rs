@@ -1,7 +1,9 @@
 //! Two `rowsync serve` processes (the real binary) on one SQLite consolidated database,
 //! behind nginx (from the Debian packages) on loopback, reached over HTTP/1.1 and over
 //! HTTPS with HTTP/2 (nginx terminates TLS with a certificate made by `rowsync cert`).
-//! Syncs land on both servers, and every client ends with exactly its partition.
+//! Syncs land on both servers, and every client ends with exactly its partition. A
+//! rolling restart (SIGTERM to one server, then the other) under continuous syncs fails
+//! none, and every row lands exactly once.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -98,7 +100,8 @@ fn syncs_logged(lines: &Mutex<Vec<String>>) -> usize {
 fn write_nginx_config(dir: &Path, upstreams: &[String], http_port: u16, https_port: u16) {
     let servers: String = upstreams
         .iter()
-        .map(|address| format!("        server {address};\n"))
+        // Never marked down: a server restarting is refused for a moment, then back.
+        .map(|address| format!("        server {address} max_fails=0;\n"))
         .collect();
     let d = dir.display();
     let config = format!(
@@ -131,6 +134,8 @@ http {{
             proxy_set_header Connection \"\";
             proxy_buffering off;
             proxy_read_timeout 120s;
+            # A draining server answers busy (503, nothing applied): try the other one.
+            proxy_next_upstream error timeout http_503 non_idempotent;
         }}
     }}
 }}
@@ -291,5 +296,267 @@ async fn syncs_through_nginx_land_on_both_servers_over_http_and_https() {
     assert!(
         first >= 5 && second >= 5,
         "syncs per server: {first} and {second}"
+    );
+}
+
+/// A `rowsync serve` on fixed ports (HTTP and admin), so nginx finds it again after a
+/// restart; returns once it serves.
+fn start_server_on(db: &Path, http_port: u16, admin_port: u16) -> Running {
+    let mut child = rowsync()
+        .args(["serve", "--db", db.to_str().unwrap(), "--workers", "2"])
+        .args(["--listen", "127.0.0.1:0"])
+        .args(["--http-listen", &format!("127.0.0.1:{http_port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+        .args(["--drain-timeout-seconds", "20"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut banner = String::new();
+    stderr.read_line(&mut banner).unwrap();
+    assert!(banner.starts_with("rowsync serving"), "{banner}");
+    std::thread::spawn(move || for _ in stderr.lines() {});
+    Running(child)
+}
+
+/// `GET path` on the admin endpoint: the status code and the body (status 0 while
+/// nothing listens yet).
+fn admin_get(port: u16, path: &str, token: Option<&str>) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    let authorization = token.map_or(String::new(), |token| {
+        format!("Authorization: Bearer {token}\r\n")
+    });
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{authorization}\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer[9..12].parse().unwrap();
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+fn wait_ready(admin_port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while admin_get(admin_port, "/readyz", None).0 != 200 {
+        assert!(Instant::now() < deadline, "the server never became ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// SIGTERM, then the server's exit: 0, within its drain.
+fn stop_gracefully(server: &mut Running) {
+    let pid = server.0.id() as libc::pid_t;
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = server.0.wait().unwrap();
+    assert!(status.success(), "a drained server exits 0, not {status}");
+}
+
+fn consolidated_with_erin(dir: &Path) -> PathBuf {
+    let db = dir.join("consolidated.db");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(NOTES)
+        .unwrap();
+    let db_arg = db.to_str().unwrap();
+    let init = rowsync()
+        .args([
+            "init",
+            "--db",
+            db_arg,
+            "--table",
+            "notes",
+            "--partition-column",
+            "owner",
+        ])
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{init:?}");
+    let added = rowsync()
+        .args(["user", "add", "--db", db_arg, "--name", "erin"])
+        .env("ROWSYNC_PASSWORD", "erin-secret")
+        .output()
+        .unwrap();
+    assert!(added.status.success(), "{added:?}");
+    db
+}
+
+/// Clients that insert a row and sync, again and again, until `stop`; each returns its
+/// client, the rows it made and the syncs that failed.
+fn keep_syncing(
+    dir: &Path,
+    url: String,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<(Client, usize, Vec<String>)>> {
+    (0..3)
+        .map(|n| {
+            let mut client = Client::open(dir.join(format!("client-{n}.db"))).unwrap();
+            client.connection().execute_batch(NOTES).unwrap();
+            client.track("notes").unwrap();
+            let (url, stop) = (url.clone(), Arc::clone(&stop));
+            tokio::spawn(async move {
+                let options = SyncOptions::new(url, "erin", "erin-secret");
+                let (mut made, mut failed) = (0, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    client
+                        .connection()
+                        .execute(
+                            "INSERT INTO notes VALUES (?1, 'erin', 'made under load')",
+                            [format!("{n}-{made}")],
+                        )
+                        .unwrap();
+                    made += 1;
+                    if let Err(error) = client.sync(&options).await {
+                        failed.push(error.to_string());
+                    }
+                }
+                (client, made, failed)
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_behind_nginx_fails_no_sync_and_loses_no_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = consolidated_with_erin(dir.path());
+    let ports: Vec<(u16, u16)> = (0..2).map(|_| (free_port(), free_port())).collect();
+    let mut servers: Vec<Running> = ports
+        .iter()
+        .map(|&(http, admin)| start_server_on(&db, http, admin))
+        .collect();
+    for &(_, admin) in &ports {
+        wait_ready(admin);
+    }
+    let upstreams: Vec<String> = ports
+        .iter()
+        .map(|(http, _)| format!("127.0.0.1:{http}"))
+        .collect();
+    let (http_port, https_port) = (free_port(), free_port());
+    let pki = dir.path().join("pki");
+    let cert = rowsync()
+        .args(["cert", "--dir", pki.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(cert.status.success(), "{cert:?}");
+    write_nginx_config(dir.path(), &upstreams, http_port, https_port);
+    let _nginx = start_nginx(dir.path(), http_port);
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let url = format!("http://127.0.0.1:{http_port}/sync");
+    let clients = keep_syncing(dir.path(), url.clone(), Arc::clone(&stop));
+    for (index, &(http, admin)) in ports.iter().enumerate() {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let server = &mut servers[index];
+        tokio::task::block_in_place(|| stop_gracefully(server));
+        servers[index] = start_server_on(&db, http, admin);
+        wait_ready(admin);
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+
+    let mut made_in_all = 0;
+    let options = SyncOptions::new(url, "erin", "erin-secret");
+    let mut finished = Vec::new();
+    for handle in clients {
+        let (mut client, made, failed) = handle.await.unwrap();
+        let first: Vec<&String> = failed.iter().take(2).collect();
+        assert!(
+            failed.is_empty(),
+            "{} failed syncs, first: {first:?}",
+            failed.len()
+        );
+        assert!(made > 3, "the load ran: {made} syncs");
+        made_in_all += made;
+        client.sync(&options).await.unwrap();
+        finished.push(client);
+    }
+    let count = |connection: &rusqlite::Connection| -> (i64, i64) {
+        connection
+            .query_row(
+                "SELECT count(*), count(DISTINCT id) FROM notes",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .unwrap()
+    };
+    let on_server = count(&rusqlite::Connection::open(&db).unwrap());
+    assert_eq!(
+        on_server,
+        (made_in_all as i64, made_in_all as i64),
+        "every row exactly once"
+    );
+    for client in &mut finished {
+        client.sync(&options).await.unwrap();
+        assert_eq!(count(client.connection()).0, made_in_all as i64);
+    }
+    eprintln!("rolling restart: {made_in_all} syncs under load, 0 failed");
+}
+
+#[test]
+fn the_admin_endpoint_tells_readiness_and_wants_its_token_beyond_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = consolidated_with_erin(dir.path());
+    let token_file = dir.path().join("admin-token");
+    std::fs::write(&token_file, "0123456789abcdef0123\n").unwrap();
+    let admin = free_port();
+    let mut child = rowsync()
+        .args([
+            "serve",
+            "--db",
+            db.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .args(["--admin-token-file", token_file.to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut banner = String::new();
+    BufReader::new(child.stderr.as_mut().unwrap())
+        .read_line(&mut banner)
+        .unwrap();
+    let _server = Running(child);
+    wait_ready(admin);
+    assert_eq!(
+        admin_get(admin, "/healthz", None),
+        (200, "ok\n".to_string())
+    );
+    assert_eq!(
+        admin_get(admin, "/readyz", None),
+        (200, "ready\n".to_string())
+    );
+    assert_eq!(admin_get(admin, "/metrics", None).0, 401);
+    assert_eq!(
+        admin_get(admin, "/metrics", Some("0123456789abcdef0124")).0,
+        401
+    );
+    let (status, metrics) = admin_get(admin, "/metrics", Some("0123456789abcdef0123"));
+    assert_eq!(status, 200);
+    assert!(metrics.contains("rowsync_database_up 1"), "{metrics}");
+
+    let open = rowsync()
+        .args([
+            "serve",
+            "--db",
+            db.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--admin-listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert!(!open.status.success());
+    let said = String::from_utf8_lossy(&open.stderr);
+    assert!(
+        said.contains("beyond loopback") && said.contains("--admin-token-file"),
+        "{said}"
     );
 }

@@ -194,6 +194,9 @@ pub trait ConsolidatedConnection: Send + 'static {
         download: DownloadSender,
     ) -> impl Future<Output = Result<SyncOutcome, SyncError>> + Send;
 
+    /// A trivial round trip (`SELECT 1`): whether the database answers (readiness).
+    fn ping(&mut self) -> impl Future<Output = Result<(), DbError>> + Send;
+
     /// What stops this connection's statement from another task (the client of the
     /// sync it runs went away); the connection is discarded afterwards.
     fn canceller(&self) -> Canceller;

@@ -1,8 +1,11 @@
 //! The admin endpoint: `GET /metrics` in Prometheus' text format, the live monitor page
 //! (`GET /monitor`, its assets embedded in the binary) and its JSON API
 //! (`/api/monitor/active`, `/api/monitor/syncs`, `/api/monitor/series`, and
-//! `/api/monitor/profile`, the file `rowsync profile --out` wrote). Plain HTTP/1.1
-//! on its own listener, meant for loopback or a monitoring network, never for clients.
+//! `/api/monitor/profile`, the file `rowsync profile --out` wrote), and the probes
+//! `GET /healthz` (the process answers) and `GET /readyz` (it takes syncs: the
+//! database answers and no stop was asked; 503 with the reason otherwise). Plain
+//! HTTP/1.1 on its own listener, meant for loopback or a monitoring network, never for
+//! clients; with a token, every path but the probes needs `Authorization: Bearer`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -36,6 +39,67 @@ const UPLOT_CSS: &str = include_str!("../assets/monitor/uPlot.min.css");
 
 const JSON: &str = "application/json";
 const TEXT: &str = "text/plain; charset=utf-8";
+
+/// The probes, answered to anyone (a load balancer or an orchestrator asks them
+/// without credentials; they tell nothing but up or not).
+fn probe(path: &str, metrics: &Metrics) -> Option<Response<Full<Bytes>>> {
+    let (status, body) = match path {
+        "/healthz" => (StatusCode::OK, "ok\n".to_string()),
+        "/readyz" => match metrics.readiness() {
+            Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+            Err(why) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {why}\n"),
+            ),
+        },
+        _ => return None,
+    };
+    Some(plain(status, Bytes::from(body)))
+}
+
+fn plain(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, header::HeaderValue::from_static(TEXT));
+    headers.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    response
+}
+
+/// Whether the request carries the admin token (always, when there is none). Compared
+/// in time independent of where the first difference is.
+fn authorized(request: &Request<Incoming>, token: Option<&str>) -> bool {
+    let Some(token) = token else {
+        return true;
+    };
+    let offered = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .unwrap_or("");
+    offered.len() == token.len()
+        && offered
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |difference, (a, b)| difference | (a ^ b))
+            == 0
+}
+
+fn unauthorized() -> Response<Full<Bytes>> {
+    let mut response = plain(
+        StatusCode::UNAUTHORIZED,
+        Bytes::from_static(b"the admin endpoint needs Authorization: Bearer <the admin token>\n"),
+    );
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
+    response
+}
 
 fn respond(request: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
     let query = request.uri().query().unwrap_or("");
@@ -81,7 +145,7 @@ fn respond(request: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Byte
                 StatusCode::NOT_FOUND,
                 TEXT,
                 Bytes::from_static(
-                    b"rowsync's admin endpoint serves GET /metrics, /monitor and /api/monitor/{active,syncs,series,profile}\n",
+                    b"rowsync's admin endpoint serves GET /healthz, /readyz, /metrics, /monitor and /api/monitor/{active,syncs,series,profile}\n",
                 ),
             ),
             _ => (
@@ -201,6 +265,17 @@ pub async fn serve_admin(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    serve_admin_with_token(listener, metrics, None, shutdown).await
+}
+
+/// [`serve_admin`], where every path but `/healthz` and `/readyz` needs
+/// `Authorization: Bearer <token>` when `token` is set.
+pub async fn serve_admin_with_token(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    token: Option<Arc<str>>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let connections = Arc::new(tokio::sync::Semaphore::new(ADMIN_CONNECTIONS_MAX));
     tokio::pin!(shutdown);
     loop {
@@ -212,13 +287,21 @@ pub async fn serve_admin(
             return Ok(());
         };
         let metrics = Arc::clone(&metrics);
+        let token = token.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request: Request<Incoming>| {
                 let metrics = Arc::clone(&metrics);
+                let token = token.clone();
                 async move {
-                    let response = if request.method() == Method::GET
-                        && request.uri().path() == "/api/monitor/profile"
-                    {
+                    let path = request.uri().path();
+                    let probe = (request.method() == Method::GET)
+                        .then(|| probe(path, &metrics))
+                        .flatten();
+                    let response = if let Some(probe) = probe {
+                        probe
+                    } else if !authorized(&request, token.as_deref()) {
+                        unauthorized()
+                    } else if request.method() == Method::GET && path == "/api/monitor/profile" {
                         profile_report(&metrics).await
                     } else {
                         respond(&request, &metrics)

@@ -128,6 +128,9 @@ pub struct ServerConfig {
     /// Held downloads older than this are removed by the background cleanup; a client
     /// resuming later downloads afresh.
     pub held_download_expiry: Duration,
+    /// After a stop is asked (SIGTERM, SIGINT), how long running syncs may finish while
+    /// new ones are answered busy; then the server stops anyway.
+    pub drain_timeout: Duration,
     /// Signed tokens accepted instead of passwords.
     pub tokens: TokenConfig,
     /// Records each sync for replay (`--record DIR`), when set.
@@ -179,6 +182,7 @@ impl Default for ServerConfig {
             held_downloads_bytes_max: 1024 * 1024 * 1024,
             held_downloads_bytes_per_user_max: 128 * 1024 * 1024,
             held_download_expiry: Duration::from_secs(24 * 60 * 60),
+            drain_timeout: Duration::from_secs(30),
             tokens: TokenConfig::default(),
             recorder: None,
         }

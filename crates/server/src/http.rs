@@ -289,6 +289,11 @@ fn handle_request<B: Consolidated>(
         tracing::debug!(%peer, "connection limit reached; answering busy");
         return busy_response(shared.busy_retry_after_ms());
     };
+    // Held by the response body until it is sent (or dropped): see `http_responses`.
+    let Ok(sending) = Arc::clone(&shared.http_responses).try_acquire_owned() else {
+        tracing::debug!(%peer, "draining; answering busy");
+        return busy_response(shared.busy_retry_after_ms());
+    };
     let body = BodyStream::new(request.into_body())
         .map_ok(|frame| frame.into_data().unwrap_or_default())
         .map_err(std::io::Error::other);
@@ -299,7 +304,11 @@ fn handle_request<B: Consolidated>(
         let stream = tokio::io::join(reader, ours);
         handle_connection(stream, peer, &shared, permit, ClientClose::Unseen(end)).await;
     });
-    let body = StreamBody::new(ReaderStream::new(theirs).map_ok(Frame::data)).boxed();
+    let body = StreamBody::new(ReaderStream::new(theirs).map_ok(move |bytes| {
+        let _sending = &sending;
+        Frame::data(bytes)
+    }))
+    .boxed();
     let mut response = Response::new(body);
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -120,6 +120,10 @@ pub struct Metrics {
     pub receipts_refused: Counter,
     /// Logins refused unchecked: too many failures for the address or the user.
     pub logins_throttled: Counter,
+    /// 1 while the server drains (a stop was asked): new syncs are answered busy.
+    pub draining: Gauge,
+    /// 1 when the consolidated database answered the last readiness check.
+    pub database_up: Gauge,
     /// The live monitor (`/monitor` on the admin endpoint).
     pub monitor: Monitor,
 }
@@ -180,6 +184,8 @@ impl Metrics {
             http_idle_evictions: Counter::default(),
             receipts_refused: Counter::default(),
             logins_throttled: Counter::default(),
+            draining: Gauge::default(),
+            database_up: Gauge::default(),
             monitor: Monitor::new(settings),
             registry,
         };
@@ -305,7 +311,29 @@ impl Metrics {
             "Logins refused unchecked: too many failures for the address or the user",
             metrics.logins_throttled.clone(),
         );
+        registry.register(
+            "draining",
+            "1 while the server drains after a stop was asked: new syncs are answered busy",
+            metrics.draining.clone(),
+        );
+        registry.register(
+            "database_up",
+            "1 when the consolidated database answered the last readiness check",
+            metrics.database_up.clone(),
+        );
         metrics
+    }
+
+    /// Whether the server takes syncs (`/readyz`): the database answered its last check
+    /// and no stop was asked; else why not.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        if self.draining.get() != 0 {
+            Err("draining: a stop was asked")
+        } else if self.database_up.get() == 0 {
+            Err("the consolidated database does not answer")
+        } else {
+            Ok(())
+        }
     }
 
     pub fn sync_ended(&self, outcome: Outcome) {

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rowsync_consolidated::{Consolidated, Direction};
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection, Direction};
 use rowsync_protocol::Message;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -24,8 +24,12 @@ use crate::reply::reply_and_close;
 use crate::shared::Shared;
 use crate::sync::{handle_connection, ClientClose};
 
-/// How long in-flight syncs may finish after shutdown is requested.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// After a drain, how long HTTP connections may take to finish writing their last
+/// response before the server stops.
+const HTTP_FLUSH_GRACE: Duration = Duration::from_secs(2);
+
+/// How often the readiness check asks the consolidated database for `SELECT 1`.
+pub const READINESS_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Error)]
 pub enum ServerError {
@@ -109,6 +113,7 @@ pub async fn serve_endpoints_with_metrics<B: Consolidated>(
         None => config.workers,
     };
     metrics.workers.set(workers as i64);
+    let readiness = tokio::spawn(check_database(backend.clone(), Arc::clone(&metrics)));
     let shared = Arc::new(Shared::new(backend, config, metrics, workers));
     let cleanup = tokio::spawn(clean_up_periodically(
         Arc::clone(&shared.pool),
@@ -145,21 +150,62 @@ pub async fn serve_endpoints_with_metrics<B: Consolidated>(
             });
         }
     }
+    drain(&shared).await;
     let _ = stop.send(true);
     while accepting.join_next().await.is_some() {}
-    cleanup.abort();
-    monitor.abort();
-    if let Some(history) = history {
-        history.abort();
-    }
-    let in_flight = shared.config.connections_max as u32;
-    if tokio::time::timeout(SHUTDOWN_GRACE, shared.slots.acquire_many(in_flight))
-        .await
-        .is_err()
-    {
-        tracing::warn!("syncs still running after the shutdown grace period; stopping anyway");
+    for task in [cleanup, monitor, readiness].into_iter().chain(history) {
+        task.abort();
     }
     result
+}
+
+/// Lets running syncs finish, up to `drain_timeout`, while the endpoints go on
+/// answering: taking every slot as it frees, so a sync that arrives meanwhile finds
+/// none and is answered busy (behind a load balancer it goes to another server), and
+/// `/readyz` says draining.
+async fn drain<B: Consolidated>(shared: &Shared<B>) {
+    shared.metrics.draining.set(1);
+    let slots = shared.config.connections_max as u32;
+    let drain_timeout = shared.config.drain_timeout;
+    let drained = async {
+        let running = shared.slots.acquire_many(slots).await;
+        let sending = shared.http_responses.acquire_many(slots).await;
+        (running, sending)
+    };
+    match tokio::time::timeout(drain_timeout, drained).await {
+        Ok(_) => tracing::info!("drained: no sync is running"),
+        Err(_) => tracing::warn!(
+            ?drain_timeout,
+            "syncs still running when drain_timeout passed; stopping anyway"
+        ),
+    }
+    // A response handed to its connection may still be in its write buffer: let the
+    // HTTP connections end (an idle keep-alive one is closed at exit, losing nothing).
+    let flushed = shared.http_connections.acquire_many(slots);
+    let _ = tokio::time::timeout(HTTP_FLUSH_GRACE, flushed).await;
+}
+
+/// Asks the consolidated database for `SELECT 1` every `READINESS_CHECK_INTERVAL`, on a
+/// connection of its own (made again after a failure), into `database_up`.
+async fn check_database<B: Consolidated>(backend: B, metrics: Arc<Metrics>) {
+    let mut connection = None;
+    loop {
+        if connection.is_none() {
+            connection = backend.connect().await.ok();
+        }
+        let answered = match connection.as_mut() {
+            Some(connection) => connection.ping().await.is_ok(),
+            None => false,
+        };
+        if !answered {
+            connection = None;
+        }
+        if answered != (metrics.database_up.get() == 1) {
+            tracing::info!(answered, "the consolidated database's readiness changed");
+        }
+        metrics.database_up.set(i64::from(answered));
+        tokio::time::sleep(READINESS_CHECK_INTERVAL).await;
+    }
 }
 
 /// The network stage of one endpoint.

@@ -34,6 +34,10 @@ pub(crate) struct Shared<B: Consolidated> {
     /// One permit per open HTTP(S) connection (`connections_max` of them): a keep-alive
     /// or HTTP/2 connection may sit between requests without holding a sync's slot.
     pub(crate) http_connections: Arc<Semaphore>,
+    /// One permit per HTTP sync response still being sent (`connections_max`): a sync's
+    /// slot is free once its download is written into the response, which may still be
+    /// on its way; a drain waits for these too.
+    pub(crate) http_responses: Arc<Semaphore>,
     /// Connections with a slot still waiting for their hello
     /// (`hello_pending_connections_max`).
     pub(crate) pending_hellos: PendingHellos,
@@ -94,6 +98,7 @@ impl<B: Consolidated> Shared<B> {
             load: Load::default(),
             slots: Arc::new(Semaphore::new(config.connections_max)),
             http_connections: Arc::new(Semaphore::new(config.connections_max)),
+            http_responses: Arc::new(Semaphore::new(config.connections_max)),
             config,
         }
     }

@@ -90,10 +90,19 @@ pub struct ServeArgs {
     /// The whole upload must arrive within this many seconds of connecting.
     #[arg(long, default_value_t = ServerConfig::default().upload_timeout.as_secs())]
     upload_timeout_seconds: u64,
-    /// Serve Prometheus metrics (GET /metrics), the live monitor page (GET /monitor) and
-    /// its JSON API on this address, e.g. 127.0.0.1:9464.
+    /// Serve Prometheus metrics (GET /metrics), the live monitor page (GET /monitor),
+    /// its JSON API and the probes GET /healthz and GET /readyz on this address, e.g.
+    /// 127.0.0.1:9464. An address other than loopback needs --admin-token-file.
     #[arg(long)]
     admin_listen: Option<SocketAddr>,
+    /// A file holding the admin endpoint's token: every path but /healthz and /readyz
+    /// then needs `Authorization: Bearer <token>`.
+    #[arg(long)]
+    admin_token_file: Option<PathBuf>,
+    /// After SIGTERM or SIGINT, running syncs may finish for this many seconds while new
+    /// ones are answered busy and /readyz says draining; a second signal stops at once.
+    #[arg(long, default_value_t = ServerConfig::default().drain_timeout.as_secs())]
+    drain_timeout_seconds: u64,
     /// Ended syncs the monitor keeps (its history, in memory).
     #[arg(long, default_value_t = MonitorSettings::default().history_syncs_max)]
     monitor_history_syncs_max: usize,
@@ -273,10 +282,21 @@ impl OnBackend for ServeArgs {
             metrics.monitor.set_profile_report(path);
         }
         if let Some(address) = self.admin_listen {
-            serve_metrics(address, Arc::clone(&metrics)).await?;
+            let token = admin_token(address, self.admin_token_file.as_deref())?;
+            serve_metrics(address, Arc::clone(&metrics), token).await?;
         }
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
+        let drain_timeout = self.drain_timeout_seconds;
+        let shutdown = async move {
+            stop_signal().await;
+            eprintln!(
+                "rowsync draining: new syncs are answered busy, running ones have {drain_timeout} s \
+                 to finish (a second signal stops at once)"
+            );
+            tokio::spawn(async {
+                stop_signal().await;
+                eprintln!("rowsync stopping at once");
+                std::process::exit(1);
+            });
         };
         rowsync_server::serve_endpoints_with_metrics(endpoints, backend, config, metrics, shutdown)
             .await?;
@@ -427,24 +447,79 @@ impl ServeArgs {
             held_downloads_bytes_max: self.held_downloads_bytes_max,
             held_downloads_bytes_per_user_max: self.held_downloads_bytes_per_user_max,
             held_download_expiry: Duration::from_secs(self.held_download_expiry_seconds),
+            drain_timeout: Duration::from_secs(self.drain_timeout_seconds),
             tokens,
             ..defaults
         }
     }
 }
 
-/// Serves `GET /metrics` on `address` until Ctrl-C, in a task of its own.
-async fn serve_metrics(address: SocketAddr, metrics: Arc<Metrics>) -> Result<()> {
+/// SIGTERM (what service managers and orchestrators send) or SIGINT (Ctrl-C).
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = terminate.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// The admin token from its file (a trailing newline is not part of it); refused when
+/// the endpoint is reachable beyond loopback without one.
+fn admin_token(address: SocketAddr, file: Option<&std::path::Path>) -> Result<Option<Arc<str>>> {
+    let Some(file) = file else {
+        if !address.ip().is_loopback() {
+            anyhow::bail!(
+                "the admin endpoint {address} is reachable beyond loopback: give it a token with \
+                 --admin-token-file FILE (requests then need Authorization: Bearer <token>), or \
+                 bind it to 127.0.0.1"
+            );
+        }
+        return Ok(None);
+    };
+    let token = std::fs::read_to_string(file)
+        .with_context(|| format!("reading the admin token {}", file.display()))?;
+    let token = token.trim_end_matches(['\r', '\n']);
+    if token.len() < 16 {
+        anyhow::bail!(
+            "the admin token in {} is {} characters; use at least 16 (e.g. `openssl rand -hex 32`)",
+            file.display(),
+            token.len()
+        );
+    }
+    Ok(Some(Arc::from(token)))
+}
+
+/// Serves the admin endpoint on `address` until the process ends (through a drain, so
+/// `/readyz` tells the load balancer), in a task of its own.
+async fn serve_metrics(
+    address: SocketAddr,
+    metrics: Arc<Metrics>,
+    token: Option<Arc<str>>,
+) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .with_context(|| format!("binding the admin endpoint {address}"))?;
     let address = listener.local_addr()?;
     eprintln!("rowsync metrics on http://{address}/metrics, monitor on http://{address}/monitor");
     tokio::spawn(async move {
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
-        if let Err(error) = rowsync_server::admin::serve_admin(listener, metrics, shutdown).await {
+        let forever = std::future::pending();
+        let served =
+            rowsync_server::admin::serve_admin_with_token(listener, metrics, token, forever).await;
+        if let Err(error) = served {
             tracing::error!(%error, "the admin endpoint stopped");
         }
     });

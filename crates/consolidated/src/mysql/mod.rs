@@ -236,6 +236,10 @@ impl ConsolidatedConnection for MysqlConnection {
         key_space::init_key_ranges(&mut self.connection, init).await
     }
 
+    async fn ping(&mut self) -> Result<(), DbError> {
+        self.connection.ping().await.map_err(db)
+    }
+
     async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {
         schema::init_table(&mut self.connection, init).await
     }

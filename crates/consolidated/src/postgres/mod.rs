@@ -397,6 +397,11 @@ impl ConsolidatedConnection for PostgresConnection {
         key_space::init_key_ranges(&mut self.client, init).await
     }
 
+    async fn ping(&mut self) -> Result<(), DbError> {
+        self.client.simple_query("SELECT 1").await?;
+        Ok(())
+    }
+
     async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {
         schema::init_table(&mut self.client, init).await
     }

@@ -342,6 +342,14 @@ impl ConsolidatedConnection for SqliteConnection {
             .await
     }
 
+    async fn ping(&mut self) -> Result<(), DbError> {
+        self.run(|connection| {
+            connection.query_row("SELECT 1", [], |_| Ok(()))?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {
         let init = init.clone();
         self.run(move |connection| schema::init_table(connection, &init))
