@@ -1,5 +1,7 @@
 //! The `rowsync` binary itself: init, user add, serve, then a real client sync.
 
+mod support;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
@@ -412,24 +414,8 @@ async fn cert_and_serve_over_tls_and_https_from_the_command_line() {
 fn a_closed_output_ends_a_listing_quietly() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("consolidated.db");
-    rusqlite::Connection::open(&db)
-        .unwrap()
-        .execute_batch(NOTES)
-        .unwrap();
+    support::init_notes(&db);
     let db = db.to_str().unwrap();
-    let init = rowsync()
-        .args([
-            "init",
-            "--db",
-            db,
-            "--table",
-            "notes",
-            "--partition-column",
-            "owner",
-        ])
-        .output()
-        .unwrap();
-    assert!(init.status.success());
     // A script far longer than a pipe holds (64 KiB), so the reader's close is met.
     let long_script = format!("SELECT 1\n{}", "-- a comment line\n".repeat(20_000));
     rusqlite::Connection::open(db)
@@ -466,10 +452,7 @@ fn a_closed_output_ends_a_listing_quietly() {
 fn a_refusal_prints_its_message_without_a_backtrace() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("consolidated.db");
-    rusqlite::Connection::open(&db)
-        .unwrap()
-        .execute_batch(NOTES)
-        .unwrap();
+    support::init_notes(&db);
     let refused = rowsync()
         .args(["init", "--db", db.to_str().unwrap()])
         .args(["--table", "notes", "--partition-column", "nobody"])

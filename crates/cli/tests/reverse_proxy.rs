@@ -5,6 +5,8 @@
 //! rolling restart (SIGTERM to one server, then the other) under continuous syncs fails
 //! none, and every row lands exactly once.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -360,35 +362,14 @@ fn stop_gracefully(server: &mut Running) {
 
 fn consolidated_with_erin(dir: &Path) -> PathBuf {
     let db = dir.join("consolidated.db");
-    rusqlite::Connection::open(&db)
-        .unwrap()
-        .execute_batch(NOTES)
-        .unwrap();
-    let db_arg = db.to_str().unwrap();
-    let init = rowsync()
-        .args([
-            "init",
-            "--db",
-            db_arg,
-            "--table",
-            "notes",
-            "--partition-column",
-            "owner",
-        ])
-        .output()
-        .unwrap();
-    assert!(init.status.success(), "{init:?}");
-    let added = rowsync()
-        .args(["user", "add", "--db", db_arg, "--name", "erin"])
-        .env("ROWSYNC_PASSWORD", "erin-secret")
-        .output()
-        .unwrap();
-    assert!(added.status.success(), "{added:?}");
+    support::init_notes(&db);
+    support::add_user(&db, "erin", "erin-secret");
     db
 }
 
 /// Clients that insert a row and sync, again and again, until `stop`; each returns its
-/// client, the rows it made and the syncs that failed.
+/// client, the rows it made and the syncs that failed. Their table is `notes` of
+/// `support::init_notes` (integer keys, a row of erin's and one of frank's).
 fn keep_syncing(
     dir: &Path,
     url: String,
@@ -397,7 +378,10 @@ fn keep_syncing(
     (0..3)
         .map(|n| {
             let mut client = Client::open(dir.join(format!("client-{n}.db"))).unwrap();
-            client.connection().execute_batch(NOTES).unwrap();
+            client
+                .connection()
+                .execute_batch("CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT, body TEXT)")
+                .unwrap();
             client.track("notes").unwrap();
             let (url, stop) = (url.clone(), Arc::clone(&stop));
             tokio::spawn(async move {
@@ -408,7 +392,7 @@ fn keep_syncing(
                         .connection()
                         .execute(
                             "INSERT INTO notes VALUES (?1, 'erin', 'made under load')",
-                            [format!("{n}-{made}")],
+                            [(1000 * (n + 1) + made) as i64],
                         )
                         .unwrap();
                     made += 1;
@@ -477,24 +461,19 @@ async fn a_rolling_restart_behind_nginx_fails_no_sync_and_loses_no_row() {
         client.sync(&options).await.unwrap();
         finished.push(client);
     }
+    // erin's rows: the one `init_notes` made, and each made under load exactly once.
     let count = |connection: &rusqlite::Connection| -> (i64, i64) {
+        let sql = "SELECT count(*), count(DISTINCT id) FROM notes WHERE owner = 'erin'";
         connection
-            .query_row(
-                "SELECT count(*), count(DISTINCT id) FROM notes",
-                [],
-                |row| Ok((row.get(0)?, row.get(1)?)),
-            )
+            .query_row(sql, [], |row| Ok((row.get(0)?, row.get(1)?)))
             .unwrap()
     };
+    let expected = made_in_all as i64 + 1;
     let on_server = count(&rusqlite::Connection::open(&db).unwrap());
-    assert_eq!(
-        on_server,
-        (made_in_all as i64, made_in_all as i64),
-        "every row exactly once"
-    );
+    assert_eq!(on_server, (expected, expected), "every row exactly once");
     for client in &mut finished {
         client.sync(&options).await.unwrap();
-        assert_eq!(count(client.connection()).0, made_in_all as i64);
+        assert_eq!(count(client.connection()), (expected, expected));
     }
     eprintln!("rolling restart: {made_in_all} syncs under load, 0 failed");
 }
