@@ -133,6 +133,36 @@ fn pg_bin_dir() -> Result<PathBuf, String> {
     ))
 }
 
+/// Writes the certificate and key into the data directory (the key readable by the
+/// cluster's user alone, as PostgreSQL demands) and a pg_hba.conf of `hostssl` only;
+/// the server options that turn TLS on.
+fn only_tls(data: &Path, tls: &TlsFiles<'_>, root: bool) -> Result<String, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let write = |name: &str, text: &str, mode: u32| -> Result<PathBuf, String> {
+        let path = data.join(name);
+        std::fs::write(&path, text).map_err(|error| format!("writing {name}: {error}"))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+            .map_err(|error| format!("{name}: {error}"))?;
+        if root {
+            std::os::unix::fs::chown(&path, Some(UNPRIVILEGED_UID), Some(UNPRIVILEGED_GID))
+                .map_err(|error| format!("{name}: {error}"))?;
+        }
+        Ok(path)
+    };
+    let certificate = write("server.crt", tls.certificate_pem, 0o644)?;
+    let key = write("server.key", tls.key_pem, 0o600)?;
+    write(
+        "pg_hba.conf",
+        "hostssl all all 127.0.0.1/32 trust\nlocal all all trust\n",
+        0o600,
+    )?;
+    Ok(format!(
+        " -c ssl=on -c ssl_cert_file='{}' -c ssl_key_file='{}'",
+        certificate.display(),
+        key.display()
+    ))
+}
+
 pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
@@ -163,8 +193,24 @@ pub(crate) fn free_port() -> Result<u16, String> {
         .port())
 }
 
+/// A server certificate and its key (PEM), for a cluster that takes only TLS.
+pub struct TlsFiles<'a> {
+    pub certificate_pem: &'a str,
+    pub key_pem: &'a str,
+}
+
 impl PgCluster {
     fn start() -> Result<PgCluster, String> {
+        PgCluster::start_with(None)
+    }
+
+    /// A cluster of its own that takes only TLS connections (`ssl = on`, `hostssl`
+    /// alone in pg_hba.conf) with `tls`'s certificate; stopped when dropped or at exit.
+    pub fn start_tls_only(tls: &TlsFiles<'_>) -> Result<PgCluster, String> {
+        PgCluster::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<&TlsFiles<'_>>) -> Result<PgCluster, String> {
         let bin = pg_bin_dir()?;
         let dir = tempfile::Builder::new()
             .prefix("rowsync-pg-")
@@ -194,12 +240,16 @@ impl PgCluster {
         ]);
         as_cluster_user(&mut initdb);
         run(&mut initdb, "initdb")?;
+        let tls_options = match tls {
+            Some(tls) => only_tls(&data, tls, root)?,
+            None => String::new(),
+        };
 
         let port = free_port()?;
         let options = format!(
             "-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='{}' -c fsync=off \
              -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 -c autovacuum=off \
-             -c max_prepared_transactions=64",
+             -c max_prepared_transactions=64{tls_options}",
             dir.path().display()
         );
         let mut start = Command::new(bin.join("pg_ctl"));

@@ -13,7 +13,7 @@ use rowsync_consolidated::{
 };
 use rowsync_protocol::Value;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use super::sampler::Gate;
 use super::ProfileError;
@@ -30,10 +30,7 @@ pub struct Session {
 
 /// Connects a session the way a server's worker is set up (custom plans, no JIT).
 pub async fn connect(url: &str) -> Result<Session, ProfileError> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
+    let client = rowsync_consolidated::postgres::connect_client(url).await?;
     client
         .batch_execute("SET jit = off; SET plan_cache_mode = force_custom_plan")
         .await?;

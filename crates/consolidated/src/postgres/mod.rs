@@ -39,6 +39,7 @@ mod stage;
 mod statements;
 mod stored;
 mod streams;
+mod tls;
 mod transaction;
 mod users;
 
@@ -52,7 +53,7 @@ pub mod value;
 use std::sync::Arc;
 
 use rowsync_protocol::Row;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use crate::dialect::SyncBackend;
 pub use crate::driver::SYNC_ATTEMPTS_MAX;
@@ -114,7 +115,8 @@ impl PostgresConsolidated {
 
     /// A connection with the session settings every sync relies on.
     async fn open(url: &str, streams: streams::SharedPool) -> Result<PostgresConnection, DbError> {
-        let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+        let (config, tls) = tls::connection_settings(url)?;
+        let (client, connection) = config.connect(tls).await.map_err(connect_failure)?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::warn!(%error, "consolidated database connection ended");
@@ -500,4 +502,36 @@ impl ConsolidatedConnection for PostgresConnection {
             })
             .collect()
     }
+}
+
+/// A plain client of the database `url` names, TLS as its `sslmode` says (for tools
+/// beside the server: the profiler); its connection runs on a task of its own.
+pub async fn connect_client(url: &str) -> Result<Client, DbError> {
+    let (config, tls) = tls::connection_settings(url)?;
+    let (client, connection) = config.connect(tls).await.map_err(connect_failure)?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// A failed connection, with the fix when TLS is why.
+fn connect_failure(error: tokio_postgres::Error) -> DbError {
+    let text = format!(
+        "{error}: {}",
+        std::error::Error::source(&error).map_or(String::new(), |source| source.to_string())
+    );
+    if text.contains("TLS") || text.contains("certificate") {
+        return DbError::Invalid(format!(
+            "connecting to PostgreSQL over TLS: {text}; check sslmode (disable, prefer, require, \
+             verify-ca, verify-full) and sslrootcert (the CA that signed the server's certificate)"
+        ));
+    }
+    if text.contains("SSL off") || text.contains("no encryption") {
+        return DbError::Invalid(format!(
+            "connecting to PostgreSQL: {text}; the server takes only TLS connections: add \
+             sslmode=require (or verify-full with sslrootcert) to the URL"
+        ));
+    }
+    error.into()
 }
