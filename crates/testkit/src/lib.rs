@@ -137,30 +137,35 @@ fn pg_bin_dir() -> Result<PathBuf, String> {
 /// cluster's user alone, as PostgreSQL demands) and a pg_hba.conf of `hostssl` only;
 /// the server options that turn TLS on.
 fn only_tls(data: &Path, tls: &TlsFiles<'_>, root: bool) -> Result<String, String> {
-    use std::os::unix::fs::PermissionsExt;
-    let write = |name: &str, text: &str, mode: u32| -> Result<PathBuf, String> {
-        let path = data.join(name);
-        std::fs::write(&path, text).map_err(|error| format!("writing {name}: {error}"))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
-            .map_err(|error| format!("{name}: {error}"))?;
-        if root {
-            std::os::unix::fs::chown(&path, Some(UNPRIVILEGED_UID), Some(UNPRIVILEGED_GID))
-                .map_err(|error| format!("{name}: {error}"))?;
-        }
-        Ok(path)
-    };
-    let certificate = write("server.crt", tls.certificate_pem, 0o644)?;
-    let key = write("server.key", tls.key_pem, 0o600)?;
-    write(
-        "pg_hba.conf",
-        "hostssl all all 127.0.0.1/32 trust\nlocal all all trust\n",
-        0o600,
-    )?;
+    let certificate = write_owned(data, "server.crt", tls.certificate_pem, 0o644, root)?;
+    let key = write_owned(data, "server.key", tls.key_pem, 0o600, root)?;
+    let hba = "hostssl all all 127.0.0.1/32 trust\nlocal all all trust\n";
+    write_owned(data, "pg_hba.conf", hba, 0o600, root)?;
     Ok(format!(
         " -c ssl=on -c ssl_cert_file='{}' -c ssl_key_file='{}'",
         certificate.display(),
         key.display()
     ))
+}
+
+/// Writes `text` to `dir/name` with `mode`, owned by the servers' user when run as root.
+pub(crate) fn write_owned(
+    dir: &Path,
+    name: &str,
+    text: &str,
+    mode: u32,
+    root: bool,
+) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, text).map_err(|error| format!("writing {name}: {error}"))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+        .map_err(|error| format!("{name}: {error}"))?;
+    if root {
+        std::os::unix::fs::chown(&path, Some(UNPRIVILEGED_UID), Some(UNPRIVILEGED_GID))
+            .map_err(|error| format!("{name}: {error}"))?;
+    }
+    Ok(path)
 }
 
 pub(crate) fn is_root() -> bool {

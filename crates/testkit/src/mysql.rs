@@ -76,6 +76,16 @@ pub async fn fresh_mysql_database(prefix: &str) -> String {
 
 impl MysqlServer {
     fn start() -> Result<MysqlServer, String> {
+        MysqlServer::start_with(None)
+    }
+
+    /// A server of its own that takes TCP connections only over TLS
+    /// (`require_secure_transport`) with `tls`'s certificate; killed at exit.
+    pub fn start_tls_only(tls: &crate::TlsFiles<'_>) -> Result<MysqlServer, String> {
+        MysqlServer::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<&crate::TlsFiles<'_>>) -> Result<MysqlServer, String> {
         let dir = tempfile::Builder::new()
             .prefix("rowsync-mysql-")
             .tempdir()
@@ -143,6 +153,9 @@ impl MysqlServer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        if let Some(tls) = tls {
+            server.args(only_tls(dir.path(), tls, root)?);
+        }
         as_server_user(&mut server);
         let child = server
             .spawn()
@@ -206,6 +219,20 @@ fn wait_until_alive(socket: &Path, dir: &Path) -> Result<(), String> {
     Err(format!(
         "mariadbd did not answer within {STARTUP_TIMEOUT_MS} ms; its log:\n{log}"
     ))
+}
+
+/// Writes the certificate and key (readable by the server's user alone); the server
+/// options that take TCP connections only over TLS.
+fn only_tls(dir: &Path, tls: &crate::TlsFiles<'_>, root: bool) -> Result<Vec<String>, String> {
+    let certificate = crate::write_owned(dir, "server.crt", tls.certificate_pem, 0o644, root)?;
+    let key = crate::write_owned(dir, "server.key", tls.key_pem, 0o600, root)?;
+    Ok(vec![
+        format!("--ssl-cert={}", certificate.display()),
+        format!("--ssl-key={}", key.display()),
+        "--require-secure-transport=ON".to_string(),
+        // The client is 'rowsync'@'127.0.0.1' whatever 127.0.0.1 resolves to.
+        "--skip-name-resolve".to_string(),
+    ])
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ mod query;
 mod schema;
 mod stage;
 mod stamp;
+mod tls;
 mod transaction;
 mod users;
 pub mod value;
@@ -50,9 +51,15 @@ pub struct MysqlConsolidated {
 impl MysqlConsolidated {
     /// A consolidated database at a `mysql://user:password@host:port/database` URL.
     pub fn new(url: &str) -> Result<MysqlConsolidated, DbError> {
-        let opts = Opts::from_url(url)
-            .map_err(|error| DbError::Invalid(format!("mysql URL {url:?}: {error}")))?;
-        let opts = OptsBuilder::from_opts(opts)
+        let (url, ssl) = tls::take_ssl_options(url)?;
+        // The URL may hold a password: the error names the problem, never the URL.
+        let opts = Opts::from_url(&url)
+            .map_err(|error| DbError::Invalid(format!("the mysql URL does not parse: {error}")))?;
+        let mut builder = OptsBuilder::from_opts(opts);
+        if ssl.is_some() {
+            builder = builder.ssl_opts(ssl);
+        }
+        let opts = builder
             .init(SESSION_SETUP.to_vec())
             // An update's count is of the rows it matched, as on the other backends.
             .client_found_rows(true)
@@ -65,7 +72,10 @@ impl Consolidated for MysqlConsolidated {
     type Connection = MysqlConnection;
 
     async fn connect(&self) -> Result<MysqlConnection, DbError> {
-        let connection = Conn::new(self.opts.clone()).await.map_err(db)?;
+        let tls = self.opts.ssl_opts().is_some();
+        let connection = Conn::new(self.opts.clone())
+            .await
+            .map_err(|error| tls::connect_failure(error, tls))?;
         Ok(MysqlConnection {
             opts: self.opts.clone(),
             connection,
