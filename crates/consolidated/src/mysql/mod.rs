@@ -10,6 +10,7 @@
 pub(crate) mod error;
 mod events;
 mod held;
+mod names;
 mod query;
 mod schema;
 mod stage;

@@ -459,6 +459,8 @@ impl ConsolidatedConnection for PostgresConnection {
     }
 
     async fn cleanup(&mut self) -> Result<u64, DbError> {
+        // The apply streams' decisions no longer needed go first, as before tombstones.
+        streams::forget_finished(&self.client).await?;
         schema::cleanup(&mut self.client).await
     }
 
