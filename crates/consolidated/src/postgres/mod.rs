@@ -306,7 +306,7 @@ impl ConsolidatedConnection for PostgresConnection {
         bytes: &[u8],
         bounds: impl Into<crate::HoldBounds> + Send,
     ) -> Result<bool, DbError> {
-        held::hold(&mut self.client, direction, held, bytes, bounds.into()).await
+        crate::held::hold(&mut self.client, direction, held, bytes, bounds.into()).await
     }
 
     async fn held_transfer(
@@ -315,7 +315,7 @@ impl ConsolidatedConnection for PostgresConnection {
         client_id: &str,
         transfer_id: &str,
     ) -> Result<Option<crate::HeldTransfer>, DbError> {
-        held::held(&self.client, direction, client_id, transfer_id).await
+        crate::held::held(&mut self.client, direction, client_id, transfer_id).await
     }
 
     async fn held_transfer_client(
@@ -323,7 +323,7 @@ impl ConsolidatedConnection for PostgresConnection {
         direction: crate::Direction,
         transfer_id: &str,
     ) -> Result<Option<String>, DbError> {
-        held::held_client(&self.client, direction, transfer_id).await
+        crate::held::held_client(&mut self.client, direction, transfer_id).await
     }
 
     async fn held_transfer_bytes(
@@ -333,7 +333,7 @@ impl ConsolidatedConnection for PostgresConnection {
         transfer_id: &str,
         length: u64,
     ) -> Result<Vec<u8>, DbError> {
-        held::held_bytes(&self.client, direction, client_id, transfer_id, length).await
+        crate::held::held_bytes(&mut self.client, direction, client_id, transfer_id, length).await
     }
 
     async fn release_held_transfer(
@@ -342,7 +342,7 @@ impl ConsolidatedConnection for PostgresConnection {
         client_id: &str,
         transfer_id: &str,
     ) -> Result<bool, DbError> {
-        held::release(&mut self.client, direction, client_id, transfer_id).await
+        crate::held::release(&mut self.client, direction, client_id, transfer_id).await
     }
 
     async fn expire_held_transfers(
@@ -350,7 +350,7 @@ impl ConsolidatedConnection for PostgresConnection {
         direction: crate::Direction,
         created_before_unix_ms: i64,
     ) -> Result<u64, DbError> {
-        held::expire(&mut self.client, direction, created_before_unix_ms).await
+        crate::held::expire(&mut self.client, direction, created_before_unix_ms).await
     }
 
     async fn set_user(&mut self, name: &str, password_hash: &str) -> Result<(), DbError> {
@@ -455,7 +455,7 @@ impl ConsolidatedConnection for PostgresConnection {
     }
 
     fn canceller(&self) -> crate::Canceller {
-        crate::Canceller::postgres(self.client.cancel_token())
+        crate::Canceller::new(self.client.cancel_token())
     }
 
     async fn cleanup(&mut self) -> Result<u64, DbError> {
@@ -479,5 +479,14 @@ impl ConsolidatedConnection for PostgresConnection {
                     .map_err(DbError::from)
             })
             .collect()
+    }
+}
+
+/// PostgreSQL's cancel request, on a connection of its own.
+impl crate::cancel::CancelStatement for tokio_postgres::CancelToken {
+    fn cancel(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DbError>> + Send + '_>> {
+        Box::pin(async move { Ok(self.cancel_query(tokio_postgres::NoTls).await?) })
     }
 }
