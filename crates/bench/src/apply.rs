@@ -1,4 +1,4 @@
-//! `rowsync bench-apply`: one sync type at a time through rowsync (client frames over
+//! `rowsync-bench apply`: one sync type at a time through rowsync (client frames over
 //! TCP, server decode, set-based apply, commit; or the download) beside the same rows
 //! written or read straight into PostgreSQL by its fastest bulk path (binary COPY, or
 //! COPY into a temporary table and one set statement), measured in the same run.
@@ -22,7 +22,7 @@ use rowsync_protocol::{
 };
 use rowsync_server::{auth, ServerConfig};
 
-use crate::local_server::LocalServer;
+use rowsync_cli::local_server::LocalServer;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, NoTls};

@@ -1,22 +1,22 @@
-//! rowsync's benchmarks, run by the `rowsync` binary's `bench`, `bench-apply`,
-//! `bench-load` and `bench-transport` commands, and by this crate's tests at small sizes.
+//! rowsync's benchmarks, run by this crate's binary `rowsync-bench` (src/main.rs, not
+//! the product binary `rowsync`) and by this crate's tests at small sizes.
 //!
-//! - [`timing`]: `rowsync bench`, the white paper's timing framework (Tests 1-5) against
-//!   the server under test as its own `rowsync serve` process.
-//! - [`apply`]: `rowsync bench-apply`, each sync type against PostgreSQL's bulk path.
-//! - [`load`]: `rowsync bench-load`, worker settings and the connection limit under load.
-//! - [`transport`]: `rowsync bench-transport`, every transport x compression.
-//! - [`store`]: `rowsync bench-store`, the Berkeley DB study on the client store.
-//! - [`link`]: `rowsync bench-link`, the seed-003 study over slow, high-latency links.
-//! - [`link_database`]: `rowsync bench-link --db`, the server-to-database link over apply
+//! - [`timing`]: `rowsync-bench timing`, the white paper's timing framework (Tests 1-5)
+//!   against the server under test as its own `rowsync serve` process.
+//! - [`apply`]: `rowsync-bench apply`, each sync type against PostgreSQL's bulk path.
+//! - [`load`]: `rowsync-bench load`, worker settings and the connection limit under load.
+//! - [`transport`]: `rowsync-bench transport`, every transport x compression.
+//! - [`store`]: `rowsync-bench store`, the Berkeley DB study on the client store.
+//! - [`link`]: `rowsync-bench link`, the seed-003 study over slow, high-latency links.
+//! - [`link_database`]: `rowsync-bench link --db`, the server-to-database link over apply
 //!   streams.
-//! - [`local_server`]: a server in this process on a loopback port (also the demo's).
+//!
+//! The in-process server they start is `rowsync_cli::local_server` (the demo's too).
 
 pub mod apply;
 pub mod link;
 pub mod link_database;
 pub mod load;
-pub mod local_server;
 pub mod store;
 pub mod timing;
 pub mod transport;

@@ -1,4 +1,4 @@
-//! `rowsync bench-link`, the server-to-database link (issue 20, 4(b)): the seed-003
+//! `rowsync-bench link`, the server-to-database link (issue 20, 4(b)): the seed-003
 //! backlog of 240,000 changes applied by one sync through a link of 300 ms round trip
 //! (a toxiproxy in front of PostgreSQL, half the latency each way) over 1, 8 and 16
 //! apply streams, in commands (applied changes) a second, beside SubscriptionStreams'

@@ -1,4 +1,4 @@
-//! `rowsync bench-load`: many clients at once against PostgreSQL, to compare worker
+//! `rowsync-bench load`: many clients at once against PostgreSQL, to compare worker
 //! settings (fixed counts against the controller's range, best of several runs with the
 //! relative standard deviation) and the connection limit (clients above it, retrying
 //! after the server's hint, against the limit raised), in one run. Each client uploads
@@ -17,7 +17,7 @@ use rowsync_protocol::FRAME_BYTES_MAX_DEFAULT;
 use rowsync_server::{ServerConfig, TokenConfig};
 
 use crate::apply::{chunks, connect, hello, row, TABLE_DDL, USER};
-use crate::local_server::LocalServer;
+use rowsync_cli::local_server::LocalServer;
 
 const TOKEN_SECRET: &[u8] = b"bench-load secret, thirty-two bytes or more";
 

@@ -1,4 +1,4 @@
-//! `rowsync bench-store`: the Berkeley DB 11gR2 performance overview's study, run on
+//! `rowsync-bench store`: the Berkeley DB 11gR2 performance overview's study, run on
 //! rowsync's client store (docs/benchmarks.md, "bench-store").
 //!
 //! The key-value workload ([`kv`]): 64-byte keys and values, records written as batches

@@ -1,4 +1,4 @@
-//! `rowsync bench`: the white paper's timing framework (Tests 1-5) with the database's
+//! `rowsync-bench timing`: the white paper's timing framework (Tests 1-5) with the database's
 //! own limit and the row-script model measured in the same run.
 //!
 //! Each test point starts from a fresh state (tables emptied, subscriptions removed,
@@ -25,10 +25,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
+use rowsync_cli::cert::KeyKind;
 use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, ScriptEntry, TableInit};
 use rowsync_protocol::Compression;
-use rowsync_server::tls::KeyKind;
 use tokio_postgres::Client as PgClient;
 
 use crate::apply::connect;
@@ -76,7 +76,7 @@ impl Size {
     }
 }
 
-/// Everything `rowsync bench` was asked; `None` keeps the size's default.
+/// Everything `rowsync-bench timing` was asked; `None` keeps the size's default.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
     /// A postgres:// URL of a scratch database (the bench drops and recreates its tables).

@@ -1,4 +1,4 @@
-//! `rowsync bench-transport`: the same sync workload over every transport x compression
+//! `rowsync-bench transport`: the same sync workload over every transport x compression
 //! in one run (MobiLink white paper, Test 5, Tables 12-16): a download, an update, a
 //! delete and an insert of `rows` rows each, timed at the client (connection, TLS
 //! handshake, transfer, server work and the client's SQLite work included), reported
@@ -14,10 +14,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use rowsync_cli::cert::{self, KeyKind, PkiFiles};
 use rowsync_client::{Client, Compression, HttpVersion, SyncOptions, WireBytes};
 use rowsync_consolidated::sqlite::{SqliteConnection, SqliteConsolidated};
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
-use rowsync_server::tls::{self, KeyKind, PkiFiles, TlsFiles};
+use rowsync_server::tls::{self, TlsFiles};
 use rowsync_server::{auth, Endpoint, ServerConfig, Transport};
 use tokio::sync::oneshot;
 
@@ -250,8 +251,8 @@ pub async fn run(rows: usize, repeat: usize, out: &mut dyn Write) -> Result<Vec<
     let rsa_dir = dir.path().join("rsa");
     std::fs::create_dir_all(&ecc_dir)?;
     std::fs::create_dir_all(&rsa_dir)?;
-    let ecc = tls::write_test_pki(&ecc_dir, &names, KeyKind::EcdsaP256)?;
-    let rsa = tls::write_test_pki(&rsa_dir, &names, KeyKind::Rsa2048)?;
+    let ecc = cert::write_test_pki(&ecc_dir, &names, KeyKind::EcdsaP256)?;
+    let rsa = cert::write_test_pki(&rsa_dir, &names, KeyKind::Rsa2048)?;
     let server = start_server(&consolidated_path, &ecc, &rsa).await?;
 
     let password = "bench-transport-password";

@@ -1,4 +1,4 @@
-//! `rowsync bench-apply` in quick mode: every operation completes and is consistent
+//! `rowsync-bench apply` in quick mode: every operation completes and is consistent
 //! (the bench itself checks row counts after each one); speed is not judged here.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! `rowsync bench-link` in quick mode: every bandwidth x compression x spread completes
+//! `rowsync-bench link` in quick mode: every bandwidth x compression x spread completes
 //! with every change applied (the bench checks each report), the bytes on the wire
 //! bound the time from below, and a cut upload and a cut download are retried to
 //! completion.

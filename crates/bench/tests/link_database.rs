@@ -1,4 +1,4 @@
-//! `rowsync bench-link`'s database link at the quick size: a toxiproxy in front of a
+//! `rowsync-bench link`'s database link at the quick size: a toxiproxy in front of a
 //! throwaway PostgreSQL, the backlog applied on one stream and over four, every row
 //! landed (the bench checks the count after each run); speed is not judged here.
 

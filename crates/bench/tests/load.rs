@@ -1,4 +1,4 @@
-//! `rowsync bench-load` in quick mode: every run completes with every row applied (the
+//! `rowsync-bench load` in quick mode: every run completes with every row applied (the
 //! bench checks the count after each run); speed is not judged here.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

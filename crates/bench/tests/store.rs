@@ -1,4 +1,4 @@
-//! `rowsync bench-store` at its quick size: every mode and table, every phase and both
+//! `rowsync-bench store` at its quick size: every mode and table, every phase and both
 //! thread counts finish with the records they should hold (the bench checks counts),
 //! the tracked runs sync without a conflict, and the tables and plots are written.
 //! Speed is not judged here.

@@ -1,4 +1,4 @@
-//! `rowsync bench` at quick size: all five tests run, every sync completes and moves
+//! `rowsync-bench timing` at quick size: all five tests run, every sync completes and moves
 //! exactly its rows (the bench checks each sync, the timing table and the consolidated
 //! database itself), and the results directory holds what the report promises. Speed is
 //! not judged here.

@@ -1,4 +1,4 @@
-//! `rowsync bench-transport` in quick mode: every transport x compression completes the
+//! `rowsync-bench transport` in quick mode: every transport x compression completes the
 //! workload consistently (the bench checks each client against the consolidated
 //! database) and compression shrinks the bytes on the wire; speed is not judged here.
 

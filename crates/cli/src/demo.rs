@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::database::{Database, OnBackend};
+use crate::local_server::LocalServer;
 use anyhow::{bail, Context, Result};
-use rowsync_bench::local_server::LocalServer;
 use rowsync_client::{Client, SyncOptions, SyncReport};
 use rowsync_consolidated::sqlite::SqliteConsolidated;
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};

@@ -6,12 +6,7 @@ mod command;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use command::bench::{
-    BenchApplyArgs, BenchArgs, BenchLinkArgs, BenchLoadArgs, BenchStoreArgs, BenchTransportArgs,
-};
-use command::{
-    bench, cert, cleanup, demo, init, keys, profile, replay, script, serve, user, version,
-};
+use command::{cert, cleanup, demo, init, keys, profile, replay, script, serve, user, version};
 
 #[derive(Parser)]
 #[command(
@@ -59,56 +54,17 @@ enum Command {
     /// Write a test certificate authority, a server certificate and a client
     /// certificate (PEM) for the TLS and HTTPS endpoints.
     Cert(cert::CertArgs),
-    /// Time a fixed sync workload (download, update, delete, insert) over every
-    /// transport x compression, in one run, relative to plain TCP, with the bytes on the
-    /// wire. Runs on an embedded SQLite database in a temporary directory.
-    BenchTransport(BenchTransportArgs),
     /// Manage users.
     User {
         #[command(subcommand)]
         command: user::UserCommand,
     },
-    /// Measure uploads (insert, update, delete) and a download through rowsync against
-    /// PostgreSQL's own bulk path in the same run. Drops and recreates bench_rows,
-    /// bench_raw and their rowsync tables in the database named.
-    BenchApply(BenchApplyArgs),
-    /// The white paper's timing framework: Tests 1-5 (workers, retry delay above the
-    /// connection limit, clients, rows per sync, protocols) with the database's own limit
-    /// and one-statement-per-row scripts measured in the same run. Drops and recreates
-    /// purchase, purchase_raw and bench_server_time in the database named. See
-    /// docs/benchmarks.md.
-    Bench(BenchArgs),
-    /// Many clients at once against PostgreSQL: fixed worker counts against the
-    /// controller's range (best of --runs, with the relative standard deviation), and
-    /// clients above the connection limit against the limit raised. Drops and recreates
-    /// bench_rows in the database named.
-    BenchLoad(BenchLoadArgs),
-    /// The Berkeley DB performance overview's study on the client store: a key-value
-    /// workload (insert, fetch, update, delete, reinsert) in each durability mode, on a
-    /// tracked and an untracked table, by thread count; TPC-B-like transactions; the
-    /// sync after each. Needs no server. See docs/benchmarks.md.
-    BenchStore(BenchStoreArgs),
-    /// The seed-003 study over slow, high-latency links (emulated with toxiproxy): the
-    /// client's link at 512 and 128 kbit/s with 300 ms round trips, a backlog from one
-    /// client and from many, time against the wire limit, and the cost of a cut upload.
-    /// See docs/benchmarks.md.
-    BenchLink(BenchLinkArgs),
     /// Run a complete demonstration (embedded SQLite by default, or --db postgres://... or mysql://...).
     Demo(demo::DemoArgs),
 }
 
 pub(crate) fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ROWSYNC_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        // A closed log pipe must not matter: by default the subscriber reports its own
-        // write errors with eprintln!, which panics on a broken pipe and would take
-        // down the sync that was logging.
-        .log_internal_errors(false)
-        .init();
+    rowsync_cli::logging::init();
     let cli = Cli::parse();
     if cli.command.only_prints() {
         end_quietly_when_the_output_closes();
@@ -173,13 +129,7 @@ async fn run(command: Command) -> Result<()> {
         Command::Keys(args) => keys::run(args).await,
         Command::Cleanup(args) => cleanup::run(args).await,
         Command::Cert(args) => cert::run(args),
-        Command::BenchTransport(args) => bench::run_transport(args).await,
         Command::User { command } => user::run(command).await,
-        Command::BenchApply(args) => bench::run_apply(args).await,
-        Command::BenchLink(args) => bench::run_link(args).await,
-        Command::Bench(args) => bench::run_bench(args).await,
-        Command::BenchLoad(args) => bench::run_load(args).await,
-        Command::BenchStore(args) => bench::run_store(args).await,
         Command::Demo(args) => demo::run(args).await,
     }
 }

@@ -11,7 +11,6 @@
 use rowsync_protocol::KeyRange;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use crate::store::q;
 use crate::ClientError;
 
 /// The ranges this client holds; a range goes when its last key is taken.
@@ -110,8 +109,8 @@ fn next_unused(connection: &Connection, range: &KeyRange) -> Result<i64, ClientE
     let largest: Option<i64> = connection.query_row(
         &format!(
             "SELECT max({column}) FROM {table} WHERE {column} >= ?1 AND {column} < ?2",
-            column = q(&column),
-            table = q(&range.table),
+            column = quoted(&column),
+            table = quoted(&range.table),
         ),
         params![range.start, range.end],
         |row| row.get(0),
@@ -119,6 +118,11 @@ fn next_unused(connection: &Connection, range: &KeyRange) -> Result<i64, ClientE
     Ok(largest.map_or(range.next, |largest| {
         range.next.max(largest.saturating_add(1))
     }))
+}
+
+/// An SQLite identifier, quoted.
+fn quoted(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 fn single_key_column(connection: &Connection, table: &str) -> Result<Option<String>, ClientError> {

@@ -1,7 +1,8 @@
 //! Message bodies: the bytes of a frame after its length prefix. Big-endian throughout.
 
 use crate::message::*;
-use crate::pieces::{Whole, WholeValues};
+pub(crate) use crate::whole::Rows;
+use crate::whole::{Whole, WholeValues};
 use crate::{
     Decimal, DecodeError, ErrorCode, Interval, Numeric, Row, Value, ARRAY_DEPTH_MAX,
     DECIMAL_SCALE_MAX,
@@ -233,13 +234,6 @@ pub fn decode_message(body: &[u8]) -> Result<Message, DecodeError> {
 /// that needs only a message's shape now and decodes it in full later.
 pub fn check_message(body: &[u8]) -> Result<Message, DecodeError> {
     decode(body, Rows::CheckOnly, None)
-}
-
-/// Whether decoding keeps the rows it reads or only checks them.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Rows {
-    Keep,
-    CheckOnly,
 }
 
 /// Decodes a body; a value `in_pieces` takes the next of `whole` (the values the

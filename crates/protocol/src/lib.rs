@@ -17,6 +17,7 @@ mod sqlite;
 mod table_order;
 mod text_form;
 mod value;
+mod whole;
 
 pub use codec::{
     check_message, decode_message, encode_key_identity, encode_message, encode_values,

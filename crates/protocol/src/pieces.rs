@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 
 use crate::codec::{encode_body, values_mut, Marks, Rows};
 use crate::message::{Message, MessageType, PieceKind, ValueStart};
+use crate::whole::{Whole, WholeValues};
 use crate::{encode_frame, DecodeError, Row, Value, FRAME_HEADER_BYTES};
 
 /// The default largest value a receiver takes in pieces (the server's
@@ -26,55 +27,6 @@ pub const VALUE_IN_PIECES_COST_BYTES: u64 = 128;
 /// The most values in pieces one row may wait for: an update's two images of the most
 /// columns a message can name (a count of two bytes).
 pub const VALUES_IN_PIECES_PER_ROW_MAX: usize = 2 * u16::MAX as usize;
-
-/// A value received whole in pieces, with the table and column it was announced for.
-#[derive(Debug)]
-pub(crate) struct Whole {
-    pub(crate) table: String,
-    pub(crate) column: String,
-    /// The value when decoding; `None` when only checking.
-    pub(crate) value: Option<Value>,
-}
-
-/// Values received whole in pieces, waiting for the message that holds them; taken in
-/// order, and taken again after [`WholeValues::rewind`] (a message is checked whole
-/// before it is decoded, and its values then taken once more).
-#[derive(Debug, Default)]
-pub(crate) struct WholeValues {
-    values: VecDeque<Whole>,
-    /// The next value to take.
-    next: usize,
-}
-
-impl WholeValues {
-    /// The next whole value (without its bytes when only checking), `None` if there is
-    /// none left.
-    pub(crate) fn take(&mut self, rows: Rows) -> Option<Whole> {
-        let whole = self.values.get_mut(self.next)?;
-        self.next += 1;
-        Some(Whole {
-            table: whole.table.clone(),
-            column: whole.column.clone(),
-            value: match rows {
-                Rows::Keep => whole.value.take(),
-                Rows::CheckOnly => None,
-            },
-        })
-    }
-
-    /// Takes the values from the first again.
-    pub(crate) fn rewind(&mut self) {
-        self.next = 0;
-    }
-
-    /// Forgets every value; returns how many were never taken.
-    fn clear(&mut self) -> usize {
-        let unused = self.values.len() - self.next;
-        self.values.clear();
-        self.next = 0;
-        unused
-    }
-}
 
 /// A value whose pieces are arriving.
 #[derive(Debug)]

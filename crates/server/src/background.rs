@@ -68,7 +68,7 @@ pub(crate) async fn monitor_load<B: Consolidated>(shared: Arc<Shared<B>>) {
             }
         }
         update_gauges(&shared);
-        shared.metrics.monitor.sample(&shared.metrics);
+        shared.metrics.sample_monitor();
         if summary.0.elapsed() >= SUMMARY_INTERVAL {
             summary = log_summary(&shared, (now.0, now.1), summary);
         }

@@ -23,8 +23,9 @@ use tokio_util::io::{ReaderStream, StreamReader};
 mod framing;
 
 use crate::config::ServerConfig;
+use crate::connection_end::ConnectionEnd;
 use crate::shared::Shared;
-use crate::sync::{handle_connection, ClientClose, ConnectionEnd};
+use crate::sync::{handle_connection, ClientClose};
 
 /// The media type of request and response bodies.
 pub const CONTENT_TYPE_ROWSYNC: &str = "application/x-rowsync";

@@ -4,65 +4,16 @@
 use std::fmt;
 use std::time::Duration;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::monitor::{ActiveSync, Monitor, MonitorSettings, SyncFacts};
+use crate::monitor::{ActiveSync, Monitor, MonitorSettings, Readings, SyncFacts};
+pub use crate::phases::{Outcome, Phase, PHASES};
 use crate::record::SyncRecording;
-
-/// The phases of one sync, in order.
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum Phase {
-    /// Accept to the hello decoded.
-    connect,
-    /// Checking the credentials.
-    authenticate,
-    /// The rest of the upload received.
-    upload_received,
-    /// Waiting for a database worker.
-    worker_wait,
-    /// The upload applied (scripts and conflicts).
-    upload_applied,
-    /// The download read and spooled, and the transaction committed.
-    download_fetched,
-    /// The download sent to the client.
-    download_sent,
-}
-
-pub const PHASES: [Phase; 7] = [
-    Phase::connect,
-    Phase::authenticate,
-    Phase::upload_received,
-    Phase::worker_wait,
-    Phase::upload_applied,
-    Phase::download_fetched,
-    Phase::download_sent,
-];
-
-impl fmt::Display for Phase {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, formatter)
-    }
-}
-
-/// How a sync ended.
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum Outcome {
-    ok,
-    /// Refused with an error (bad input, authentication, script error, a timeout
-    /// while receiving, ...).
-    refused,
-    /// The connection broke, or the client stopped reading, without an answer.
-    failed,
-    /// Answered busy at the connection limit.
-    busy,
-}
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabel {
@@ -342,6 +293,26 @@ impl Metrics {
 
     pub fn syncs_ended(&self, outcome: Outcome) -> u64 {
         self.syncs.get_or_create(&OutcomeLabel { outcome }).get()
+    }
+
+    /// The counters and gauges a monitor sample takes.
+    pub(crate) fn readings(&self) -> Readings {
+        Readings {
+            ok: self.syncs_ended(Outcome::ok),
+            failed: self.syncs_ended(Outcome::refused) + self.syncs_ended(Outcome::failed),
+            busy: self.syncs_ended(Outcome::busy),
+            workers: self.workers.get(),
+            workers_busy: self.workers_busy.get(),
+            syncs_waiting_for_worker: self.syncs_waiting_for_worker.get(),
+            connections: self.connections.get(),
+            cache_bytes: self.cache_bytes.get(),
+            cache_bytes_max: self.cache_bytes_max.get(),
+        }
+    }
+
+    /// Takes a sample for the monitor's charts (the load monitor, once per measurement).
+    pub(crate) fn sample_monitor(&self) {
+        self.monitor.sample(self.readings());
     }
 
     pub fn phase(&self, phase: Phase, duration: Duration) {

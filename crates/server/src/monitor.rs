@@ -13,7 +13,22 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::{Metrics, Outcome, Phase, PHASES};
+use crate::phases::{Outcome, Phase, PHASES};
+
+/// What a sample reads from the metrics: syncs ended so far by outcome (refused and
+/// failed together) and the gauges of the moment.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Readings {
+    pub(crate) ok: u64,
+    pub(crate) failed: u64,
+    pub(crate) busy: u64,
+    pub(crate) workers: i64,
+    pub(crate) workers_busy: i64,
+    pub(crate) syncs_waiting_for_worker: i64,
+    pub(crate) connections: i64,
+    pub(crate) cache_bytes: i64,
+    pub(crate) cache_bytes_max: i64,
+}
 
 /// The monitor's bounds.
 #[derive(Debug, Clone, Copy)]
@@ -275,11 +290,11 @@ impl Monitor {
     }
 
     /// Takes a sample of the counters and gauges (the load monitor calls this once per
-    /// measurement).
-    pub(crate) fn sample(&self, metrics: &Metrics) {
-        let ok = metrics.syncs_ended(Outcome::ok);
-        let failed = metrics.syncs_ended(Outcome::refused) + metrics.syncs_ended(Outcome::failed);
-        let busy = metrics.syncs_ended(Outcome::busy);
+    /// measurement, through `Metrics::sample_monitor`).
+    pub(crate) fn sample(&self, readings: Readings) {
+        let Readings {
+            ok, failed, busy, ..
+        } = readings;
         let now = Instant::now();
         let mut state = self.state();
         let (last_ok, last_failed, last_busy, last_at) =
@@ -307,12 +322,12 @@ impl Monitor {
             failures_per_second: rate(failed, last_failed),
             busy_answers_per_second: rate(busy, last_busy),
             phase_ms,
-            workers: metrics.workers.get(),
-            workers_busy: metrics.workers_busy.get(),
-            syncs_waiting_for_worker: metrics.syncs_waiting_for_worker.get(),
-            connections: metrics.connections.get(),
-            cache_bytes: metrics.cache_bytes.get(),
-            cache_bytes_max: metrics.cache_bytes_max.get(),
+            workers: readings.workers,
+            workers_busy: readings.workers_busy,
+            syncs_waiting_for_worker: readings.syncs_waiting_for_worker,
+            connections: readings.connections,
+            cache_bytes: readings.cache_bytes,
+            cache_bytes_max: readings.cache_bytes_max,
         };
         if self.settings.samples_max == 0 {
             return;
@@ -476,9 +491,9 @@ mod tests {
         });
         assert!(ok.is_empty());
 
-        let metrics = Metrics::new();
+        let metrics = crate::metrics::Metrics::new();
         for _ in 0..3 {
-            monitor.sample(&metrics);
+            monitor.sample(metrics.readings());
         }
         let samples = monitor.samples(0);
         assert_eq!(samples.len(), 2, "bounded by samples_max");

@@ -10,6 +10,7 @@ use rowsync_protocol::DOWNLOAD_RESUME_SINCE_VERSION;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::connection_end::ConnectionEnd;
 use crate::failure::{Failure, Reply};
 use crate::metrics::{Outcome, PhaseTimings};
 use crate::record::error_text;
@@ -28,45 +29,6 @@ pub(crate) enum ClientClose {
     /// HTTP: the request body ends before the download, whether the client stays or not;
     /// only the end of the HTTP connection that carried the request tells.
     Unseen(ConnectionEnd),
-}
-
-/// Resolves once an HTTP connection has ended (its [`ConnectionOpen`] dropped), unless
-/// the server closed it for idling (see [`ConnectionOpen::closed_idle`]); and counts the
-/// connection's receipt requests.
-#[derive(Clone)]
-pub(crate) struct ConnectionEnd(
-    tokio::sync::watch::Receiver<bool>,
-    std::sync::Arc<crate::receipt::ReceiptRate>,
-);
-
-/// Held while an HTTP connection is served; dropping it ends its [`ConnectionEnd`]s.
-pub(crate) struct ConnectionOpen {
-    open: tokio::sync::watch::Sender<bool>,
-}
-
-impl ConnectionOpen {
-    /// The server closed the connection because no next request began within its
-    /// idle limit: the client may still be reading the last response out of the
-    /// network's buffers, and send its receipt on a connection of its own.
-    pub(crate) fn closed_idle(&self) {
-        self.open.send_replace(true);
-    }
-}
-
-impl ConnectionEnd {
-    pub(crate) fn new() -> (ConnectionOpen, ConnectionEnd) {
-        let (open, end) = tokio::sync::watch::channel(false);
-        let receipts = std::sync::Arc::default();
-        (ConnectionOpen { open }, ConnectionEnd(end, receipts))
-    }
-
-    pub(crate) async fn ended(mut self) {
-        // `changed` fails once the sender is gone.
-        while self.0.changed().await.is_ok() {}
-        if *self.0.borrow() {
-            std::future::pending::<()>().await;
-        }
-    }
 }
 
 /// Runs one sync over any byte stream (TCP, TLS, or an HTTP request and its response).
@@ -205,7 +167,7 @@ async fn run_sync<B: Consolidated>(
             offset,
         } => {
             let receipts = match close {
-                ClientClose::Unseen(end) => Some(end.1.as_ref()),
+                ClientClose::Unseen(end) => Some(end.receipt_rate()),
                 ClientClose::Watched => None,
             };
             Ok(crate::receipt::confirm(shared, receipts, &transfer_id, offset).await)

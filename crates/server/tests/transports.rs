@@ -500,10 +500,10 @@ async fn clients_refuse_an_unknown_ca_and_a_wrong_host_name() {
         );
         // Another CA.
         let other = tempfile::tempdir().unwrap();
-        let other_pki = rowsync_server::tls::write_test_pki(
+        let other_pki = rowsync_cli::cert::write_test_pki(
             other.path(),
             &["localhost".into()],
-            rowsync_server::tls::KeyKind::EcdsaP256,
+            rowsync_cli::cert::KeyKind::EcdsaP256,
         )
         .unwrap();
         let mut options = server.options_over("alice", via, Compression::None);
@@ -542,10 +542,10 @@ async fn a_server_requiring_client_certificates_refuses_clients_without_one() {
         );
         // A client certificate of another CA is refused too.
         let other = tempfile::tempdir().unwrap();
-        let other_pki = rowsync_server::tls::write_test_pki(
+        let other_pki = rowsync_cli::cert::write_test_pki(
             other.path(),
             &["localhost".into()],
-            rowsync_server::tls::KeyKind::EcdsaP256,
+            rowsync_cli::cert::KeyKind::EcdsaP256,
         )
         .unwrap();
         let mut options = options;

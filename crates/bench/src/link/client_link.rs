@@ -1,4 +1,4 @@
-//! Part (a) of `rowsync bench-link`: the client's link. A backlog of inserts waits in
+//! Part (a) of `rowsync-bench link`: the client's link. A backlog of inserts waits in
 //! the clients' databases; all of them sync at once over an emulated link (bandwidth
 //! shared evenly by the clients' connections, half the round trip in each direction),
 //! timed against the wire limit: bytes on the wire (both directions: a sync's download
@@ -21,8 +21,8 @@ use rowsync_server::{auth, ServerConfig};
 use rowsync_testkit::link::{Direction, Link, Toxiproxy};
 
 use super::LinkOptions;
-use crate::local_server::LocalServer;
 use crate::transport::{bench_rows_consolidated, insert_rows, TABLE_DDL};
+use rowsync_cli::local_server::LocalServer;
 
 /// A sync over the slow link may take hours at the full size: the client's and the
 /// server's upload timeouts are raised to this for the bench (their defaults, 60 s and

@@ -1,4 +1,4 @@
-//! `rowsync bench-link`: the seed-003 study (SubscriptionStreams over branch-office
+//! `rowsync-bench link`: the seed-003 study (SubscriptionStreams over branch-office
 //! links) as rowsync meets it. Each part is a section of its own module, run in turn:
 //!
 //! - [`client_link`], part (a): the client's link at 512 and 128 kbit/s with 300 ms
@@ -23,7 +23,7 @@ pub const FULL_CHANGES: usize = 240_000;
 /// CI's size: seconds, not minutes, at the seed's bandwidths.
 pub const QUICK_CHANGES: usize = 240;
 
-/// What `rowsync bench-link` runs.
+/// What `rowsync-bench link` runs.
 #[derive(Debug, Clone)]
 pub struct LinkOptions {
     /// Changes in the backlog (all clients together).

@@ -29,7 +29,7 @@ pub fn tables(results: &StoreResults) -> String {
     let size = &results.size;
     let _ = writeln!(
         text,
-        "rowsync bench-store, size {} ({} records of 64-byte keys and values, batches of 10 \
+        "rowsync-bench store, size {} ({} records of 64-byte keys and values, batches of 10 \
          records, one transaction per batch; rates in records per second)\n",
         size.name, size.records
     );

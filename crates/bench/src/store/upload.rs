@@ -10,7 +10,7 @@ use rowsync_consolidated::sqlite::SqliteConsolidated;
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
 use rowsync_server::{auth, ServerConfig};
 
-use crate::local_server::LocalServer;
+use rowsync_cli::local_server::LocalServer;
 
 const USER: &str = "bench";
 /// How long the bench waits on the server: a full-size upload applied by a debug build

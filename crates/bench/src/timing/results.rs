@@ -1,4 +1,4 @@
-//! What one `rowsync bench` run measured: every figure the report prints, as written
+//! What one `rowsync-bench timing` run measured: every figure the report prints, as written
 //! to `results.json`.
 
 use serde::{Deserialize, Serialize};

@@ -7,12 +7,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use rowsync_server::tls::{self, KeyKind, PkiFiles};
+use rowsync_cli::cert::{self, KeyKind, PkiFiles};
 
 /// How long a starting server may take to listen.
 const SERVER_START_TIMEOUT: Duration = Duration::from_secs(30);
 /// The shared secret of the clients' HS256 tokens (written to a file for the server).
-pub const TOKEN_SECRET: &[u8] = b"rowsync bench token secret, thirty-two bytes or more";
+pub const TOKEN_SECRET: &[u8] = b"rowsync-bench timing token secret, thirty-two bytes or more";
 
 /// Database workers: a fixed count or the controller's range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,8 +118,8 @@ impl Certificates {
         std::fs::create_dir_all(&ecc_dir)?;
         std::fs::create_dir_all(&rsa_dir)?;
         Ok(Certificates {
-            ecc: tls::write_test_pki(&ecc_dir, &names, KeyKind::EcdsaP256)?,
-            rsa: tls::write_test_pki(&rsa_dir, &names, KeyKind::Rsa2048)?,
+            ecc: cert::write_test_pki(&ecc_dir, &names, KeyKind::EcdsaP256)?,
+            rsa: cert::write_test_pki(&rsa_dir, &names, KeyKind::Rsa2048)?,
         })
     }
 

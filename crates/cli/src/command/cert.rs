@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use rowsync_server::tls::{self, KeyKind};
+use rowsync_cli::cert::{self, KeyKind};
 
 #[derive(clap::Args)]
 pub struct CertArgs {
@@ -27,7 +27,7 @@ pub fn run(args: CertArgs) -> Result<()> {
     } else {
         KeyKind::EcdsaP256
     };
-    let files = tls::write_test_pki(&dir, &names, kind)?;
+    let files = cert::write_test_pki(&dir, &names, kind)?;
     println!(
         "CA certificate (clients trust it through TlsOptions::ca_file): {}",
         files.ca_cert.display()

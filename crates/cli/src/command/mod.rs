@@ -7,7 +7,6 @@
 //! [`DatabaseArg`](rowsync_cli::database::DatabaseArg) and run through
 //! [`Database::run`](rowsync_cli::database::Database::run), which picks the backend.
 
-pub mod bench;
 pub mod cert;
 pub mod cleanup;
 pub mod demo;

@@ -19,6 +19,7 @@
 //! commit once the server holds the whole download
 //! ```
 
+mod apply;
 mod download;
 mod key_ranges;
 mod refused;
@@ -231,7 +232,7 @@ async fn run_events<D: Dialect, B: SyncBackend>(
     let mut parameters = Parameters::for_request(request)?;
     parameters.last_sync_xid = last_sync_xid(request, subscription.as_ref());
     let upload_already_applied = parameters.upload_sequence <= applied_sequence;
-    let sync = upload::SyncContext {
+    let sync = apply::SyncContext {
         scripts,
         parameters: &parameters,
         apply: !upload_already_applied,

@@ -5,8 +5,8 @@
 
 use rowsync_protocol::{RefusedRow, Row, TableUpload};
 
-use super::upload::{apply_kinds, passes, plan_table, resolve_conflicts, upload_order};
-use super::upload::{SyncContext, TablePlan, UploadKind};
+use super::apply::{apply_kinds, SyncContext, TablePlan, UploadKind};
+use super::upload::{passes, plan_table, resolve_conflicts, upload_order};
 use crate::dialect::{Dialect, Savepoint, SyncBackend};
 use crate::parameters::Parameters;
 use crate::scripts::*;

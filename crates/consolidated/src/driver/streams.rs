@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use futures_util::future::join_all;
 use rowsync_protocol::{encode_key_identity, Row, RowUpdate, TableUpload, Value};
 
-use super::upload::{apply_kinds, SyncContext, TablePlan, ALL_KINDS};
+use super::apply::{apply_kinds, SyncContext, TablePlan, ALL_KINDS};
 use crate::dialect::{Dialect, SyncBackend};
 use crate::scripts::*;
 use crate::SyncError;

@@ -7,10 +7,11 @@
 //! one statement per operation. The download watermark comes from stamps given in
 //! commit order by a short stamper transaction before each sync: see `stamp`.
 
-pub(crate) mod error;
+mod error;
 mod events;
 mod held;
 mod key_space;
+mod names;
 mod query;
 mod schema;
 mod stage;
@@ -156,7 +157,7 @@ impl ConsolidatedConnection for MysqlConnection {
         bytes: &[u8],
         bounds: impl Into<crate::HoldBounds> + Send,
     ) -> Result<bool, DbError> {
-        held::hold(&mut self.connection, direction, held, bytes, bounds.into()).await
+        crate::held::hold(&mut self.connection, direction, held, bytes, bounds.into()).await
     }
 
     async fn held_transfer(
@@ -165,7 +166,7 @@ impl ConsolidatedConnection for MysqlConnection {
         client_id: &str,
         transfer_id: &str,
     ) -> Result<Option<crate::HeldTransfer>, DbError> {
-        held::held(&mut self.connection, direction, client_id, transfer_id).await
+        crate::held::held(&mut self.connection, direction, client_id, transfer_id).await
     }
 
     async fn held_transfer_client(
@@ -173,7 +174,7 @@ impl ConsolidatedConnection for MysqlConnection {
         direction: crate::Direction,
         transfer_id: &str,
     ) -> Result<Option<String>, DbError> {
-        held::held_client(&mut self.connection, direction, transfer_id).await
+        crate::held::held_client(&mut self.connection, direction, transfer_id).await
     }
 
     async fn held_transfer_bytes(
@@ -183,7 +184,7 @@ impl ConsolidatedConnection for MysqlConnection {
         transfer_id: &str,
         length: u64,
     ) -> Result<Vec<u8>, DbError> {
-        held::held_bytes(
+        crate::held::held_bytes(
             &mut self.connection,
             direction,
             client_id,
@@ -199,7 +200,7 @@ impl ConsolidatedConnection for MysqlConnection {
         client_id: &str,
         transfer_id: &str,
     ) -> Result<bool, DbError> {
-        held::release(&mut self.connection, direction, client_id, transfer_id).await
+        crate::held::release(&mut self.connection, direction, client_id, transfer_id).await
     }
 
     async fn expire_held_transfers(
@@ -207,7 +208,7 @@ impl ConsolidatedConnection for MysqlConnection {
         direction: crate::Direction,
         created_before_unix_ms: i64,
     ) -> Result<u64, DbError> {
-        held::expire(&mut self.connection, direction, created_before_unix_ms).await
+        crate::held::expire(&mut self.connection, direction, created_before_unix_ms).await
     }
 
     async fn set_user(&mut self, name: &str, password_hash: &str) -> Result<(), DbError> {
@@ -308,7 +309,10 @@ impl ConsolidatedConnection for MysqlConnection {
     }
 
     fn canceller(&self) -> crate::Canceller {
-        crate::Canceller::mysql(self.opts.clone(), self.connection.id())
+        crate::Canceller::new(KillQuery {
+            opts: self.opts.clone(),
+            connection_id: self.connection.id(),
+        })
     }
 
     async fn cleanup(&mut self) -> Result<u64, DbError> {
@@ -324,5 +328,26 @@ impl ConsolidatedConnection for MysqlConnection {
         rows.into_iter()
             .map(|row| value::read_row(row).map_err(DbError::Invalid))
             .collect()
+    }
+}
+
+/// MySQL's `KILL QUERY`, on a connection of its own.
+struct KillQuery {
+    opts: Opts,
+    connection_id: u32,
+}
+
+impl crate::cancel::CancelStatement for KillQuery {
+    fn cancel(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DbError>> + Send + '_>> {
+        Box::pin(async move {
+            let mut killer = Conn::new(self.opts.clone()).await.map_err(db)?;
+            killer
+                .query_drop(format!("KILL QUERY {}", self.connection_id))
+                .await
+                .map_err(db)?;
+            killer.disconnect().await.map_err(db)
+        })
     }
 }

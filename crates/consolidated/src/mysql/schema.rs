@@ -11,6 +11,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Transaction, TxOpts};
 
 use super::error::db;
+use super::names::{tombstone_table, ORIGIN_COLUMN, STAMP_COLUMN};
 use super::stamp;
 use crate::foreign_keys::{refuse_undeferrable_cycles, ForeignKey};
 use crate::names::{column_list, key_match};
@@ -260,10 +261,6 @@ pub fn column_limits(columns: &[ColumnInfo]) -> ColumnLimits {
     limits
 }
 
-/// Columns rowsync adds to a synchronized table (invisible to `SELECT *`).
-pub const STAMP_COLUMN: &str = "rs_stamp";
-pub const ORIGIN_COLUMN: &str = "rs_origin";
-
 /// A table's shape and its columns' types, `None` if it does not exist.
 pub async fn table_shape(
     connection: &mut impl Queryable,
@@ -368,10 +365,6 @@ async fn refuse_cycles_through(connection: &mut Conn, table: &str) -> Result<(),
             statements.join(" ")
         )
     })
-}
-
-pub fn tombstone_table(table: &str) -> String {
-    format!("rs_tombstone_{table}")
 }
 
 /// MySQL's identifiers are at most 64 characters; the longest derived name is

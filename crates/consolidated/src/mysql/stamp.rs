@@ -37,7 +37,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, IsolationLevel, TxOpts};
 
 use super::error::db;
-use super::schema::{tombstone_table, STAMP_COLUMN};
+use super::names::{tombstone_table, STAMP_COLUMN};
 use crate::names::column_list;
 use crate::{quote_identifier as q, DbError};
 

@@ -312,7 +312,7 @@ impl ConsolidatedConnection for PostgresConnection {
         bytes: &[u8],
         bounds: impl Into<crate::HoldBounds> + Send,
     ) -> Result<bool, DbError> {
-        held::hold(&mut self.client, direction, held, bytes, bounds.into()).await
+        crate::held::hold(&mut self.client, direction, held, bytes, bounds.into()).await
     }
 
     async fn held_transfer(
@@ -321,7 +321,7 @@ impl ConsolidatedConnection for PostgresConnection {
         client_id: &str,
         transfer_id: &str,
     ) -> Result<Option<crate::HeldTransfer>, DbError> {
-        held::held(&self.client, direction, client_id, transfer_id).await
+        crate::held::held(&mut self.client, direction, client_id, transfer_id).await
     }
 
     async fn held_transfer_client(
@@ -329,7 +329,7 @@ impl ConsolidatedConnection for PostgresConnection {
         direction: crate::Direction,
         transfer_id: &str,
     ) -> Result<Option<String>, DbError> {
-        held::held_client(&self.client, direction, transfer_id).await
+        crate::held::held_client(&mut self.client, direction, transfer_id).await
     }
 
     async fn held_transfer_bytes(
@@ -339,7 +339,7 @@ impl ConsolidatedConnection for PostgresConnection {
         transfer_id: &str,
         length: u64,
     ) -> Result<Vec<u8>, DbError> {
-        held::held_bytes(&self.client, direction, client_id, transfer_id, length).await
+        crate::held::held_bytes(&mut self.client, direction, client_id, transfer_id, length).await
     }
 
     async fn release_held_transfer(
@@ -348,7 +348,7 @@ impl ConsolidatedConnection for PostgresConnection {
         client_id: &str,
         transfer_id: &str,
     ) -> Result<bool, DbError> {
-        held::release(&mut self.client, direction, client_id, transfer_id).await
+        crate::held::release(&mut self.client, direction, client_id, transfer_id).await
     }
 
     async fn expire_held_transfers(
@@ -356,7 +356,7 @@ impl ConsolidatedConnection for PostgresConnection {
         direction: crate::Direction,
         created_before_unix_ms: i64,
     ) -> Result<u64, DbError> {
-        held::expire(&mut self.client, direction, created_before_unix_ms).await
+        crate::held::expire(&mut self.client, direction, created_before_unix_ms).await
     }
 
     async fn set_user(&mut self, name: &str, password_hash: &str) -> Result<(), DbError> {
@@ -479,10 +479,12 @@ impl ConsolidatedConnection for PostgresConnection {
     }
 
     fn canceller(&self) -> crate::Canceller {
-        crate::Canceller::postgres(self.client.cancel_token())
+        crate::Canceller::new(self.client.cancel_token())
     }
 
     async fn cleanup(&mut self) -> Result<u64, DbError> {
+        // The apply streams' decisions no longer needed go first, as before tombstones.
+        streams::forget_finished(&self.client).await?;
         schema::cleanup(&mut self.client).await
     }
 
@@ -534,4 +536,13 @@ fn connect_failure(error: tokio_postgres::Error) -> DbError {
         ));
     }
     error.into()
+}
+
+/// PostgreSQL's cancel request, on a connection of its own.
+impl crate::cancel::CancelStatement for tokio_postgres::CancelToken {
+    fn cancel(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DbError>> + Send + '_>> {
+        Box::pin(async move { Ok(self.cancel_query(tokio_postgres::NoTls).await?) })
+    }
 }

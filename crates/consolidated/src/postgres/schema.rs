@@ -1000,7 +1000,6 @@ const IN_FLIGHT_HORIZON_QUERY: &str = concat!(
 /// after that read, so a sync whose announcement was gone had committed and its
 /// subscription is seen.
 pub async fn cleanup(client: &mut Client) -> Result<u64, DbError> {
-    super::streams::forget_finished(client).await?;
     let transaction = client.transaction().await?;
     let in_flight: i64 = transaction
         .query_one(IN_FLIGHT_HORIZON_QUERY, &[])

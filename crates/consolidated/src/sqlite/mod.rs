@@ -29,6 +29,7 @@ use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
     DownloadSender, InitOutcome, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
 };
+use held::SqliteHeld;
 use transaction::SqliteBackend;
 
 /// How long a connection waits for another writer before failing with "database is locked".
@@ -221,7 +222,8 @@ impl ConsolidatedConnection for SqliteConnection {
     async fn install_system_tables(&mut self) -> Result<(), DbError> {
         self.run(|connection| {
             schema::install_system_tables(connection)?;
-            Ok(connection.execute_batch(&held::tables_sql())?)
+            let tables = crate::held::tables_sql(&held::SQL).join(";\n");
+            Ok(connection.execute_batch(&tables)?)
         })
         .await
     }
@@ -234,8 +236,16 @@ impl ConsolidatedConnection for SqliteConnection {
         bounds: impl Into<crate::HoldBounds> + Send,
     ) -> Result<bool, DbError> {
         let (held, bytes, bounds) = (held.clone(), bytes.to_vec(), bounds.into());
-        self.run(move |connection| held::hold(connection, direction, &held, &bytes, bounds))
-            .await
+        self.run(move |connection| {
+            held::on_thread(crate::held::hold(
+                &mut SqliteHeld { connection },
+                direction,
+                &held,
+                &bytes,
+                bounds,
+            ))
+        })
+        .await
     }
 
     async fn held_transfer(
@@ -245,8 +255,16 @@ impl ConsolidatedConnection for SqliteConnection {
         transfer_id: &str,
     ) -> Result<Option<crate::HeldTransfer>, DbError> {
         let (client_id, transfer_id) = (client_id.to_string(), transfer_id.to_string());
-        self.run(move |connection| held::held(connection, direction, &client_id, &transfer_id))
-            .await
+        self.run(move |connection| {
+            let mut storage = SqliteHeld { connection };
+            held::on_thread(crate::held::held(
+                &mut storage,
+                direction,
+                &client_id,
+                &transfer_id,
+            ))
+        })
+        .await
     }
 
     async fn held_transfer_client(
@@ -255,8 +273,15 @@ impl ConsolidatedConnection for SqliteConnection {
         transfer_id: &str,
     ) -> Result<Option<String>, DbError> {
         let transfer_id = transfer_id.to_string();
-        self.run(move |connection| held::held_client(connection, direction, &transfer_id))
-            .await
+        self.run(move |connection| {
+            let mut storage = SqliteHeld { connection };
+            held::on_thread(crate::held::held_client(
+                &mut storage,
+                direction,
+                &transfer_id,
+            ))
+        })
+        .await
     }
 
     async fn held_transfer_bytes(
@@ -268,7 +293,10 @@ impl ConsolidatedConnection for SqliteConnection {
     ) -> Result<Vec<u8>, DbError> {
         let (client_id, transfer_id) = (client_id.to_string(), transfer_id.to_string());
         self.run(move |connection| {
-            held::held_bytes(connection, direction, &client_id, &transfer_id, length)
+            let mut storage = SqliteHeld { connection };
+            let step =
+                crate::held::held_bytes(&mut storage, direction, &client_id, &transfer_id, length);
+            held::on_thread(step)
         })
         .await
     }
@@ -280,8 +308,16 @@ impl ConsolidatedConnection for SqliteConnection {
         transfer_id: &str,
     ) -> Result<bool, DbError> {
         let (client_id, transfer_id) = (client_id.to_string(), transfer_id.to_string());
-        self.run(move |connection| held::release(connection, direction, &client_id, &transfer_id))
-            .await
+        self.run(move |connection| {
+            let mut storage = SqliteHeld { connection };
+            held::on_thread(crate::held::release(
+                &mut storage,
+                direction,
+                &client_id,
+                &transfer_id,
+            ))
+        })
+        .await
     }
 
     async fn expire_held_transfers(
@@ -289,8 +325,15 @@ impl ConsolidatedConnection for SqliteConnection {
         direction: crate::Direction,
         created_before_unix_ms: i64,
     ) -> Result<u64, DbError> {
-        self.run(move |connection| held::expire(connection, direction, created_before_unix_ms))
-            .await
+        self.run(move |connection| {
+            let mut storage = SqliteHeld { connection };
+            held::on_thread(crate::held::expire(
+                &mut storage,
+                direction,
+                created_before_unix_ms,
+            ))
+        })
+        .await
     }
 
     async fn set_user(&mut self, name: &str, password_hash: &str) -> Result<(), DbError> {
@@ -437,7 +480,7 @@ impl ConsolidatedConnection for SqliteConnection {
     }
 
     fn canceller(&self) -> crate::Canceller {
-        crate::Canceller::sqlite(Arc::clone(&self.interrupt))
+        crate::Canceller::new(Interrupt(Arc::clone(&self.interrupt)))
     }
 
     async fn cleanup(&mut self) -> Result<u64, DbError> {
@@ -465,5 +508,17 @@ impl ConsolidatedConnection for SqliteConnection {
             Ok(rows)
         })
         .await
+    }
+}
+
+/// SQLite's interrupt: the running statement fails with `SQLITE_INTERRUPT`.
+struct Interrupt(Arc<rusqlite::InterruptHandle>);
+
+impl crate::cancel::CancelStatement for Interrupt {
+    fn cancel(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DbError>> + Send + '_>> {
+        self.0.interrupt();
+        Box::pin(std::future::ready(Ok(())))
     }
 }

@@ -14,7 +14,7 @@ use rowsync_consolidated::{
 use rowsync_protocol::{
     ErrorCode, FrameDecoder, KeyRange, Message, TableUpload, WireError, CONFLICTS_SINCE_VERSION,
     DOWNLOAD_RESUME_SINCE_VERSION, IDENTITY_SINCE_VERSION, KEY_RANGES_SINCE_VERSION,
-    PREAMBLE_BYTES, REFUSED_ROWS_SINCE_VERSION,
+    REFUSED_ROWS_SINCE_VERSION,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -29,23 +29,12 @@ use crate::session::MergedTables;
 use crate::shared::Shared;
 use crate::spool::{Spool, SpoolError};
 use crate::stage::stream::{Acknowledgement, CheckedUpload};
+use crate::stage::{download_spool, Synchronized};
 use crate::upload_stream::{upload_decoder, UploadLimits};
 
 /// A compressed resumable download (protocol v4) is flushed after this many bytes of its
 /// frames, as the client flushes a resumable upload.
 pub(crate) const RESUMABLE_DOWNLOAD_FLUSH_BYTES: usize = 32 * 1024;
-
-/// What the database stage hands on: the committed sync and its whole download, spooled
-/// (the end of the download not yet appended).
-pub(crate) struct Synchronized {
-    pub(crate) request: Arc<SyncRequest>,
-    pub(crate) outcome: SyncOutcome,
-    pub(crate) spool: Spool,
-    /// The preamble that opens the reply, if the client sent one.
-    pub(crate) preamble: Option<[u8; PREAMBLE_BYTES]>,
-    /// Bytes of the upload received on the wire, for the sync's log line.
-    pub(crate) wire_bytes_received: u64,
-}
 
 /// Takes a worker, decodes the upload, runs the sync's transaction and releases the
 /// worker; the phases `worker_wait`, `upload_applied` and `download_fetched`.
@@ -68,7 +57,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
     } = upload;
     // The download is encoded into its spool while the worker reads it.
     let (sender, chunks) = download_channel();
-    let (preamble, mut spool) = crate::stage::download::download_spool(shared, outbound);
+    let (preamble, mut spool) = download_spool(shared, outbound);
     if hello.protocol_version >= DOWNLOAD_RESUME_SINCE_VERSION {
         // A cut costs at most this much more than the bytes in flight.
         spool.flush_every(RESUMABLE_DOWNLOAD_FLUSH_BYTES);

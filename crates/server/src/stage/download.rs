@@ -6,8 +6,6 @@
 //! `DOWNLOAD_RECEIPT_BYTES_MIN`, see `receipt`), its stream is held
 //! (`held::hold_download`) and a later `download_resume` is answered with the rest.
 
-use std::sync::Arc;
-
 use rowsync_consolidated::Consolidated;
 use rowsync_protocol::{
     encode_frame, DownloadAck, ErrorCode, Message, WireError, DOWNLOAD_RECEIPT_BYTES_MIN,
@@ -16,15 +14,15 @@ use rowsync_protocol::{
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
+use crate::connection_end::ConnectionEnd;
 use crate::download_frames::end_frame;
 use crate::failure::Failure;
 use crate::metrics::{Phase, PhaseTimings};
 use crate::monitor::SyncFacts;
 use crate::shared::Shared;
 use crate::spool::{Sending, Spool};
-use crate::stage::database::Synchronized;
 use crate::stage::stream::Acknowledgement;
-use crate::sync::ConnectionEnd;
+use crate::stage::{download_spool, Synchronized};
 
 /// A download the client can resume (protocol v4): held when it may not have arrived.
 pub(crate) struct Resumable {
@@ -323,22 +321,6 @@ async fn send_spool_as<B: Consolidated>(
     tokio::time::timeout(write_timeout, stream.flush())
         .await
         .map_err(|_| stopped())?
-}
-
-/// A download spool for `outbound`, within the server's download bounds and its spool
-/// cache, and the preamble to send before it.
-pub(crate) fn download_spool<B: Consolidated>(
-    shared: &Shared<B>,
-    mut outbound: rowsync_protocol::Outbound,
-) -> (Option<[u8; PREAMBLE_BYTES]>, Spool) {
-    let preamble = outbound.take_preamble();
-    let spool = Spool::new(
-        shared.config.download_spool_memory_bytes_max,
-        shared.config.download_bytes_max,
-        outbound,
-        Arc::clone(&shared.cache),
-    );
-    (preamble, spool)
 }
 
 /// A finished download spool of `pieces` (frames, or a held stream's bytes); a failure

@@ -20,6 +20,7 @@ use crate::monitor::Identity;
 use crate::pending::PendingHello;
 use crate::record::SyncRecording;
 use crate::session::Step;
+use crate::shared::holding::HoldingGuard;
 use crate::shared::{Shared, READ_CHUNK_BYTES};
 use crate::spool::{Spool, SpoolError};
 use crate::upload_stream::{UploadEvent, UploadLimits, UploadStream};
@@ -134,7 +135,7 @@ pub(crate) async fn receive<B: Consolidated>(
     };
     timings.record(metrics, Phase::connect, started.elapsed());
     if hello.protocol_version >= rowsync_protocol::RESUME_SINCE_VERSION && !hello.download_ack {
-        // A transfer (or a question about one) from here on; see `held::Holding`.
+        // A transfer (or a question about one) from here on; see `shared::holding::Holding`.
         reader.receiving = Some(shared.holding.begin(&hello.client_id));
     }
     observe_hello(shared, timings, &hello);
@@ -255,7 +256,7 @@ struct UploadReader<'s, S> {
     /// The transfer a v3 upload named (protocol v3).
     transfer: Option<Transfer>,
     /// Marks the transfer as being received, until this reader is gone (`held`).
-    receiving: Option<held::HoldingGuard<'s>>,
+    receiving: Option<HoldingGuard<'s>>,
     /// The connection ended or stalled before the upload did (not a refusal): what
     /// arrived of the transfer is worth holding.
     cut: bool,

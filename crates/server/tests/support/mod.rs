@@ -9,11 +9,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use rowsync_cli::cert::{self, KeyKind, PkiFiles};
 use rowsync_client::{Client, Compression, HttpVersion, SyncOptions};
 use rowsync_consolidated::sqlite::SqliteConsolidated;
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, TableInit};
 use rowsync_protocol::Value;
-use rowsync_server::tls::{self, KeyKind, PkiFiles, TlsFiles};
+use rowsync_server::tls::{self, TlsFiles};
 use rowsync_server::{auth, Endpoint, ServerConfig, Transport};
 use rusqlite::Connection;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -109,7 +110,7 @@ impl TestServer {
             let hash = auth::hash_password(&password(user)).unwrap();
             connection.set_user(user, &hash).await.unwrap();
         }
-        let pki = tls::write_test_pki(
+        let pki = cert::write_test_pki(
             dir.path(),
             &["localhost".into(), "127.0.0.1".into()],
             KeyKind::EcdsaP256,

@@ -1,6 +1,5 @@
-//! The benchmark commands, `bench`, `bench-apply`, `bench-link`, `bench-load`,
-//! `bench-store` and `bench-transport`:
-//! their arguments, handed to the `rowsync-bench` crate.
+//! The benchmark commands, `timing`, `apply`, `load`, `transport`, `store` and `link`:
+//! their arguments, handed to this crate's library.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -15,7 +14,7 @@ use rowsync_bench::{apply, link, link_database, load, transport};
 use rowsync_cli::database::Database;
 
 #[derive(clap::Args)]
-pub struct BenchArgs {
+pub struct TimingArgs {
     /// A postgres:// URL of a scratch database.
     #[arg(long)]
     db: String,
@@ -60,10 +59,14 @@ pub struct BenchArgs {
     /// Runs per point of Test 1 (best and relative standard deviation).
     #[arg(long)]
     repeat: Option<usize>,
+    /// The server under test, run as `PROGRAM serve` (default: the `rowsync` binary
+    /// beside this one, which `cargo build --release --bin rowsync` makes).
+    #[arg(long)]
+    server_program: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
-pub struct BenchApplyArgs {
+pub struct ApplyArgs {
     /// A postgres:// URL of a scratch database.
     #[arg(long)]
     db: String,
@@ -72,7 +75,7 @@ pub struct BenchApplyArgs {
 }
 
 #[derive(clap::Args)]
-pub struct BenchLoadArgs {
+pub struct LoadArgs {
     /// A postgres:// URL of a scratch database.
     #[arg(long)]
     db: String,
@@ -95,7 +98,7 @@ pub struct BenchLoadArgs {
 }
 
 #[derive(clap::Args)]
-pub struct BenchTransportArgs {
+pub struct TransportArgs {
     /// Rows per sync.
     #[arg(long, default_value_t = 1000)]
     rows: usize,
@@ -108,10 +111,27 @@ fn is_postgres(db: &str) -> bool {
     matches!(Database::parse(db), Database::Postgres(_))
 }
 
-/// `rowsync bench`: the server under test is this same binary, run as `rowsync serve`.
-pub async fn run_bench(args: BenchArgs) -> Result<()> {
+/// `--server-program`, else the `rowsync` binary in this binary's directory.
+fn server_program(named: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(program) = named {
+        return Ok(program);
+    }
+    let this = std::env::current_exe().context("locating the rowsync-bench executable")?;
+    let program = this.with_file_name(format!("rowsync{}", std::env::consts::EXE_SUFFIX));
+    if !program.is_file() {
+        bail!(
+            "{} not found: build it (`cargo build --release --bin rowsync`) or give --server-program",
+            program.display()
+        );
+    }
+    Ok(program)
+}
+
+/// `rowsync-bench timing`: the server under test is the `rowsync` binary, run as
+/// `rowsync serve`.
+pub async fn run_timing(args: TimingArgs) -> Result<()> {
     if !is_postgres(&args.db) {
-        bail!("bench measures PostgreSQL (and its own bulk path beside rowsync): give --db postgres://...");
+        bail!("timing measures PostgreSQL (and its own bulk path beside rowsync): give --db postgres://...");
     }
     let workers = args
         .workers
@@ -125,7 +145,7 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
         .context("--workers takes a count (8) or a range (2-16)")?;
     let options = BenchOptions {
         db: args.db,
-        server_program: std::env::current_exe().context("locating the rowsync executable")?,
+        server_program: server_program(args.server_program)?,
         size: Size::parse(&args.size)?,
         tests: args.tests,
         client_mode: match args.client_mode.as_str() {
@@ -163,17 +183,17 @@ fn parse_compression(text: &str) -> Result<rowsync_protocol::Compression> {
     })
 }
 
-pub async fn run_apply(args: BenchApplyArgs) -> Result<()> {
+pub async fn run_apply(args: ApplyArgs) -> Result<()> {
     if !is_postgres(&args.db) {
-        bail!("bench-apply measures PostgreSQL: give --db postgres://...");
+        bail!("apply measures PostgreSQL: give --db postgres://...");
     }
     apply::run(&args.db, args.rows, &mut std::io::stdout()).await?;
     Ok(())
 }
 
-pub async fn run_load(args: BenchLoadArgs) -> Result<()> {
+pub async fn run_load(args: LoadArgs) -> Result<()> {
     if !is_postgres(&args.db) {
-        bail!("bench-load measures PostgreSQL: give --db postgres://...");
+        bail!("load measures PostgreSQL: give --db postgres://...");
     }
     let options = load::LoadOptions {
         clients: args.clients,
@@ -187,7 +207,7 @@ pub async fn run_load(args: BenchLoadArgs) -> Result<()> {
     Ok(())
 }
 
-pub async fn run_transport(args: BenchTransportArgs) -> Result<()> {
+pub async fn run_transport(args: TransportArgs) -> Result<()> {
     if args.rows == 0 || args.repeat == 0 {
         bail!("--rows and --repeat must be at least 1");
     }
@@ -196,7 +216,7 @@ pub async fn run_transport(args: BenchTransportArgs) -> Result<()> {
 }
 
 #[derive(clap::Args)]
-pub struct BenchStoreArgs {
+pub struct StoreArgs {
     /// quick (CI: 2,000 records, threads 1-2, a small TPC-B) or full (the seed's sizes:
     /// 576,000 records, threads 1-16, TPC-B at 1,000 branches).
     #[arg(long, default_value = "quick")]
@@ -241,7 +261,7 @@ fn parse_mode(name: &str) -> Result<Mode> {
     })
 }
 
-pub async fn run_store(args: BenchStoreArgs) -> Result<()> {
+pub async fn run_store(args: StoreArgs) -> Result<()> {
     let mut size = StoreSize::parse(&args.size)?;
     size.records = args.records.unwrap_or(size.records);
     size.tpcb_transactions = args.tpcb_transactions.unwrap_or(size.tpcb_transactions);
@@ -271,7 +291,7 @@ pub async fn run_store(args: BenchStoreArgs) -> Result<()> {
 }
 
 #[derive(clap::Args)]
-pub struct BenchLinkArgs {
+pub struct LinkArgs {
     /// quick (CI: 240 changes, 1 and 4 clients) or full (the seed's 240,000 changes,
     /// 1 and 16 clients).
     #[arg(long, default_value = "quick")]
@@ -314,7 +334,7 @@ pub struct BenchLinkArgs {
     markdown: Option<PathBuf>,
 }
 
-pub async fn run_link(args: BenchLinkArgs) -> Result<()> {
+pub async fn run_link(args: LinkArgs) -> Result<()> {
     let mut options = LinkOptions::sized(&args.size)?;
     options.changes = args.changes.unwrap_or(options.changes);
     options.kbits = args.kbits.clone();
@@ -344,10 +364,10 @@ pub async fn run_link(args: BenchLinkArgs) -> Result<()> {
     Ok(())
 }
 
-/// `bench-link --db`: the server-to-database link over apply streams.
-async fn run_link_database(db: &str, args: &BenchLinkArgs) -> Result<()> {
+/// `link --db`: the server-to-database link over apply streams.
+async fn run_link_database(db: &str, args: &LinkArgs) -> Result<()> {
     if !is_postgres(db) {
-        bail!("bench-link --db measures PostgreSQL: give a postgres:// URL");
+        bail!("link --db measures PostgreSQL: give a postgres:// URL");
     }
     let mut options = match args.size.as_str() {
         "full" => link_database::DatabaseLinkOptions::full(),

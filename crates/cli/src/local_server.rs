@@ -1,4 +1,5 @@
-//! A rowsync server on a free loopback port, in this process, for the demo and the bench.
+//! A rowsync server on a free loopback port, in this process, for the demo and the bench
+//! (`rowsync-bench`).
 
 use anyhow::{Context, Result};
 use rowsync_consolidated::Consolidated;

@@ -1,6 +1,12 @@
 //! What every connection of a server shares: the configuration, the worker pool and the
 //! pool of authentication connections, the cache, the metrics, the connection slots and
-//! the load estimate behind the busy hint.
+//! the load estimate behind the busy hint. The state of transfers every connection
+//! sees (uploads being received, downloads awaiting their receipt) is in the modules
+//! beneath (`holding`, `receipts`), so that `held` and `receipt`, which act on it, import
+//! this module and it imports neither.
+
+pub(crate) mod holding;
+pub(crate) mod receipts;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -48,10 +54,10 @@ pub(crate) struct Shared<B: Consolidated> {
     pub(crate) login_throttle: LoginThrottle,
     /// The tables of each script version, for refusing unknown tables as they arrive.
     pub(crate) version_tables: VersionTablesCache,
-    /// Cut uploads being held right now, by client id (see `held::Holding`).
-    pub(crate) holding: crate::held::Holding,
+    /// Cut uploads being held right now, by client id (see `holding::Holding`).
+    pub(crate) holding: holding::Holding,
     /// Downloads sent over HTTP, kept until their receipt (see `receipt`).
-    pub(crate) receipts: crate::receipt::Receipts,
+    pub(crate) receipts: receipts::Receipts,
 }
 
 impl<B: Consolidated> Shared<B> {
@@ -92,8 +98,8 @@ impl<B: Consolidated> Shared<B> {
                 },
             ),
             version_tables: VersionTablesCache::default(),
-            holding: crate::held::Holding::default(),
-            receipts: crate::receipt::Receipts::default(),
+            holding: holding::Holding::default(),
+            receipts: receipts::Receipts::default(),
             metrics,
             load: Load::default(),
             slots: Arc::new(Semaphore::new(config.connections_max)),

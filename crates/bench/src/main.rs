@@ -1,0 +1,82 @@
+//! `rowsync-bench`: the benchmarks' command line, a binary of its own so the product
+//! binary `rowsync` links neither the benchmarks nor, through `bench-link`, the test kit.
+//! Parses the command line and hands each command to `command.rs`; the benchmarks
+//! themselves are this crate's library.
+//!
+//! The subcommands were once `rowsync-bench timing`, `rowsync-bench apply`, ...: those names
+//! stay as aliases, so a recorded command line (docs/results) runs with `rowsync-bench`
+//! in place of `rowsync`.
+
+mod command;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+use command::{ApplyArgs, LinkArgs, LoadArgs, StoreArgs, TimingArgs, TransportArgs};
+
+#[derive(Parser)]
+#[command(
+    name = "rowsync-bench",
+    version,
+    about = "rowsync's benchmarks (docs/benchmarks.md)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The white paper's timing framework: Tests 1-5 (workers, retry delay above the
+    /// connection limit, clients, rows per sync, protocols) with the database's own limit
+    /// and one-statement-per-row scripts measured in the same run. The server under test
+    /// is the `rowsync` binary beside this one (or --server-program). Drops and recreates
+    /// purchase, purchase_raw and bench_server_time in the database named. See
+    /// docs/benchmarks.md.
+    #[command(alias = "bench")]
+    Timing(TimingArgs),
+    /// Measure uploads (insert, update, delete) and a download through rowsync against
+    /// PostgreSQL's own bulk path in the same run. Drops and recreates bench_rows,
+    /// bench_raw and their rowsync tables in the database named.
+    #[command(alias = "bench-apply")]
+    Apply(ApplyArgs),
+    /// Many clients at once against PostgreSQL: fixed worker counts against the
+    /// controller's range (best of --runs, with the relative standard deviation), and
+    /// clients above the connection limit against the limit raised. Drops and recreates
+    /// bench_rows in the database named.
+    #[command(alias = "bench-load")]
+    Load(LoadArgs),
+    /// Time a fixed sync workload (download, update, delete, insert) over every
+    /// transport x compression, in one run, relative to plain TCP, with the bytes on the
+    /// wire. Runs on an embedded SQLite database in a temporary directory.
+    #[command(alias = "bench-transport")]
+    Transport(TransportArgs),
+    /// The Berkeley DB performance overview's study on the client store: a key-value
+    /// workload (insert, fetch, update, delete, reinsert) in each durability mode, on a
+    /// tracked and an untracked table, by thread count; TPC-B-like transactions; the
+    /// sync after each. Needs no server. See docs/benchmarks.md.
+    #[command(alias = "bench-store")]
+    Store(StoreArgs),
+    /// The seed-003 study over slow, high-latency links (emulated with toxiproxy): the
+    /// client's link at 512 and 128 kbit/s with 300 ms round trips, a backlog from one
+    /// client and from many, time against the wire limit, and the cost of a cut upload.
+    /// See docs/benchmarks.md.
+    #[command(alias = "bench-link")]
+    Link(LinkArgs),
+}
+
+fn main() -> Result<()> {
+    rowsync_cli::logging::init();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async {
+        match cli.command {
+            Command::Timing(args) => command::run_timing(args).await,
+            Command::Apply(args) => command::run_apply(args).await,
+            Command::Load(args) => command::run_load(args).await,
+            Command::Transport(args) => command::run_transport(args).await,
+            Command::Store(args) => command::run_store(args).await,
+            Command::Link(args) => command::run_link(args).await,
+        }
+    })
+}
