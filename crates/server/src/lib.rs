@@ -16,11 +16,13 @@
 //! HTTP(S) ([`http`]); every transport feeds the same stages.
 
 pub mod admin;
+pub mod allocator;
 pub mod auth;
 mod background;
 pub mod cache;
 mod config;
 pub mod controller;
+pub mod decoders;
 mod download_frames;
 mod failure;
 pub mod fuzzing;
@@ -46,7 +48,9 @@ pub mod token;
 pub mod upload_stream;
 mod version_tables;
 
-pub use config::{ServerConfig, CLIENT_IDS_PER_USER_MAX_DEFAULT};
+pub use config::{
+    ServerConfig, CLIENT_IDS_PER_USER_MAX_DEFAULT, MALLOC_MMAP_THRESHOLD_BYTES_DEFAULT,
+};
 pub use server::{
     serve, serve_endpoints, serve_endpoints_with_metrics, Endpoint, ServerError, Transport,
 };
