@@ -6,6 +6,8 @@
 //! - [`apply`]: `rowsync-bench apply`, each sync type against PostgreSQL's bulk path.
 //! - [`load`]: `rowsync-bench load`, worker settings and the connection limit under load.
 //! - [`transport`]: `rowsync-bench transport`, every transport x compression.
+//! - [`burst`]: a burst of concurrent clients against a `rowsync serve` process on
+//!   SQLite, for the server's peak resident memory (`tests/burst.rs`).
 //! - [`store`]: `rowsync-bench store`, the Berkeley DB study on the client store.
 //! - [`link`]: `rowsync-bench link`, the seed-003 study over slow, high-latency links.
 //! - [`link_database`]: `rowsync-bench link --db`, the server-to-database link over apply
@@ -14,6 +16,7 @@
 //! The in-process server they start is `rowsync_cli::local_server` (the demo's too).
 
 pub mod apply;
+pub mod burst;
 pub mod link;
 pub mod link_database;
 pub mod load;

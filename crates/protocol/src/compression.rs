@@ -22,6 +22,84 @@ const ZSTD_LEVEL: i32 = 3;
 /// 8 MiB (the encoder at `ZSTD_LEVEL` never asks for more), so the decoder's own memory
 /// is bounded whatever the stream says.
 const ZSTD_WINDOW_LOG_MAX: u32 = 23;
+/// The largest window a zstd stream may ask for, in bytes (2^`ZSTD_WINDOW_LOG_MAX`).
+pub const ZSTD_WINDOW_BYTES_MAX: u64 = 1 << ZSTD_WINDOW_LOG_MAX;
+/// The smallest window zstd knows (a window descriptor's floor).
+const ZSTD_WINDOW_BYTES_MIN: u64 = 1 << 10;
+/// zstd's largest block.
+const ZSTD_BLOCK_BYTES_MAX: u64 = 128 * 1024;
+/// A zstd decoder's state besides its window and block buffers: `ZSTD_sizeof_DCtx` of a
+/// decoder before its first frame is about 160 KiB in zstd 1.5 (the literals buffer and
+/// entropy tables); rounded up (a test holds the estimate above the real size).
+const ZSTD_DECODER_STATE_BYTES: u64 = 256 * 1024;
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+
+/// What the first bytes of a zstd stream say about the window its decoder will allocate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZstdWindow {
+    /// The first frame's header is not complete yet.
+    NeedMore,
+    /// The window the stream may use from here on, in bytes: the first frame's, rounded
+    /// up to a power of two (at least 1 KiB, at most [`ZSTD_WINDOW_BYTES_MAX`]). A
+    /// decoder made with [`Decompressor::with_zstd_window_bytes_max`] of it refuses any
+    /// later frame that asks for more.
+    Bytes(u64),
+}
+
+/// Reads the window of a zstd stream's first frame from its header (RFC 8878, 3.1.1.1),
+/// before any decoder is made, so that the decoder's memory can be reserved first.
+/// Anything that is not a zstd frame's header (a skippable frame, garbage) gets the
+/// largest window: the decoder refuses garbage at once, and a skippable frame's
+/// successor may ask for anything up to the limit.
+pub fn zstd_stream_window(stream: &[u8]) -> ZstdWindow {
+    if stream.len() < 5 {
+        return ZstdWindow::NeedMore;
+    }
+    if stream[..4] != ZSTD_MAGIC {
+        return ZstdWindow::Bytes(ZSTD_WINDOW_BYTES_MAX);
+    }
+    let descriptor = stream[4];
+    let single_segment = descriptor & 0x20 != 0;
+    let window = if single_segment {
+        // The window is the frame's content size, which follows the dictionary id.
+        let dictionary_bytes = [0, 1, 2, 4][usize::from(descriptor & 3)];
+        let size_bytes = [1, 2, 4, 8][usize::from(descriptor >> 6)];
+        let start = 5 + dictionary_bytes;
+        let Some(field) = stream.get(start..start + size_bytes) else {
+            return ZstdWindow::NeedMore;
+        };
+        let mut size = field
+            .iter()
+            .rev()
+            .fold(0u64, |size, &byte| (size << 8) | u64::from(byte));
+        if size_bytes == 2 {
+            size += 256;
+        }
+        size
+    } else {
+        let Some(&window_descriptor) = stream.get(5) else {
+            return ZstdWindow::NeedMore;
+        };
+        let exponent = u32::from(window_descriptor >> 3);
+        let mantissa = u64::from(window_descriptor & 7);
+        let base = 1u64 << (10 + exponent);
+        base + base / 8 * mantissa
+    };
+    ZstdWindow::Bytes(
+        window
+            .clamp(ZSTD_WINDOW_BYTES_MIN, ZSTD_WINDOW_BYTES_MAX)
+            .next_power_of_two(),
+    )
+}
+
+/// The memory a [`Decompressor`] of a zstd stream holds at most with a window of
+/// `window_bytes` (as [`ZstdWindow::Bytes`] gives it): zstd's state, its input block
+/// buffer, its window and one block beyond, and the decompressor's own output chunk.
+pub fn zstd_decoder_bytes(window_bytes: u64) -> u64 {
+    let window = window_bytes.clamp(ZSTD_WINDOW_BYTES_MIN, ZSTD_WINDOW_BYTES_MAX);
+    let block = window.min(ZSTD_BLOCK_BYTES_MAX);
+    ZSTD_DECODER_STATE_BYTES + window + 2 * block + DECOMPRESS_CHUNK_BYTES as u64
+}
 
 /// A stream compression. The byte values are part of the wire contract (the preamble).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -259,6 +337,26 @@ impl Decompressor {
         compression: Compression,
         decompressed_bytes_max: u64,
     ) -> Result<Decompressor, CompressionError> {
+        Decompressor::with_zstd_window_bytes_max(
+            compression,
+            decompressed_bytes_max,
+            ZSTD_WINDOW_BYTES_MAX,
+        )
+    }
+
+    /// As [`Decompressor::new`], refusing a zstd frame that asks for a window above
+    /// `window_bytes_max` (rounded up to a power of two, at most
+    /// [`ZSTD_WINDOW_BYTES_MAX`]): its memory is then at most
+    /// [`zstd_decoder_bytes`]`(window_bytes_max)`.
+    pub fn with_zstd_window_bytes_max(
+        compression: Compression,
+        decompressed_bytes_max: u64,
+        window_bytes_max: u64,
+    ) -> Result<Decompressor, CompressionError> {
+        let window_log_max = window_bytes_max
+            .clamp(ZSTD_WINDOW_BYTES_MIN, ZSTD_WINDOW_BYTES_MAX)
+            .next_power_of_two()
+            .trailing_zeros();
         let corrupt = |error: std::io::Error| CompressionError::Corrupt {
             compression,
             message: error.to_string(),
@@ -269,7 +367,7 @@ impl Decompressor {
             Compression::Zstd => {
                 let mut decoder = ZstdDecoder::new().map_err(corrupt)?;
                 decoder
-                    .set_parameter(DParameter::WindowLogMax(ZSTD_WINDOW_LOG_MAX))
+                    .set_parameter(DParameter::WindowLogMax(window_log_max))
                     .map_err(corrupt)?;
                 Decoder::Zstd(Box::new(decoder))
             }
@@ -487,6 +585,7 @@ pub struct Inbound {
     state: InboundState,
     preamble: Option<Preamble>,
     decompressed_bytes_max: u64,
+    zstd_window_bytes_max: u64,
 }
 
 impl Inbound {
@@ -495,7 +594,15 @@ impl Inbound {
             state: InboundState::Start(Vec::new()),
             preamble: None,
             decompressed_bytes_max,
+            zstd_window_bytes_max: ZSTD_WINDOW_BYTES_MAX,
         }
+    }
+
+    /// Refuses a zstd stream whose frames ask for a window above `bytes` (see
+    /// [`Decompressor::with_zstd_window_bytes_max`]); takes effect only before the first
+    /// bytes are fed.
+    pub fn limit_zstd_window(&mut self, bytes: u64) {
+        self.zstd_window_bytes_max = bytes;
     }
 
     /// The peer's preamble, once seen (`None` also for a preamble-less peer).
@@ -546,7 +653,11 @@ impl Inbound {
         } else {
             (Compression::None, std::mem::take(buffered))
         };
-        let mut decompressor = Decompressor::new(compression, self.decompressed_bytes_max)?;
+        let mut decompressor = Decompressor::with_zstd_window_bytes_max(
+            compression,
+            self.decompressed_bytes_max,
+            self.zstd_window_bytes_max,
+        )?;
         decompressor.feed(&rest);
         self.state = InboundState::Body(decompressor);
         Ok(())
@@ -769,6 +880,123 @@ mod tests {
         let stream = writer.into_inner().0;
         let error = decompress_all(Compression::Zstd, &stream, u64::MAX, 4096).unwrap_err();
         assert!(error.to_string().contains("invalid zstd data"), "{error}");
+    }
+
+    /// A zstd stream made with `window_log` (its frames ask for 2^window_log bytes).
+    fn zstd_stream_with_window(input: &[u8], window_log: u32) -> Vec<u8> {
+        let mut encoder = zstd::stream::raw::Encoder::new(ZSTD_LEVEL).unwrap();
+        encoder
+            .set_parameter(zstd::stream::raw::CParameter::WindowLog(window_log))
+            .unwrap();
+        let mut writer = zstd::stream::zio::Writer::new(Vec::new(), encoder);
+        writer.write_all(input).unwrap();
+        writer.finish().unwrap();
+        writer.into_inner().0
+    }
+
+    /// `ZSTD_sizeof_DCtx` after a zstd decoder inflated all of `stream` as the
+    /// decompressor does (streaming, into small output pieces).
+    fn zstd_decoder_size_after(stream: &[u8]) -> u64 {
+        use zstd::zstd_safe::{DCtx, InBuffer, OutBuffer};
+        let mut context = DCtx::create();
+        let mut input = InBuffer::around(stream);
+        let mut out = vec![0u8; DECOMPRESS_CHUNK_BYTES];
+        loop {
+            let mut output = OutBuffer::around(&mut out[..]);
+            let hint = context.decompress_stream(&mut output, &mut input).unwrap();
+            if hint == 0 && input.pos() == stream.len() {
+                break;
+            }
+        }
+        context.sizeof() as u64
+    }
+
+    #[test]
+    fn a_zstd_streams_window_is_read_from_its_header_and_bounds_its_decoders_memory() {
+        let input = sample();
+        // Our own compressor streams with no size announced: zstd's level-3 window.
+        let ours = compress_all(Compression::Zstd, &input).unwrap();
+        for cut in 0..6 {
+            assert_eq!(
+                zstd_stream_window(&ours[..cut]),
+                ZstdWindow::NeedMore,
+                "{cut}"
+            );
+        }
+        let ZstdWindow::Bytes(window) = zstd_stream_window(&ours) else {
+            panic!("a whole header");
+        };
+        assert_eq!(window, 2 * 1024 * 1024, "level 3's window");
+        // The largest window allowed, and one above it (reserved as the largest; the
+        // decoder refuses it).
+        for (window_log, expected) in [(17, 1 << 17), (23, 1 << 23), (27, 1 << 23)] {
+            let stream = zstd_stream_with_window(&input, window_log);
+            assert_eq!(zstd_stream_window(&stream), ZstdWindow::Bytes(expected));
+        }
+        // A frame with its size announced (single segment): the window is the size.
+        let small = zstd::bulk::compress(&input[..3000], ZSTD_LEVEL).unwrap();
+        assert_eq!(zstd_stream_window(&small), ZstdWindow::Bytes(4096));
+        // Not a zstd frame: the most, and the decoder refuses it anyway.
+        assert_eq!(
+            zstd_stream_window(b"not zstd"),
+            ZstdWindow::Bytes(ZSTD_WINDOW_BYTES_MAX)
+        );
+        // What zstd really allocates stays within the estimate.
+        for stream in [
+            ours.clone(),
+            zstd_stream_with_window(&input, 23),
+            zstd_stream_with_window(&input, 17),
+            small.clone(),
+        ] {
+            let ZstdWindow::Bytes(window) = zstd_stream_window(&stream) else {
+                panic!("a whole header");
+            };
+            let size = zstd_decoder_size_after(&stream);
+            assert!(
+                size + DECOMPRESS_CHUNK_BYTES as u64 <= zstd_decoder_bytes(window),
+                "window {window}: zstd holds {size} bytes, estimated {}",
+                zstd_decoder_bytes(window)
+            );
+        }
+    }
+
+    #[test]
+    fn a_decoder_limited_to_a_window_refuses_a_frame_asking_for_more() {
+        // A stream is one frame (bytes after its end are refused), so the first frame's
+        // window bounds the decoder for the whole stream; the limit says so to zstd too.
+        let input = sample();
+        let small = zstd::bulk::compress(&input[..3000], ZSTD_LEVEL).unwrap();
+        let large = compress_all(Compression::Zstd, &input).unwrap();
+        let inflate = |stream: &[u8], window: u64| {
+            let mut decompressor =
+                Decompressor::with_zstd_window_bytes_max(Compression::Zstd, u64::MAX, window)
+                    .unwrap();
+            decompressor.feed(stream);
+            let mut out = 0;
+            while let Some(chunk) = decompressor.next_chunk()? {
+                out += chunk.len();
+            }
+            Ok::<usize, CompressionError>(out)
+        };
+        assert_eq!(inflate(&small, 4096).unwrap(), 3000);
+        assert_eq!(inflate(&large, 2 * 1024 * 1024).unwrap(), input.len());
+        let refused = inflate(&large, 4096).unwrap_err();
+        assert!(
+            refused.to_string().contains("invalid zstd data"),
+            "{refused}"
+        );
+        let mut inbound = Inbound::new(u64::MAX);
+        inbound.limit_zstd_window(4096);
+        inbound
+            .feed(
+                &Preamble {
+                    compression: Compression::Zstd,
+                }
+                .encode(),
+            )
+            .unwrap();
+        inbound.feed(&large).unwrap();
+        assert!(inbound.next_chunk().is_err());
     }
 
     #[test]

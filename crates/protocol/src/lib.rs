@@ -23,9 +23,10 @@ pub use codec::{
     check_message, decode_message, encode_key_identity, encode_message, encode_values,
 };
 pub use compression::{
-    compress_all, Compression, CompressionError, Compressor, Decompressor, Inbound, InboundError,
-    Outbound, Preamble, PreambleError, DECOMPRESS_CHUNK_BYTES, PREAMBLE_BYTES, PREAMBLE_MAGIC,
-    PREAMBLE_VERSION,
+    compress_all, zstd_decoder_bytes, zstd_stream_window, Compression, CompressionError,
+    Compressor, Decompressor, Inbound, InboundError, Outbound, Preamble, PreambleError, ZstdWindow,
+    DECOMPRESS_CHUNK_BYTES, PREAMBLE_BYTES, PREAMBLE_MAGIC, PREAMBLE_VERSION,
+    ZSTD_WINDOW_BYTES_MAX,
 };
 pub use error::{DecodeError, ErrorCode};
 pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES};

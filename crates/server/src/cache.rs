@@ -14,6 +14,13 @@ pub const CACHE_BYTES_MAX_FALLBACK: usize = 1024 * 1024 * 1024;
 
 /// A quarter of physical memory (from /proc/meminfo), or 1 GiB when unknown.
 pub fn default_cache_bytes_max() -> usize {
+    physical_memory_bytes()
+        .map(|bytes| (bytes / CACHE_SHARE_OF_MEMORY_DIVISOR) as usize)
+        .unwrap_or(CACHE_BYTES_MAX_FALLBACK)
+}
+
+/// Physical memory, from /proc/meminfo.
+pub(crate) fn physical_memory_bytes() -> Option<u64> {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|info| {
@@ -22,8 +29,7 @@ pub fn default_cache_bytes_max() -> usize {
                 .and_then(|line| line.split_whitespace().nth(1))
                 .and_then(|kib| kib.parse::<u64>().ok())
         })
-        .map(|kib| (kib * 1024 / CACHE_SHARE_OF_MEMORY_DIVISOR) as usize)
-        .unwrap_or(CACHE_BYTES_MAX_FALLBACK)
+        .map(|kib| kib * 1024)
 }
 
 pub struct Cache {

@@ -16,12 +16,14 @@
 //! HTTP(S) ([`http`]); every transport feeds the same stages.
 
 pub mod admin;
+pub mod allocator;
 pub mod auth;
 mod background;
 pub mod cache;
 mod config;
 mod connection_end;
 pub mod controller;
+pub mod decoders;
 mod download_frames;
 mod failure;
 pub mod fuzzing;
@@ -48,7 +50,9 @@ pub mod token;
 pub mod upload_stream;
 mod version_tables;
 
-pub use config::{ServerConfig, CLIENT_IDS_PER_USER_MAX_DEFAULT};
+pub use config::{
+    ServerConfig, CLIENT_IDS_PER_USER_MAX_DEFAULT, MALLOC_MMAP_THRESHOLD_BYTES_DEFAULT,
+};
 pub use server::{
     serve, serve_endpoints, serve_endpoints_with_metrics, Endpoint, ServerError, Transport,
 };

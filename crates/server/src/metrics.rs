@@ -43,6 +43,8 @@ pub struct Metrics {
     /// The most bytes the cache held at once since the server started.
     pub cache_bytes_peak: Gauge,
     pub spilled_bytes: Counter,
+    /// Memory reserved by connections' zstd decoders (`zstd_decoders_bytes_max`).
+    pub zstd_decoders_bytes: Gauge,
     /// Upload bytes produced by the stream stage's decompression (the bytes it read,
     /// for an uncompressed stream): what inflating cost, counted as it happens.
     pub upload_decompressed_bytes: Counter,
@@ -122,6 +124,7 @@ impl Metrics {
             cache_bytes_max: Gauge::default(),
             cache_bytes_peak: Gauge::default(),
             spilled_bytes: Counter::default(),
+            zstd_decoders_bytes: Gauge::default(),
             upload_decompressed_bytes: Counter::default(),
             upload_spooled_bytes: Counter::default(),
             uploads_held: Counter::default(),
@@ -191,6 +194,11 @@ impl Metrics {
             "cache_bytes_peak",
             "The most bytes the cache held at once since the server started",
             metrics.cache_bytes_peak.clone(),
+        );
+        registry.register(
+            "zstd_decoders_bytes",
+            "Memory reserved by the connections' zstd decoders (at most zstd_decoders_bytes_max)",
+            metrics.zstd_decoders_bytes.clone(),
         );
         registry.register(
             "spilled_bytes",

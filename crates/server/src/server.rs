@@ -113,6 +113,7 @@ pub async fn serve_endpoints_with_metrics<B: Consolidated>(
         None => config.workers,
     };
     metrics.workers.set(workers as i64);
+    crate::allocator::set_mmap_threshold(config.malloc_mmap_threshold_bytes);
     let readiness = tokio::spawn(check_database(backend.clone(), Arc::clone(&metrics)));
     let shared = Arc::new(Shared::new(backend, config, metrics, workers));
     let cleanup = tokio::spawn(clean_up_periodically(

@@ -88,6 +88,12 @@ impl UploadStream {
         self.held_fed = 0;
     }
 
+    /// Refuses a zstd stream whose frame asks for a window above `bytes` (the room
+    /// reserved for its decoder); before the first bytes are fed.
+    pub fn limit_zstd_window(&mut self, bytes: u64) {
+        self.inbound.limit_zstd_window(bytes);
+    }
+
     /// Adds bytes read from the wire. Feed again only after [`UploadStream::next_event`]
     /// answered [`UploadEvent::NeedInput`].
     pub fn feed(&mut self, wire: &[u8]) -> Result<(), WireError> {

@@ -87,6 +87,16 @@ pub struct ServeArgs {
     /// to temporary files. Default: a quarter of physical memory.
     #[arg(long)]
     cache_bytes_max: Option<usize>,
+    /// Memory all connections' zstd decoders may hold together (each holds its stream's
+    /// window, 2 MiB for the client library, up to 8 MiB, until its upload is read); a
+    /// connection waits for room before inflating. At least about 8.6 MiB.
+    /// Default: an eighth of physical memory.
+    #[arg(long)]
+    zstd_decoders_bytes_max: Option<usize>,
+    /// Allocations of at least this many bytes get pages of their own, given back when
+    /// freed (glibc's M_MMAP_THRESHOLD; 0 leaves glibc's sliding threshold).
+    #[arg(long, default_value_t = rowsync_server::MALLOC_MMAP_THRESHOLD_BYTES_DEFAULT)]
+    malloc_mmap_threshold_bytes: usize,
     /// The whole upload must arrive within this many seconds of connecting.
     #[arg(long, default_value_t = ServerConfig::default().upload_timeout.as_secs())]
     upload_timeout_seconds: u64,
@@ -424,6 +434,10 @@ impl ServeArgs {
             workers: self.workers,
             workers_range,
             cache_bytes_max: self.cache_bytes_max.unwrap_or(defaults.cache_bytes_max),
+            zstd_decoders_bytes_max: self
+                .zstd_decoders_bytes_max
+                .unwrap_or(defaults.zstd_decoders_bytes_max),
+            malloc_mmap_threshold_bytes: self.malloc_mmap_threshold_bytes,
             upload_timeout: Duration::from_secs(self.upload_timeout_seconds),
             frame_bytes_max: self.frame_bytes_max,
             upload_bytes_max: self.upload_bytes_max,

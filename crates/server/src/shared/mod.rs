@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 
 use crate::cache::Cache;
 use crate::config::ServerConfig;
+use crate::decoders::ZstdDecoders;
 use crate::metrics::{Metrics, Outcome};
 use crate::pending::{Counted, PendingHellos};
 use crate::pool::WorkerPool;
@@ -33,6 +34,8 @@ pub(crate) struct Shared<B: Consolidated> {
     /// Password hash checks (argon2id, CPU-bound) running at once.
     pub(crate) password_checks: Semaphore,
     pub(crate) cache: Arc<Cache>,
+    /// Room for the connections' zstd decoders (`zstd_decoders_bytes_max`).
+    pub(crate) zstd_decoders: ZstdDecoders,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) load: Load,
     /// One permit per sync in progress, whatever its transport (`connections_max`).
@@ -73,6 +76,10 @@ impl<B: Consolidated> Shared<B> {
             auth_pool: WorkerPool::new(backend, config.auth_connections.max(1)),
             password_checks: Semaphore::new(config.password_checks_max.max(1)),
             cache: Cache::new(config.cache_bytes_max, Arc::clone(&metrics)),
+            zstd_decoders: ZstdDecoders::new(
+                config.zstd_decoders_bytes_max,
+                metrics.zstd_decoders_bytes.clone(),
+            ),
             login_throttle: LoginThrottle::new(
                 ThrottleLimits {
                     per_address_max: config.login_failures_per_address_max,

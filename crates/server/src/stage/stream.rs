@@ -7,12 +7,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use rowsync_consolidated::Consolidated;
-use rowsync_protocol::{Compression, ErrorCode, Hello, Outbound, WireError};
+use rowsync_protocol::{
+    zstd_decoder_bytes, zstd_stream_window, Compression, ErrorCode, Hello, Outbound, Preamble,
+    WireError, ZstdWindow, PREAMBLE_BYTES, PREAMBLE_MAGIC,
+};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::Instant;
 
 use crate::auth;
 use crate::config::ServerConfig;
+use crate::decoders::{ZstdDecoderRoom, ZstdDecoders};
 use crate::failure::Failure;
 use crate::held::{self, Transfer};
 use crate::metrics::{Metrics, Phase, PhaseTimings};
@@ -108,7 +112,10 @@ pub(crate) async fn receive<B: Consolidated>(
     let mut reader = UploadReader {
         stream,
         upload: UploadStream::new(UploadLimits::of(config)),
-        buffer: vec![0u8; READ_CHUNK_BYTES],
+        buffer: vec![0u8; HELLO_READ_CHUNK_BYTES],
+        head: Some(Vec::new()),
+        zstd_decoders: &shared.zstd_decoders,
+        decoder_room: None,
         started,
         spool: Some(upload_spool),
         metrics,
@@ -242,7 +249,15 @@ fn observe_hello<B: Consolidated>(shared: &Shared<B>, timings: &mut PhaseTimings
 struct UploadReader<'s, S> {
     stream: &'s mut S,
     upload: UploadStream,
+    /// Small until the hello is in and authenticated (a burst waits for authentication
+    /// by the thousand), then `READ_CHUNK_BYTES`.
     buffer: Vec<u8>,
+    /// The stream's first bytes, held back until they tell which decoder it needs
+    /// (`None` once fed).
+    head: Option<Vec<u8>>,
+    zstd_decoders: &'s ZstdDecoders,
+    /// Room reserved for this stream's zstd decoder, until the upload is read.
+    decoder_room: Option<ZstdDecoderRoom>,
     started: Instant,
     /// The decompressed byte stream after the hello.
     spool: Option<Spool>,
@@ -297,9 +312,22 @@ impl<'s, S: AsyncRead + Unpin> UploadReader<'s, S> {
                         self.cut = true;
                         return Err(Failure::silent(self.upload.ended_early()));
                     }
-                    self.upload
-                        .feed(&self.buffer[..read])
-                        .map_err(Failure::tell)?;
+                    let Some(head) = self.head.as_mut() else {
+                        self.upload
+                            .feed(&self.buffer[..read])
+                            .map_err(Failure::tell)?;
+                        continue;
+                    };
+                    head.extend_from_slice(&self.buffer[..read]);
+                    match decoder_need(head) {
+                        DecoderNeed::MoreBytes => continue,
+                        DecoderNeed::Nothing => {}
+                        DecoderNeed::Zstd { window_bytes } => {
+                            self.make_room(window_bytes, config).await?;
+                        }
+                    }
+                    let head = self.head.take().expect("held back above");
+                    self.upload.feed(&head).map_err(Failure::tell)?;
                 }
             }
         }
@@ -364,6 +392,37 @@ impl<'s, S: AsyncRead + Unpin> UploadReader<'s, S> {
         }
     }
 
+    /// Waits for room for a zstd decoder of `window_bytes` (`zstd_decoders_bytes_max`),
+    /// as long as the hello may take to arrive and unless the connection is told to make
+    /// room for newer ones; the decoder then refuses any frame asking for more.
+    async fn make_room(&mut self, window_bytes: u64, config: &ServerConfig) -> Result<(), Failure> {
+        let bytes = zstd_decoder_bytes(window_bytes);
+        let deadline = self.started + config.header_read_timeout;
+        let reserving = tokio::time::timeout_at(deadline, self.zstd_decoders.reserve(bytes));
+        let room = match &self.pending {
+            Some(pending) => tokio::select! {
+                biased;
+                room = reserving => room.ok(),
+                () = pending.evicted() => None,
+            },
+            None => reserving.await.ok(),
+        };
+        let Some(room) = room else {
+            return Err(Failure::busy(
+                (self.retry_after_ms)(),
+                format!(
+                    "no room for a zstd decoder of {bytes} bytes (a {window_bytes}-byte window) \
+                     among the connections' decoders (zstd_decoders_bytes_max {} bytes) within \
+                     the header read timeout; answered busy",
+                    config.zstd_decoders_bytes_max
+                ),
+            ));
+        };
+        self.upload.limit_zstd_window(window_bytes);
+        self.decoder_room = Some(room);
+        Ok(())
+    }
+
     /// Holds what arrived of a v3 transfer when the connection was cut (see `held`).
     async fn hold_if_cut<B: Consolidated>(
         &mut self,
@@ -383,6 +442,9 @@ impl<'s, S: AsyncRead + Unpin> UploadReader<'s, S> {
     /// wait; then the upload timeout bounds the whole upload, and every read the read
     /// timeout.
     async fn read(&mut self, config: &ServerConfig) -> Result<usize, Failure> {
+        if self.buffer.len() < READ_CHUNK_BYTES && self.upload.hello_seen() {
+            self.buffer.resize(READ_CHUNK_BYTES, 0);
+        }
         let now = Instant::now();
         let (deadline, what) = if self.upload.hello_seen() {
             (self.started + config.upload_timeout, "upload timeout")
@@ -458,6 +520,42 @@ impl<'s, S: AsyncRead + Unpin> UploadReader<'s, S> {
             .unwrap_or_default();
         Outbound::new(compression, preamble.is_some())
             .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))
+    }
+}
+
+/// Bytes read at a time until the hello is in: a preamble and a hello take a few
+/// hundred.
+const HELLO_READ_CHUNK_BYTES: usize = 4 * 1024;
+
+/// What a stream's first bytes say about the decoder it needs.
+enum DecoderNeed {
+    /// Not enough bytes yet to tell.
+    MoreBytes,
+    /// No zstd decoder (plain frames, zlib, or a preamble the stream refuses).
+    Nothing,
+    /// A zstd decoder of this window.
+    Zstd { window_bytes: u64 },
+}
+
+fn decoder_need(head: &[u8]) -> DecoderNeed {
+    let Some(&first) = head.first() else {
+        return DecoderNeed::MoreBytes;
+    };
+    if first != PREAMBLE_MAGIC[0] {
+        return DecoderNeed::Nothing;
+    }
+    let Some(preamble) = head.get(..PREAMBLE_BYTES) else {
+        return DecoderNeed::MoreBytes;
+    };
+    let preamble: &[u8; PREAMBLE_BYTES] = preamble.try_into().expect("sliced to length");
+    match Preamble::decode(preamble) {
+        Ok(Preamble {
+            compression: Compression::Zstd,
+        }) => match zstd_stream_window(&head[PREAMBLE_BYTES..]) {
+            ZstdWindow::NeedMore => DecoderNeed::MoreBytes,
+            ZstdWindow::Bytes(window_bytes) => DecoderNeed::Zstd { window_bytes },
+        },
+        _ => DecoderNeed::Nothing,
     }
 }
 
