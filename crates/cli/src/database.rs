@@ -21,12 +21,57 @@ pub struct DatabaseArg {
     /// The consolidated database: a SQLite file path, a postgres:// or a mysql:// URL.
     #[arg(long)]
     pub db: String,
+    /// The password of the --db URL's user, read from this file (a trailing newline is
+    /// not part of it), so it is in neither the command line nor the config file.
+    #[arg(long, value_name = "FILE")]
+    pub db_password_file: Option<PathBuf>,
 }
 
 impl DatabaseArg {
-    pub fn database(&self) -> Database {
-        Database::parse(&self.db)
+    pub fn database(&self) -> Result<Database> {
+        let database = Database::parse(&self.db);
+        let Some(file) = &self.db_password_file else {
+            return Ok(database);
+        };
+        let password = std::fs::read_to_string(file).map_err(|error| {
+            anyhow::anyhow!("reading --db-password-file {}: {error}", file.display())
+        })?;
+        let password = password.trim_end_matches(['\r', '\n']);
+        Ok(match database {
+            Database::Sqlite(_) => {
+                anyhow::bail!("a SQLite database takes no password (--db-password-file)")
+            }
+            Database::Postgres(url) => Database::Postgres(with_password(&url, password)?),
+            Database::Mysql(url) => Database::Mysql(with_password(&url, password)?),
+        })
     }
+}
+
+/// `scheme://user@host/...` with `password` for the user, percent-encoded.
+fn with_password(url: &str, password: &str) -> Result<String> {
+    let (scheme, rest) = url.split_once("://").expect("a URL of a server backend");
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let Some((user, host)) = rest[..authority_end].rsplit_once('@') else {
+        anyhow::bail!("--db-password-file needs a user in the --db URL (scheme://user@host/...)");
+    };
+    if user.contains(':') {
+        anyhow::bail!(
+            "the --db URL has a password, and --db-password-file names one too: keep one"
+        );
+    }
+    let encoded: String = password
+        .bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(byte).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect();
+    Ok(format!(
+        "{scheme}://{user}:{encoded}@{host}{}",
+        &rest[authority_end..]
+    ))
 }
 
 /// A consolidated database as `--db` names it.
@@ -97,6 +142,16 @@ impl Database {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_password_from_a_file_goes_into_the_url_encoded() {
+        assert_eq!(
+            with_password("postgres://app@db:5432/app?sslmode=require", "p@ss:w/rd").unwrap(),
+            "postgres://app:p%40ss%3Aw%2Frd@db:5432/app?sslmode=require"
+        );
+        assert!(with_password("postgres://app:x@db/app", "y").is_err());
+        assert!(with_password("postgres://db/app", "y").is_err());
+    }
 
     #[test]
     fn urls_name_their_backend_and_anything_else_is_a_sqlite_file() {

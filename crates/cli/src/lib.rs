@@ -4,6 +4,7 @@
 //! ([`local_server`]).
 
 pub mod cert;
+pub mod config;
 pub mod database;
 pub mod demo;
 pub mod local_server;

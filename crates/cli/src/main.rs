@@ -4,9 +4,11 @@
 mod command;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
-use command::{cert, cleanup, demo, init, keys, profile, replay, script, serve, user, version};
+use command::{
+    cert, cleanup, config, demo, init, keys, profile, replay, script, serve, user, version,
+};
 
 #[derive(Parser)]
 #[command(
@@ -15,6 +17,11 @@ use command::{cert, cleanup, demo, init, keys, profile, replay, script, serve, u
     about = "Synchronize SQLite clients with a consolidated database"
 )]
 struct Cli {
+    /// Settings from this TOML file: each key an option's long name with `_` for `-`
+    /// (`max_connections = 1024`). The command line wins over ROWSYNC_* variables, which
+    /// win over the file (docs/operations.md, "The config file").
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -45,6 +52,11 @@ enum Command {
     },
     /// Make an existing table synchronizable: change tracking and default scripts.
     Init(init::InitArgs),
+    /// Check a config file: the settings a command would run with.
+    Config {
+        #[command(subcommand)]
+        command: config::ConfigCommand,
+    },
     /// Hand clients ranges of a table's integer keys for the rows they insert offline
     /// (the server's own key generator moves above them): docs/types.md.
     Keys(keys::KeysArgs),
@@ -65,13 +77,21 @@ enum Command {
 
 pub(crate) fn main() -> std::process::ExitCode {
     rowsync_cli::logging::init();
-    let cli = Cli::parse();
+    let argv = std::env::args_os().collect();
+    let cli = match rowsync_cli::config::fold_in(&Cli::command(), argv) {
+        Ok((argv, _)) => Cli::parse_from(argv),
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let config_file = cli.config.clone();
     if cli.command.only_prints() {
         end_quietly_when_the_output_closes();
     }
     let ran = tokio::runtime::Runtime::new()
         .context("starting the async runtime")
-        .and_then(|runtime| runtime.block_on(run(cli.command)));
+        .and_then(|runtime| runtime.block_on(run(cli.command, config_file)));
     match ran {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // The message and its causes (each refusal names its fix), never a backtrace:
@@ -111,8 +131,9 @@ fn end_quietly_when_the_output_closes() {
     }
 }
 
-async fn run(command: Command) -> Result<()> {
+async fn run(command: Command, config_file: Option<std::path::PathBuf>) -> Result<()> {
     match command {
+        Command::Config { command } => config::run(command, config_file, Cli::command()),
         Command::Sync(args) => {
             let exit = rowsync_cli::sync_command::run(args).await?;
             std::process::exit(exit.code().into())

@@ -11,7 +11,7 @@ pub struct CleanupArgs {
 }
 
 pub async fn run(args: CleanupArgs) -> Result<()> {
-    args.database.database().run(args).await
+    args.database.database()?.run(args).await
 }
 
 impl OnBackend for CleanupArgs {

@@ -27,7 +27,7 @@ pub struct InitArgs {
 }
 
 pub async fn run(args: InitArgs) -> Result<()> {
-    args.database.database().run(args).await
+    args.database.database()?.run(args).await
 }
 
 impl OnBackend for InitArgs {

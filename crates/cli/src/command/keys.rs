@@ -32,7 +32,7 @@ pub struct KeysArgs {
 }
 
 pub async fn run(args: KeysArgs) -> Result<()> {
-    args.database.database().run(args).await
+    args.database.database()?.run(args).await
 }
 
 impl OnBackend for KeysArgs {

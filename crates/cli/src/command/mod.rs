@@ -9,6 +9,7 @@
 
 pub mod cert;
 pub mod cleanup;
+pub mod config;
 pub mod demo;
 pub mod init;
 pub mod keys;

@@ -50,7 +50,7 @@ pub struct ProfileArgs {
 }
 
 pub async fn run(args: ProfileArgs) -> Result<()> {
-    let report = match args.database.database() {
+    let report = match args.database.database()? {
         Database::Postgres(url) => {
             let cores = args
                 .cores

@@ -55,7 +55,7 @@ pub async fn run(command: ScriptCommand) -> Result<()> {
         | ScriptCommand::Set { key, .. }
         | ScriptCommand::Remove { key } => &key.database,
     };
-    database.database().run(command).await
+    database.database()?.run(command).await
 }
 
 impl OnBackend for ScriptCommand {

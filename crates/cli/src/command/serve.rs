@@ -238,7 +238,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         lock_timeout_ms: args.apply_stream_lock_timeout_ms,
     };
     args.database
-        .database()
+        .database()?
         .run_with_apply_streams(args, streams)
         .await
 }
@@ -262,7 +262,7 @@ impl OnBackend for ServeArgs {
         // before anything syncs.
         let resolved = connection.resolve_prepared_streams().await?;
         drop(connection);
-        let database = self.database.database();
+        let database = self.database.database()?;
         let shown = match &database {
             Database::Sqlite(_) => self.database.db.clone(),
             other => format!("a {} database", other.kind()),

@@ -75,7 +75,7 @@ pub async fn run(command: UserCommand) -> Result<()> {
     match command {
         UserCommand::Add(args) => save(args, false).await,
         UserCommand::SetPassword(args) => save(args, true).await,
-        UserCommand::List(args) => args.database.database().run(ListUsers).await,
+        UserCommand::List(args) => args.database.database()?.run(ListUsers).await,
         UserCommand::Disable(args) => change(args, UserChange::Disable).await,
         UserCommand::Enable(args) => change(args, UserChange::Enable).await,
         UserCommand::Remove(args) => change(args, UserChange::Remove).await,
@@ -83,12 +83,12 @@ pub async fn run(command: UserCommand) -> Result<()> {
 }
 
 async fn save(args: UserAddArgs, must_exist: bool) -> Result<()> {
-    let database = args.database.database();
+    let database = args.database.database()?;
     database.run(SavePassword { args, must_exist }).await
 }
 
 async fn change(args: UserNameArgs, change: UserChange) -> Result<()> {
-    let database = args.database.database();
+    let database = args.database.database()?;
     database.run(ChangeUser { args, change }).await
 }
 

@@ -23,7 +23,7 @@ pub enum VersionCommand {
 
 pub async fn run(command: VersionCommand) -> Result<()> {
     let (VersionCommand::Add { database, .. } | VersionCommand::List { database }) = &command;
-    database.database().run(command).await
+    database.database()?.run(command).await
 }
 
 impl OnBackend for VersionCommand {
