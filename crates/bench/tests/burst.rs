@@ -68,6 +68,9 @@ async fn burst_figures() {
     if let Ok(compression) = std::env::var("ROWSYNC_BURST_COMPRESSION") {
         options.compression = compression.parse().unwrap();
     }
+    if let Ok(seconds) = std::env::var("ROWSYNC_BURST_OBSERVE_SECONDS") {
+        options.observe = Some(std::time::Duration::from_secs(seconds.parse().unwrap()));
+    }
     if std::env::var("ROWSYNC_BURST_LOGIN").as_deref() == Ok("token") {
         options.login = burst::Login::Token;
     }
@@ -108,6 +111,7 @@ async fn a_burst_stays_within_the_cache_the_decoders_budget_and_a_share_per_conn
     }
     let figures = burst::run(&options).await.unwrap();
     println!("{figures}");
+    assert_eq!(figures.syncs_failed, 0, "{figures}");
     let bound = bound_bytes(&figures, clients);
     assert!(
         figures.peak_rss_bytes <= bound,
