@@ -11,6 +11,12 @@
 //!     --ignored --nocapture burst_figures      # defaults, figures only
 //! ```
 //!
+//! `ROWSYNC_BURST_OBSERVE_SECONDS=180` stops a burst after that long (10,000 password
+//! clients take far longer to sync on two cores; the peak comes once all are in);
+//! `ROWSYNC_BURST_LOGIN=token`, `ROWSYNC_BURST_COMPRESSION=none|zlib|zstd`,
+//! `ROWSYNC_BURST_ROWS_UP`, `ROWSYNC_BURST_ROWS_DOWN` and `ROWSYNC_BURST_SERVER_ARGS`
+//! vary it.
+//!
 //! `ROWSYNC_BIN` names the server binary (default: the `rowsync` cargo built beside this
 //! test); `ROWSYNC_BURST_MAIN_BINARY=1` runs the bounded test against a server that
 //! predates `--zstd-decoders-bytes-max` (the bound stays the same).
