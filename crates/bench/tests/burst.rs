@@ -11,6 +11,12 @@
 //!     --ignored --nocapture burst_figures      # defaults, figures only
 //! ```
 //!
+//! `ROWSYNC_BURST_OBSERVE_SECONDS=180` stops a burst after that long (10,000 password
+//! clients take far longer to sync on two cores; the peak comes once all are in);
+//! `ROWSYNC_BURST_LOGIN=token`, `ROWSYNC_BURST_COMPRESSION=none|zlib|zstd`,
+//! `ROWSYNC_BURST_ROWS_UP`, `ROWSYNC_BURST_ROWS_DOWN` and `ROWSYNC_BURST_SERVER_ARGS`
+//! vary it.
+//!
 //! `ROWSYNC_BIN` names the server binary (default: the `rowsync` cargo built beside this
 //! test); `ROWSYNC_BURST_MAIN_BINARY=1` runs the bounded test against a server that
 //! predates `--zstd-decoders-bytes-max` (the bound stays the same).
@@ -68,6 +74,9 @@ async fn burst_figures() {
     if let Ok(compression) = std::env::var("ROWSYNC_BURST_COMPRESSION") {
         options.compression = compression.parse().unwrap();
     }
+    if let Ok(seconds) = std::env::var("ROWSYNC_BURST_OBSERVE_SECONDS") {
+        options.observe = Some(std::time::Duration::from_secs(seconds.parse().unwrap()));
+    }
     if std::env::var("ROWSYNC_BURST_LOGIN").as_deref() == Ok("token") {
         options.login = burst::Login::Token;
     }
@@ -108,6 +117,7 @@ async fn a_burst_stays_within_the_cache_the_decoders_budget_and_a_share_per_conn
     }
     let figures = burst::run(&options).await.unwrap();
     println!("{figures}");
+    assert_eq!(figures.syncs_failed, 0, "{figures}");
     let bound = bound_bytes(&figures, clients);
     assert!(
         figures.peak_rss_bytes <= bound,

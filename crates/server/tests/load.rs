@@ -695,3 +695,74 @@ async fn idle_h2c_figures() {
         started.elapsed().as_secs_f64()
     );
 }
+
+/// zstd decoders share `zstd_decoders_bytes_max`: while three connections hold all its
+/// room (their hello in, their upload stalled), the next zstd client's stream waits for
+/// room instead of getting a decoder, and syncs once one of them leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zstd_decoders_wait_for_room_within_their_budget() {
+    use rowsync_protocol::{zstd_decoder_bytes, Compression, Outbound};
+    // Room for three decoders of the client library's 2 MiB window, not four.
+    let budget = rowsync_server::decoders::zstd_decoder_bytes_max();
+    let one = zstd_decoder_bytes(2 * 1024 * 1024).div_ceil(1024) * 1024;
+    assert_eq!(budget / one, 3);
+    let server = Arc::new(
+        TestServer::start_with(ServerConfig {
+            zstd_decoders_bytes_max: budget as usize,
+            ..ServerConfig::default()
+        })
+        .await,
+    );
+    let reserved = || server.metrics.zstd_decoders_bytes.get() as u64;
+    let mut stalled = Vec::new();
+    for _ in 0..3 {
+        let mut outbound = Outbound::new(Compression::Zstd, false).unwrap();
+        let mut bytes = outbound.take_preamble().unwrap().to_vec();
+        bytes.extend(
+            outbound
+                .compressor()
+                .compress(&hello_frame("alice"))
+                .unwrap(),
+        );
+        bytes.extend(outbound.compressor().flush().unwrap());
+        let mut stream = TcpStream::connect(server.address).await.unwrap();
+        stream.write_all(&bytes).await.unwrap();
+        stalled.push(stream);
+    }
+    let started = std::time::Instant::now();
+    while reserved() < 3 * one {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{}",
+            reserved()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let syncing = {
+        let server = Arc::clone(&server);
+        tokio::spawn(async move {
+            let mut client = server.client("waits");
+            let options = server.options_over("alice", Via::Tcp, Compression::Zstd);
+            client.sync(&options).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!syncing.is_finished(), "no room: the fourth stream waits");
+    assert_eq!(reserved(), 3 * one, "and holds no decoder");
+    drop(stalled.pop());
+    let report = syncing
+        .await
+        .unwrap()
+        .expect("syncs once a decoder's room is free");
+    assert_eq!(report.busy_retries, 0);
+    drop(stalled);
+    let started = std::time::Instant::now();
+    while reserved() > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{}",
+            reserved()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -645,3 +645,48 @@ fn spool_refusal(error: SpoolError, config: &ServerConfig) -> Failure {
     };
     Failure::tell(wire)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rowsync_protocol::compress_all;
+
+    #[test]
+    fn a_streams_first_bytes_tell_the_decoder_it_needs() {
+        let zstd = |frames: &[u8]| {
+            let mut bytes = Preamble {
+                compression: Compression::Zstd,
+            }
+            .encode()
+            .to_vec();
+            bytes.extend(compress_all(Compression::Zstd, frames).unwrap());
+            bytes
+        };
+        let stream = zstd(b"\x00\x00\x00\x05\x07\x00\x00\x05\xdc");
+        for cut in 0..PREAMBLE_BYTES + 6 {
+            assert!(
+                matches!(decoder_need(&stream[..cut]), DecoderNeed::MoreBytes),
+                "{cut}"
+            );
+        }
+        assert!(matches!(
+            decoder_need(&stream),
+            DecoderNeed::Zstd {
+                window_bytes: 2097152
+            }
+        ));
+        // Plain frames, zlib, a preamble the stream refuses: no zstd decoder.
+        assert!(matches!(decoder_need(b"\x00\x00"), DecoderNeed::Nothing));
+        let mut zlib = Preamble {
+            compression: Compression::Zlib,
+        }
+        .encode()
+        .to_vec();
+        zlib.push(0x78);
+        assert!(matches!(decoder_need(&zlib), DecoderNeed::Nothing));
+        assert!(matches!(
+            decoder_need(b"RSYX\x01\x02\x00\x00"),
+            DecoderNeed::Nothing
+        ));
+    }
+}
