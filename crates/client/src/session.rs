@@ -1,9 +1,7 @@
 //! The client side of one sync as a state machine: server messages in, events out.
 //! No I/O: the transport feeds it decoded messages.
 
-use rowsync_protocol::{
-    Conflicts, Download, EndDownload, KeyRange, Message, UploadHeld, KEY_RANGES_PER_MESSAGE_MAX,
-};
+use rowsync_protocol::{Conflicts, Download, EndDownload, KeyRange, Message, UploadHeld};
 
 use crate::ClientError;
 
@@ -91,7 +89,9 @@ impl ClientSession {
                 return Ok(Received::Conflicts(conflicts));
             }
             Message::KeyRanges(handed) => {
-                check_key_ranges(&handed.ranges)?;
+                if let Some(reason) = handed.refusal() {
+                    return Err(ClientError::Protocol(reason));
+                }
                 self.key_ranges.extend(handed.ranges);
                 return Ok(Received::Event(SessionEvent::Continue));
             }
@@ -148,24 +148,6 @@ pub enum Received {
     Conflicts(Conflicts),
     /// The session ended (or, never, [`SessionEvent::Continue`]).
     Event(SessionEvent),
-}
-
-/// Key ranges from the server: at most `KEY_RANGES_PER_MESSAGE_MAX`, each holding at
-/// least one key.
-fn check_key_ranges(ranges: &[KeyRange]) -> Result<(), ClientError> {
-    if ranges.len() > KEY_RANGES_PER_MESSAGE_MAX {
-        return Err(ClientError::Protocol(format!(
-            "a key_ranges message names {} ranges; at most {KEY_RANGES_PER_MESSAGE_MAX} are taken",
-            ranges.len()
-        )));
-    }
-    match ranges.iter().find(|range| !range.is_well_formed()) {
-        Some(range) => Err(ClientError::Protocol(format!(
-            "key range {}..{} of table {:?} holds no key",
-            range.start, range.end, range.table
-        ))),
-        None => Ok(()),
-    }
 }
 
 fn check_download(download: &Download) -> Result<(), ClientError> {

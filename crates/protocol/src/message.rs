@@ -257,6 +257,30 @@ pub struct KeyRanges {
     pub ranges: Vec<KeyRange>,
 }
 
+impl KeyRanges {
+    /// Why a receiver refuses this message, if it does: more than
+    /// `KEY_RANGES_PER_MESSAGE_MAX` ranges, or a range that is not well formed.
+    pub fn refusal(&self) -> Option<String> {
+        let max = crate::KEY_RANGES_PER_MESSAGE_MAX;
+        if self.ranges.len() > max {
+            return Some(format!(
+                "a key_ranges message names {} ranges; at most {max} are taken",
+                self.ranges.len()
+            ));
+        }
+        self.ranges
+            .iter()
+            .find(|range| !range.is_well_formed())
+            .map(|range| {
+                format!(
+                    "key range {}..{} of table {:?} with next key {} is not a range: its start \
+                     must be below its end and its next key within it",
+                    range.start, range.end, range.table, range.next
+                )
+            })
+    }
+}
+
 /// Keys `start` (included) to `end` (excluded) of one table's key column, handed to one
 /// client for the rows it inserts offline; no other client and no writer on the server
 /// is handed them. `next` is the first key the client has not used (`start` in a range

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use rowsync_protocol::{
     ErrorCode, Hello, KeyRanges, Message, RefusedRow, TableUpload, WireError,
-    DOWNLOAD_RESUME_SINCE_VERSION, KEY_RANGES_PER_MESSAGE_MAX, KEY_RANGES_SINCE_VERSION,
-    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, REFUSED_ROWS_SINCE_VERSION, RESUME_SINCE_VERSION,
+    DOWNLOAD_RESUME_SINCE_VERSION, KEY_RANGES_SINCE_VERSION, PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN, REFUSED_ROWS_SINCE_VERSION, RESUME_SINCE_VERSION,
 };
 
 /// The end of a checked upload.
@@ -492,31 +492,10 @@ impl MergedTables {
     }
 }
 
-/// A client's key ranges (protocol v7): at most `KEY_RANGES_PER_MESSAGE_MAX`, each
-/// holding at least one key, its next key within it.
+/// A client's key ranges (protocol v7), refused as [`KeyRanges::refusal`] says.
 fn check_key_ranges(key_ranges: &KeyRanges) -> Result<(), WireError> {
-    if key_ranges.ranges.len() > KEY_RANGES_PER_MESSAGE_MAX {
-        return Err(WireError::new(
-            ErrorCode::Protocol,
-            format!(
-                "a key_ranges message names {} ranges; at most {KEY_RANGES_PER_MESSAGE_MAX} are taken",
-                key_ranges.ranges.len()
-            ),
-        ));
-    }
-    match key_ranges
-        .ranges
-        .iter()
-        .find(|range| !range.is_well_formed())
-    {
-        Some(range) => Err(WireError::new(
-            ErrorCode::Protocol,
-            format!(
-                "key range {}..{} of table {:?} with next key {} is not a range: its start \
-                 must be below its end and its next key within it",
-                range.start, range.end, range.table, range.next
-            ),
-        )),
+    match key_ranges.refusal() {
+        Some(reason) => Err(WireError::new(ErrorCode::Protocol, reason)),
         None => Ok(()),
     }
 }
