@@ -29,6 +29,7 @@ pub mod sqlite;
 pub mod stored;
 mod types;
 mod upload_rows;
+mod url_query;
 mod version_scripts;
 
 use std::future::Future;

@@ -9,33 +9,20 @@ use std::path::PathBuf;
 
 use mysql_async::SslOpts;
 
+use crate::url_query::take_parameters;
 use crate::DbError;
 
 /// The URL without `ssl-mode` and `ssl-ca` (also spelled `ssl_mode`, `ssl_ca`), and the
 /// TLS they ask for (`None`: as the rest of the URL says).
 pub fn take_ssl_options(url: &str) -> Result<(String, Option<SslOpts>), DbError> {
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_string(), None));
-    };
-    let (mut mode, mut ca) = (None, None);
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|pair| match pair.split_once('=') {
-            Some(("ssl-mode" | "ssl_mode", value)) => {
-                mode = Some(value.to_ascii_uppercase());
-                false
-            }
-            Some(("ssl-ca" | "ssl_ca", value)) => {
-                ca = Some(PathBuf::from(value.replace("%2F", "/").replace("%2f", "/")));
-                false
-            }
-            _ => true,
-        })
-        .collect();
-    let rest = match kept.is_empty() {
-        true => base.to_string(),
-        false => format!("{base}?{}", kept.join("&")),
-    };
+    let names = ["ssl-mode", "ssl_mode", "ssl-ca", "ssl_ca"];
+    let (rest, found) = take_parameters(url, &names);
+    let [mode, mode_underscored, ca, ca_underscored]: [Option<String>; 4] =
+        found.try_into().expect("four names");
+    let mode = mode
+        .or(mode_underscored)
+        .map(|mode| mode.to_ascii_uppercase());
+    let ca = ca.or(ca_underscored).map(PathBuf::from);
     let verified = |domain: bool| {
         let roots = ca.clone().map(|path| vec![path.into()]).unwrap_or_default();
         SslOpts::default()

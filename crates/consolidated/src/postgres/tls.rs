@@ -17,6 +17,7 @@ use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureSc
 use tokio_postgres::config::SslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use crate::url_query::take_parameters;
 use crate::DbError;
 
 /// How the server's certificate is checked.
@@ -59,53 +60,9 @@ pub fn connection_settings(
 /// The URL without `sslmode` and `sslrootcert` (which tokio-postgres either does not
 /// know or knows only in part), and their values.
 fn take_tls_parameters(url: &str) -> (String, Option<String>, Option<String>) {
-    let Some((base, query)) = url.split_once('?') else {
-        return (url.to_string(), None, None);
-    };
-    let (mut sslmode, mut rootcert) = (None, None);
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|pair| match pair.split_once('=') {
-            Some(("sslmode", value)) => {
-                sslmode = Some(value.to_string());
-                false
-            }
-            Some(("sslrootcert", value)) => {
-                rootcert = Some(percent_decoded(value));
-                false
-            }
-            _ => true,
-        })
-        .collect();
-    let rest = match kept.is_empty() {
-        true => base.to_string(),
-        false => format!("{base}?{}", kept.join("&")),
-    };
+    let (rest, found) = take_parameters(url, &["sslmode", "sslrootcert"]);
+    let [sslmode, rootcert]: [Option<String>; 2] = found.try_into().expect("two names");
     (rest, sslmode, rootcert)
-}
-
-/// `%2F` and the like in a path given as a URL parameter.
-fn percent_decoded(value: &str) -> String {
-    let bytes = value.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        let hex = bytes
-            .get(index + 1..index + 3)
-            .and_then(|hex| std::str::from_utf8(hex).ok())
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
-        match (bytes[index], hex) {
-            (b'%', Some(byte)) => {
-                decoded.push(byte);
-                index += 3;
-            }
-            (byte, _) => {
-                decoded.push(byte);
-                index += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&decoded).into_owned()
 }
 
 fn client_config(check: Check, rootcert: Option<&str>) -> Result<rustls::ClientConfig, DbError> {
