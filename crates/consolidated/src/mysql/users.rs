@@ -37,14 +37,8 @@ pub async fn set_user_disabled(
     name: &str,
     disabled: bool,
 ) -> Result<bool, DbError> {
-    // Matched rows, not changed ones: disabling a disabled user is no error.
-    let found: Option<String> = connection
-        .exec_first(
-            "SELECT name FROM rs_user WHERE name = ? FOR UPDATE",
-            (name,),
-        )
-        .await
-        .map_err(db)?;
+    // The session counts matched rows (`client_found_rows`): disabling a disabled user
+    // still finds it.
     connection
         .exec_drop(
             "UPDATE rs_user SET disabled = ? WHERE name = ?",
@@ -52,5 +46,5 @@ pub async fn set_user_disabled(
         )
         .await
         .map_err(db)?;
-    Ok(found.is_some())
+    Ok(connection.affected_rows() > 0)
 }
