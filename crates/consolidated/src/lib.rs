@@ -23,6 +23,7 @@ mod names;
 mod parameters;
 pub mod postgres;
 mod reinit;
+pub mod rules;
 pub mod scripts;
 mod shape;
 pub mod sqlite;
@@ -174,6 +175,16 @@ pub trait ConsolidatedConnection: Send + 'static {
     fn init_table(
         &mut self,
         init: &TableInit,
+    ) -> impl Future<Output = Result<InitOutcome, DbError>> + Send;
+
+    /// `init_table` with the table's scripts made from its sync rule (`rules`,
+    /// `rowsync rules apply`): the rule's columns only, tracking partitioned by the
+    /// rule's column, and the table recorded as ruled (its partition column is then no
+    /// user name).
+    fn init_rule_table(
+        &mut self,
+        init: &TableInit,
+        rules: &rules::RuleSet,
     ) -> impl Future<Output = Result<InitOutcome, DbError>> + Send;
 
     /// Splits a table's key space between the clients and the server for key ranges

@@ -10,6 +10,7 @@
 //!   end_upload
 //!   key_range                        (per table the client runs low on keys of, v7)
 //!   modify_next_last_download        (the watermark)
+//!   user_groups                      (per group-rule table: the client's groups kept)
 //!   begin_download
 //!     per table: download_delete_cursor, download_cursor (echoes left out by the
 //!                default cursors where the upload is all the sync wrote, else filtered)
@@ -21,6 +22,7 @@
 
 mod apply;
 mod download;
+mod groups;
 mod key_ranges;
 mod refused;
 mod rows;
@@ -250,6 +252,7 @@ async fn run_events<D: Dialect, B: SyncBackend>(
     download::send_conflicts(request, &uploaded.resolutions, download).await?;
     let apply_time = started.elapsed();
     let watermark = next_watermark(transaction, scripts, &parameters).await?;
+    groups::record(transaction, scripts, &parameters, watermark).await?;
     transaction
         .run_event(scripts, BEGIN_DOWNLOAD, &parameters)
         .await?;

@@ -399,6 +399,17 @@ impl ConsolidatedConnection for SqliteConnection {
             .await
     }
 
+    async fn init_rule_table(
+        &mut self,
+        init: &TableInit,
+        _rules: &crate::rules::RuleSet,
+    ) -> Result<InitOutcome, DbError> {
+        Err(DbError::Invalid(format!(
+            "table {:?}: sync rules are not available on this backend yet; use `rowsync init --partition-column` and `rowsync script set`",
+            init.table
+        )))
+    }
+
     async fn synchronize(
         &mut self,
         request: Arc<SyncRequest>,
