@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser, Subcommand};
 
 use command::{
-    cert, cleanup, config, demo, init, keys, profile, replay, script, serve, user, version,
+    cert, cleanup, config, demo, init, keys, profile, replay, rules, script, serve, user, version,
 };
 
 #[derive(Parser)]
@@ -52,6 +52,12 @@ enum Command {
     },
     /// Make an existing table synchronizable: change tracking and default scripts.
     Init(init::InitArgs),
+    /// Which rows each user's clients see and write, for a whole app from one rule
+    /// file: check it, apply it (docs/rules.md).
+    Rules {
+        #[command(subcommand)]
+        command: rules::RulesCommand,
+    },
     /// Check a config file: the settings a command would run with.
     Config {
         #[command(subcommand)]
@@ -114,6 +120,7 @@ impl Command {
                 | Command::Version { .. }
                 | Command::User { .. }
                 | Command::Init(_)
+                | Command::Rules { .. }
                 | Command::Keys(_)
                 | Command::Cleanup(_)
                 | Command::Cert(_)
@@ -147,6 +154,7 @@ async fn run(command: Command, config_file: Option<std::path::PathBuf>) -> Resul
         Command::Script { command } => script::run(command).await,
         Command::Version { command } => version::run(command).await,
         Command::Init(args) => init::run(args).await,
+        Command::Rules { command } => rules::run(command).await,
         Command::Keys(args) => keys::run(args).await,
         Command::Cleanup(args) => cleanup::run(args).await,
         Command::Cert(args) => cert::run(args),

@@ -395,19 +395,18 @@ impl ConsolidatedConnection for SqliteConnection {
 
     async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {
         let init = init.clone();
-        self.run(move |connection| schema::init_table(connection, &init))
+        self.run(move |connection| schema::init_table(connection, &init, None))
             .await
     }
 
     async fn init_rule_table(
         &mut self,
         init: &TableInit,
-        _rules: &crate::rules::RuleSet,
+        rules: &crate::rules::RuleSet,
     ) -> Result<InitOutcome, DbError> {
-        Err(DbError::Invalid(format!(
-            "table {:?}: sync rules are not available on this backend yet; use `rowsync init --partition-column` and `rowsync script set`",
-            init.table
-        )))
+        let (init, rules) = (init.clone(), rules.clone());
+        self.run(move |connection| schema::init_table(connection, &init, Some(&rules)))
+            .await
     }
 
     async fn synchronize(

@@ -157,7 +157,8 @@ impl Dialect for SqliteTransaction<'_> {
         Ok(self
             .connection
             .query_row(
-                "SELECT partition_column FROM rs_table WHERE table_name = ?1",
+                "SELECT CASE WHEN EXISTS (SELECT 1 FROM rs_table_rule AS r WHERE r.table_name = ?1) \
+                 THEN NULL ELSE partition_column END FROM rs_table WHERE table_name = ?1",
                 [table],
                 |row| row.get(0),
             )
