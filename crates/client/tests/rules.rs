@@ -11,6 +11,7 @@
 use std::net::SocketAddr;
 
 use rowsync_client::{Client, SyncOptions};
+use rowsync_consolidated::mysql::MysqlConsolidated;
 use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::rules::RuleSet;
 use rowsync_consolidated::sqlite::SqliteConsolidated;
@@ -61,6 +62,29 @@ INSERT INTO film (title, fulltext) VALUES ('ACADEMY DINOSAUR', x'01'), ('ACE GOL
 INSERT INTO rental (customer_id, film_id, rental_date) VALUES
     (1, 1, '2026-10-14 09:00:00.000000'), (3, 2, '2026-10-15 09:00:00.000000');
 INSERT INTO payment (rental_id, amount) VALUES (1, '2.99'), (2, '4.99');
+";
+
+const MARIADB_SCHEMA: &str = "
+CREATE TABLE store (store_id INT AUTO_INCREMENT PRIMARY KEY, name VARCHAR(64) NOT NULL);
+CREATE TABLE staff (username VARCHAR(64) PRIMARY KEY, store_id INT, FOREIGN KEY (store_id) REFERENCES store (store_id));
+CREATE TABLE customer (customer_id INT AUTO_INCREMENT PRIMARY KEY, store_id INT NOT NULL,
+    first_name VARCHAR(64) NOT NULL, last_name VARCHAR(64) NOT NULL,
+    FOREIGN KEY (store_id) REFERENCES store (store_id));
+CREATE TABLE film (film_id INT AUTO_INCREMENT PRIMARY KEY, title VARCHAR(64) NOT NULL, `fulltext` TEXT);
+CREATE TABLE rental (rental_id INT AUTO_INCREMENT PRIMARY KEY, customer_id INT NOT NULL,
+    film_id INT NOT NULL, rental_date DATETIME(6) NOT NULL,
+    FOREIGN KEY (customer_id) REFERENCES customer (customer_id) ON DELETE CASCADE,
+    FOREIGN KEY (film_id) REFERENCES film (film_id));
+CREATE TABLE payment (payment_id INT AUTO_INCREMENT PRIMARY KEY, rental_id INT NOT NULL,
+    amount DECIMAL(5,2) NOT NULL, FOREIGN KEY (rental_id) REFERENCES rental (rental_id) ON DELETE CASCADE);
+INSERT INTO store (name) VALUES ('Lethbridge'), ('Woodridge');
+INSERT INTO staff VALUES ('mike', 1), ('jon', 2), ('office', NULL);
+INSERT INTO customer (store_id, first_name, last_name) VALUES
+    (1, 'MARY', 'SMITH'), (1, 'PATRICIA', 'JOHNSON'), (2, 'LINDA', 'WILLIAMS');
+INSERT INTO film (title, `fulltext`) VALUES ('ACADEMY DINOSAUR', 'academy dinosaur'), ('ACE GOLDFINGER', 'ace goldfinger');
+INSERT INTO rental (customer_id, film_id, rental_date) VALUES
+    (1, 1, '2026-10-14 09:00:00'), (3, 2, '2026-10-15 09:00:00');
+INSERT INTO payment (rental_id, amount) VALUES (1, 2.99), (2, 4.99);
 ";
 
 const RULES: &str = r#"
@@ -125,6 +149,7 @@ fn device_rows_sql(table: &str) -> String {
 enum Central {
     Postgres(tokio_postgres::Client),
     Sqlite(std::path::PathBuf),
+    Mariadb(String),
 }
 
 impl Central {
@@ -138,6 +163,7 @@ impl Central {
                     .unwrap();
                 sqlite_rows(&connection, sql)
             }
+            Central::Mariadb(url) => mariadb_rows(url, sql).await,
         }
     }
 
@@ -151,6 +177,19 @@ impl Central {
                     .unwrap();
                 connection.execute_batch(sql).unwrap();
             }
+            Central::Mariadb(url) => {
+                use mysql_async::prelude::Queryable;
+                let mut connection = mysql_async::Conn::from_url(url.as_str()).await.unwrap();
+                connection.query_drop(sql).await.unwrap();
+            }
+        }
+    }
+
+    /// The back office writes the film's column the devices do not have.
+    fn clear_server_only_column(&self) -> &'static str {
+        match self {
+            Central::Mariadb(_) => "UPDATE film SET `fulltext` = NULL WHERE film_id = 1",
+            _ => "UPDATE film SET fulltext = NULL WHERE film_id = 1",
         }
     }
 
@@ -164,6 +203,10 @@ impl Central {
                 "amount::text",
             ),
             Central::Sqlite(_) => ("rental_date", "amount"),
+            Central::Mariadb(_) => (
+                "DATE_FORMAT(rental_date, '%Y-%m-%d %H:%i:%s.%f')",
+                "CAST(amount AS CHAR)",
+            ),
         };
         match table {
             "store" => format!("SELECT store_id, name FROM store WHERE store_id IN {stores} ORDER BY 1"),
@@ -272,6 +315,16 @@ async fn staff_see_their_store_and_move_with_their_rows_on_sqlite() {
     store_chain(address, &Central::Sqlite(path), dir.path()).await;
 }
 
+#[tokio::test]
+async fn staff_see_their_store_and_move_with_their_rows_on_mariadb() {
+    let url = rowsync_testkit::fresh_mysql_database("rules").await;
+    let central = Central::Mariadb(url.clone());
+    central.execute(MARIADB_SCHEMA).await;
+    let address = serve(MysqlConsolidated::new(&url).unwrap()).await;
+    let dir = tempfile::tempdir().unwrap();
+    store_chain(address, &central, dir.path()).await;
+}
+
 async fn store_chain(address: SocketAddr, server: &Central, dir: &std::path::Path) {
     let mut mike = Device::open(dir, address, "mike");
     let mut jon = Device::open(dir, address, "jon");
@@ -323,9 +376,10 @@ async fn store_chain(address: SocketAddr, server: &Central, dir: &std::path::Pat
         .execute(
             "UPDATE staff SET store_id = 2 WHERE username = 'mike';
              UPDATE customer SET store_id = 2 WHERE customer_id = 2;
-             UPDATE film SET fulltext = NULL WHERE film_id = 1;",
+             UPDATE film SET title = title WHERE film_id = 1;",
         )
         .await;
+    server.execute(server.clear_server_only_column()).await;
     for device in [&mut mike, &mut jon, &mut office] {
         device.sync().await;
         device.assert_sees_its_rows(server, "after the move").await;
@@ -382,6 +436,28 @@ fn sqlite_rows(connection: &rusqlite::Connection, sql: &str) -> Vec<Vec<String>>
         })
         .unwrap();
     rows.collect::<Result<_, _>>().unwrap()
+}
+
+async fn mariadb_rows(url: &str, sql: &str) -> Vec<Vec<String>> {
+    use mysql_async::prelude::Queryable;
+    let mut connection = mysql_async::Conn::from_url(url).await.unwrap();
+    let rows: Vec<mysql_async::Row> = connection.query(sql).await.unwrap();
+    rows.into_iter()
+        .map(|row| {
+            row.unwrap()
+                .into_iter()
+                .map(|value| match value {
+                    mysql_async::Value::NULL => "NULL".to_string(),
+                    mysql_async::Value::Bytes(bytes) => {
+                        String::from_utf8_lossy(&bytes).into_owned()
+                    }
+                    mysql_async::Value::Int(number) => number.to_string(),
+                    mysql_async::Value::UInt(number) => number.to_string(),
+                    other => format!("{other:?}"),
+                })
+                .collect()
+        })
+        .collect()
 }
 
 async fn server_rows(server: &tokio_postgres::Client, sql: &str) -> Vec<Vec<String>> {

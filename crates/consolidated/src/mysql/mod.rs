@@ -252,18 +252,15 @@ impl ConsolidatedConnection for MysqlConnection {
     }
 
     async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {
-        schema::init_table(&mut self.connection, init).await
+        schema::init_table(&mut self.connection, init, None).await
     }
 
     async fn init_rule_table(
         &mut self,
         init: &TableInit,
-        _rules: &crate::rules::RuleSet,
+        rules: &crate::rules::RuleSet,
     ) -> Result<InitOutcome, DbError> {
-        Err(DbError::Invalid(format!(
-            "table {:?}: sync rules are not available on this backend yet; use `rowsync init --partition-column` and `rowsync script set`",
-            init.table
-        )))
+        schema::init_table(&mut self.connection, init, Some(rules)).await
     }
 
     async fn synchronize(
