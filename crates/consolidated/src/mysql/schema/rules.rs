@@ -204,14 +204,12 @@ fn delete_cursor(shape: &TableShape, scope: &Scope<'_>) -> String {
     let name = shape.name.as_str();
     let keys = &shape.key_columns;
     let tombstones = format!(
-        "SELECT {d_keys} FROM {tombstones} AS d WHERE {which} AND {changed} \
+        "SELECT {d_keys} FROM {tombstones} AS d WHERE {which} \
+         AND (d.stamp >= :last_download OR d.stamp IS NULL) AND (d.origin = 0 OR d.origin <> :last_sync_xid) \
          AND NOT EXISTS (SELECT 1 FROM {table} AS t WHERE {td} AND {visible})",
         d_keys = column_list(keys, "d."),
         tombstones = q(&tombstone_table(name)),
         which = and(&[scope.tombstones(name, "d.rs_partition")]),
-        changed = format!(
-            "(d.stamp >= :last_download OR d.stamp IS NULL) AND (d.origin = 0 OR d.origin <> :last_sync_xid)"
-        ),
         table = q(name),
         td = key_match(keys, "t", "d"),
         visible = and(&[scope.visible(name, "t")]),
