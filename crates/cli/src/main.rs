@@ -7,7 +7,8 @@ use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser, Subcommand};
 
 use command::{
-    cert, cleanup, config, demo, init, keys, profile, replay, rules, script, serve, user, version,
+    cert, cleanup, config, demo, init, keys, profile, replay, rules, schema, script, serve, user,
+    version,
 };
 
 #[derive(Parser)]
@@ -58,6 +59,9 @@ enum Command {
         #[command(subcommand)]
         command: rules::RulesCommand,
     },
+    /// Print the client's CREATE TABLEs for a script version (or create them in a
+    /// client database with --client-db).
+    Schema(schema::SchemaArgs),
     /// Check a config file: the settings a command would run with.
     Config {
         #[command(subcommand)]
@@ -121,6 +125,7 @@ impl Command {
                 | Command::User { .. }
                 | Command::Init(_)
                 | Command::Rules { .. }
+                | Command::Schema(_)
                 | Command::Keys(_)
                 | Command::Cleanup(_)
                 | Command::Cert(_)
@@ -155,6 +160,7 @@ async fn run(command: Command, config_file: Option<std::path::PathBuf>) -> Resul
         Command::Version { command } => version::run(command).await,
         Command::Init(args) => init::run(args).await,
         Command::Rules { command } => rules::run(command).await,
+        Command::Schema(args) => schema::run(args).await,
         Command::Keys(args) => keys::run(args).await,
         Command::Cleanup(args) => cleanup::run(args).await,
         Command::Cert(args) => cert::run(args),

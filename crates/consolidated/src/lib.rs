@@ -62,6 +62,14 @@ pub use types::{
     SyncOutcome, SyncRequest, TableInit, UserEntry,
 };
 
+/// A table as a client declares it: each column with its SQLite affinity (`INTEGER`,
+/// `REAL`, `TEXT` or `BLOB`, docs/types.md), and the primary key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTable {
+    pub columns: Vec<(String, &'static str)>,
+    pub key_columns: Vec<String>,
+}
+
 /// A consolidated database: hands out connections. Cheap to clone.
 pub trait Consolidated: Clone + Send + Sync + 'static {
     type Connection: ConsolidatedConnection;
@@ -186,6 +194,13 @@ pub trait ConsolidatedConnection: Send + 'static {
         init: &TableInit,
         rules: &rules::RuleSet,
     ) -> impl Future<Output = Result<InitOutcome, DbError>> + Send;
+
+    /// A table's columns with the SQLite affinity a client's table declares for each
+    /// (docs/types.md), and its key columns; `None` when there is no such table.
+    fn client_columns(
+        &mut self,
+        table: &str,
+    ) -> impl Future<Output = Result<Option<ClientTable>, DbError>> + Send;
 
     /// Splits a table's key space between the clients and the server for key ranges
     /// (`rowsync keys`, see `key_space`): the server's key generator moved above the

@@ -255,6 +255,10 @@ impl ConsolidatedConnection for MysqlConnection {
         schema::init_table(&mut self.connection, init, None).await
     }
 
+    async fn client_columns(&mut self, table: &str) -> Result<Option<crate::ClientTable>, DbError> {
+        schema::client_columns(&mut self.connection, table).await
+    }
+
     async fn init_rule_table(
         &mut self,
         init: &TableInit,

@@ -277,6 +277,29 @@ pub fn column_limits(columns: &[ColumnInfo]) -> ColumnLimits {
 }
 
 /// A table's shape and its columns' types, `None` if it does not exist.
+/// See `ConsolidatedConnection::client_columns`.
+pub async fn client_columns(
+    connection: &mut impl Queryable,
+    table: &str,
+) -> Result<Option<crate::ClientTable>, DbError> {
+    let Some((shape, infos)) = table_shape(connection, table).await? else {
+        return Ok(None);
+    };
+    let affinity = |info: &ColumnInfo| match info.data_type.as_str() {
+        "tinyint" | "smallint" | "mediumint" | "int" | "bigint" | "year" | "bit" => "INTEGER",
+        "float" | "double" => "REAL",
+        "binary" | "varbinary" | "tinyblob" | "blob" | "mediumblob" | "longblob" => "BLOB",
+        _ => "TEXT",
+    };
+    Ok(Some(crate::ClientTable {
+        columns: infos
+            .iter()
+            .map(|info| (info.name.clone(), affinity(info)))
+            .collect(),
+        key_columns: shape.key_columns,
+    }))
+}
+
 pub async fn table_shape(
     connection: &mut impl Queryable,
     table: &str,

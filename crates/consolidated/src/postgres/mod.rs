@@ -409,6 +409,10 @@ impl ConsolidatedConnection for PostgresConnection {
         schema::init_table(&mut self.client, init, None).await
     }
 
+    async fn client_columns(&mut self, table: &str) -> Result<Option<crate::ClientTable>, DbError> {
+        schema::client_columns(&self.client, table).await
+    }
+
     async fn init_rule_table(
         &mut self,
         init: &TableInit,

@@ -174,6 +174,31 @@ pub async fn table_shape(
     Ok(Some(shape_from_rows(table, rows)))
 }
 
+/// See `ConsolidatedConnection::client_columns`.
+pub async fn client_columns(
+    client: &impl GenericClient,
+    table: &str,
+) -> Result<Option<crate::ClientTable>, DbError> {
+    let Some((shape, types)) = table_shape(client, None, table).await? else {
+        return Ok(None);
+    };
+    let affinity = |sql_type: &str| match sql_type {
+        "boolean" | "smallint" | "integer" | "bigint" => "INTEGER",
+        "real" | "double precision" => "REAL",
+        "bytea" => "BLOB",
+        _ => "TEXT",
+    };
+    Ok(Some(crate::ClientTable {
+        columns: shape
+            .columns
+            .iter()
+            .zip(&types)
+            .map(|(column, sql_type)| (column.name.clone(), affinity(sql_type)))
+            .collect(),
+        key_columns: shape.key_columns,
+    }))
+}
+
 /// A table's columns in order, their SQL types, and their position in the primary key.
 const TABLE_SHAPE_QUERY: &str = "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod),
                     COALESCE(array_position(i.indkey::int2[], a.attnum) + 1, 0)

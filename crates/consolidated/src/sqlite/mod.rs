@@ -399,6 +399,12 @@ impl ConsolidatedConnection for SqliteConnection {
             .await
     }
 
+    async fn client_columns(&mut self, table: &str) -> Result<Option<crate::ClientTable>, DbError> {
+        let table = table.to_string();
+        self.run(move |connection| schema::client_columns(connection, &table))
+            .await
+    }
+
     async fn init_rule_table(
         &mut self,
         init: &TableInit,

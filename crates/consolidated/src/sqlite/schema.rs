@@ -247,6 +247,44 @@ pub fn password_hash(connection: &mut Connection, name: &str) -> Result<Option<S
         .optional()?)
 }
 
+/// See `ConsolidatedConnection::client_columns`: by SQLite's own affinity rules, but a
+/// NUMERIC affinity (decimals, dates) as TEXT, which keeps the value as written.
+pub fn client_columns(
+    connection: &Connection,
+    table: &str,
+) -> Result<Option<crate::ClientTable>, DbError> {
+    let Some(shape) = table_shape(connection, table)? else {
+        return Ok(None);
+    };
+    let mut statement = connection.prepare("SELECT name, type FROM pragma_table_info(?1)")?;
+    let declared: HashMap<String, String> = statement
+        .query_map([table], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let affinity = |name: &str| {
+        let upper = declared
+            .get(name)
+            .map(|t| t.to_uppercase())
+            .unwrap_or_default();
+        if upper.contains("INT") {
+            "INTEGER"
+        } else if upper.is_empty() || upper.contains("BLOB") {
+            "BLOB"
+        } else if ["REAL", "FLOA", "DOUB"].iter().any(|t| upper.contains(t)) {
+            "REAL"
+        } else {
+            "TEXT"
+        }
+    };
+    Ok(Some(crate::ClientTable {
+        columns: shape
+            .columns
+            .iter()
+            .map(|column| (column.name.clone(), affinity(&column.name)))
+            .collect(),
+        key_columns: shape.key_columns,
+    }))
+}
+
 pub fn table_shape(connection: &Connection, table: &str) -> Result<Option<TableShape>, DbError> {
     let mut statement =
         connection.prepare("SELECT name, pk FROM pragma_table_info(?1) ORDER BY cid")?;
