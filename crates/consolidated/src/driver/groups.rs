@@ -1,9 +1,15 @@
-//! Which groups each client has (sync rules, `rules::scope`): before the download,
-//! each group-rule table's `user_groups` script says the user's groups now, and the
-//! client's row of each group in `rs_client_group` is added, marked removed, or put
-//! back. The download cursors read those rows: a group added since the client's last
-//! download brings all its rows, one removed takes them away. A row marked removed
-//! goes once the client has applied a download after its removal.
+//! Which groups each client has (sync rules, `rules::scope`): before the watermark is
+//! taken, each group-rule table's `user_groups` script says the user's groups now, and
+//! the client's row of each group in `rs_client_group` is added, marked removed, or put
+//! back, stamped with this sync's watermark once it is known ([`stamp`]). The download
+//! cursors read those rows: a group added at or after the client's last download
+//! brings all its rows, one removed takes them away, so a download never applied loses
+//! nothing. A row marked removed goes once the client has applied a later download.
+//!
+//! That needs each sync of a client to take a watermark above the one before whenever
+//! its groups changed: PostgreSQL's cursors compare inclusively (a repeated watermark
+//! only sends a group again); MariaDB's stamper raises the watermark at every sync;
+//! SQLite raises its clock when told ([`Dialect::advance_watermark`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -24,6 +30,12 @@ const ADD: &str = "rs_groups_add";
 const PUT_BACK: &str = "rs_groups_put_back";
 const REMOVE: &str = "rs_groups_remove";
 const FORGET: &str = "rs_groups_forget";
+const STAMP_ADDED: &str = "rs_groups_stamp_added";
+const STAMP_REMOVED: &str = "rs_groups_stamp_removed";
+
+/// `added_at` or `removed_at` of a change made by this sync before its watermark is
+/// known ([`stamp`] replaces it).
+const THIS_SYNC: i64 = i64::MAX;
 
 /// The statements, the same on every backend (named parameters, plain SQL).
 fn statements(version: &str, table: &str) -> Scripts {
@@ -50,6 +62,14 @@ fn statements(version: &str, table: &str) -> Scripts {
         (
             FORGET,
             format!("DELETE FROM rs_client_group WHERE {this} AND group_value = :group_value"),
+        ),
+        (
+            STAMP_ADDED,
+            format!("UPDATE rs_client_group SET added_at = :group_watermark WHERE {this} AND added_at = :this_sync"),
+        ),
+        (
+            STAMP_REMOVED,
+            format!("UPDATE rs_client_group SET removed_at = :group_watermark WHERE {this} AND removed_at = :this_sync"),
         ),
     ];
     Scripts::new(
@@ -108,20 +128,17 @@ fn changes(
 }
 
 /// Brings every group-rule table's `rs_client_group` rows of this client up to date;
-/// `watermark`: this sync's download watermark.
-pub async fn record<D: Dialect>(
+/// returns the tables whose groups changed (their changes are stamped by [`stamp`]).
+pub async fn record<'s, D: Dialect>(
     transaction: &mut D,
-    scripts: &Scripts,
+    scripts: &'s Scripts,
     parameters: &Parameters<'_>,
-    watermark: i64,
-) -> Result<(), SyncError> {
+) -> Result<Vec<&'s str>, SyncError> {
+    let mut changed = Vec::new();
     for table in scripts.tables_with(&[USER_GROUPS]) {
         let now = user_groups(transaction, scripts, table, parameters).await?;
         let statements = statements(&scripts.version, table);
-        let this = parameters.with(vec![
-            ("group_table", Value::Text(table.to_string())),
-            ("group_watermark", Value::Int(watermark)),
-        ]);
+        let this = table_parameters(parameters, table, THIS_SYNC);
         let (_, rows) = transaction
             .run_table_query(&statements, table, READ, &this)
             .await?
@@ -137,7 +154,11 @@ pub async fn record<D: Dialect>(
                 Some((group, Held { removed_at }))
             })
             .collect();
-        for (group, change) in changes(&now, &held, parameters.last_download) {
+        let changes = changes(&now, &held, parameters.last_download);
+        if !changes.is_empty() {
+            changed.push(table);
+        }
+        for (group, change) in changes {
             let event = match change {
                 Change::Add => ADD,
                 Change::PutBack => PUT_BACK,
@@ -150,7 +171,35 @@ pub async fn record<D: Dialect>(
                 .await?;
         }
     }
+    Ok(changed)
+}
+
+/// Gives the changes [`record`] made to `tables` this sync's `watermark`.
+pub async fn stamp<D: Dialect>(
+    transaction: &mut D,
+    scripts: &Scripts,
+    parameters: &Parameters<'_>,
+    tables: &[&str],
+    watermark: i64,
+) -> Result<(), SyncError> {
+    for table in tables {
+        let statements = statements(&scripts.version, table);
+        let this = table_parameters(parameters, table, watermark)
+            .with(vec![("this_sync", Value::Int(THIS_SYNC))]);
+        for event in [STAMP_ADDED, STAMP_REMOVED] {
+            transaction
+                .run_table_query(&statements, table, event, &this)
+                .await?;
+        }
+    }
     Ok(())
+}
+
+fn table_parameters<'p>(parameters: &Parameters<'p>, table: &str, at: i64) -> Parameters<'p> {
+    parameters.with(vec![
+        ("group_table", Value::Text(table.to_string())),
+        ("group_watermark", Value::Int(at)),
+    ])
 }
 
 /// The user's groups of a table now, as text (the form `rs_client_group` keeps).

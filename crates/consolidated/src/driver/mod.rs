@@ -9,8 +9,8 @@
 //!                resolve_conflict, upload_fetch (server wins)
 //!   end_upload
 //!   key_range                        (per table the client runs low on keys of, v7)
-//!   modify_next_last_download        (the watermark)
 //!   user_groups                      (per group-rule table: the client's groups kept)
+//!   modify_next_last_download        (the watermark)
 //!   begin_download
 //!     per table: download_delete_cursor, download_cursor (echoes left out by the
 //!                default cursors where the upload is all the sync wrote, else filtered)
@@ -251,8 +251,19 @@ async fn run_events<D: Dialect, B: SyncBackend>(
     // download, and must learn which of its changes lost before this one overwrites them.
     download::send_conflicts(request, &uploaded.resolutions, download).await?;
     let apply_time = started.elapsed();
+    let groups_changed = groups::record(transaction, scripts, &parameters).await?;
+    if !groups_changed.is_empty() {
+        transaction.advance_watermark().await?;
+    }
     let watermark = next_watermark(transaction, scripts, &parameters).await?;
-    groups::record(transaction, scripts, &parameters, watermark).await?;
+    groups::stamp(
+        transaction,
+        scripts,
+        &parameters,
+        &groups_changed,
+        watermark,
+    )
+    .await?;
     transaction
         .run_event(scripts, BEGIN_DOWNLOAD, &parameters)
         .await?;

@@ -27,8 +27,8 @@ pub trait RuleSql {
     /// Whether the row `alias` of `table` (key columns `keys`) changed since the
     /// client's last download, by any writer.
     fn changed(&self, table: &str, keys: &[String], alias: &str) -> String;
-    /// Whether a watermark expression is at or after the client's last download, as
-    /// this backend's cursors compare them.
+    /// Whether a group change stamped with a watermark (`expr`) may not have reached
+    /// the client yet, given the client's last download (see `driver::groups`).
     fn since_last_download(&self, expr: &str) -> String;
 }
 

@@ -388,6 +388,12 @@ impl Dialect for SqliteTransaction<'_> {
         )
     }
 
+    async fn advance_watermark(&mut self) -> Result<(), SyncError> {
+        self.connection
+            .execute("UPDATE rs_clock SET version = version + 1 WHERE id = 1", [])?;
+        Ok(())
+    }
+
     async fn watermark(&mut self) -> Result<i64, SyncError> {
         Ok(self
             .connection

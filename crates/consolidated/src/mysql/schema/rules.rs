@@ -48,8 +48,9 @@ impl RuleSql for MysqlRuleSql {
         )
     }
 
+    /// Strictly: the stamper gives every sync a watermark above the one before.
     fn since_last_download(&self, expr: &str) -> String {
-        format!("{expr} >= :last_download")
+        format!("{expr} > :last_download")
     }
 }
 
