@@ -1,15 +1,19 @@
 //! Which groups each client has (sync rules, `rules::scope`): before the watermark is
 //! taken, each group-rule table's `user_groups` script says the user's groups now, and
 //! the client's row of each group in `rs_client_group` is added, marked removed, or put
-//! back, stamped with this sync's watermark once it is known ([`stamp`]). The download
-//! cursors read those rows: a group added at or after the client's last download
-//! brings all its rows, one removed takes them away, so a download never applied loses
-//! nothing. A row marked removed goes once the client has applied a later download.
+//! back, stamped with this sync's watermark once it is known ([`stamp`]), and with the
+//! watermark of the client's download before this one. The download cursors read those
+//! rows: a group added that may not have reached the client brings all its rows, one
+//! removed takes them away (`rules::scope::not_yet_delivered`), so a download never
+//! applied loses nothing.
 //!
-//! That needs each sync of a client to take a watermark above the one before whenever
-//! its groups changed: PostgreSQL's cursors compare inclusively (a repeated watermark
-//! only sends a group again); MariaDB's stamper raises the watermark at every sync;
-//! SQLite raises its clock when told ([`Dialect::advance_watermark`]).
+//! A client names the download it applied by its watermark only. A change stamped with
+//! a later watermark than the client's has not reached it; one stamped with the same
+//! has, unless the download before the change had that watermark too (the client may
+//! have applied that one). Watermarks that rise at every sync keep the second case
+//! rare: MariaDB's stamper raises them; SQLite raises its clock when a client's groups
+//! change ([`Dialect::advance_watermark`]); PostgreSQL's repeat only while a transaction
+//! older than the client's last download runs (a group is then sent again).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -43,21 +47,23 @@ fn statements(version: &str, table: &str) -> Scripts {
     let scripts = [
         (
             READ,
-            format!("SELECT group_value, added_at, removed_at FROM rs_client_group WHERE {this}"),
+            format!("SELECT group_value, removed_at, removed_after FROM rs_client_group WHERE {this}"),
         ),
         (
             ADD,
-            "INSERT INTO rs_client_group (client_id, table_name, group_value, added_at) \
-             VALUES (:client_id, :group_table, :group_value, :group_watermark)"
+            "INSERT INTO rs_client_group (client_id, table_name, group_value, added_at, added_after) \
+             VALUES (:client_id, :group_table, :group_value, :group_watermark, :previous_download)"
                 .to_string(),
         ),
         (
             PUT_BACK,
-            format!("UPDATE rs_client_group SET added_at = :group_watermark, removed_at = NULL WHERE {this} AND group_value = :group_value"),
+            format!("UPDATE rs_client_group SET added_at = :group_watermark, added_after = :previous_download, \
+                     removed_at = NULL, removed_after = NULL WHERE {this} AND group_value = :group_value"),
         ),
         (
             REMOVE,
-            format!("UPDATE rs_client_group SET removed_at = :group_watermark WHERE {this} AND group_value = :group_value"),
+            format!("UPDATE rs_client_group SET removed_at = :group_watermark, removed_after = :previous_download \
+                     WHERE {this} AND group_value = :group_value"),
         ),
         (
             FORGET,
@@ -80,9 +86,10 @@ fn statements(version: &str, table: &str) -> Scripts {
     )
 }
 
-/// A group as `rs_client_group` holds it.
+/// A group as `rs_client_group` holds it: when it was removed, and the watermark of
+/// the client's download before that.
 struct Held {
-    removed_at: Option<i64>,
+    removed: Option<(i64, i64)>,
 }
 
 /// What to do with one group of the client.
@@ -105,9 +112,7 @@ fn changes(
     for group in now {
         match held.get(group) {
             None => changes.push((group.clone(), Change::Add)),
-            Some(Held {
-                removed_at: Some(_),
-            }) => changes.push((group.clone(), Change::PutBack)),
+            Some(Held { removed: Some(_) }) => changes.push((group.clone(), Change::PutBack)),
             Some(_) => {}
         }
     }
@@ -115,10 +120,10 @@ fn changes(
         if now.contains(group) {
             continue;
         }
-        match held.removed_at {
+        match held.removed {
             None => changes.push((group.clone(), Change::Remove)),
-            // Its removal reached the client (a download after it was applied).
-            Some(removed_at) if removed_at < last_download => {
+            // Its removal reached the client (`rules::scope::not_yet_delivered`).
+            Some((at, after)) if at < last_download || (at == last_download && after < at) => {
                 changes.push((group.clone(), Change::Forget))
             }
             Some(_) => {}
@@ -129,16 +134,20 @@ fn changes(
 
 /// Brings every group-rule table's `rs_client_group` rows of this client up to date;
 /// returns the tables whose groups changed (their changes are stamped by [`stamp`]).
+/// `previous_download`: the watermark of the download the server sent the client
+/// last (0 for none).
 pub async fn record<'s, D: Dialect>(
     transaction: &mut D,
     scripts: &'s Scripts,
     parameters: &Parameters<'_>,
+    previous_download: i64,
 ) -> Result<Vec<&'s str>, SyncError> {
     let mut changed = Vec::new();
     for table in scripts.tables_with(&[USER_GROUPS]) {
         let now = user_groups(transaction, scripts, table, parameters).await?;
         let statements = statements(&scripts.version, table);
-        let this = table_parameters(parameters, table, THIS_SYNC);
+        let this = table_parameters(parameters, table, THIS_SYNC)
+            .with(vec![("previous_download", Value::Int(previous_download))]);
         let (_, rows) = transaction
             .run_table_query(&statements, table, READ, &this)
             .await?
@@ -147,11 +156,11 @@ pub async fn record<'s, D: Dialect>(
             .into_iter()
             .filter_map(|row| {
                 let group = group_text(row.first()?)?;
-                let removed_at = match row.get(2) {
-                    Some(Value::Int(at)) => Some(*at),
+                let removed = match (row.get(1), row.get(2)) {
+                    (Some(Value::Int(at)), Some(Value::Int(after))) => Some((*at, *after)),
                     _ => None,
                 };
-                Some((group, Held { removed_at }))
+                Some((group, Held { removed }))
             })
             .collect();
         let changes = changes(&now, &held, parameters.last_download);
@@ -256,17 +265,10 @@ fn group_text(value: &Value) -> Option<String> {
 mod tests {
     use super::*;
 
-    fn held(entries: &[(&str, Option<i64>)]) -> BTreeMap<String, Held> {
+    fn held(entries: &[(&str, Option<(i64, i64)>)]) -> BTreeMap<String, Held> {
         entries
             .iter()
-            .map(|(group, removed_at)| {
-                (
-                    group.to_string(),
-                    Held {
-                        removed_at: *removed_at,
-                    },
-                )
-            })
+            .map(|(group, removed)| (group.to_string(), Held { removed: *removed }))
             .collect()
     }
 
@@ -276,22 +278,32 @@ mod tests {
 
     #[test]
     fn groups_are_added_removed_put_back_and_forgotten() {
-        let held = held(&[("1", None), ("2", Some(50)), ("3", Some(100)), ("4", None)]);
+        let held = held(&[
+            ("1", None),
+            ("2", Some((50, 40))),
+            ("3", Some((100, 90))),
+            ("4", None),
+        ]);
         let changes = changes(&now(&["1", "2", "5"]), &held, 100);
         assert_eq!(
             changes,
             vec![
                 ("2".to_string(), Change::PutBack),
                 ("5".to_string(), Change::Add),
-                // Removed at the client's watermark: kept until a later download.
+                // Removed by the download the client applied: done.
+                ("3".to_string(), Change::Forget),
                 ("4".to_string(), Change::Remove),
             ]
         );
-        let forgotten = super::changes(&now(&[]), &held_removed(), 101);
-        assert_eq!(forgotten, vec![("3".to_string(), Change::Forget)]);
     }
 
-    fn held_removed() -> BTreeMap<String, Held> {
-        held(&[("3", Some(100))])
+    #[test]
+    fn a_removal_whose_watermark_the_download_before_had_too_is_kept() {
+        let held = held(&[("3", Some((100, 100)))]);
+        assert_eq!(changes(&now(&[]), &held, 100), vec![]);
+        assert_eq!(
+            changes(&now(&[]), &held, 101),
+            vec![("3".to_string(), Change::Forget)]
+        );
     }
 }

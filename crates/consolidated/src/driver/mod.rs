@@ -251,7 +251,9 @@ async fn run_events<D: Dialect, B: SyncBackend>(
     // download, and must learn which of its changes lost before this one overwrites them.
     download::send_conflicts(request, &uploaded.resolutions, download).await?;
     let apply_time = started.elapsed();
-    let groups_changed = groups::record(transaction, scripts, &parameters).await?;
+    let previous_download = subscription.as_ref().map_or(0, |s| s.download_watermark);
+    let groups_changed =
+        groups::record(transaction, scripts, &parameters, previous_download).await?;
     if !groups_changed.is_empty() {
         transaction.advance_watermark().await?;
     }

@@ -68,7 +68,8 @@ fn system_tables() -> Vec<String> {
         // The groups each client has, per group-rule table (driver::groups).
         format!(
             "CREATE TABLE IF NOT EXISTS rs_client_group (client_id {NAME} NOT NULL, table_name {NAME} NOT NULL,
-             group_value {NAME} NOT NULL, added_at BIGINT NOT NULL, removed_at BIGINT NULL,
+             group_value {NAME} NOT NULL, added_at BIGINT NOT NULL, added_after BIGINT NOT NULL,
+             removed_at BIGINT NULL, removed_after BIGINT NULL,
              PRIMARY KEY (client_id, table_name, group_value)) ENGINE = InnoDB"
         ),
         format!(

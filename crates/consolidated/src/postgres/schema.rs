@@ -85,7 +85,9 @@ CREATE TABLE IF NOT EXISTS rs_client_group (
     table_name TEXT NOT NULL,
     group_value TEXT NOT NULL,
     added_at BIGINT NOT NULL,
+    added_after BIGINT NOT NULL,
     removed_at BIGINT,
+    removed_after BIGINT,
     PRIMARY KEY (client_id, table_name, group_value)
 );
 CREATE TABLE IF NOT EXISTS rs_script_column (

@@ -4,9 +4,11 @@
 //!
 //! The groups a client has are kept per client in `rs_client_group` (see
 //! `driver::groups`): `added_at` is the watermark of the download that first brought
-//! the group, `removed_at` that of the download that took it away. A group added (or
-//! removed) since the client's last applied download is sent again, so a download the
-//! client never applied loses nothing.
+//! the group, `added_after` that of the client's download before it (`removed_at` and
+//! `removed_after` likewise). A change reached the client when the client comes back
+//! with a later watermark, or with the same one where no earlier download had it
+//! ([`not_yet_delivered`]); else it is sent again, so a download the client never
+//! applied loses nothing.
 
 use std::collections::BTreeMap;
 
@@ -27,9 +29,16 @@ pub trait RuleSql {
     /// Whether the row `alias` of `table` (key columns `keys`) changed since the
     /// client's last download, by any writer.
     fn changed(&self, table: &str, keys: &[String], alias: &str) -> String;
-    /// Whether a group change stamped with a watermark (`expr`) may not have reached
-    /// the client yet, given the client's last download (see `driver::groups`).
-    fn since_last_download(&self, expr: &str) -> String;
+}
+
+/// Whether the group change of `rs_client_group` row `g` (`what`: `added` or `removed`)
+/// may not have reached the client, which comes back with `:last_download`: its
+/// watermark is later, or the same while the client's download before the change had
+/// that watermark too (the client may have applied either; see `driver::groups`).
+pub fn not_yet_delivered(what: &str) -> String {
+    format!(
+        "(g.{what}_at > :last_download OR (g.{what}_at = :last_download AND g.{what}_after >= g.{what}_at))"
+    )
 }
 
 /// A text as an SQL string literal.
@@ -186,7 +195,7 @@ impl Scope<'_> {
         match self.rule(table) {
             Rule::Owner { .. } | Rule::Shared { .. } => None,
             Rule::Group { column, .. } => {
-                let since = self.sql.since_last_download("g.added_at");
+                let since = not_yet_delivered("added");
                 Some(format!(
                     "{alias}.{} IN ({})",
                     q(column),
@@ -210,7 +219,7 @@ impl Scope<'_> {
         match self.rule(table) {
             Rule::Owner { .. } | Rule::Shared { .. } => None,
             Rule::Group { column, .. } => {
-                let since = self.sql.since_last_download("g.removed_at");
+                let since = not_yet_delivered("removed");
                 Some(format!(
                     "{alias}.{} IN ({})",
                     q(column),
@@ -241,7 +250,7 @@ impl Scope<'_> {
         match self.rule(table) {
             Rule::Owner { .. } => Some(format!("{partition} = :user")),
             Rule::Group { .. } => {
-                let since = self.sql.since_last_download("g.removed_at");
+                let since = not_yet_delivered("removed");
                 Some(format!(
                     "{partition} IN ({})",
                     self.client_groups(

@@ -66,7 +66,9 @@ CREATE TABLE IF NOT EXISTS rs_client_group (
     table_name TEXT NOT NULL,
     group_value TEXT NOT NULL,
     added_at INTEGER NOT NULL,
+    added_after INTEGER NOT NULL,
     removed_at INTEGER,
+    removed_after INTEGER,
     PRIMARY KEY (client_id, table_name, group_value)
 );
 CREATE TABLE IF NOT EXISTS rs_script_column (

@@ -47,11 +47,6 @@ impl RuleSql for MysqlRuleSql {
             stamp = q(STAMP_COLUMN)
         )
     }
-
-    /// Strictly: the stamper gives every sync a watermark above the one before.
-    fn since_last_download(&self, expr: &str) -> String {
-        format!("{expr} > :last_download")
-    }
 }
 
 /// The keys and column types of `table` and every table up its parent chain.

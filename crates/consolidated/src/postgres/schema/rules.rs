@@ -48,16 +48,6 @@ impl RuleSql for PgRuleSql {
     fn changed(&self, _table: &str, _keys: &[String], alias: &str) -> String {
         format!("{alias}.{} >= :last_download", q(XID_COLUMN))
     }
-
-    /// A sync may take the watermark of the one before while an older transaction
-    /// runs: a change stamped with the client's own watermark has reached it when the
-    /// client applied its last sync's download (`:last_sync_xid` is then not 0), for
-    /// that download was read after the change.
-    fn since_last_download(&self, expr: &str) -> String {
-        format!(
-            "({expr} > :last_download OR ({expr} = :last_download AND CAST(:last_sync_xid AS bigint) = 0))"
-        )
-    }
 }
 
 /// The keys and column types of `table` and every table up its parent chain.

@@ -50,10 +50,6 @@ impl RuleSql for SqliteRuleSql {
             key_match(keys, "v", alias)
         )
     }
-
-    fn since_last_download(&self, expr: &str) -> String {
-        format!("{expr} > :last_download")
-    }
 }
 
 /// The keys and declared column types of `table` and every table up its parent chain.
