@@ -146,6 +146,7 @@ macro_rules! conformance_suite {
             a_membership_change_in_a_download_never_applied_is_sent_again,
             writes_outside_the_users_groups_are_not_applied,
             an_sql_group_query_decides_the_groups,
+            an_owner_rule_gives_each_user_the_rows_of_its_column,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {

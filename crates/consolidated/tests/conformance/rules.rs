@@ -195,3 +195,17 @@ pub async fn an_sql_group_query_decides_the_groups<F: Factory>() {
     let bob = f.sync_ok(request("bob-1", "bob", 0, 1, vec![])).await;
     assert_eq!(tasks(&bob), [task(10, 1, "design"), task(11, 1, "build")]);
 }
+
+pub async fn an_owner_rule_gives_each_user_the_rows_of_its_column<F: Factory>() {
+    let f = with_rules::<F>(
+        "CREATE TABLE note (id INTEGER PRIMARY KEY, owner VARCHAR(64) NOT NULL, body VARCHAR(64));
+         INSERT INTO note VALUES (1, 'alice', 'a'), (2, 'bob', 'b')",
+        "[tables.note]\nrule = \"owner\"\ncolumn = \"owner\"\n",
+    )
+    .await;
+    let alice = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    assert_eq!(
+        upserts_of(&alice, "note", &["id", "owner", "body"], &["id"]),
+        [vec![Value::Int(1), text("alice"), text("a")]]
+    );
+}
