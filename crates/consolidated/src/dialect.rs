@@ -13,6 +13,8 @@
 //! blocking thread.
 #![allow(async_fn_in_trait)]
 
+use std::sync::{Arc, Mutex};
+
 use rowsync_protocol::{Row, TableUpload, Value};
 
 use crate::echo::DownloadFilter;
@@ -20,6 +22,7 @@ use crate::foreign_keys::ForeignKey;
 use crate::parameters::{Parameters, RowImages};
 use crate::scripts::DOWNLOAD_DELETE_CURSOR;
 use crate::shape::TableShape;
+use crate::shared_download::Recording;
 use crate::stored::KeysToCheck;
 use crate::upload_rows::UploadedRow;
 use crate::version_scripts::{ScriptRows, Scripts};
@@ -206,6 +209,8 @@ pub struct CursorScript<'a> {
     /// `download_cursor` or `download_delete_cursor`.
     pub event: &'static str,
     pub parameters: &'a Parameters<'a>,
+    /// Where the rows read are also kept for other syncs (`shared_download`).
+    pub recording: Option<Arc<Mutex<Recording>>>,
 }
 
 /// Where a backend hands a cursor's batches: the driver filters echoes and conflicts out
@@ -214,6 +219,7 @@ pub struct CursorSink<'a, 'f> {
     pub(crate) filter: &'a mut DownloadFilter<'f>,
     pub(crate) download: &'a DownloadSender,
     pub(crate) deletes: bool,
+    recording: Option<Arc<Mutex<Recording>>>,
 }
 
 impl<'a, 'f> CursorSink<'a, 'f> {
@@ -227,11 +233,17 @@ impl<'a, 'f> CursorSink<'a, 'f> {
             filter,
             download,
             deletes: cursor.event == DOWNLOAD_DELETE_CURSOR,
+            recording: cursor.recording.clone(),
         }
     }
 
     /// Takes one batch of at most `DOWNLOAD_BATCH_ROWS` rows, named by `columns`.
     pub async fn take(&mut self, columns: &[String], rows: Vec<Row>) -> Result<(), SyncError> {
+        if let Some(recording) = &self.recording {
+            if let Ok(mut recording) = recording.lock() {
+                recording.take(columns, &rows);
+            }
+        }
         let chunk = if self.deletes {
             self.filter.deletes(columns, rows)?
         } else {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use rowsync_protocol::{Conflicts, Download, KeyRange, Row, SyncSummary, Value};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::shared_download::SharedDownloads;
 use crate::{ConsolidatedConnection, SyncError, SyncRequest};
 
 /// Rows a backend reads from a download cursor at a time, and so the most rows of one
@@ -55,6 +56,7 @@ pub const DOWNLOAD_CHANNEL_CHUNKS: usize = 8;
 pub struct DownloadSender {
     sender: mpsc::Sender<DownloadMessage>,
     chunks_sent: Arc<AtomicUsize>,
+    shared: Option<Arc<SharedDownloads>>,
 }
 
 /// What travels from a backend to the download's receiver.
@@ -69,6 +71,16 @@ pub enum DownloadMessage {
 }
 
 impl DownloadSender {
+    /// The same sender, whose syncs read shared rows once (`shared_download`).
+    pub fn with_shared_downloads(mut self, shared: Arc<SharedDownloads>) -> DownloadSender {
+        self.shared = Some(shared);
+        self
+    }
+
+    pub(crate) fn shared_downloads(&self) -> Option<&Arc<SharedDownloads>> {
+        self.shared.as_ref()
+    }
+
     pub async fn send(&self, chunk: Download) -> Result<(), SyncError> {
         if chunk.upserts.is_empty() && chunk.deletes.is_empty() {
             return Ok(());
@@ -125,6 +137,7 @@ pub fn download_channel() -> (DownloadSender, mpsc::Receiver<DownloadMessage>) {
     let sender = DownloadSender {
         sender,
         chunks_sent: Arc::new(AtomicUsize::new(0)),
+        shared: None,
     };
     (sender, receiver)
 }
@@ -156,7 +169,20 @@ pub async fn synchronize_collect<C: ConsolidatedConnection>(
     connection: &mut C,
     request: Arc<SyncRequest>,
 ) -> Result<CollectedSync, SyncError> {
+    synchronize_collect_shared(connection, request, None).await
+}
+
+/// [`synchronize_collect`], reading shared rows once through `shared` when given.
+pub async fn synchronize_collect_shared<C: ConsolidatedConnection>(
+    connection: &mut C,
+    request: Arc<SyncRequest>,
+    shared: Option<Arc<SharedDownloads>>,
+) -> Result<CollectedSync, SyncError> {
     let (sender, mut receiver) = download_channel();
+    let sender = match shared {
+        Some(shared) => sender.with_shared_downloads(shared),
+        None => sender,
+    };
     let gather = async move {
         let mut downloads: Vec<Download> = Vec::new();
         let mut conflicts: Vec<Conflicts> = Vec::new();

@@ -26,6 +26,7 @@ mod reinit;
 pub mod rules;
 pub mod scripts;
 mod shape;
+pub mod shared_download;
 pub mod sqlite;
 pub mod stored;
 mod types;
@@ -46,8 +47,9 @@ use std::sync::Arc;
 
 pub use cancel::Canceller;
 pub use download::{
-    download_channel, synchronize_collect, CollectedSync, CursorBatch, DownloadMessage,
-    DownloadSender, DOWNLOAD_BATCH_BYTES, DOWNLOAD_BATCH_ROWS, DOWNLOAD_CHANNEL_CHUNKS,
+    download_channel, synchronize_collect, synchronize_collect_shared, CollectedSync, CursorBatch,
+    DownloadMessage, DownloadSender, DOWNLOAD_BATCH_BYTES, DOWNLOAD_BATCH_ROWS,
+    DOWNLOAD_CHANNEL_CHUNKS,
 };
 pub use error::{DbError, SyncError};
 pub use held::{Direction, HeldTransfer, HoldBounds, HELD_TRANSFER_PART_BYTES};

@@ -4,6 +4,9 @@ use rowsync_protocol::{FRAME_BYTES_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT};
 
 use crate::token::TokenConfig;
 
+/// The default of `shared_download_cache_bytes_max`: 64 MiB.
+pub const SHARED_DOWNLOAD_CACHE_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
+
 /// The default of `client_ids_per_user_max`.
 pub const CLIENT_IDS_PER_USER_MAX_DEFAULT: u64 = 10_000;
 
@@ -52,6 +55,12 @@ pub struct ServerConfig {
     /// Upload and download bytes all syncs in flight may keep in memory; beyond, they
     /// go to temporary files.
     pub cache_bytes_max: usize,
+    /// Rows of shared cursors (a `shared` table's, say) kept for the syncs after the one
+    /// that read them (`rowsync_consolidated::shared_download`); 0 keeps none.
+    pub shared_download_cache_bytes_max: u64,
+    /// How long kept rows serve other syncs: a client served them gets their watermark,
+    /// so its next sync reads again at most this much of the changes.
+    pub shared_download_cache_age: Duration,
     /// Memory all connections' zstd decoders may hold together (each holds the window
     /// its stream asks for, 2 MiB for the client library, at most 8 MiB, from the
     /// stream's first bytes until its upload is read); a connection whose decoder does
@@ -170,6 +179,8 @@ impl Default for ServerConfig {
             client_ids_per_user_max: Some(CLIENT_IDS_PER_USER_MAX_DEFAULT),
             login_failure_window: Duration::from_secs(60),
             cache_bytes_max: crate::cache::default_cache_bytes_max(),
+            shared_download_cache_bytes_max: SHARED_DOWNLOAD_CACHE_BYTES_MAX_DEFAULT,
+            shared_download_cache_age: Duration::from_secs(10),
             zstd_decoders_bytes_max: crate::decoders::default_zstd_decoders_bytes_max(),
             malloc_mmap_threshold_bytes: MALLOC_MMAP_THRESHOLD_BYTES_DEFAULT,
             upload_spool_memory_bytes_max: 16 * 1024 * 1024,

@@ -7,10 +7,13 @@ use std::collections::HashMap;
 use rowsync_protocol::{Conflicts, Value};
 
 use crate::conflicts::Resolution;
-use crate::dialect::{CursorScript, Dialect, EchoXids, OwnWrites};
+use std::sync::{Arc, Mutex};
+
+use crate::dialect::{CursorScript, CursorSink, Dialect, EchoXids, OwnWrites};
 use crate::echo::DownloadFilter;
 use crate::parameters::Parameters;
 use crate::scripts::*;
+use crate::shared_download::{CachedCursor, CursorKey, Lookup, Recording};
 use crate::version_scripts::Scripts;
 use crate::{DownloadSender, SyncError, SyncRequest};
 
@@ -36,18 +39,34 @@ pub async fn send_conflicts(
     Ok(())
 }
 
-/// Streams every download table; returns the rows sent. `applied`: the upload was
-/// applied by this sync (not one applied before).
+/// What a sync's download is read for.
+pub struct DownloadOf<'a> {
+    pub scripts: &'a Scripts,
+    pub parameters: &'a Parameters<'a>,
+    pub request: &'a SyncRequest,
+    pub resolutions: &'a HashMap<&'a str, Resolution>,
+    /// The upload was applied by this sync (not one applied before).
+    pub applied: bool,
+    /// This sync's watermark.
+    pub watermark: i64,
+}
+
+/// Streams every download table; returns the rows sent.
 pub async fn send_download<D: Dialect>(
     transaction: &mut D,
-    scripts: &Scripts,
-    parameters: &Parameters<'_>,
-    request: &SyncRequest,
-    resolutions: &HashMap<&str, Resolution>,
-    applied: bool,
+    of: &DownloadOf<'_>,
     download: &DownloadSender,
-) -> Result<u64, SyncError> {
+) -> Result<DownloadSent, SyncError> {
+    let DownloadOf {
+        scripts,
+        parameters,
+        request,
+        resolutions,
+        applied,
+        watermark,
+    } = *of;
     let mut download_rows = 0;
+    let mut watermark_cap: Option<i64> = None;
     for table in scripts.download_tables() {
         let shape = transaction.table_shape(table).await?;
         let column = transaction.partition_column(table).await?;
@@ -75,15 +94,106 @@ pub async fn send_download<D: Dialect>(
             table,
             event,
             parameters,
+            recording: None,
         })
         .collect();
-        transaction
-            .read_cursors(&cursors, &mut filter, download)
-            .await?;
+        let sharing = (watermark, request.upload_operation_count() == 0);
+        let served = read_cursors(transaction, cursors, sharing, &mut filter, download).await?;
+        watermark_cap = match (watermark_cap, served) {
+            (Some(cap), Some(served)) => Some(cap.min(served)),
+            (cap, served) => cap.or(served),
+        };
         download.send(filter.conflict_upserts()).await?;
         download_rows += filter.rows_sent;
     }
-    Ok(download_rows)
+    Ok(DownloadSent {
+        rows: download_rows,
+        watermark_cap,
+    })
+}
+
+/// What [`send_download`] sent.
+pub struct DownloadSent {
+    pub rows: u64,
+    /// The download carries rows read by another sync at this watermark
+    /// (`shared_download`): the sync reports no higher a watermark.
+    pub watermark_cap: Option<i64>,
+}
+
+/// Reads a table's cursors in order, each either from the rows another sync read
+/// (`shared_download`, when `may_share`) or from the database, in one call for those
+/// in a row; the rows of a cursor that may be shared are kept for the syncs after.
+/// Returns the lowest watermark of the rows served kept, if any were.
+async fn read_cursors<D: Dialect>(
+    transaction: &mut D,
+    mut cursors: Vec<CursorScript<'_>>,
+    (watermark, may_share): (i64, bool),
+    filter: &mut DownloadFilter<'_>,
+    download: &DownloadSender,
+) -> Result<Option<i64>, SyncError> {
+    let Some(shared) = download.shared_downloads().filter(|_| may_share) else {
+        transaction.read_cursors(&cursors, filter, download).await?;
+        return Ok(None);
+    };
+    let mut kept = Vec::new();
+    let mut hits = Vec::new();
+    for (index, cursor) in cursors.iter_mut().enumerate() {
+        let script = cursor.scripts.get(cursor.table, cursor.event).unwrap_or("");
+        let Some(key) = CursorKey::of(cursor.table, script, cursor.parameters) else {
+            continue;
+        };
+        match shared.get(&key) {
+            Lookup::Kept(hit) => hits.push((index, hit)),
+            Lookup::Record => {
+                let recording = Arc::new(Mutex::new(Recording::new(shared.bytes_max(), watermark)));
+                cursor.recording = Some(Arc::clone(&recording));
+                kept.push((key, recording));
+            }
+            Lookup::Read => {}
+        }
+    }
+    let read = replay_and_read(transaction, &cursors, &hits, filter, download).await;
+    drop(cursors);
+    if let Err(error) = read {
+        for (key, _) in &kept {
+            shared.abandon(key);
+        }
+        return Err(error);
+    }
+    for (key, recording) in kept {
+        if let Ok(recording) = Arc::try_unwrap(recording).map(Mutex::into_inner) {
+            shared.put(
+                key,
+                recording.unwrap_or_else(|poisoned| poisoned.into_inner()),
+            );
+        }
+    }
+    Ok(hits.iter().map(|(_, hit)| hit.watermark).min())
+}
+
+/// The cursors in order: those in `hits` from the rows kept, the others from the
+/// database, in one call for those in a row.
+async fn replay_and_read<D: Dialect>(
+    transaction: &mut D,
+    cursors: &[CursorScript<'_>],
+    hits: &[(usize, Arc<CachedCursor>)],
+    filter: &mut DownloadFilter<'_>,
+    download: &DownloadSender,
+) -> Result<(), SyncError> {
+    let mut start = 0;
+    for (index, hit) in hits {
+        transaction
+            .read_cursors(&cursors[start..*index], filter, download)
+            .await?;
+        let mut sink = CursorSink::for_cursor(&cursors[*index], filter, download);
+        for batch in &hit.batches {
+            sink.take(&hit.columns, batch.clone()).await?;
+        }
+        start = index + 1;
+    }
+    transaction
+        .read_cursors(&cursors[start..], filter, download)
+        .await
 }
 
 /// What this sync's upload wrote to `table`, where that is known exactly: the upload

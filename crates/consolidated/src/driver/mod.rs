@@ -257,7 +257,7 @@ async fn run_events<D: Dialect, B: SyncBackend>(
     if !groups_changed.is_empty() {
         transaction.advance_watermark().await?;
     }
-    let watermark = next_watermark(transaction, scripts, &parameters).await?;
+    let mut watermark = next_watermark(transaction, scripts, &parameters).await?;
     groups::stamp(
         transaction,
         scripts,
@@ -269,16 +269,19 @@ async fn run_events<D: Dialect, B: SyncBackend>(
     transaction
         .run_event(scripts, BEGIN_DOWNLOAD, &parameters)
         .await?;
-    let download_rows = download::send_download(
-        transaction,
+    let of = download::DownloadOf {
         scripts,
-        &parameters,
+        parameters: &parameters,
         request,
-        &uploaded.resolutions,
-        sync.apply,
-        download,
-    )
-    .await?;
+        resolutions: &uploaded.resolutions,
+        applied: sync.apply,
+        watermark,
+    };
+    let sent = download::send_download(transaction, &of, download).await?;
+    let download_rows = sent.rows;
+    if let Some(cap) = sent.watermark_cap {
+        watermark = watermark.min(cap);
+    }
     end_events(transaction, scripts, &parameters, request, watermark).await?;
     // The server must hold the whole download before the upload is committed.
     download.finish().await?;

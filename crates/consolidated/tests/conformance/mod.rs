@@ -147,6 +147,7 @@ macro_rules! conformance_suite {
             writes_outside_the_users_groups_are_not_applied,
             an_sql_group_query_decides_the_groups,
             an_owner_rule_gives_each_user_the_rows_of_its_column,
+            shared_rows_are_read_once_and_served_alike,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {

@@ -209,3 +209,68 @@ pub async fn an_owner_rule_gives_each_user_the_rows_of_its_column<F: Factory>() 
         [vec![Value::Int(1), text("alice"), text("a")]]
     );
 }
+
+const CATALOGUE: &str = "
+CREATE TABLE film (id INTEGER PRIMARY KEY, title VARCHAR(64) NOT NULL);
+INSERT INTO film VALUES (1, 'ACADEMY DINOSAUR'), (2, 'ACE GOLDFINGER');
+";
+
+/// Issue 34: the rows of a shared table are read from the database once and served to
+/// the other clients from `SharedDownloads`, whose downloads then carry the watermark
+/// of the sync that read them: a change made since comes at their next sync.
+pub async fn shared_rows_are_read_once_and_served_alike<F: Factory>() {
+    use rowsync_consolidated::shared_download::SharedDownloads;
+    use rowsync_consolidated::Consolidated;
+    use std::sync::atomic::Ordering;
+    let mut f = with_rules::<F>(CATALOGUE, "[tables.film]\nrule = \"shared\"\n").await;
+    let shared = SharedDownloads::new(1 << 20, std::time::Duration::from_secs(600));
+    let sync = |client: &'static str, watermark: i64, sequence: u64| {
+        let shared = std::sync::Arc::clone(&shared);
+        let backend = f.backend.clone();
+        async move {
+            let mut connection = backend.connect().await.unwrap();
+            let request = request(client, "alice", watermark, sequence, vec![]);
+            rowsync_consolidated::synchronize_collect_shared(
+                &mut connection,
+                std::sync::Arc::new(request),
+                Some(shared),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let film = |outcome: &rowsync_consolidated::CollectedSync| {
+        upserts_of(outcome, "film", &["id", "title"], &["id"])
+    };
+    let first = sync("alice-1", 0, 1).await;
+    assert_eq!(shared.hits.load(Ordering::Relaxed), 0);
+    let second = sync("alice-2", 0, 1).await;
+    assert_eq!(film(&second), film(&first));
+    assert_eq!(film(&first).len(), 2);
+    assert_eq!(
+        shared.hits.load(Ordering::Relaxed),
+        2,
+        "both cursors of the second sync"
+    );
+    assert_eq!(
+        second.watermark, first.watermark,
+        "the watermark of the rows served"
+    );
+
+    f.sql
+        .execute("UPDATE film SET title = 'ACADEMY DINOSAURS' WHERE id = 1")
+        .await;
+    let third = sync("alice-3", 0, 1).await;
+    assert_eq!(
+        film(&third),
+        film(&first),
+        "served as read, with their watermark"
+    );
+    assert_eq!(third.watermark, first.watermark);
+    let next = sync("alice-3", third.watermark, 2).await;
+    assert_eq!(
+        film(&next),
+        [vec![Value::Int(1), text("ACADEMY DINOSAURS")]],
+        "the change comes at the next sync"
+    );
+}

@@ -8,6 +8,7 @@
 pub(crate) mod holding;
 pub(crate) mod receipts;
 
+use rowsync_consolidated::shared_download::SharedDownloads;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -61,6 +62,8 @@ pub(crate) struct Shared<B: Consolidated> {
     pub(crate) holding: holding::Holding,
     /// Downloads sent over HTTP, kept until their receipt (see `receipt`).
     pub(crate) receipts: receipts::Receipts,
+    /// Shared rows read once (`shared_download_cache_bytes_max`); `None` when 0.
+    pub(crate) shared_downloads: Option<Arc<SharedDownloads>>,
 }
 
 impl<B: Consolidated> Shared<B> {
@@ -107,6 +110,12 @@ impl<B: Consolidated> Shared<B> {
             version_tables: VersionTablesCache::default(),
             holding: holding::Holding::default(),
             receipts: receipts::Receipts::default(),
+            shared_downloads: (config.shared_download_cache_bytes_max > 0).then(|| {
+                SharedDownloads::new(
+                    config.shared_download_cache_bytes_max,
+                    config.shared_download_cache_age,
+                )
+            }),
             metrics,
             load: Load::default(),
             slots: Arc::new(Semaphore::new(config.connections_max)),

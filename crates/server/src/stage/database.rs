@@ -57,6 +57,10 @@ pub(crate) async fn synchronize<B: Consolidated>(
     } = upload;
     // The download is encoded into its spool while the worker reads it.
     let (sender, chunks) = download_channel();
+    let sender = match &shared.shared_downloads {
+        Some(kept) => sender.with_shared_downloads(Arc::clone(kept)),
+        None => sender,
+    };
     let (preamble, mut spool) = download_spool(shared, outbound);
     if hello.protocol_version >= DOWNLOAD_RESUME_SINCE_VERSION {
         // A cut costs at most this much more than the bytes in flight.
