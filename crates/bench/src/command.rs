@@ -108,7 +108,7 @@ pub struct TransportArgs {
 }
 
 fn is_postgres(db: &str) -> bool {
-    matches!(Database::parse(db), Database::Postgres(_))
+    matches!(Database::parse(db), Ok(Database::Postgres(_)))
 }
 
 /// `--server-program`, else the `rowsync` binary in this binary's directory.
