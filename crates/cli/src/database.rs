@@ -345,7 +345,7 @@ impl Database {
         command: C,
         streams: ApplyStreamSettings,
     ) -> Result<C::Output> {
-        let refused = self.refused_connection_context();
+        let server = self.server();
         let ran = match self {
             Database::Sqlite(path) => command.run(SqliteConsolidated::new(path)).await,
             Database::Postgres(url) => {
@@ -354,36 +354,65 @@ impl Database {
             }
             Database::Mysql(url) => command.run(MysqlConsolidated::new(&url)?).await,
         };
-        match (ran, refused) {
-            (Err(error), Some(context)) if is_connection_refused(&error) => {
-                Err(error.context(context))
-            }
+        match (ran, server) {
+            (Err(error), Some((address, server))) => match connection_trouble(&error) {
+                Some(trouble) => Err(error.context(trouble.explained(&address, server))),
+                None => Err(error),
+            },
             (ran, _) => ran,
         }
     }
 
-    /// What a refused connection to this database's server means, naming its host and
-    /// port (`None` for SQLite, which connects to nothing).
-    fn refused_connection_context(&self) -> Option<String> {
-        let (address, server) = match self {
-            Database::Sqlite(_) => return None,
-            Database::Postgres(url) => (server_address(url, 5432), "PostgreSQL"),
-            Database::Mysql(url) => (server_address(url, 3306), "MySQL or MariaDB"),
-        };
-        Some(format!(
-            "nothing accepts connections at {address}, the {server} server of --db: is it \
-             running, and listening on that host and port?"
-        ))
+    /// The `host:port` this database's server is at, and its kind (`None` for SQLite,
+    /// which connects to nothing).
+    fn server(&self) -> Option<(String, &'static str)> {
+        match self {
+            Database::Sqlite(_) => None,
+            Database::Postgres(url) => Some((server_address(url, 5432), "PostgreSQL")),
+            Database::Mysql(url) => Some((server_address(url, 3306), "MySQL or MariaDB")),
+        }
     }
 }
 
-/// Whether a connection was refused somewhere in `error`'s causes.
-fn is_connection_refused(error: &anyhow::Error) -> bool {
-    error.chain().any(|cause| {
-        cause
+/// Why a connection to the database's server could not be made, when the address is why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ConnectionTrouble {
+    Refused,
+    UnknownHost,
+}
+
+impl ConnectionTrouble {
+    /// What it means, naming the server's host and port.
+    fn explained(self, address: &str, server: &str) -> String {
+        match self {
+            ConnectionTrouble::Refused => format!(
+                "nothing accepts connections at {address}, the {server} server of --db: is it \
+                 running, and listening on that host and port?"
+            ),
+            ConnectionTrouble::UnknownHost => format!(
+                "the host of {address}, the {server} server of --db, is not known: check its \
+                 spelling"
+            ),
+        }
+    }
+}
+
+/// Whether a connection was refused, or its host not found, somewhere in `error`'s causes.
+fn connection_trouble(error: &anyhow::Error) -> Option<ConnectionTrouble> {
+    error.chain().find_map(|cause| {
+        let refused = cause
             .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
-            || cause.to_string().contains("Connection refused")
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused);
+        let text = cause.to_string();
+        if refused || text.contains("Connection refused") {
+            Some(ConnectionTrouble::Refused)
+        } else if text.contains("failed to lookup address")
+            || text.contains("Name or service not known")
+        {
+            Some(ConnectionTrouble::UnknownHost)
+        } else {
+            None
+        }
     })
 }
 
@@ -476,6 +505,31 @@ mod tests {
         );
         assert_eq!(server_address("postgres://[::1]/db", 5432), "[::1]:5432");
         assert_eq!(server_address("postgres:///db", 5432), "localhost:5432");
+    }
+
+    #[test]
+    fn a_refused_connection_or_an_unknown_host_is_explained() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "no");
+        let refused = anyhow::Error::new(refused).context("postgres: connecting");
+        assert_eq!(
+            connection_trouble(&refused),
+            Some(ConnectionTrouble::Refused)
+        );
+        let lookup =
+            anyhow::anyhow!("failed to lookup address information: Name or service not known");
+        assert_eq!(
+            connection_trouble(&lookup),
+            Some(ConnectionTrouble::UnknownHost)
+        );
+        assert_eq!(
+            connection_trouble(&anyhow::anyhow!("password authentication failed")),
+            None
+        );
+        assert_eq!(
+            ConnectionTrouble::UnknownHost.explained("db.exmaple.com:5432", "PostgreSQL"),
+            "the host of db.exmaple.com:5432, the PostgreSQL server of --db, is not known: check \
+             its spelling"
+        );
     }
 
     fn resolved(db: &str, environment: &[(&str, &str)]) -> String {

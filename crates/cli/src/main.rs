@@ -200,7 +200,7 @@ pub(crate) fn main() -> std::process::ExitCode {
     let cli = match rowsync_cli::config::fold_in(&command, argv) {
         Ok((argv, _)) => parse(command, argv),
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", shown(&error));
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -216,10 +216,27 @@ pub(crate) fn main() -> std::process::ExitCode {
         // The message and its causes (each refusal names its fix), never a backtrace:
         // backtraces are for panics.
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", shown(&error));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each cause once: a cause whose words the message already
+/// carries (drivers repeat their source in their own message) is left out.
+fn shown(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let cause = cause.to_string();
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
 }
 
 /// The parsed command line; help, a version request or a usage error end the process
@@ -309,6 +326,18 @@ mod tests {
             }
             walk(sub, &sub_path, found);
         }
+    }
+
+    #[test]
+    fn an_error_shows_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused (os 111)");
+        let error = anyhow::Error::new(io)
+            .context("driver: refused (os 111)")
+            .context("nothing accepts connections at db:5432");
+        assert_eq!(
+            shown(&error),
+            "nothing accepts connections at db:5432: driver: refused (os 111)"
+        );
     }
 
     #[test]
