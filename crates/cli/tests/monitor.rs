@@ -189,6 +189,9 @@ async fn a_refused_sync_reads_at_a_glance(
                     .all(|value| !value.as_str().unwrap().ends_with("=--"))
         });
     }
+    driver.wait_for(session, &legend("phases"), |values| {
+        values.to_string().contains("\"connect=") && !values.to_string().contains("\"connect=--")
+    });
     let rate = driver.script(session, &legend("rate")).to_string();
     assert!(
         rate.contains("\"refused=") && rate.contains("\"failed="),

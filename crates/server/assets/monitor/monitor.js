@@ -22,7 +22,7 @@ function ms(value) { return value === null || value === undefined ? "" : value.t
 
 function makeChart(target, names, colors) {
   const series = [{}].concat(names.map((name, i) => ({
-    label: name, stroke: colors[i % colors.length], width: 1.5, spanGaps: false,
+    label: name, stroke: colors[i % colors.length], width: 1.5, spanGaps: false, value: legendValue,
   })));
   const width = Math.max(380, el(target).parentElement.clientWidth - 12);
   const data = [[]].concat(names.map(() => []));
@@ -30,6 +30,17 @@ function makeChart(target, names, colors) {
   const hooks = { setCursor: [(u) => { if (u.cursor.idx == null) showNewest(u); }] };
   const options = { width, height: 170, series, axes: [{}, { size: 56 }], hooks };
   return { plot: new uPlot(options, data, el(target)), names };
+}
+
+// A legend value; with no point picked, a series with no value at the newest sample (a
+// phase no sync ended in) shows its last value instead of "--".
+function legendValue(u, value, seriesIdx, idx) {
+  if ((value === null || value === undefined) && u.cursor.idx == null && idx != null) {
+    const values = u.data[seriesIdx];
+    for (let i = Math.min(idx, values.length - 1); i >= 0 && value == null; i--) value = values[i];
+  }
+  if (value === null || value === undefined) return "--";
+  return Number.isInteger(value) ? String(value) : value.toFixed(value < 10 ? 2 : 1);
 }
 
 // The legend's values at the newest sample (uPlot shows "--" while no point is picked).
