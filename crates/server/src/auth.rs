@@ -136,25 +136,10 @@ async fn login_to_unknown_version<B: Consolidated>(
         }
     };
     check_password(password_checks, stored_hash, hello).await?;
-    Err(AuthFailure::UnknownScriptVersion(unknown_version_message(
-        &hello.script_version,
-        &versions,
-    )))
-}
-
-/// What a logged-in user is told about a script version that does not exist.
-fn unknown_version_message(version: &str, versions: &[(String, String)]) -> String {
-    if versions.is_empty() {
-        return format!(
-            "the server synchronizes no table yet: run `rowsync init` on its database \
-             (script version {version:?} does not exist)"
-        );
-    }
-    let names: Vec<&str> = versions.iter().map(|(name, _)| name.as_str()).collect();
-    format!(
-        "script version {version:?} does not exist; the server has {}",
-        names.join(", ")
-    )
+    let versions: Vec<String> = versions.into_iter().map(|(name, _)| name).collect();
+    Err(AuthFailure::UnknownScriptVersion(
+        crate::session::unknown_version_message(&hello.script_version, &versions),
+    ))
 }
 
 /// A token's subject, when the token is valid and the hello names no other user.
