@@ -9,9 +9,10 @@
 //! exist (only `init --create` makes one), a URL's scheme must be one rowsync reads. A
 //! URL without a password takes one from `--db-password-file`, else from the variables
 //! and files the database's own tools read (`PGPASSWORD`, `PGPASSFILE` or `~/.pgpass`;
-//! `MYSQL_PWD`). A URL's password is never shown: messages show the URL through
+//! `~/.my.cnf` or `MYSQL_PWD`). A URL's password is never shown: messages show the URL through
 //! [`without_password`].
 
+mod mycnf;
 mod pgpass;
 
 use std::future::Future;
@@ -66,7 +67,8 @@ pub enum DbArgError {
 pub struct DatabaseArg {
     /// The consolidated database: a SQLite file path (which must exist), a postgres://
     /// or a mysql:// URL. A URL without a password takes it from --db-password-file, else
-    /// PGPASSWORD, PGPASSFILE or ~/.pgpass (PostgreSQL), MYSQL_PWD (MySQL, MariaDB).
+    /// PGPASSWORD, PGPASSFILE or ~/.pgpass (PostgreSQL), ~/.my.cnf or MYSQL_PWD (MySQL,
+    /// MariaDB).
     #[arg(long)]
     pub db: String,
     /// The password of the --db URL's user, read from this file (a trailing newline is
@@ -121,9 +123,7 @@ impl DatabaseArg {
                 let found = match file_password {
                     Some(password) => Some(Password::FromFile(password)),
                     None if has_password(&url) => None,
-                    None => environment("MYSQL_PWD")
-                        .filter(|password| !password.is_empty())
-                        .map(Password::FromEnvironment),
+                    None => mysql_password(environment).map(Password::FromEnvironment),
                 };
                 Database::Mysql(with_found_password(url, found)?)
             }
@@ -189,6 +189,19 @@ fn postgres_password(url: &str, environment: &dyn Fn(&str) -> Option<String>) ->
             None
         }
     }
+}
+
+/// The password the mysql client would take: the `[client]` password of `~/.my.cnf`,
+/// else `MYSQL_PWD` (option files win over the environment, as for the mysql client).
+fn mysql_password(environment: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    if let Some(home) = environment("HOME") {
+        match mycnf::lookup(&Path::new(&home).join(".my.cnf")) {
+            mycnf::Lookup::Password(password) => return Some(password),
+            mycnf::Lookup::Nothing => {}
+            mycnf::Lookup::Ignored(warning) => eprintln!("warning: {warning}"),
+        }
+    }
+    environment("MYSQL_PWD").filter(|password| !password.is_empty())
 }
 
 /// The authority of `scheme://authority/...`: `(userinfo, host and port)`.
@@ -595,6 +608,14 @@ mod tests {
         assert_eq!(
             resolved("postgres://app@db:5433/app", &[("HOME", home)]),
             "postgres://app@db:5433/app"
+        );
+        let mysql = "mysql://root@db/app";
+        std::fs::write(dir.path().join(".my.cnf"), "[client]\npassword=cnf\n").unwrap();
+        let both = [("HOME", home), ("MYSQL_PWD", "env")];
+        assert_eq!(resolved(mysql, &both), "mysql://root:cnf@db/app");
+        assert_eq!(
+            resolved(mysql, &[("MYSQL_PWD", "env")]),
+            "mysql://root:env@db/app"
         );
     }
 

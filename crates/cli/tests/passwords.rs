@@ -1,8 +1,8 @@
 //! Passwords and secrets (issue 36, item 5): `rowsync user add` asks at a terminal with
 //! echo off (and still reads a pipe); a PostgreSQL URL without a password takes
 //! `PGPASSWORD`, else `PGPASSFILE` or `~/.pgpass` as libpq reads them, against a real
-//! cluster that wants a password; a MariaDB URL takes `MYSQL_PWD`. No message shows a
-//! password.
+//! cluster that wants a password; a MariaDB URL takes `~/.my.cnf` or `MYSQL_PWD`. No
+//! message shows a password.
 
 mod support;
 
@@ -124,6 +124,13 @@ async fn a_mariadb_url_without_a_password_takes_mysql_pwd() {
     let wrong = run(&list, &[("MYSQL_PWD", "not-it")]);
     assert!(!wrong.status.success());
     assert!(!stderr(&wrong).contains("not-it"), "{}", stderr(&wrong));
+    // The option file, as the mysql client reads it, wins over the variable.
+    let home = tempfile::tempdir().unwrap();
+    let options = "[mysqld]\npassword = not-it\n[client]\npassword = \"maria-Secret\"\n";
+    write_private(&home.path().join(".my.cnf"), options, 0o600);
+    let home = home.path().to_str().unwrap();
+    let from_file = run(&list, &[("HOME", home), ("MYSQL_PWD", "not-it")]);
+    assert!(from_file.status.success(), "{}", stderr(&from_file));
 }
 
 #[test]
