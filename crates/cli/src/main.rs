@@ -9,7 +9,8 @@ use std::ffi::OsString;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use command::{
-    cert, cleanup, config, demo, init, keys, profile, replay, script, serve, user, version,
+    cert, cleanup, config, demo, init, keys, profile, replay, rules, schema, script, serve, user,
+    version,
 };
 
 #[derive(Parser)]
@@ -35,7 +36,10 @@ struct Cli {
 /// The groups of `rowsync --help`, in the order a newcomer needs them; each command is
 /// in one (a test checks).
 const COMMAND_GROUPS: [(&str, &[&str]); 4] = [
-    ("Getting started", &["demo", "init", "user"]),
+    (
+        "Getting started",
+        &["demo", "init", "rules", "schema", "user"],
+    ),
     ("Running", &["serve", "sync"]),
     (
         "Operating",
@@ -60,6 +64,20 @@ enum Command {
     /// Installs change tracking (row versions and tombstones kept by triggers) and the
     /// default sync scripts. Run it again after the table changed (docs/schema-changes.md).
     Init(init::InitArgs),
+    /// Set which rows each user's devices get, for a whole app, from one rule file.
+    ///
+    /// `check` compares the file with the database (tables without a rule, rules naming
+    /// missing tables); `apply` makes every table synchronizable by its rule: change
+    /// tracking and the scripts of a script version (docs/rules.md).
+    Rules {
+        #[command(subcommand)]
+        command: rules::RulesCommand,
+    },
+    /// Make a device's tables: the client CREATE TABLEs from the server's.
+    ///
+    /// Prints them for a script version, or creates them in a client database with
+    /// --client-db (tables it has already are left as they are).
+    Schema(schema::SchemaArgs),
     /// Add and manage the users devices log in as.
     User {
         #[command(subcommand)]
@@ -260,6 +278,8 @@ impl Command {
                 | Command::Version { .. }
                 | Command::User { .. }
                 | Command::Init(_)
+                | Command::Rules { .. }
+                | Command::Schema(_)
                 | Command::Keys(_)
                 | Command::Cleanup(_)
                 | Command::Cert(_)
@@ -293,6 +313,8 @@ async fn run(command: Command, config_file: Option<std::path::PathBuf>) -> Resul
         Command::Script { command } => script::run(command).await,
         Command::Version { command } => version::run(command).await,
         Command::Init(args) => init::run(args).await,
+        Command::Rules { command } => rules::run(command).await,
+        Command::Schema(args) => schema::run(args).await,
         Command::Keys(args) => keys::run(args).await,
         Command::Cleanup(args) => cleanup::run(args).await,
         Command::Cert(args) => cert::run(args),

@@ -179,8 +179,8 @@ async fn a_sync_before_init_says_to_run_init_and_only_after_the_login() {
     assert_eq!(
         sync("erin", "erin-secret"),
         "rowsync sync: refused: the server refused the sync: UnknownScriptVersion (code 6): \
-         the server synchronizes no table yet: run `rowsync init` on its database (script \
-         version \"v1\" does not exist)\n"
+         the server synchronizes no table yet: run `rowsync init` (or `rowsync rules \
+         apply`) on its database (script version \"v1\" does not exist)\n"
     );
     let login_refused = "rowsync sync: refused: the server refused the sync: \
                          AuthenticationFailed (code 3): authentication failed: unknown user \

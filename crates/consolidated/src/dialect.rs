@@ -487,6 +487,14 @@ pub trait Dialect {
         keys: &[Row],
     ) -> Result<ScriptRows, SyncError>;
 
+    /// Makes the watermark this transaction takes next lie above every watermark taken
+    /// before it (a client's groups changed, `driver::groups`). A backend whose
+    /// watermarks already rise at every sync, or whose cursors compare them inclusively,
+    /// does nothing.
+    async fn advance_watermark(&mut self) -> Result<(), SyncError> {
+        Ok(())
+    }
+
     /// The download watermark: every change below it is committed and visible to the
     /// cursors this transaction runs from now on, and every change a transaction still
     /// running may commit later lands at or above it.

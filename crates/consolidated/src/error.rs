@@ -225,3 +225,9 @@ impl SyncError {
         }
     }
 }
+
+impl From<crate::rules::RuleError> for DbError {
+    fn from(error: crate::rules::RuleError) -> DbError {
+        DbError::Invalid(error.to_string())
+    }
+}

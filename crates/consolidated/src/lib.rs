@@ -23,6 +23,7 @@ mod names;
 mod parameters;
 pub mod postgres;
 mod reinit;
+pub mod rules;
 pub mod scripts;
 mod shape;
 pub mod sqlite;
@@ -60,6 +61,14 @@ pub use types::{
     ApplyStreamSettings, AuthCheck, AuthRequest, DownloadAckRequest, InitOutcome, ScriptEntry,
     SyncOutcome, SyncRequest, TableInit, UserEntry,
 };
+
+/// A table as a client declares it: each column with its SQLite affinity (`INTEGER`,
+/// `REAL`, `TEXT` or `BLOB`, docs/types.md), and the primary key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTable {
+    pub columns: Vec<(String, &'static str)>,
+    pub key_columns: Vec<String>,
+}
 
 /// A consolidated database: hands out connections. Cheap to clone.
 pub trait Consolidated: Clone + Send + Sync + 'static {
@@ -175,6 +184,23 @@ pub trait ConsolidatedConnection: Send + 'static {
         &mut self,
         init: &TableInit,
     ) -> impl Future<Output = Result<InitOutcome, DbError>> + Send;
+
+    /// `init_table` with the table's scripts made from its sync rule (`rules`,
+    /// `rowsync rules apply`): the rule's columns only, tracking partitioned by the
+    /// rule's column, and the table recorded as ruled (its partition column is then no
+    /// user name).
+    fn init_rule_table(
+        &mut self,
+        init: &TableInit,
+        rules: &rules::RuleSet,
+    ) -> impl Future<Output = Result<InitOutcome, DbError>> + Send;
+
+    /// A table's columns with the SQLite affinity a client's table declares for each
+    /// (docs/types.md), and its key columns; `None` when there is no such table.
+    fn client_columns(
+        &mut self,
+        table: &str,
+    ) -> impl Future<Output = Result<Option<ClientTable>, DbError>> + Send;
 
     /// Splits a table's key space between the clients and the server for key ranges
     /// (`rowsync keys`, see `key_space`): the server's key generator moved above the

@@ -60,8 +60,14 @@ pub const DOWNLOAD_DELETE_CURSOR: &str = "download_delete_cursor";
 /// the table's key space is used up). Run when the client has less than half a range
 /// left; `rowsync keys` writes it.
 pub const KEY_RANGE: &str = "key_range";
+/// A query returning the groups the user belongs to (`:user`), one value per row in
+/// its first column: a group-rule table's rows in those groups are the user's
+/// (`rowsync rules`, docs/rules.md). Run before `begin_download`; each client's groups
+/// are kept in `rs_client_group`, so that a group joined brings all its rows and a
+/// group left takes them away.
+pub const USER_GROUPS: &str = "user_groups";
 
-pub const TABLE_EVENTS: [&str; 9] = [
+pub const TABLE_EVENTS: [&str; 10] = [
     UPLOAD_INSERT,
     UPLOAD_INSERT_FAST,
     UPLOAD_UPDATE,
@@ -71,6 +77,7 @@ pub const TABLE_EVENTS: [&str; 9] = [
     DOWNLOAD_CURSOR,
     DOWNLOAD_DELETE_CURSOR,
     KEY_RANGE,
+    USER_GROUPS,
 ];
 
 pub const UPLOAD_PLACEHOLDER: &str = "{upload}";

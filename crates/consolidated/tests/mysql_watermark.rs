@@ -36,6 +36,19 @@ impl Sql for Conn {
         .collect()
     }
 
+    async fn group_items_of(&mut self, user: &str) -> Vec<Row> {
+        self.exec::<mysql_async::Row, _, _>(
+            "SELECT id, grp, value FROM gitems WHERE grp IN \
+             (SELECT grp FROM gmember WHERE user_name = ?) ORDER BY id",
+            (user,),
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|row| read_row(row).unwrap())
+        .collect()
+    }
+
     async fn ids(&mut self) -> Vec<i64> {
         self.query("SELECT id FROM items").await.unwrap()
     }

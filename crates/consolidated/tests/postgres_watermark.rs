@@ -43,6 +43,19 @@ impl Sql for Client {
         .collect()
     }
 
+    async fn group_items_of(&mut self, user: &str) -> Vec<Row> {
+        self.query(
+            "SELECT id, grp, value FROM gitems WHERE grp IN \
+             (SELECT grp FROM gmember WHERE user_name = $1) ORDER BY id",
+            &[&user],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (0..3).map(|i| row.get::<_, Read>(i).0).collect())
+        .collect()
+    }
+
     async fn ids(&mut self) -> Vec<i64> {
         self.query("SELECT id::bigint FROM items", &[])
             .await

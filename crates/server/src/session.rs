@@ -87,8 +87,8 @@ pub struct VersionTables {
 pub(crate) fn unknown_version_message(version: &str, versions: &[String]) -> String {
     if versions.is_empty() {
         return format!(
-            "the server synchronizes no table yet: run `rowsync init` on its database \
-             (script version {version:?} does not exist)"
+            "the server synchronizes no table yet: run `rowsync init` (or `rowsync rules \
+             apply`) on its database (script version {version:?} does not exist)"
         );
     }
     format!(

@@ -15,6 +15,8 @@ pub mod init;
 pub mod keys;
 pub mod profile;
 pub mod replay;
+pub mod rules;
+pub mod schema;
 pub mod script;
 pub mod serve;
 pub mod user;

@@ -9,6 +9,7 @@
 //!                resolve_conflict, upload_fetch (server wins)
 //!   end_upload
 //!   key_range                        (per table the client runs low on keys of, v7)
+//!   user_groups                      (per group-rule table: the client's groups kept)
 //!   modify_next_last_download        (the watermark)
 //!   begin_download
 //!     per table: download_delete_cursor, download_cursor (echoes left out by the
@@ -21,6 +22,7 @@
 
 mod apply;
 mod download;
+mod groups;
 mod key_ranges;
 mod refused;
 mod rows;
@@ -249,7 +251,21 @@ async fn run_events<D: Dialect, B: SyncBackend>(
     // download, and must learn which of its changes lost before this one overwrites them.
     download::send_conflicts(request, &uploaded.resolutions, download).await?;
     let apply_time = started.elapsed();
+    let previous_download = subscription.as_ref().map_or(0, |s| s.download_watermark);
+    let groups_changed =
+        groups::record(transaction, scripts, &parameters, previous_download).await?;
+    if !groups_changed.is_empty() {
+        transaction.advance_watermark().await?;
+    }
     let watermark = next_watermark(transaction, scripts, &parameters).await?;
+    groups::stamp(
+        transaction,
+        scripts,
+        &parameters,
+        &groups_changed,
+        watermark,
+    )
+    .await?;
     transaction
         .run_event(scripts, BEGIN_DOWNLOAD, &parameters)
         .await?;

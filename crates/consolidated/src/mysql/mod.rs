@@ -252,7 +252,19 @@ impl ConsolidatedConnection for MysqlConnection {
     }
 
     async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {
-        schema::init_table(&mut self.connection, init).await
+        schema::init_table(&mut self.connection, init, None).await
+    }
+
+    async fn client_columns(&mut self, table: &str) -> Result<Option<crate::ClientTable>, DbError> {
+        schema::client_columns(&mut self.connection, table).await
+    }
+
+    async fn init_rule_table(
+        &mut self,
+        init: &TableInit,
+        rules: &crate::rules::RuleSet,
+    ) -> Result<InitOutcome, DbError> {
+        schema::init_table(&mut self.connection, init, Some(rules)).await
     }
 
     async fn synchronize(

@@ -16,11 +16,15 @@ use super::stamp;
 use crate::foreign_keys::{refuse_undeferrable_cycles, ForeignKey};
 use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
+use crate::rules::scope::Scope;
+use crate::rules::{Rule, RuleSet};
 use crate::scripts::*;
 use crate::shape::{
     is_number, partition_column_refusal, unsupported_column_type, Column, TableShape,
 };
 use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
+
+mod rules;
 
 /// Text columns of system tables compare byte for byte, as on the other backends.
 const NAME: &str = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
@@ -56,6 +60,17 @@ fn system_tables() -> Vec<String> {
         ),
         format!(
             "CREATE TABLE IF NOT EXISTS rs_table (table_name {NAME} PRIMARY KEY, partition_column {NAME} NOT NULL) ENGINE = InnoDB"
+        ),
+        // Tables whose scripts come from a sync rule other than `owner` (`rowsync rules`).
+        format!(
+            "CREATE TABLE IF NOT EXISTS rs_table_rule (table_name {NAME} PRIMARY KEY, rule {NAME} NOT NULL) ENGINE = InnoDB"
+        ),
+        // The groups each client has, per group-rule table (driver::groups).
+        format!(
+            "CREATE TABLE IF NOT EXISTS rs_client_group (client_id {NAME} NOT NULL, table_name {NAME} NOT NULL,
+             group_value {NAME} NOT NULL, added_at BIGINT NOT NULL, added_after BIGINT NOT NULL,
+             removed_at BIGINT NULL, removed_after BIGINT NULL,
+             PRIMARY KEY (client_id, table_name, group_value)) ENGINE = InnoDB"
         ),
         format!(
             "CREATE TABLE IF NOT EXISTS rs_script_column (script_version {NAME} NOT NULL, table_name {NAME} NOT NULL,
@@ -177,6 +192,7 @@ pub async fn password_hash(connection: &mut Conn, name: &str) -> Result<Option<S
 }
 
 /// One column of a table as `information_schema` describes it.
+#[derive(Clone)]
 pub struct ColumnInfo {
     pub name: String,
     /// The full type, as a column definition takes it (`varchar(20)`, `decimal(30,6)`).
@@ -262,6 +278,29 @@ pub fn column_limits(columns: &[ColumnInfo]) -> ColumnLimits {
 }
 
 /// A table's shape and its columns' types, `None` if it does not exist.
+/// See `ConsolidatedConnection::client_columns`.
+pub async fn client_columns(
+    connection: &mut impl Queryable,
+    table: &str,
+) -> Result<Option<crate::ClientTable>, DbError> {
+    let Some((shape, infos)) = table_shape(connection, table).await? else {
+        return Ok(None);
+    };
+    let affinity = |info: &ColumnInfo| match info.data_type.as_str() {
+        "tinyint" | "smallint" | "mediumint" | "int" | "bigint" | "year" | "bit" => "INTEGER",
+        "float" | "double" => "REAL",
+        "binary" | "varbinary" | "tinyblob" | "blob" | "mediumblob" | "longblob" => "BLOB",
+        _ => "TEXT",
+    };
+    Ok(Some(crate::ClientTable {
+        columns: infos
+            .iter()
+            .map(|info| (info.name.clone(), affinity(info)))
+            .collect(),
+        key_columns: shape.key_columns,
+    }))
+}
+
 pub async fn table_shape(
     connection: &mut impl Queryable,
     table: &str,
@@ -375,7 +414,11 @@ const TABLE_NAME_CHARS_MAX: usize = 64 - "rs_tombstone__partition".len();
 /// under InnoDB's 3072-byte key).
 const PARTITION_INDEX_PREFIX_CHARS: u32 = 191;
 
-pub async fn init_table(connection: &mut Conn, init: &TableInit) -> Result<InitOutcome, DbError> {
+pub async fn init_table(
+    connection: &mut Conn,
+    init: &TableInit,
+    rules: Option<&RuleSet>,
+) -> Result<InitOutcome, DbError> {
     if init.table.starts_with("rs_") {
         return Err(DbError::Invalid(
             "tables named rs_* are rowsync's own".into(),
@@ -388,18 +431,39 @@ pub async fn init_table(connection: &mut Conn, init: &TableInit) -> Result<InitO
         )));
     }
     let init = init.clone();
+    let rules = rules.cloned();
     with_install_lock(connection, async move |connection| {
         install_unlocked(connection).await?;
-        let (shape, infos) = table_shape(connection, &init.table)
+        let (full_shape, full_infos) = table_shape(connection, &init.table)
             .await?
             .ok_or_else(|| DbError::Invalid(format!("table {:?} does not exist", init.table)))?;
+        let ruled = match &rules {
+            Some(rules) => {
+                Some(RuledTable::new(connection, rules, &full_shape, &full_infos).await?)
+            }
+            None => None,
+        };
+        let (shape, infos, init) = match &ruled {
+            Some(ruled) => (
+                ruled.shape.clone(),
+                ruled.infos.clone(),
+                TableInit {
+                    partition_column: ruled.tracking_column.clone(),
+                    ..init
+                },
+            ),
+            None => (full_shape.clone(), full_infos.clone(), init),
+        };
         if shape.key_columns.is_empty() {
             return Err(DbError::Invalid(format!(
                 "table {:?} has no primary key; rowsync identifies rows by their primary key",
                 init.table
             )));
         }
-        let Some(partition) = infos.iter().find(|info| info.name == init.partition_column) else {
+        let Some(partition) = full_infos
+            .iter()
+            .find(|info| info.name == init.partition_column)
+        else {
             return Err(DbError::Invalid(format!(
                 "table {:?} has no column {:?} to partition by",
                 init.table, init.partition_column
@@ -409,7 +473,8 @@ pub async fn init_table(connection: &mut Conn, init: &TableInit) -> Result<InitO
             .query("SELECT name FROM rs_user ORDER BY name")
             .await
             .map_err(db)?;
-        if let Some((user, type_name)) = users.iter().find_map(|user| {
+        let owner = ruled.as_ref().is_none_or(|ruled| ruled.is_owner);
+        if let Some((user, type_name)) = users.iter().filter(|_| owner).find_map(|user| {
             partition_value_misfit(&partition.data_type, user).map(|misfit| (user, misfit))
         }) {
             return Err(partition_column_refusal(&init, user, &type_name));
@@ -429,15 +494,24 @@ pub async fn init_table(connection: &mut Conn, init: &TableInit) -> Result<InitO
         refuse_cycles_through(connection, &init.table).await?;
         // DDL commits as it goes in MySQL: each statement below is idempotent, and the
         // table is registered (with its scripts) only once all of them ran.
-        for statement in tracking_ddl(connection, &shape, &infos, partition).await? {
+        for statement in tracking_ddl(connection, &full_shape, &full_infos, partition).await? {
             connection.query_drop(statement).await.map_err(db)?;
         }
+        let scripts_for = |part: &TableShape| match &ruled {
+            Some(ruled) if !ruled.is_owner => rules::rule_scripts(part, &ruled.scope()),
+            _ => default_scripts(part, &init.partition_column),
+        };
         let registration = Registration {
             shape: &shape,
-            infos: &infos,
+            infos: &full_infos,
             init: &init,
             target: &target,
             versions: &versions,
+            scripts_for: &scripts_for,
+            rule: ruled
+                .as_ref()
+                .filter(|ruled| !ruled.is_owner)
+                .map(|ruled| ruled.kind),
         };
         register(connection, registration).await
     })
@@ -483,6 +557,55 @@ struct Registration<'a> {
     init: &'a TableInit,
     target: &'a Target,
     versions: &'a [VersionFacts],
+    /// The table's scripts for a part of its columns.
+    scripts_for: &'a (dyn Fn(&TableShape) -> reinit::DefaultScripts + Sync),
+    /// The table's rule, when it is not `owner`.
+    rule: Option<&'static str>,
+}
+
+/// A table with a rule: the columns it synchronizes and what its scripts are made from.
+struct RuledTable {
+    rules: RuleSet,
+    keys: std::collections::BTreeMap<String, Vec<String>>,
+    sql: rules::MysqlRuleSql,
+    shape: TableShape,
+    infos: Vec<ColumnInfo>,
+    tracking_column: String,
+    kind: &'static str,
+    is_owner: bool,
+}
+
+impl RuledTable {
+    async fn new(
+        connection: &mut Conn,
+        rules: &RuleSet,
+        shape: &TableShape,
+        infos: &[ColumnInfo],
+    ) -> Result<RuledTable, DbError> {
+        let rule = rules.rule_of(&shape.name)?;
+        let (keys, sql) = rules::rule_facts(connection, rules, &shape.name).await?;
+        let (kept_shape, kept_infos) = rules::rule_shape(shape, infos, rule)?;
+        let mut ruled = RuledTable {
+            rules: rules.clone(),
+            keys,
+            sql,
+            shape: kept_shape,
+            infos: kept_infos,
+            tracking_column: String::new(),
+            kind: rule.rule.kind(),
+            is_owner: matches!(rule.rule, Rule::Owner { .. }),
+        };
+        ruled.tracking_column = ruled.scope().tracking_column(&shape.name)?;
+        Ok(ruled)
+    }
+
+    fn scope(&self) -> Scope<'_> {
+        Scope {
+            rules: &self.rules,
+            keys: &self.keys,
+            sql: &self.sql,
+        }
+    }
 }
 
 /// Creates the target version, as a copy of its base (scripts and recorded columns).
@@ -540,9 +663,9 @@ async fn write_default_scripts(
     transaction: &mut Transaction<'_>,
     version: &str,
     shape: &TableShape,
-    partition_column: &str,
+    scripts: reinit::DefaultScripts,
 ) -> Result<(), DbError> {
-    for (event, script) in default_scripts(shape, partition_column) {
+    for (event, script) in scripts {
         write_script(transaction, version, &shape.name, event, &script).await?;
     }
     transaction
@@ -570,7 +693,7 @@ async fn rewrite_dropped(
     transaction: &mut Transaction<'_>,
     rewrite: &Rewrite,
     shape: &TableShape,
-    partition_column: &str,
+    defaults: (reinit::DefaultScripts, reinit::DefaultScripts),
     outcome: &mut InitOutcome,
 ) -> Result<(), DbError> {
     let stored: HashMap<String, String> = transaction
@@ -582,17 +705,7 @@ async fn rewrite_dropped(
         .map_err(db)?
         .into_iter()
         .collect();
-    let (write, left_alone) = reinit::rewritten_scripts(
-        &stored,
-        default_scripts(
-            &reinit::shape_with_columns(shape, &rewrite.recorded),
-            partition_column,
-        ),
-        default_scripts(
-            &reinit::shape_with_columns(shape, &rewrite.remaining),
-            partition_column,
-        ),
-    );
+    let (write, left_alone) = reinit::rewritten_scripts(&stored, defaults.0, defaults.1);
     for (event, script) in write {
         write_script(transaction, &rewrite.version, &shape.name, event, &script).await?;
     }
@@ -643,6 +756,8 @@ async fn register(
         init,
         target,
         versions,
+        scripts_for,
+        rule,
     } = registration;
     let mut transaction = connection
         .start_transaction(TxOpts::default())
@@ -679,6 +794,23 @@ async fn register(
         )
         .await
         .map_err(db)?;
+    match rule {
+        Some(kind) => transaction
+            .exec_drop(
+                "INSERT INTO rs_table_rule (table_name, rule) VALUES (?, ?)
+                 ON DUPLICATE KEY UPDATE rule = VALUES(rule)",
+                (&init.table, kind),
+            )
+            .await
+            .map_err(db)?,
+        None => transaction
+            .exec_drop(
+                "DELETE FROM rs_table_rule WHERE table_name = ?",
+                (&init.table,),
+            )
+            .await
+            .map_err(db)?,
+    }
     create_version(&mut transaction, target).await?;
     let mut outcome = InitOutcome {
         script_version: target.name.clone(),
@@ -686,10 +818,13 @@ async fn register(
         based_on: target.based_on.clone(),
         ..InitOutcome::default()
     };
-    let partition = &init.partition_column;
-    write_default_scripts(&mut transaction, &target.name, shape, partition).await?;
+    write_default_scripts(&mut transaction, &target.name, shape, scripts_for(shape)).await?;
     for rewrite in reinit::dropped_column_rewrites(versions, &target.name, shape) {
-        rewrite_dropped(&mut transaction, &rewrite, shape, partition, &mut outcome).await?;
+        let defaults = (
+            scripts_for(&reinit::shape_with_columns(shape, &rewrite.recorded)),
+            scripts_for(&reinit::shape_with_columns(shape, &rewrite.remaining)),
+        );
+        rewrite_dropped(&mut transaction, &rewrite, shape, defaults, &mut outcome).await?;
     }
     transaction.commit().await.map_err(db)?;
     Ok(outcome)

@@ -239,14 +239,17 @@ impl Dialect for MysqlTransaction<'_> {
         if let Some(column) = self.partition_columns.get(table) {
             return Ok(column.clone());
         }
-        let column: Option<String> = self
+        // NULL for a table whose rule is not `owner`.
+        let column: Option<Option<String>> = self
             .transaction
             .exec_first(
-                "SELECT partition_column FROM rs_table WHERE table_name = ?",
-                (table,),
+                "SELECT CASE WHEN EXISTS (SELECT 1 FROM rs_table_rule AS r WHERE r.table_name = ?) \
+                 THEN NULL ELSE partition_column END FROM rs_table WHERE table_name = ?",
+                (table, table),
             )
             .await
             .map_err(db)?;
+        let column = column.flatten();
         self.partition_columns
             .insert(table.to_string(), column.clone());
         Ok(column)

@@ -58,6 +58,7 @@ use tokio_postgres::Client;
 use crate::dialect::SyncBackend;
 pub use crate::driver::SYNC_ATTEMPTS_MAX;
 use crate::key_space::{KeyRangeInit, KeySpace};
+use crate::rules::RuleSet;
 use crate::version_scripts::ScriptCache;
 use crate::UserEntry;
 use crate::{
@@ -405,7 +406,19 @@ impl ConsolidatedConnection for PostgresConnection {
     }
 
     async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {
-        schema::init_table(&mut self.client, init).await
+        schema::init_table(&mut self.client, init, None).await
+    }
+
+    async fn client_columns(&mut self, table: &str) -> Result<Option<crate::ClientTable>, DbError> {
+        schema::client_columns(&self.client, table).await
+    }
+
+    async fn init_rule_table(
+        &mut self,
+        init: &TableInit,
+        rules: &RuleSet,
+    ) -> Result<InitOutcome, DbError> {
+        schema::init_table(&mut self.client, init, Some(rules)).await
     }
 
     async fn synchronize(

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use tokio_postgres::{Client, GenericClient, Transaction};
 
 mod partitions;
+mod rules;
 
 use super::shapes::SCHEMA_GENERATION_DDL;
 use super::statements::Statements;
@@ -13,6 +14,8 @@ use super::value::kind_of;
 use crate::foreign_keys::{refuse_undeferrable_cycles, ForeignKey};
 use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
+use crate::rules::scope::Scope;
+use crate::rules::{Rule, RuleSet};
 use crate::scripts::*;
 use crate::shape::{partition_column_refusal, unsupported_column_type, Column, TableShape};
 use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
@@ -69,6 +72,23 @@ CREATE INDEX IF NOT EXISTS rs_subscription_user ON rs_subscription (user_name);
 CREATE TABLE IF NOT EXISTS rs_table (
     table_name TEXT PRIMARY KEY,
     partition_column TEXT NOT NULL
+);
+-- Tables whose scripts come from a sync rule other than `owner` (`rowsync rules`): their
+-- partition column is the tracking column, not the user's name.
+CREATE TABLE IF NOT EXISTS rs_table_rule (
+    table_name TEXT PRIMARY KEY,
+    rule TEXT NOT NULL
+);
+-- The groups each client has, per group-rule table (driver::groups).
+CREATE TABLE IF NOT EXISTS rs_client_group (
+    client_id TEXT NOT NULL,
+    table_name TEXT NOT NULL,
+    group_value TEXT NOT NULL,
+    added_at BIGINT NOT NULL,
+    added_after BIGINT NOT NULL,
+    removed_at BIGINT,
+    removed_after BIGINT,
+    PRIMARY KEY (client_id, table_name, group_value)
 );
 CREATE TABLE IF NOT EXISTS rs_script_column (
     script_version TEXT NOT NULL,
@@ -154,6 +174,31 @@ pub async fn table_shape(
         return Ok(None);
     }
     Ok(Some(shape_from_rows(table, rows)))
+}
+
+/// See `ConsolidatedConnection::client_columns`.
+pub async fn client_columns(
+    client: &impl GenericClient,
+    table: &str,
+) -> Result<Option<crate::ClientTable>, DbError> {
+    let Some((shape, types)) = table_shape(client, None, table).await? else {
+        return Ok(None);
+    };
+    let affinity = |sql_type: &str| match sql_type {
+        "boolean" | "smallint" | "integer" | "bigint" => "INTEGER",
+        "real" | "double precision" => "REAL",
+        "bytea" => "BLOB",
+        _ => "TEXT",
+    };
+    Ok(Some(crate::ClientTable {
+        columns: shape
+            .columns
+            .iter()
+            .zip(&types)
+            .map(|(column, sql_type)| (column.name.clone(), affinity(sql_type)))
+            .collect(),
+        key_columns: shape.key_columns,
+    }))
 }
 
 /// A table's columns in order, their SQL types, and their position in the primary key.
@@ -273,7 +318,11 @@ pub fn deleted_table(table: &str) -> String {
 /// `rs_deleted_<T>_xid`) fit PostgreSQL's 63-byte identifiers.
 pub const TABLE_NAME_BYTES_MAX: usize = 46;
 
-pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<InitOutcome, DbError> {
+pub async fn init_table(
+    client: &mut Client,
+    init: &TableInit,
+    rules: Option<&RuleSet>,
+) -> Result<InitOutcome, DbError> {
     if init.table.len() > TABLE_NAME_BYTES_MAX {
         return Err(DbError::Invalid(format!(
             "table name {:?} is {} bytes; the names rowsync derives from it would pass \
@@ -298,22 +347,40 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<InitOut
             init.table
         )));
     }
+    let ruled = match rules {
+        Some(rules) => Some(RuledTable::new(&transaction, rules, &shape, &types).await?),
+        None => None,
+    };
+    let init = &match &ruled {
+        Some(ruled) => TableInit {
+            partition_column: ruled.tracking_column.clone(),
+            ..init.clone()
+        },
+        None => init.clone(),
+    };
+    let (full_shape, full_types) = (shape, types);
+    let (shape, types) = match &ruled {
+        Some(ruled) => (ruled.shape.clone(), ruled.types.clone()),
+        None => (full_shape.clone(), full_types.clone()),
+    };
     refuse_unsupported_types(&transaction, &shape, &types).await?;
-    let Some(partition_type) = shape
+    let Some(partition_type) = full_shape
         .columns
         .iter()
         .position(|column| column.name == init.partition_column)
-        .map(|index| types[index].clone())
+        .map(|index| full_types[index].clone())
     else {
         return Err(DbError::Invalid(format!(
             "table {:?} has no column {:?} to partition by",
             init.table, init.partition_column
         )));
     };
-    refuse_misfit_users(&transaction, init, &partition_type).await?;
+    if ruled.as_ref().is_none_or(|ruled| ruled.is_owner) {
+        refuse_misfit_users(&transaction, init, &partition_type).await?;
+    }
     let versions = version_facts(&transaction, &init.table).await?;
     let target = reinit::choose_version(init, &versions, &shape.column_names())?;
-    install_tracking(&transaction, &shape, &types, init).await?;
+    install_tracking(&transaction, &full_shape, &full_types, init).await?;
     transaction
         .execute(
             "INSERT INTO rs_table (table_name, partition_column) VALUES ($1, $2)
@@ -321,6 +388,7 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<InitOut
             &[&init.table, &init.partition_column],
         )
         .await?;
+    record_rule(&transaction, &init.table, ruled.as_ref()).await?;
     refuse_undeferrable_cycles_through(&transaction, &init.table).await?;
     create_version(&transaction, &target).await?;
     let mut outcome = InitOutcome {
@@ -343,7 +411,10 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<InitOut
                     .map_or_else(String::new, |index| types[index].clone())
             })
             .collect();
-        default_scripts(part, &part_types, &init.partition_column, &partition_type)
+        match &ruled {
+            Some(ruled) if !ruled.is_owner => ruled.scripts(part, &part_types),
+            _ => default_scripts(part, &part_types, &init.partition_column, &partition_type),
+        }
     };
     write_default_scripts(&transaction, &target.name, &shape, defaults(&shape)).await?;
     for rewrite in reinit::dropped_column_rewrites(&versions, &target.name, &shape) {
@@ -360,6 +431,81 @@ pub async fn init_table(client: &mut Client, init: &TableInit) -> Result<InitOut
     }
     transaction.commit().await?;
     Ok(outcome)
+}
+
+/// A table with a rule: the columns it synchronizes and what its scripts are made from.
+struct RuledTable {
+    rules: RuleSet,
+    keys: std::collections::BTreeMap<String, Vec<String>>,
+    sql: rules::PgRuleSql,
+    shape: TableShape,
+    types: Vec<String>,
+    tracking_column: String,
+    is_owner: bool,
+}
+
+impl RuledTable {
+    async fn new(
+        client: &impl GenericClient,
+        rules: &RuleSet,
+        shape: &TableShape,
+        types: &[String],
+    ) -> Result<RuledTable, DbError> {
+        let rule = rules.rule_of(&shape.name)?;
+        let (keys, sql) = rules::rule_facts(client, rules, &shape.name).await?;
+        let (kept_shape, kept_types) = rules::rule_shape(shape, types, rule)?;
+        let mut ruled = RuledTable {
+            rules: rules.clone(),
+            keys,
+            sql,
+            shape: kept_shape,
+            types: kept_types,
+            tracking_column: String::new(),
+            is_owner: matches!(rule.rule, Rule::Owner { .. }),
+        };
+        ruled.tracking_column = ruled.scope().tracking_column(&shape.name)?;
+        Ok(ruled)
+    }
+
+    fn scope(&self) -> Scope<'_> {
+        Scope {
+            rules: &self.rules,
+            keys: &self.keys,
+            sql: &self.sql,
+        }
+    }
+
+    fn scripts(&self, part: &TableShape, types: &[String]) -> Vec<(&'static str, String)> {
+        rules::rule_scripts(part, types, &self.scope())
+    }
+}
+
+/// Records whether the table's scripts come from a rule other than `owner`.
+async fn record_rule(
+    transaction: &Transaction<'_>,
+    table: &str,
+    ruled: Option<&RuledTable>,
+) -> Result<(), DbError> {
+    let rule = ruled
+        .filter(|ruled| !ruled.is_owner)
+        .map(|ruled| ruled.rules.tables[table].rule.kind());
+    match rule {
+        Some(kind) => {
+            transaction
+                .execute(
+                    "INSERT INTO rs_table_rule (table_name, rule) VALUES ($1, $2)
+                 ON CONFLICT (table_name) DO UPDATE SET rule = excluded.rule",
+                    &[&table, &kind],
+                )
+                .await?
+        }
+        None => {
+            transaction
+                .execute("DELETE FROM rs_table_rule WHERE table_name = $1", &[&table])
+                .await?
+        }
+    };
+    Ok(())
 }
 
 /// The table's change tracking (`tracking_ddl`; a partitioned table's partitions

@@ -155,7 +155,8 @@ const LATE_WRITES_UPDATE: &str = concat!(
 );
 
 /// A table's partition column, and whether its tombstones are kept in batches.
-const PARTITION_COLUMN_QUERY: &str = "SELECT partition_column, \
+const PARTITION_COLUMN_QUERY: &str = "SELECT CASE WHEN EXISTS (SELECT 1 FROM rs_table_rule AS r \
+       WHERE r.table_name = rs_table.table_name) THEN NULL ELSE partition_column END, \
      to_regclass(quote_ident('rs_deleted_' || table_name)) IS NOT NULL, \
      EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = to_regclass(quote_ident(table_name)) \
              AND NOT t.tgisinternal AND t.tgname NOT LIKE 'rs\\_%') \

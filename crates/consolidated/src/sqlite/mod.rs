@@ -395,7 +395,23 @@ impl ConsolidatedConnection for SqliteConnection {
 
     async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {
         let init = init.clone();
-        self.run(move |connection| schema::init_table(connection, &init))
+        self.run(move |connection| schema::init_table(connection, &init, None))
+            .await
+    }
+
+    async fn client_columns(&mut self, table: &str) -> Result<Option<crate::ClientTable>, DbError> {
+        let table = table.to_string();
+        self.run(move |connection| schema::client_columns(connection, &table))
+            .await
+    }
+
+    async fn init_rule_table(
+        &mut self,
+        init: &TableInit,
+        rules: &crate::rules::RuleSet,
+    ) -> Result<InitOutcome, DbError> {
+        let (init, rules) = (init.clone(), rules.clone());
+        self.run(move |connection| schema::init_table(connection, &init, Some(&rules)))
             .await
     }
 

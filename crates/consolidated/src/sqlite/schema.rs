@@ -7,9 +7,13 @@ use std::collections::HashMap;
 use crate::foreign_keys::ForeignKey;
 use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
+use crate::rules::scope::Scope;
+use crate::rules::{Rule, RuleSet};
 use crate::scripts::*;
 use crate::shape::{is_number, partition_column_refusal, Column, TableShape};
 use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
+
+mod rules;
 
 const SYSTEM_TABLES: &str = "
 CREATE TABLE IF NOT EXISTS rs_sync_history (
@@ -50,6 +54,22 @@ CREATE INDEX IF NOT EXISTS rs_subscription_user ON rs_subscription (user_name);
 CREATE TABLE IF NOT EXISTS rs_table (
     table_name TEXT PRIMARY KEY,
     partition_column TEXT NOT NULL
+);
+-- Tables whose scripts come from a sync rule other than `owner` (`rowsync rules`).
+CREATE TABLE IF NOT EXISTS rs_table_rule (
+    table_name TEXT PRIMARY KEY,
+    rule TEXT NOT NULL
+);
+-- The groups each client has, per group-rule table (driver::groups).
+CREATE TABLE IF NOT EXISTS rs_client_group (
+    client_id TEXT NOT NULL,
+    table_name TEXT NOT NULL,
+    group_value TEXT NOT NULL,
+    added_at INTEGER NOT NULL,
+    added_after INTEGER NOT NULL,
+    removed_at INTEGER,
+    removed_after INTEGER,
+    PRIMARY KEY (client_id, table_name, group_value)
 );
 CREATE TABLE IF NOT EXISTS rs_script_column (
     script_version TEXT NOT NULL,
@@ -229,6 +249,44 @@ pub fn password_hash(connection: &mut Connection, name: &str) -> Result<Option<S
         .optional()?)
 }
 
+/// See `ConsolidatedConnection::client_columns`: by SQLite's own affinity rules, but a
+/// NUMERIC affinity (decimals, dates) as TEXT, which keeps the value as written.
+pub fn client_columns(
+    connection: &Connection,
+    table: &str,
+) -> Result<Option<crate::ClientTable>, DbError> {
+    let Some(shape) = table_shape(connection, table)? else {
+        return Ok(None);
+    };
+    let mut statement = connection.prepare("SELECT name, type FROM pragma_table_info(?1)")?;
+    let declared: HashMap<String, String> = statement
+        .query_map([table], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let affinity = |name: &str| {
+        let upper = declared
+            .get(name)
+            .map(|t| t.to_uppercase())
+            .unwrap_or_default();
+        if upper.contains("INT") {
+            "INTEGER"
+        } else if upper.is_empty() || upper.contains("BLOB") {
+            "BLOB"
+        } else if ["REAL", "FLOA", "DOUB"].iter().any(|t| upper.contains(t)) {
+            "REAL"
+        } else {
+            "TEXT"
+        }
+    };
+    Ok(Some(crate::ClientTable {
+        columns: shape
+            .columns
+            .iter()
+            .map(|column| (column.name.clone(), affinity(&column.name)))
+            .collect(),
+        key_columns: shape.key_columns,
+    }))
+}
+
 pub fn table_shape(connection: &Connection, table: &str) -> Result<Option<TableShape>, DbError> {
     let mut statement =
         connection.prepare("SELECT name, pk FROM pragma_table_info(?1) ORDER BY cid")?;
@@ -335,11 +393,28 @@ fn refuse_misfit_users(connection: &Connection, init: &TableInit) -> Result<(), 
     Ok(())
 }
 
-pub fn init_table(connection: &mut Connection, init: &TableInit) -> Result<InitOutcome, DbError> {
+pub fn init_table(
+    connection: &mut Connection,
+    init: &TableInit,
+    rules: Option<&RuleSet>,
+) -> Result<InitOutcome, DbError> {
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     install_system_tables(&transaction)?;
-    let shape = table_shape(&transaction, &init.table)?
+    let full_shape = table_shape(&transaction, &init.table)?
         .ok_or_else(|| DbError::Invalid(format!("table {:?} does not exist", init.table)))?;
+    let ruled = rules
+        .map(|rules| RuledTable::new(&transaction, rules, &full_shape))
+        .transpose()?;
+    let (shape, init) = match &ruled {
+        Some(ruled) => (
+            ruled.shape.clone(),
+            &TableInit {
+                partition_column: ruled.tracking_column.clone(),
+                ..init.clone()
+            },
+        ),
+        None => (full_shape.clone(), init),
+    };
     if shape.key_columns.is_empty() {
         return Err(DbError::Invalid(format!(
             "table {:?} has no primary key; rowsync identifies rows by their primary key",
@@ -357,16 +432,33 @@ pub fn init_table(connection: &mut Connection, init: &TableInit) -> Result<InitO
             "tables named rs_* are rowsync's own".into(),
         ));
     }
-    refuse_misfit_users(&transaction, init)?;
+    if ruled.as_ref().is_none_or(|ruled| ruled.is_owner) {
+        refuse_misfit_users(&transaction, init)?;
+    }
     let versions = version_facts(&transaction, &init.table)?;
     let current = shape.column_names();
     let target = reinit::choose_version(init, &versions, &current)?;
-    transaction.execute_batch(&tracking_ddl(&shape, &init.partition_column))?;
+    transaction.execute_batch(&tracking_ddl(&full_shape, &init.partition_column))?;
     transaction.execute(
         "INSERT INTO rs_table (table_name, partition_column) VALUES (?1, ?2)
          ON CONFLICT (table_name) DO UPDATE SET partition_column = excluded.partition_column",
         params![init.table, init.partition_column],
     )?;
+    match ruled.as_ref().filter(|ruled| !ruled.is_owner) {
+        Some(ruled) => transaction.execute(
+            "INSERT INTO rs_table_rule (table_name, rule) VALUES (?1, ?2)
+             ON CONFLICT (table_name) DO UPDATE SET rule = excluded.rule",
+            params![init.table, ruled.kind],
+        )?,
+        None => transaction.execute(
+            "DELETE FROM rs_table_rule WHERE table_name = ?1",
+            [&init.table],
+        )?,
+    };
+    let scripts_for = |part: &TableShape| match &ruled {
+        Some(ruled) if !ruled.is_owner => rules::rule_scripts(part, &ruled.scope()),
+        _ => default_scripts(part, &init.partition_column),
+    };
     create_version(&transaction, &target)?;
     let mut outcome = InitOutcome {
         script_version: target.name.clone(),
@@ -374,12 +466,57 @@ pub fn init_table(connection: &mut Connection, init: &TableInit) -> Result<InitO
         based_on: target.based_on.clone(),
         ..InitOutcome::default()
     };
-    write_default_scripts(&transaction, &target.name, &shape, &init.partition_column)?;
+    write_default_scripts(&transaction, &target.name, &shape, scripts_for(&shape))?;
     for rewrite in reinit::dropped_column_rewrites(&versions, &target.name, &shape) {
-        rewrite_dropped(&transaction, &rewrite, &shape, init, &mut outcome)?;
+        let defaults = (
+            scripts_for(&reinit::shape_with_columns(&shape, &rewrite.recorded)),
+            scripts_for(&reinit::shape_with_columns(&shape, &rewrite.remaining)),
+        );
+        rewrite_dropped(&transaction, &rewrite, &shape, defaults, &mut outcome)?;
     }
     transaction.commit()?;
     Ok(outcome)
+}
+
+/// A table with a rule: the columns it synchronizes and what its scripts are made from.
+struct RuledTable {
+    rules: RuleSet,
+    keys: std::collections::BTreeMap<String, Vec<String>>,
+    sql: rules::SqliteRuleSql,
+    shape: TableShape,
+    tracking_column: String,
+    kind: &'static str,
+    is_owner: bool,
+}
+
+impl RuledTable {
+    fn new(
+        connection: &Connection,
+        rules: &RuleSet,
+        shape: &TableShape,
+    ) -> Result<RuledTable, DbError> {
+        let rule = rules.rule_of(&shape.name)?;
+        let (keys, sql) = rules::rule_facts(connection, rules, &shape.name)?;
+        let mut ruled = RuledTable {
+            rules: rules.clone(),
+            keys,
+            sql,
+            shape: rules::rule_shape(shape, rule)?,
+            tracking_column: String::new(),
+            kind: rule.rule.kind(),
+            is_owner: matches!(rule.rule, Rule::Owner { .. }),
+        };
+        ruled.tracking_column = ruled.scope().tracking_column(&shape.name)?;
+        Ok(ruled)
+    }
+
+    fn scope(&self) -> Scope<'_> {
+        Scope {
+            rules: &self.rules,
+            keys: &self.keys,
+            sql: &self.sql,
+        }
+    }
 }
 
 /// Every script version, oldest first, with what it holds of `table`.
@@ -441,9 +578,9 @@ fn write_default_scripts(
     connection: &Connection,
     version: &str,
     shape: &TableShape,
-    partition_column: &str,
+    scripts: Vec<(&'static str, String)>,
 ) -> Result<(), DbError> {
-    for (event, script) in default_scripts(shape, partition_column) {
+    for (event, script) in scripts {
         write_script(connection, version, &shape.name, event, &script)?;
     }
     connection.execute(
@@ -480,7 +617,7 @@ fn rewrite_dropped(
     connection: &Connection,
     rewrite: &Rewrite,
     shape: &TableShape,
-    init: &TableInit,
+    defaults: (reinit::DefaultScripts, reinit::DefaultScripts),
     outcome: &mut InitOutcome,
 ) -> Result<(), DbError> {
     let stored: HashMap<String, String> = connection
@@ -491,18 +628,7 @@ fn rewrite_dropped(
             Ok((row.get(0)?, row.get(1)?))
         })?
         .collect::<Result<_, _>>()?;
-    let partition = &init.partition_column;
-    let (write, left_alone) = reinit::rewritten_scripts(
-        &stored,
-        default_scripts(
-            &reinit::shape_with_columns(shape, &rewrite.recorded),
-            partition,
-        ),
-        default_scripts(
-            &reinit::shape_with_columns(shape, &rewrite.remaining),
-            partition,
-        ),
-    );
+    let (write, left_alone) = reinit::rewritten_scripts(&stored, defaults.0, defaults.1);
     for (event, script) in write {
         write_script(connection, &rewrite.version, &shape.name, event, &script)?;
     }

@@ -157,7 +157,8 @@ impl Dialect for SqliteTransaction<'_> {
         Ok(self
             .connection
             .query_row(
-                "SELECT partition_column FROM rs_table WHERE table_name = ?1",
+                "SELECT CASE WHEN EXISTS (SELECT 1 FROM rs_table_rule AS r WHERE r.table_name = ?1) \
+                 THEN NULL ELSE partition_column END FROM rs_table WHERE table_name = ?1",
                 [table],
                 |row| row.get(0),
             )
@@ -385,6 +386,12 @@ impl Dialect for SqliteTransaction<'_> {
             &[(KEYS_PLACEHOLDER, &stage.name)],
             table.parameters,
         )
+    }
+
+    async fn advance_watermark(&mut self) -> Result<(), SyncError> {
+        self.connection
+            .execute("UPDATE rs_clock SET version = version + 1 WHERE id = 1", [])?;
+        Ok(())
     }
 
     async fn watermark(&mut self) -> Result<i64, SyncError> {

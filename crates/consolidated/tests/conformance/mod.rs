@@ -142,6 +142,10 @@ macro_rules! conformance_suite {
             key_ranges_are_handed_out_in_turn_from_a_split_made_once,
             keys_that_cannot_have_ranges_are_refused_by_name,
             users_are_listed_disabled_enabled_and_removed,
+            a_member_added_gets_every_task_and_a_member_removed_loses_them,
+            a_membership_change_in_a_download_never_applied_is_sent_again,
+            writes_outside_the_users_groups_are_not_applied,
+            an_sql_group_query_decides_the_groups,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {
@@ -160,6 +164,7 @@ mod foreign_keys;
 mod held;
 mod history;
 mod keys;
+mod rules;
 mod schema_changes;
 mod scripts;
 mod users;
@@ -168,6 +173,7 @@ pub use foreign_keys::*;
 pub use held::*;
 pub use history::*;
 pub use keys::*;
+pub use rules::*;
 pub use schema_changes::*;
 pub use scripts::*;
 pub use users::*;

@@ -50,7 +50,29 @@ pub trait Sql {
     fn items_of(&mut self, user: &str) -> impl Future<Output = Vec<Row>>;
     /// Every id in `items`.
     fn ids(&mut self) -> impl Future<Output = Vec<i64>>;
+    /// `SELECT id, grp, value FROM gitems` of the groups `user` is a member of now
+    /// (`GROUPS_DDL`), as protocol values, by id.
+    fn group_items_of(&mut self, user: &str) -> impl Future<Output = Vec<Row>>;
 }
+
+/// Rows in groups, and which users are members of which groups (`GROUP_RULES`).
+pub const GROUPS_DDL: &str = "
+CREATE TABLE gitems (id INTEGER PRIMARY KEY, grp VARCHAR(16) NOT NULL, value INTEGER NOT NULL);
+CREATE TABLE gmember (user_name VARCHAR(16) NOT NULL, grp VARCHAR(16) NOT NULL, PRIMARY KEY (user_name, grp))";
+
+pub const GROUP_RULES: &str = r#"
+[groups.g]
+table = "gmember"
+user_column = "user_name"
+group_column = "grp"
+
+[tables.gitems]
+rule = "group"
+column = "grp"
+group = "g"
+"#;
+
+const GROUPS: [&str; 3] = ["g0", "g1", "g2"];
 
 /// The `items` table's initialisation, the same on every backend.
 pub fn items_init() -> TableInit {
@@ -76,6 +98,11 @@ macro_rules! late_commit_tests {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn late_commits_and_membership_changes_are_never_missed_property() {
+            late_commit::late_membership_changes_are_never_missed_property::<$database>().await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_second_concurrent_sync_of_one_client_is_refused_and_changes_nothing() {
             late_commit::a_second_concurrent_sync_of_one_client_is_refused::<$database>().await;
         }
@@ -86,6 +113,8 @@ macro_rules! late_commit_tests {
 pub struct Replica {
     pub client_id: String,
     pub user: &'static str,
+    /// The table whose downloads it applies.
+    pub table: &'static str,
     pub rows: BTreeMap<i64, Row>,
     pub watermark: i64,
     pub upload_sequence: u64,
@@ -96,6 +125,7 @@ impl Replica {
         Replica {
             client_id: client_id.into(),
             user,
+            table: "items",
             rows: BTreeMap::new(),
             watermark: 0,
             upload_sequence: 0,
@@ -124,6 +154,9 @@ impl Replica {
         let request = self.request(vec![]);
         let outcome = synchronize_collect(backend, request).await.unwrap();
         for download in outcome.downloads {
+            if download.table != self.table {
+                continue;
+            }
             for key in download.deletes {
                 let Value::Int(id) = key[0] else {
                     panic!("integer key")
@@ -293,6 +326,165 @@ async fn run_seed<D: Database>(database: &D, seed: u64, steps: usize) {
             trace.join("\n")
         );
     }
+}
+
+/// Everything but the transactions' ends: in `gitems` a writer inserts, updates (moving
+/// rows between groups) and deletes its own rows; in `gmember` it adds and removes the
+/// memberships it owns (user and group numbers summing to its number, modulo 3), so no
+/// two writers wait for each other. Replicas sync between steps, and sometimes lose a
+/// download (their client never applied it).
+pub async fn late_membership_changes_are_never_missed_property<D: Database>() {
+    let seeds =
+        std::env::var("ROWSYNC_LATE_COMMIT_SEEDS").map_or(8, |n| n.parse().expect("a count"));
+    let steps: usize =
+        std::env::var("ROWSYNC_LATE_COMMIT_STEPS").map_or(60, |n| n.parse().expect("a count"));
+    let database = D::fresh().await;
+    database.connect().await.execute(GROUPS_DDL).await;
+    let rules = rowsync_consolidated::rules::RuleSet::parse(GROUP_RULES).unwrap();
+    database
+        .backend()
+        .await
+        .init_rule_table(&TableInit::new("gitems", "", "v1"), &rules)
+        .await
+        .unwrap();
+    for seed in 0..seeds {
+        run_membership_seed(&database, seed, steps).await;
+    }
+}
+
+async fn run_membership_seed<D: Database>(database: &D, seed: u64, steps: usize) {
+    let mut rng = StdRng::seed_from_u64(seed + 1000);
+    let mut reader = database.connect().await;
+    reader
+        .execute("DELETE FROM gitems; DELETE FROM gmember")
+        .await;
+    let mut backend = database.backend().await;
+    let mut writers = Vec::new();
+    for _ in 0..3 {
+        writers.push(Writer {
+            sql: database.connect().await,
+            open: false,
+            ids: Vec::new(),
+        });
+    }
+    let mut replicas = [
+        Replica::new(&format!("m{seed}-a"), USERS[0]),
+        Replica::new(&format!("m{seed}-b"), USERS[0]),
+        Replica::new(&format!("m{seed}-c"), USERS[1]),
+    ];
+    for replica in &mut replicas {
+        replica.table = "gitems";
+    }
+    let mut next_id = (seed as i64) * 1_000_000;
+    let mut trace = Vec::new();
+    let mut memberships = vec![std::collections::BTreeSet::new(); writers.len()];
+    for step in 0..steps {
+        let w = rng.gen_range(0..writers.len());
+        match rng.gen_range(0..12) {
+            0..=5 => {
+                let writer = &mut writers[w];
+                if !writer.open {
+                    writer.sql.execute("BEGIN").await;
+                    writer.open = true;
+                }
+                let sql = if rng.gen_range(0..3) == 0 {
+                    membership_change(&mut rng, w, &mut memberships[w])
+                } else {
+                    let group = GROUPS[rng.gen_range(0..GROUPS.len())];
+                    random_change(&mut rng, writer, &mut next_id, group, step)
+                        .replace("items", "gitems")
+                        .replace("owner", "grp")
+                };
+                trace.push(format!("step {step}: writer {w}: {sql}"));
+                writer.sql.execute(&sql).await;
+            }
+            6..=7 => {
+                let writer = &mut writers[w];
+                if writer.open {
+                    trace.push(format!("step {step}: writer {w}: COMMIT"));
+                    writer.sql.execute("COMMIT").await;
+                    writer.open = false;
+                }
+            }
+            action => {
+                let r = rng.gen_range(0..replicas.len());
+                let replica = &mut replicas[r];
+                let expected = group_committed(&mut reader, replica.user).await;
+                if action == 8 {
+                    // A download its client never applies.
+                    let kept = (replica.rows.clone(), replica.watermark);
+                    replica.sync(&mut backend).await;
+                    (replica.rows, replica.watermark) = kept;
+                    trace.push(format!("step {step}: replica {r} lost a download"));
+                    continue;
+                }
+                replica.sync(&mut backend).await;
+                trace.push(format!(
+                    "step {step}: replica {r} synced to {}",
+                    replica.watermark
+                ));
+                assert_eq!(
+                    replica.rows, expected,
+                    "seed {seed}, step {step}: replica {r} differs from its groups' committed rows\n{}",
+                    trace.join("\n")
+                );
+            }
+        }
+    }
+    for writer in &mut writers {
+        if writer.open {
+            writer.sql.execute("COMMIT").await;
+        }
+    }
+    for (r, replica) in replicas.iter_mut().enumerate() {
+        replica.sync(&mut backend).await;
+        assert_eq!(
+            replica.rows,
+            group_committed(&mut reader, replica.user).await,
+            "seed {seed}: replica {r} after all commits\n{}",
+            trace.join("\n")
+        );
+    }
+}
+
+/// Adds or removes one of writer `w`'s memberships (`held`: those it has, committed or
+/// not). Only an existing row is deleted and only a missing one inserted: InnoDB's gap
+/// locks on a missing key would make another writer wait.
+fn membership_change(
+    rng: &mut StdRng,
+    w: usize,
+    held: &mut std::collections::BTreeSet<(usize, usize)>,
+) -> String {
+    let (u, g) = loop {
+        let (u, g) = (
+            rng.gen_range(0..USERS.len()),
+            rng.gen_range(0..GROUPS.len()),
+        );
+        if (u + g) % 3 == w {
+            break (u, g);
+        }
+    };
+    let (user, group) = (USERS[u], GROUPS[g]);
+    if held.remove(&(u, g)) {
+        format!("DELETE FROM gmember WHERE user_name = '{user}' AND grp = '{group}'")
+    } else {
+        held.insert((u, g));
+        format!("INSERT INTO gmember VALUES ('{user}', '{group}')")
+    }
+}
+
+async fn group_committed(reader: &mut impl Sql, user: &str) -> BTreeMap<i64, Row> {
+    reader
+        .group_items_of(user)
+        .await
+        .into_iter()
+        .map(|values| {
+            let Value::Int(id) = values[0] else {
+                panic!("integer key")
+            };
+            (id, values)
+        })
+        .collect()
 }
 
 /// An insert, update or delete of one of the writer's own rows.

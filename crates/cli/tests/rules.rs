@@ -1,0 +1,151 @@
+//! `rowsync rules` and `rowsync schema` as a user runs them (docs/rules.md): a store
+//! chain set up from a rule file, the client's tables made by `rowsync schema`, and
+//! `rowsync sync` bringing each user their store's rows, with no hand-written script
+//! and no hand-written CREATE TABLE.
+
+mod support;
+
+use support::{add_user, rowsync, run_ok, serve};
+
+const CENTRAL: &str = "
+CREATE TABLE store (store_id INTEGER PRIMARY KEY, name TEXT NOT NULL);
+CREATE TABLE staff (username TEXT PRIMARY KEY, store_id INTEGER REFERENCES store);
+CREATE TABLE customer (customer_id INTEGER PRIMARY KEY, store_id INTEGER NOT NULL REFERENCES store,
+    name TEXT NOT NULL, balance DECIMAL(8,2));
+CREATE TABLE film (film_id INTEGER PRIMARY KEY, title TEXT NOT NULL, cover BLOB, notes TEXT);
+INSERT INTO store VALUES (1, 'Lethbridge'), (2, 'Woodridge');
+INSERT INTO staff VALUES ('mike', 1), ('jon', 2);
+INSERT INTO customer VALUES (1, 1, 'MARY', '1.50'), (2, 2, 'LINDA', NULL);
+INSERT INTO film VALUES (1, 'ACADEMY DINOSAUR', x'00', 'office only');
+";
+
+const RULES: &str = r#"
+[groups.store]
+table = "staff"
+user_column = "username"
+group_column = "store_id"
+
+[tables.customer]
+rule = "group"
+column = "store_id"
+group = "store"
+
+[tables.film]
+rule = "shared"
+exclude_columns = ["notes"]
+"#;
+
+#[test]
+fn a_store_chain_from_a_rule_file_and_rowsync_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let central = dir.path().join("central.db");
+    rusqlite::Connection::open(&central)
+        .unwrap()
+        .execute_batch(CENTRAL)
+        .unwrap();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(&rules, RULES).unwrap();
+    let (db, file) = (central.to_str().unwrap(), rules.to_str().unwrap());
+
+    let checked = run_ok(&["rules", "check", "--db", db, "--file", file], "");
+    assert_eq!(
+        checked,
+        "customer: rows whose store_id is a group of store\n\
+         film: every row; nobody uploads\n\
+         group store: read from staff at every sync (it needs no tracking)\n"
+    );
+    let applied = run_ok(&["rules", "apply", "--db", db, "--file", file], "");
+    assert!(
+        applied.contains("table customer is synchronized by script version v1 (rule group)"),
+        "{applied}"
+    );
+    let schema = run_ok(&["schema", "--db", db], "");
+    assert_eq!(
+        schema,
+        "CREATE TABLE IF NOT EXISTS \"customer\" (\n    \"customer_id\" INTEGER PRIMARY KEY,\n    \
+         \"store_id\" INTEGER,\n    \"name\" TEXT,\n    \"balance\" TEXT\n);\n\
+         CREATE TABLE IF NOT EXISTS \"film\" (\n    \"film_id\" INTEGER PRIMARY KEY,\n    \
+         \"title\" TEXT,\n    \"cover\" BLOB\n);\n"
+    );
+    add_user(&central, "mike", "mike-password");
+    let server = serve(&central, &[]);
+    let device = dir.path().join("mike.db");
+    let device_path = device.to_str().unwrap();
+    run_ok(&["schema", "--db", db, "--client-db", device_path], "");
+    let synced = rowsync()
+        .args(["sync", "--db", device_path, "--server", &server.address])
+        .args([
+            "--user",
+            "mike",
+            "--password-stdin",
+            "--track",
+            "customer",
+            "--track",
+            "film",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(b"mike-password\n")?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    assert!(
+        synced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&synced.stderr)
+    );
+    let connection = rusqlite::Connection::open(&device).unwrap();
+    let customers: Vec<(i64, String, Option<String>)> = connection
+        .prepare("SELECT customer_id, name, balance FROM customer ORDER BY 1")
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    // SQLite's DECIMAL column (NUMERIC affinity) holds 1.50 as the REAL 1.5.
+    assert_eq!(
+        customers,
+        [(1, "MARY".to_string(), Some("1.5".to_string()))]
+    );
+    let film: (String, Vec<u8>) = connection
+        .query_row("SELECT title, cover FROM film", [], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
+        .unwrap();
+    assert_eq!(film, ("ACADEMY DINOSAUR".to_string(), vec![0]));
+}
+
+#[test]
+fn a_mistake_in_the_rule_file_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let central = dir.path().join("central.db");
+    rusqlite::Connection::open(&central)
+        .unwrap()
+        .execute_batch(CENTRAL)
+        .unwrap();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(
+        &rules,
+        "[tables.customer]\nrule = \"group\"\ncolumn = \"store_id\"\ngroup = \"stores\"\n",
+    )
+    .unwrap();
+    let output = rowsync()
+        .args([
+            "rules",
+            "apply",
+            "--db",
+            central.to_str().unwrap(),
+            "--file",
+        ])
+        .arg(&rules)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("table \"customer\": group \"stores\" is not declared; add a [groups.stores] section (none is declared)"),
+        "{stderr}"
+    );
+}
