@@ -70,6 +70,7 @@ pub struct ApplyArgs {
     /// A postgres:// URL of a scratch database.
     #[arg(long)]
     db: String,
+    /// Rows each sync type moves (each upload, and the download).
     #[arg(long, default_value_t = 1_000_000)]
     rows: usize,
 }
@@ -79,17 +80,22 @@ pub struct LoadArgs {
     /// A postgres:// URL of a scratch database.
     #[arg(long)]
     db: String,
+    /// Clients syncing at once.
     #[arg(long, default_value_t = 400)]
     clients: usize,
+    /// Rows each client uploads.
     #[arg(long, default_value_t = 1000)]
     rows_per_client: usize,
+    /// Runs of each configuration (the best is reported, with the spread).
     #[arg(long, default_value_t = 5)]
     runs: usize,
     /// Fixed worker counts to compare, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
     fixed_workers: Vec<usize>,
+    /// The fewest workers the controller may choose.
     #[arg(long, default_value_t = 1)]
     workers_min: usize,
+    /// The most workers the controller may choose.
     #[arg(long, default_value_t = 32)]
     workers_max: usize,
     /// The connection limit for the above-the-limit comparison.
@@ -108,7 +114,7 @@ pub struct TransportArgs {
 }
 
 fn is_postgres(db: &str) -> bool {
-    matches!(Database::parse(db), Database::Postgres(_))
+    matches!(Database::parse(db), Ok(Database::Postgres(_)))
 }
 
 /// `--server-program`, else the `rowsync` binary in this binary's directory.

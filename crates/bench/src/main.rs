@@ -27,7 +27,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// The white paper's timing framework: Tests 1-5 (workers, retry delay above the
+    /// Measure sync throughput by workers, clients, rows per sync and protocol.
+    ///
+    /// The MobiLink 12 performance white paper's Tests 1-5 (workers, retry delay above the
     /// connection limit, clients, rows per sync, protocols) with the database's own limit
     /// and one-statement-per-row scripts measured in the same run. The server under test
     /// is the `rowsync` binary beside this one (or --server-program). Drops and recreates
@@ -35,32 +37,40 @@ enum Command {
     /// docs/benchmarks.md.
     #[command(alias = "bench")]
     Timing(TimingArgs),
-    /// Measure uploads (insert, update, delete) and a download through rowsync against
+    /// Measure uploads and a download through rowsync against PostgreSQL's bulk path.
+    ///
+    /// Uploads (insert, update, delete) and a download through rowsync against
     /// PostgreSQL's own bulk path in the same run. Drops and recreates bench_rows,
     /// bench_raw and their rowsync tables in the database named.
     #[command(alias = "bench-apply")]
     Apply(ApplyArgs),
-    /// Many clients at once against PostgreSQL: fixed worker counts against the
-    /// controller's range (best of --runs, with the relative standard deviation), and
-    /// clients above the connection limit against the limit raised. Drops and recreates
-    /// bench_rows in the database named.
+    /// Measure many clients at once against PostgreSQL.
+    ///
+    /// Fixed worker counts against the controller's range (best of --runs, with the
+    /// relative standard deviation), and clients above the connection limit against the
+    /// limit raised. Drops and recreates bench_rows in the database named.
     #[command(alias = "bench-load")]
     Load(LoadArgs),
-    /// Time a fixed sync workload (download, update, delete, insert) over every
-    /// transport x compression, in one run, relative to plain TCP, with the bytes on the
-    /// wire. Runs on an embedded SQLite database in a temporary directory.
+    /// Measure the same syncs over each transport and compression.
+    ///
+    /// A fixed sync workload (download, update, delete, insert) over every transport x
+    /// compression, in one run, relative to plain TCP, with the bytes on the wire. Runs
+    /// on an embedded SQLite database in a temporary directory.
     #[command(alias = "bench-transport")]
     Transport(TransportArgs),
+    /// Measure the client database: durability modes and the cost of change tracking.
+    ///
     /// The Berkeley DB performance overview's study on the client store: a key-value
     /// workload (insert, fetch, update, delete, reinsert) in each durability mode, on a
     /// tracked and an untracked table, by thread count; TPC-B-like transactions; the
     /// sync after each. Needs no server. See docs/benchmarks.md.
     #[command(alias = "bench-store")]
     Store(StoreArgs),
-    /// The seed-003 study over slow, high-latency links (emulated with toxiproxy): the
-    /// client's link at 512 and 128 kbit/s with 300 ms round trips, a backlog from one
-    /// client and from many, time against the wire limit, and the cost of a cut upload.
-    /// See docs/benchmarks.md.
+    /// Measure syncs over slow, high-latency links (512 and 128 kbit/s, 300 ms).
+    ///
+    /// Links emulated with toxiproxy: the client's link at 512 and 128 kbit/s with 300 ms
+    /// round trips, a backlog from one client and from many, time against the wire limit,
+    /// and the cost of a cut upload. See docs/benchmarks.md.
     #[command(alias = "bench-link")]
     Link(LinkArgs),
 }

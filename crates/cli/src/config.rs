@@ -208,7 +208,7 @@ pub fn shown(setting: &Setting) -> String {
         .iter()
         .map(|value| match secret {
             true => "********".to_string(),
-            false => without_url_password(value),
+            false => crate::database::without_password(value),
         })
         .collect();
     let source = match setting.source {
@@ -217,22 +217,6 @@ pub fn shown(setting: &Setting) -> String {
         Source::File => "config file",
     };
     format!("{} = {}    # {source}", setting.key, values.join(", "))
-}
-
-/// `scheme://user:password@host/...` with the password masked.
-fn without_url_password(value: &str) -> String {
-    let Some((scheme, rest)) = value.split_once("://") else {
-        return value.to_string();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rsplit_once('@') {
-        Some((userinfo, _)) if userinfo.contains(':') => {
-            let user = userinfo.split(':').next().unwrap_or_default();
-            let host_and_path = &rest[userinfo.len()..];
-            format!("{scheme}://{user}:********{host_and_path}")
-        }
-        _ => value.to_string(),
-    }
 }
 
 #[cfg(test)]
@@ -255,12 +239,15 @@ mod tests {
     #[test]
     fn a_url_password_is_masked() {
         assert_eq!(
-            without_url_password("postgres://app:s3cret@db:5432/app?sslmode=require"),
+            crate::database::without_password("postgres://app:s3cret@db:5432/app?sslmode=require"),
             "postgres://app:********@db:5432/app?sslmode=require"
         );
-        assert_eq!(without_url_password("central.db"), "central.db");
         assert_eq!(
-            without_url_password("postgres://app@db/app"),
+            crate::database::without_password("central.db"),
+            "central.db"
+        );
+        assert_eq!(
+            crate::database::without_password("postgres://app@db/app"),
             "postgres://app@db/app"
         );
     }

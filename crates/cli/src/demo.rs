@@ -101,7 +101,7 @@ pub async fn run(mut options: DemoOptions) -> Result<DemoReport> {
     };
     let result = match options.db.clone() {
         Some(db) => {
-            let database = Database::parse(&db);
+            let database = Database::parse(&db)?;
             let label = match &database {
                 Database::Sqlite(_) => format!("SQLite file {db}"),
                 other => format!("{} database (from --db)", other.kind()),

@@ -121,11 +121,92 @@ async fn the_monitor_page_shows_a_sync_that_just_ran_and_updates() {
         later.as_u64() > polls.as_u64(),
         "{later} polls after {polls}"
     );
+    a_refused_sync_reads_at_a_glance(&driver, &session, &dir, &server.address).await;
     if let Some(path) = std::env::var_os("ROWSYNC_MONITOR_SCREENSHOT") {
         let png = driver.get(&format!("/session/{session}/screenshot"));
         std::fs::write(path, decode_base64(png.as_str().unwrap())).unwrap();
     }
     driver.delete(&format!("/session/{session}"));
+}
+
+/// At 1400x1000: a refused sync's error shows in full without scrolling, on a line of its
+/// own (the sync's row stays one line); refused and failed are separate series; every
+/// legend shows values without hovering; the cache chart draws the use, not the limit.
+async fn a_refused_sync_reads_at_a_glance(
+    driver: &ChromeDriver,
+    session: &str,
+    dir: &tempfile::TempDir,
+    address: &str,
+) {
+    let mut client = support::client(dir.path(), "erin");
+    let options = rowsync_client::SyncOptions::new(address, "erin", "not-erins-password");
+    assert!(
+        client.sync(&options).await.is_err(),
+        "a wrong password syncs"
+    );
+    driver.wait_for(
+        session,
+        "return document.querySelectorAll('#recent tr.error-row.refused').length",
+        |count| count.as_u64() >= Some(1),
+    );
+    let seen = driver.script(
+        session,
+        "const error = document.querySelector('#recent tr.error-row.refused td div');
+         const row = document.querySelector('#recent tbody tr.refused:not(.error-row)');
+         const box = error.getBoundingClientRect();
+         return { text: error.textContent, scrolled: window.scrollY,
+                  page_width: document.documentElement.scrollWidth,
+                  right: box.right, bottom: box.bottom, width: innerWidth, height: innerHeight,
+                  row: row.getBoundingClientRect().height };",
+    );
+    assert!(
+        seen["text"]
+            .as_str()
+            .unwrap()
+            .contains("unknown user or wrong password"),
+        "{seen}"
+    );
+    assert_eq!(seen["scrolled"], 0, "{seen}");
+    let inside = |edge: &str, limit: &str| seen[edge].as_f64() <= seen[limit].as_f64();
+    assert!(
+        inside("right", "width") && inside("bottom", "height"),
+        "{seen}"
+    );
+    assert!(seen["row"].as_f64().unwrap() < 30.0, "one line: {seen}");
+    let legend = |chart: &str| {
+        format!(
+            "return Array.from(document.querySelectorAll('#chart-{chart} .u-series'))\
+             .slice(1).map(s => s.querySelector('.u-label').textContent + '=' + \
+             s.querySelector('.u-value').textContent)"
+        )
+    };
+    for chart in ["rate", "workers", "cache"] {
+        driver.wait_for(session, &legend(chart), |values| {
+            let values = values.as_array().unwrap();
+            !values.is_empty()
+                && values
+                    .iter()
+                    .all(|value| !value.as_str().unwrap().ends_with("=--"))
+        });
+    }
+    driver.wait_for(session, &legend("phases"), |values| {
+        values.to_string().contains("\"connect=") && !values.to_string().contains("\"connect=--")
+    });
+    let rate = driver.script(session, &legend("rate")).to_string();
+    assert!(
+        rate.contains("\"refused=") && rate.contains("\"failed="),
+        "{rate}"
+    );
+    let cache = driver.script(session, &legend("cache")).to_string();
+    assert!(
+        cache.contains("in memory=") && !cache.contains("limit"),
+        "{cache}"
+    );
+    let limit = driver.script(
+        session,
+        "return document.getElementById('cache-limit').textContent",
+    );
+    assert!(limit.as_str().unwrap().parse::<f64>().is_ok(), "{limit}");
 }
 
 /// The history kept in the consolidated database (`--monitor-history-table-rows-max`)
@@ -264,7 +345,7 @@ impl ChromeDriver {
             json!({ "capabilities": { "alwaysMatch": { "goog:chromeOptions": {
                 "binary": "/usr/bin/chromium",
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                         "--disable-dev-shm-usage", "--window-size=1500,1100"]
+                         "--disable-dev-shm-usage", "--window-size=1400,1000"]
             }}}}),
         );
         created["sessionId"]

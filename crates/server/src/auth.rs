@@ -51,6 +51,10 @@ pub fn verify_password(stored_hash: Option<&str>, password: &str) -> bool {
 pub enum AuthFailure {
     Refused(String),
     Sync(SyncError),
+    /// The user logged in, but the hello's script version does not exist: what to do,
+    /// told only once the password was right (a refused login learns nothing of which
+    /// versions exist).
+    UnknownScriptVersion(String),
 }
 
 /// The authenticated user of a hello.
@@ -81,6 +85,9 @@ pub async fn authenticate<B: Consolidated>(
             drop(worker);
             check
         }
+        Err(SyncError::UnknownScriptVersion(_)) => {
+            return login_to_unknown_version(worker, password_checks, hello).await;
+        }
         Err(error) => {
             if matches!(error, SyncError::Database(_)) {
                 worker.discard();
@@ -102,6 +109,37 @@ pub async fn authenticate<B: Consolidated>(
             check_password(password_checks, stored_hash, hello).await
         }
     }
+}
+
+/// A hello naming a script version that does not exist: the built-in user's password is
+/// checked all the same (costing what any login costs), and a refused login is told only
+/// that; a user who logged in is told what to do about the version.
+async fn login_to_unknown_version<B: Consolidated>(
+    mut worker: crate::pool::Worker<B>,
+    password_checks: &Semaphore,
+    hello: &Hello,
+) -> Result<String, AuthFailure> {
+    let looked_up = async {
+        let hash = worker.connection().password_hash(&hello.user).await?;
+        let versions = worker.connection().script_versions().await?;
+        Ok::<_, rowsync_consolidated::DbError>((hash, versions))
+    }
+    .await;
+    let (stored_hash, versions) = match looked_up {
+        Ok(found) => {
+            drop(worker);
+            found
+        }
+        Err(error) => {
+            worker.discard();
+            return Err(AuthFailure::Sync(error.into()));
+        }
+    };
+    check_password(password_checks, stored_hash, hello).await?;
+    let versions: Vec<String> = versions.into_iter().map(|(name, _)| name).collect();
+    Err(AuthFailure::UnknownScriptVersion(
+        crate::session::unknown_version_message(&hello.script_version, &versions),
+    ))
 }
 
 /// A token's subject, when the token is valid and the hello names no other user.

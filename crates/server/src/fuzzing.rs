@@ -441,6 +441,7 @@ fn receive_upload(limits: UploadLimits, check_tables: bool, reads: Vec<&[u8]>) -
                     let known = Arc::new(VersionTables {
                         version_exists: true,
                         tables: HashSet::from([FUZZ_TABLE.to_string()]),
+                        other_versions: Vec::new(),
                     });
                     if upload.resolve_table(Some(known)).is_err() {
                         assert_ne!(table, FUZZ_TABLE);

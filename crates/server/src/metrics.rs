@@ -82,8 +82,17 @@ pub struct Metrics {
 }
 
 fn phase_histogram() -> Histogram {
-    // 100 µs to about 30 min.
-    Histogram::new(exponential_buckets(0.0001, 3.0, 16))
+    Histogram::new(phase_buckets())
+}
+
+/// 100 µs to about 24 min, each bucket three times the last, as the decimals they are
+/// (`0.0003`, not the `0.00030000000000000003` that multiplying floats gives).
+fn phase_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.0001, 3.0, 16).map(|bound| {
+        format!("{bound:.4}")
+            .parse()
+            .expect("a formatted float parses")
+    })
 }
 
 impl Default for Metrics {
@@ -307,7 +316,8 @@ impl Metrics {
     pub(crate) fn readings(&self) -> Readings {
         Readings {
             ok: self.syncs_ended(Outcome::ok),
-            failed: self.syncs_ended(Outcome::refused) + self.syncs_ended(Outcome::failed),
+            refused: self.syncs_ended(Outcome::refused),
+            failed: self.syncs_ended(Outcome::failed),
             busy: self.syncs_ended(Outcome::busy),
             workers: self.workers.get(),
             workers_busy: self.workers_busy.get(),
@@ -400,5 +410,23 @@ mod tests {
             assert!(text.contains(expected), "{expected} in\n{text}");
         }
         assert_eq!(metrics.syncs_ended(Outcome::busy), 2);
+    }
+
+    #[test]
+    fn bucket_bounds_are_the_decimals_they_stand_for() {
+        let metrics = Metrics::new();
+        metrics.phase(Phase::connect, Duration::from_millis(3));
+        let text = metrics.encode();
+        let bounds: Vec<&str> = text
+            .split("le=\"")
+            .skip(1)
+            .filter_map(|rest| rest.split('"').next())
+            .collect();
+        assert!(bounds.contains(&"0.0003"), "{text}");
+        assert!(bounds.contains(&"1434.8907"), "{text}");
+        for bound in bounds {
+            let decimals = bound.split_once('.').map_or(0, |(_, digits)| digits.len());
+            assert!(decimals <= 4, "le=\"{bound}\"");
+        }
     }
 }

@@ -15,11 +15,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::phases::{Outcome, Phase, PHASES};
 
-/// What a sample reads from the metrics: syncs ended so far by outcome (refused and
-/// failed together) and the gauges of the moment.
+/// What a sample reads from the metrics: syncs ended so far by outcome and the gauges of
+/// the moment.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Readings {
     pub(crate) ok: u64,
+    /// Answered with an error: mostly the client's (a wrong password, rows refused).
+    pub(crate) refused: u64,
+    /// Ended without an answer: the server's or the network's fault.
     pub(crate) failed: u64,
     pub(crate) busy: u64,
     pub(crate) workers: i64,
@@ -135,8 +138,11 @@ pub struct SyncRecord {
 pub struct Sample {
     pub unix_ms: u64,
     pub syncs_per_second: f64,
-    /// Syncs refused or failed, per second.
-    pub failures_per_second: f64,
+    /// Syncs answered with an error (a wrong password, refused rows), per second.
+    pub refused_per_second: f64,
+    /// Syncs that ended without an answer (the server's or the network's fault), per
+    /// second.
+    pub failed_per_second: f64,
     pub busy_answers_per_second: f64,
     /// Mean time of each phase (in [`PHASES`] order) over the syncs ended in the
     /// interval; `null` when none ended.
@@ -167,8 +173,8 @@ struct State {
     /// Phase times summed over the syncs ended since the last sample, and their count.
     phase_micros: [u64; PHASES.len()],
     phase_counts: [u64; PHASES.len()],
-    /// Counters at the last sample: ok, refused + failed, busy, when.
-    last_counts: Option<(u64, u64, u64, Instant)>,
+    /// The counters at the last sample, and when it was taken.
+    last_counts: Option<(Readings, Instant)>,
 }
 
 pub struct Monitor {
@@ -292,14 +298,10 @@ impl Monitor {
     /// Takes a sample of the counters and gauges (the load monitor calls this once per
     /// measurement, through `Metrics::sample_monitor`).
     pub(crate) fn sample(&self, readings: Readings) {
-        let Readings {
-            ok, failed, busy, ..
-        } = readings;
         let now = Instant::now();
         let mut state = self.state();
-        let (last_ok, last_failed, last_busy, last_at) =
-            state.last_counts.unwrap_or((ok, failed, busy, now));
-        state.last_counts = Some((ok, failed, busy, now));
+        let (last, last_at) = state.last_counts.unwrap_or((readings, now));
+        state.last_counts = Some((readings, now));
         let seconds = now.duration_since(last_at).as_secs_f64();
         let rate = |count: u64, last: u64| {
             if seconds > 0.0 {
@@ -318,9 +320,10 @@ impl Monitor {
         state.phase_counts = [0; PHASES.len()];
         let sample = Sample {
             unix_ms: unix_ms(),
-            syncs_per_second: rate(ok, last_ok),
-            failures_per_second: rate(failed, last_failed),
-            busy_answers_per_second: rate(busy, last_busy),
+            syncs_per_second: rate(readings.ok, last.ok),
+            refused_per_second: rate(readings.refused, last.refused),
+            failed_per_second: rate(readings.failed, last.failed),
+            busy_answers_per_second: rate(readings.busy, last.busy),
             phase_ms,
             workers: readings.workers,
             workers_busy: readings.workers_busy,
@@ -498,5 +501,24 @@ mod tests {
         let samples = monitor.samples(0);
         assert_eq!(samples.len(), 2, "bounded by samples_max");
         assert!(samples.iter().all(|sample| sample.phase_ms[0].is_none()));
+    }
+
+    #[test]
+    fn refused_and_failed_syncs_are_counted_apart() {
+        let monitor = Monitor::new(MonitorSettings::default());
+        let metrics = crate::metrics::Metrics::new();
+        monitor.sample(metrics.readings());
+        std::thread::sleep(Duration::from_millis(20));
+        metrics.sync_ended(Outcome::refused);
+        metrics.sync_ended(Outcome::refused);
+        metrics.sync_ended(Outcome::failed);
+        monitor.sample(metrics.readings());
+        let sample = monitor.samples(0).pop().unwrap();
+        assert!(
+            sample.refused_per_second > sample.failed_per_second,
+            "{sample:?}"
+        );
+        assert!(sample.failed_per_second > 0.0, "{sample:?}");
+        assert_eq!(sample.syncs_per_second, 0.0);
     }
 }

@@ -77,6 +77,24 @@ pub struct VersionTables {
     /// Whether the version exists at all.
     pub version_exists: bool,
     pub tables: HashSet<String>,
+    /// When the version does not exist: the versions that do (none before `rowsync
+    /// init`), for the refusal.
+    pub other_versions: Vec<String>,
+}
+
+/// What an authenticated client is told about a script version that does not exist,
+/// given the versions that do.
+pub(crate) fn unknown_version_message(version: &str, versions: &[String]) -> String {
+    if versions.is_empty() {
+        return format!(
+            "the server synchronizes no table yet: run `rowsync init` (or `rowsync rules \
+             apply`) on its database (script version {version:?} does not exist)"
+        );
+    }
+    format!(
+        "script version {version:?} does not exist; the server has {}",
+        versions.join(", ")
+    )
 }
 
 #[derive(Debug)]
@@ -363,10 +381,10 @@ impl ServerSession {
 /// The refusal of a table the script version does not synchronize (code 7, as the
 /// worker's own check), or of a version that does not exist.
 fn not_synchronized(table: &str, version: &str, known: Option<&VersionTables>) -> WireError {
-    if known.is_some_and(|known| !known.version_exists) {
+    if let Some(known) = known.filter(|known| !known.version_exists) {
         return WireError::new(
             ErrorCode::UnknownScriptVersion,
-            format!("script version {version:?} does not exist"),
+            unknown_version_message(version, &known.other_versions),
         );
     }
     WireError::new(
@@ -621,6 +639,7 @@ mod tests {
             Some(Arc::new(VersionTables {
                 version_exists: true,
                 tables: tables.iter().map(|table| table.to_string()).collect(),
+                other_versions: Vec::new(),
             }))
         };
         let mut session = ServerSession::new(1 << 20);
@@ -658,6 +677,30 @@ mod tests {
         let missing = Arc::new(VersionTables::default());
         let error = session.resolve_table(Some(missing)).unwrap_err();
         assert_eq!(error.error_code(), Some(ErrorCode::UnknownScriptVersion));
+        assert!(
+            error
+                .message
+                .contains("the server synchronizes no table yet: run `rowsync init`"),
+            "before init: {}",
+            error.message
+        );
+
+        let mut session = ServerSession::new(1 << 20);
+        session.check_tables();
+        session.handle(hello(), 10).unwrap();
+        session.handle(chunk(1), 10).unwrap();
+        let others = Arc::new(VersionTables {
+            other_versions: vec!["v2".into(), "v3".into()],
+            ..VersionTables::default()
+        });
+        let error = session.resolve_table(Some(others)).unwrap_err();
+        assert!(
+            error
+                .message
+                .ends_with("does not exist; the server has v2, v3"),
+            "{}",
+            error.message
+        );
     }
 
     #[test]

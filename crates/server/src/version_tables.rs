@@ -70,7 +70,10 @@ async fn load_tables<C: ConsolidatedConnection>(
 ) -> Result<VersionTables, DbError> {
     let versions = connection.script_versions().await?;
     if !versions.iter().any(|(name, _)| name == version) {
-        return Ok(VersionTables::default());
+        return Ok(VersionTables {
+            other_versions: versions.into_iter().map(|(name, _)| name).collect(),
+            ..VersionTables::default()
+        });
     }
     let tables = connection
         .scripts(Some(version))
@@ -82,5 +85,6 @@ async fn load_tables<C: ConsolidatedConnection>(
     Ok(VersionTables {
         version_exists: true,
         tables,
+        other_versions: Vec::new(),
     })
 }

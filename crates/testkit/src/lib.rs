@@ -204,18 +204,34 @@ pub struct TlsFiles<'a> {
     pub key_pem: &'a str,
 }
 
+/// How a cluster lets clients in.
+enum Access<'a> {
+    /// Anyone, without a password (the process-wide cluster).
+    Trust,
+    /// Only over TLS.
+    TlsOnly(&'a TlsFiles<'a>),
+    /// Over TCP only with the password of user `postgres` (scram-sha-256).
+    Password(&'a str),
+}
+
 impl PgCluster {
     fn start() -> Result<PgCluster, String> {
-        PgCluster::start_with(None)
+        PgCluster::start_with(Access::Trust)
     }
 
     /// A cluster of its own that takes only TLS connections (`ssl = on`, `hostssl`
     /// alone in pg_hba.conf) with `tls`'s certificate; stopped when dropped or at exit.
     pub fn start_tls_only(tls: &TlsFiles<'_>) -> Result<PgCluster, String> {
-        PgCluster::start_with(Some(tls))
+        PgCluster::start_with(Access::TlsOnly(tls))
     }
 
-    fn start_with(tls: Option<&TlsFiles<'_>>) -> Result<PgCluster, String> {
+    /// A cluster of its own whose TCP connections need the password of user `postgres`
+    /// (scram-sha-256); its [`url`](PgCluster::url)s carry no password.
+    pub fn start_with_password(password: &str) -> Result<PgCluster, String> {
+        PgCluster::start_with(Access::Password(password))
+    }
+
+    fn start_with(access: Access<'_>) -> Result<PgCluster, String> {
         let bin = pg_bin_dir()?;
         let dir = tempfile::Builder::new()
             .prefix("rowsync-pg-")
@@ -237,17 +253,23 @@ impl PgCluster {
         initdb.arg("-D").arg(&data).args([
             "-U",
             "postgres",
-            "--auth=trust",
             "-E",
             "UTF8",
             "--locale=C",
             "--no-sync",
         ]);
+        if let Access::Password(password) = access {
+            let file = write_owned(dir.path(), "pwfile", password, 0o600, root)?;
+            initdb.args(["--auth-local=trust", "--auth-host=scram-sha-256"]);
+            initdb.arg(format!("--pwfile={}", file.display()));
+        } else {
+            initdb.arg("--auth=trust");
+        }
         as_cluster_user(&mut initdb);
         run(&mut initdb, "initdb")?;
-        let tls_options = match tls {
-            Some(tls) => only_tls(&data, tls, root)?,
-            None => String::new(),
+        let tls_options = match access {
+            Access::TlsOnly(tls) => only_tls(&data, tls, root)?,
+            Access::Trust | Access::Password(_) => String::new(),
         };
 
         let port = free_port()?;

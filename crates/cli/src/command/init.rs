@@ -2,13 +2,14 @@
 //! date after its columns changed (docs/schema-changes.md).
 
 use anyhow::Result;
-use rowsync_cli::database::{DatabaseArg, OnBackend};
+use rowsync_cli::database::{Database, DatabaseArg, OnBackend};
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection, InitOutcome, TableInit};
 
 #[derive(clap::Args)]
 pub struct InitArgs {
     #[command(flatten)]
     database: DatabaseArg,
+    /// The table to synchronize: it must exist, with a primary key.
     #[arg(long)]
     table: String,
     /// Rows whose value in this column equals a user's name belong to that user.
@@ -24,10 +25,31 @@ pub struct InitArgs {
     /// (every table's scripts and the connection events).
     #[arg(long)]
     based_on: Option<String>,
+    /// Make the SQLite file --db names when it does not exist (without it, a missing file
+    /// is refused as a typo). A file made here is removed again if init fails.
+    #[arg(long)]
+    create: bool,
 }
 
 pub async fn run(args: InitArgs) -> Result<()> {
-    args.database.database()?.run(args).await
+    if !args.create {
+        return args.database.database()?.run(args).await;
+    }
+    let database = args.database.database_or_new()?;
+    let made = match &database {
+        Database::Sqlite(path) if !path.exists() => Some(path.clone()),
+        _ => None,
+    };
+    let ran = database.run(args).await;
+    if let (Err(_), Some(path)) = (&ran, made) {
+        // Nothing half-made is left behind (with SQLite's journal files, if any).
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut file = path.clone().into_os_string();
+            file.push(suffix);
+            let _ = std::fs::remove_file(file);
+        }
+    }
+    ran
 }
 
 impl OnBackend for InitArgs {

@@ -11,11 +11,14 @@ use rowsync_consolidated::{Consolidated, ConsolidatedConnection, ScriptEntry};
 pub struct ScriptKey {
     #[command(flatten)]
     database: DatabaseArg,
+    /// The script version the script belongs to (`rowsync version list`).
     #[arg(long)]
     version: String,
     /// The table of a table event; none for connection events.
     #[arg(long, default_value = "")]
     table: String,
+    /// The event the script runs at: upload_insert, download_cursor, authenticate_user,
+    /// ... (docs/scripts.md).
     #[arg(long)]
     event: String,
 }
@@ -26,6 +29,7 @@ pub enum ScriptCommand {
     List {
         #[command(flatten)]
         database: DatabaseArg,
+        /// Only this script version's scripts.
         #[arg(long)]
         version: Option<String>,
     },
@@ -38,6 +42,7 @@ pub enum ScriptCommand {
     Set {
         #[command(flatten)]
         key: ScriptKey,
+        /// The file holding the script's SQL (default: standard input).
         #[arg(long)]
         file: Option<PathBuf>,
     },

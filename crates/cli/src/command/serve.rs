@@ -20,211 +20,244 @@ pub struct ServeArgs {
     #[command(flatten)]
     database: DatabaseArg,
     /// Address of the plain TCP endpoint (tcp:// clients).
-    #[arg(long, default_value = "127.0.0.1:2439")]
+    #[arg(long, default_value = "127.0.0.1:2439", help_heading = "Endpoints")]
     listen: SocketAddr,
     /// Also serve TLS (tls:// clients) here; needs --cert and --key.
-    #[arg(long)]
+    #[arg(long, help_heading = "Endpoints")]
     tls_listen: Option<SocketAddr>,
     /// Also serve HTTP/1.1 and HTTP/2 (h2c) here (http:// clients).
-    #[arg(long)]
+    #[arg(long, help_heading = "Endpoints")]
     http_listen: Option<SocketAddr>,
     /// Also serve HTTPS (HTTP/1.1 and HTTP/2 by ALPN) here; needs --cert and --key.
-    #[arg(long)]
+    #[arg(long, help_heading = "Endpoints")]
     https_listen: Option<SocketAddr>,
     /// PEM certificate chain of the TLS and HTTPS endpoints (see `rowsync cert`).
-    #[arg(long)]
+    #[arg(long, help_heading = "Endpoints")]
     cert: Option<PathBuf>,
     /// PEM private key of --cert.
-    #[arg(long)]
+    #[arg(long, help_heading = "Endpoints")]
     key: Option<PathBuf>,
     /// Require TLS and HTTPS clients to present a certificate signed by this CA (PEM).
-    #[arg(long)]
+    #[arg(long, hide = true, help_heading = "Endpoints")]
     client_ca: Option<PathBuf>,
     /// Database workers (each holds one pooled connection while it works): a fixed
     /// count. Give --workers-min and --workers-max instead to let the server choose.
-    #[arg(long, default_value_t = 4, conflicts_with_all = ["workers_min", "workers_max"])]
+    #[arg(
+        long,
+        default_value_t = 4,
+        conflicts_with_all = ["workers_min", "workers_max"],
+        help_heading = "Workers and connections"
+    )]
     workers: usize,
     /// The fewest database workers the server may run (with --workers-max).
-    #[arg(long, requires = "workers_max")]
+    #[arg(
+        long,
+        requires = "workers_max",
+        help_heading = "Workers and connections"
+    )]
     workers_min: Option<usize>,
     /// The most database workers the server may run (with --workers-min).
-    #[arg(long, requires = "workers_min")]
+    #[arg(
+        long,
+        requires = "workers_min",
+        help_heading = "Workers and connections"
+    )]
     workers_max: Option<usize>,
     /// Syncs in progress at once; more clients are told busy with a retry hint.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, help_heading = "Workers and connections")]
     max_connections: usize,
     /// Connections holding a slot that have not sent their hello yet: beyond it, the
     /// oldest of them past --hello-pending-grace-ms is answered busy, so silent
     /// connections hold at most this many slots for longer than the grace.
-    #[arg(long, default_value_t = ServerConfig::default().hello_pending_connections_max)]
+    #[arg(long, default_value_t = ServerConfig::default().hello_pending_connections_max, hide = true, help_heading = "Workers and connections")]
     hello_pending_connections_max: usize,
     /// Milliseconds a connection may wait for its hello before it can be told to make
     /// room for newer ones (--hello-pending-connections-max).
-    #[arg(long, default_value_t = ServerConfig::default().hello_pending_grace.as_millis() as u64)]
+    #[arg(long, default_value_t = ServerConfig::default().hello_pending_grace.as_millis() as u64, hide = true, help_heading = "Workers and connections")]
     hello_pending_grace_ms: u64,
     /// Refused logins from one address, within --login-failure-window-seconds, after
     /// which its logins are refused unchecked until the window ends.
-    #[arg(long, default_value_t = ServerConfig::default().login_failures_per_address_max)]
+    #[arg(long, default_value_t = ServerConfig::default().login_failures_per_address_max, hide = true, help_heading = "Logins")]
     login_failures_per_address_max: u32,
     /// Refused logins for one user name from one address (IPv6: its /64), within
     /// --login-failure-window-seconds, after which that user's logins from that address
     /// are refused unchecked.
-    #[arg(long, default_value_t = ServerConfig::default().login_failures_per_address_user_max)]
+    #[arg(long, default_value_t = ServerConfig::default().login_failures_per_address_user_max, hide = true, help_heading = "Logins")]
     login_failures_per_address_user_max: u32,
     /// Refused logins for one user name from any address, within
     /// --login-failure-window-seconds, after which its logins are refused unchecked from
     /// every address that failed in the window (never from one that did not).
-    #[arg(long, default_value_t = ServerConfig::default().login_failures_per_user_max)]
+    #[arg(long, default_value_t = ServerConfig::default().login_failures_per_user_max, hide = true, help_heading = "Logins")]
     login_failures_per_user_max: u32,
     /// Client ids (subscriptions) one user may have; the first sync of a new client id
     /// beyond it is refused (error code 13). 0: no limit.
-    #[arg(long, default_value_t = rowsync_server::CLIENT_IDS_PER_USER_MAX_DEFAULT)]
+    #[arg(long, default_value_t = rowsync_server::CLIENT_IDS_PER_USER_MAX_DEFAULT, hide = true, help_heading = "Logins")]
     client_ids_per_user_max: u64,
     /// The window the login failure limits count in.
-    #[arg(long, default_value_t = ServerConfig::default().login_failure_window.as_secs())]
+    #[arg(long, default_value_t = ServerConfig::default().login_failure_window.as_secs(), hide = true, help_heading = "Logins")]
     login_failure_window_seconds: u64,
     /// Upload and download bytes all syncs in flight keep in memory; beyond, they go
     /// to temporary files. Default: a quarter of physical memory.
-    #[arg(long)]
+    #[arg(long, hide = true, help_heading = "Memory and sizes")]
     cache_bytes_max: Option<usize>,
     /// Memory all connections' zstd decoders may hold together (each holds its stream's
     /// window, 2 MiB for the client library, up to 8 MiB, until its upload is read); a
     /// connection waits for room before inflating. At least about 8.6 MiB.
     /// Default: an eighth of physical memory.
-    #[arg(long)]
+    #[arg(long, hide = true, help_heading = "Memory and sizes")]
     zstd_decoders_bytes_max: Option<usize>,
     /// Allocations of at least this many bytes get pages of their own, given back when
     /// freed (glibc's M_MMAP_THRESHOLD; 0 leaves glibc's sliding threshold).
-    #[arg(long, default_value_t = rowsync_server::MALLOC_MMAP_THRESHOLD_BYTES_DEFAULT)]
+    #[arg(long, default_value_t = rowsync_server::MALLOC_MMAP_THRESHOLD_BYTES_DEFAULT, hide = true, help_heading = "Memory and sizes")]
     malloc_mmap_threshold_bytes: usize,
     /// The whole upload must arrive within this many seconds of connecting.
-    #[arg(long, default_value_t = ServerConfig::default().upload_timeout.as_secs())]
+    #[arg(long, default_value_t = ServerConfig::default().upload_timeout.as_secs(), hide = true, help_heading = "Timeouts")]
     upload_timeout_seconds: u64,
     /// Serve Prometheus metrics (GET /metrics), the live monitor page (GET /monitor),
     /// its JSON API and the probes GET /healthz and GET /readyz on this address, e.g.
     /// 127.0.0.1:9464. An address other than loopback needs --admin-token-file.
-    #[arg(long)]
+    #[arg(long, help_heading = "Admin endpoint and monitor")]
     admin_listen: Option<SocketAddr>,
     /// A file holding the admin endpoint's token: every path but /healthz and /readyz
     /// then needs `Authorization: Bearer <token>`.
-    #[arg(long)]
+    #[arg(long, help_heading = "Admin endpoint and monitor")]
     admin_token_file: Option<PathBuf>,
     /// After SIGTERM or SIGINT, running syncs may finish for this many seconds while new
     /// ones are answered busy and /readyz says draining; a second signal stops at once.
-    #[arg(long, default_value_t = ServerConfig::default().drain_timeout.as_secs())]
+    #[arg(long, default_value_t = ServerConfig::default().drain_timeout.as_secs(), hide = true, help_heading = "Timeouts")]
     drain_timeout_seconds: u64,
     /// Ended syncs the monitor keeps (its history, in memory).
-    #[arg(long, default_value_t = MonitorSettings::default().history_syncs_max)]
+    #[arg(long, default_value_t = MonitorSettings::default().history_syncs_max, hide = true, help_heading = "Admin endpoint and monitor")]
     monitor_history_syncs_max: usize,
     /// Keep the monitor's history also in the consolidated database (table
     /// `rs_sync_history`, read back at start), at most this many rows (the oldest go).
-    #[arg(long, value_name = "ROWS")]
+    #[arg(
+        long,
+        value_name = "ROWS",
+        hide = true,
+        help_heading = "Admin endpoint and monitor"
+    )]
     monitor_history_table_rows_max: Option<u64>,
     /// Samples the monitor's charts keep (one per second).
-    #[arg(long, default_value_t = MonitorSettings::default().samples_max)]
+    #[arg(long, default_value_t = MonitorSettings::default().samples_max, hide = true, help_heading = "Admin endpoint and monitor")]
     monitor_samples_max: usize,
     /// Show the profile report in this file on the monitor page (the file `rowsync
     /// profile --out FILE` writes; read again at each look, so the newest run shows).
-    #[arg(long)]
+    #[arg(long, hide = true, help_heading = "Admin endpoint and monitor")]
     profile_report: Option<PathBuf>,
     /// Record each sync (hello without credentials, upload, outcome) into this new
     /// directory, for `rowsync replay`.
-    #[arg(long)]
+    #[arg(long, hide = true, help_heading = "Recording syncs for replay")]
     record: Option<PathBuf>,
     /// Syncs recorded at most; later ones are not recorded.
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(
+        long,
+        default_value_t = 100_000,
+        hide = true,
+        help_heading = "Recording syncs for replay"
+    )]
     record_syncs_max: u64,
     /// Upload bytes recorded at most, over all syncs.
-    #[arg(long, default_value_t = 1024 * 1024 * 1024)]
+    #[arg(long, default_value_t = 1024 * 1024 * 1024, hide = true, help_heading = "Recording syncs for replay")]
     record_bytes_max: u64,
     /// Largest frame accepted, in bytes.
-    #[arg(long, default_value_t = rowsync_protocol::FRAME_BYTES_MAX_DEFAULT)]
+    #[arg(long, default_value_t = rowsync_protocol::FRAME_BYTES_MAX_DEFAULT, hide = true, help_heading = "Memory and sizes")]
     frame_bytes_max: usize,
     /// Largest upload accepted for one sync, in bytes.
-    #[arg(long, default_value_t = ServerConfig::default().upload_bytes_max)]
+    #[arg(long, default_value_t = ServerConfig::default().upload_bytes_max, hide = true, help_heading = "Memory and sizes")]
     upload_bytes_max: usize,
     /// Largest value (text or blob bytes) an upload may hold or a download may carry.
-    #[arg(long, default_value_t = ServerConfig::default().value_bytes_max)]
+    #[arg(long, default_value_t = ServerConfig::default().value_bytes_max, hide = true, help_heading = "Memory and sizes")]
     value_bytes_max: u64,
     /// Close a connection that sends nothing for this many seconds (body read timeout).
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, hide = true, help_heading = "Timeouts")]
     read_timeout_seconds: u64,
     /// The hello (TCP, TLS) or the request headers (HTTP) must arrive within this.
-    #[arg(long, default_value_t = ServerConfig::default().header_read_timeout.as_millis() as u64)]
+    #[arg(long, default_value_t = ServerConfig::default().header_read_timeout.as_millis() as u64, hide = true, help_heading = "Timeouts")]
     header_read_timeout_ms: u64,
     /// A TLS handshake must complete within this.
-    #[arg(long, default_value_t = ServerConfig::default().tls_handshake_timeout.as_millis() as u64)]
+    #[arg(long, default_value_t = ServerConfig::default().tls_handshake_timeout.as_millis() as u64, hide = true, help_heading = "Timeouts")]
     tls_handshake_timeout_ms: u64,
     /// Milliseconds an HTTP connection may stay open with no request in progress.
-    #[arg(long, default_value_t = ServerConfig::default().http_idle_timeout.as_millis() as u64)]
+    #[arg(long, default_value_t = ServerConfig::default().http_idle_timeout.as_millis() as u64, hide = true, help_heading = "Timeouts")]
     http_idle_timeout_ms: u64,
     /// Seconds between the pings of an HTTP/2 connection; one not answered within
     /// --read-timeout-seconds closes it.
-    #[arg(long, default_value_t = ServerConfig::default().http2_keep_alive_interval.as_secs())]
+    #[arg(long, default_value_t = ServerConfig::default().http2_keep_alive_interval.as_secs(), hide = true, help_heading = "Timeouts")]
     http2_keep_alive_interval_seconds: u64,
     /// Download receipts (protocol v4) one HTTP connection may send per second; more are
     /// answered without a lookup.
-    #[arg(long, default_value_t = ServerConfig::default().receipts_per_connection_per_second_max)]
+    #[arg(long, default_value_t = ServerConfig::default().receipts_per_connection_per_second_max, hide = true, help_heading = "Timeouts")]
     receipts_per_connection_per_second_max: u32,
     /// Bytes a compressed upload may inflate to, checked while decompressing.
-    #[arg(long, default_value_t = ServerConfig::default().decompressed_bytes_max)]
+    #[arg(long, default_value_t = ServerConfig::default().decompressed_bytes_max, hide = true, help_heading = "Memory and sizes")]
     decompressed_bytes_max: u64,
     /// Apply a large upload over at most this many database connections at once, its
     /// rows hashed by primary key, committed together by two-phase commit (PostgreSQL
     /// with max_prepared_transactions above 0 only; SQLite and MySQL use one). 1: off.
-    #[arg(long, default_value_t = 1)]
+    #[arg(
+        long,
+        default_value_t = 1,
+        hide = true,
+        help_heading = "Large uploads over several connections"
+    )]
     apply_streams_max: usize,
     /// Upload operations (rows) for each apply stream: an upload of R rows is applied
     /// over R / this streams (at least 1, at most --apply-streams-max).
-    #[arg(long, default_value_t = rowsync_consolidated::ApplyStreamSettings::OFF.rows_per_stream_min)]
+    #[arg(long, default_value_t = rowsync_consolidated::ApplyStreamSettings::OFF.rows_per_stream_min, hide = true, help_heading = "Large uploads over several connections")]
     apply_stream_rows_min: u64,
     /// The longest an apply stream waits for a lock, in milliseconds; beyond it the
     /// streams are aborted and the upload is applied on one stream.
-    #[arg(long, default_value_t = rowsync_consolidated::ApplyStreamSettings::OFF.lock_timeout_ms)]
+    #[arg(long, default_value_t = rowsync_consolidated::ApplyStreamSettings::OFF.lock_timeout_ms, hide = true, help_heading = "Large uploads over several connections")]
     apply_stream_lock_timeout_ms: u64,
     /// Remove tombstones every client has passed (and expired held uploads) this often.
-    #[arg(long, default_value_t = 300)]
+    #[arg(
+        long,
+        default_value_t = 300,
+        hide = true,
+        help_heading = "Cut transfers held for resuming, and cleanup"
+    )]
     cleanup_interval_seconds: u64,
     /// Hold at most this many bytes of one cut upload for its client to resume.
-    #[arg(long, default_value_t = ServerConfig::default().held_upload_bytes_max)]
+    #[arg(long, default_value_t = ServerConfig::default().held_upload_bytes_max, hide = true, help_heading = "Cut transfers held for resuming, and cleanup")]
     held_upload_bytes_max: u64,
     /// Hold at most this many bytes of cut uploads in all (in the consolidated database).
-    #[arg(long, default_value_t = ServerConfig::default().held_uploads_bytes_max)]
+    #[arg(long, default_value_t = ServerConfig::default().held_uploads_bytes_max, hide = true, help_heading = "Cut transfers held for resuming, and cleanup")]
     held_uploads_bytes_max: u64,
     /// Name at most this many refused rows of one upload (protocol v6 clients set them
     /// aside and send the rest); beyond it the sync fails as a whole.
-    #[arg(long, default_value_t = ServerConfig::default().refused_rows_max)]
+    #[arg(long, default_value_t = ServerConfig::default().refused_rows_max, hide = true, help_heading = "Memory and sizes")]
     refused_rows_max: u64,
     /// Hold at most this many bytes of cut uploads of one user (all its client ids), as
     /// stored (decompressed).
-    #[arg(long, default_value_t = ServerConfig::default().held_uploads_bytes_per_user_max)]
+    #[arg(long, default_value_t = ServerConfig::default().held_uploads_bytes_per_user_max, hide = true, help_heading = "Cut transfers held for resuming, and cleanup")]
     held_uploads_bytes_per_user_max: u64,
     /// Remove a held cut upload after this many seconds.
-    #[arg(long, default_value_t = ServerConfig::default().held_upload_expiry.as_secs())]
+    #[arg(long, default_value_t = ServerConfig::default().held_upload_expiry.as_secs(), hide = true, help_heading = "Cut transfers held for resuming, and cleanup")]
     held_upload_expiry_seconds: u64,
     /// Hold at most this many bytes of one cut download for its client to resume.
-    #[arg(long, default_value_t = ServerConfig::default().held_download_bytes_max)]
+    #[arg(long, default_value_t = ServerConfig::default().held_download_bytes_max, hide = true, help_heading = "Cut transfers held for resuming, and cleanup")]
     held_download_bytes_max: u64,
     /// Hold at most this many bytes of cut downloads in all (in the consolidated database).
-    #[arg(long, default_value_t = ServerConfig::default().held_downloads_bytes_max)]
+    #[arg(long, default_value_t = ServerConfig::default().held_downloads_bytes_max, hide = true, help_heading = "Cut transfers held for resuming, and cleanup")]
     held_downloads_bytes_max: u64,
     /// Hold at most this many bytes of cut downloads of one user.
-    #[arg(long, default_value_t = ServerConfig::default().held_downloads_bytes_per_user_max)]
+    #[arg(long, default_value_t = ServerConfig::default().held_downloads_bytes_per_user_max, hide = true, help_heading = "Cut transfers held for resuming, and cleanup")]
     held_downloads_bytes_per_user_max: u64,
     /// Remove a held cut download after this many seconds.
-    #[arg(long, default_value_t = ServerConfig::default().held_download_expiry.as_secs())]
+    #[arg(long, default_value_t = ServerConfig::default().held_download_expiry.as_secs(), hide = true, help_heading = "Cut transfers held for resuming, and cleanup")]
     held_download_expiry_seconds: u64,
     /// Accept HS256 tokens (JWT) signed with the secret in this file.
-    #[arg(long)]
+    #[arg(long, hide = true, help_heading = "Logins")]
     jwt_hs256_secret_file: Option<PathBuf>,
     /// Accept RS256 tokens (JWT) signed for the RSA public key in this PEM file.
-    #[arg(long)]
+    #[arg(long, hide = true, help_heading = "Logins")]
     jwt_rs256_public_key_file: Option<PathBuf>,
     /// Require this `aud` claim in tokens.
-    #[arg(long)]
+    #[arg(long, hide = true, help_heading = "Logins")]
     jwt_audience: Option<String>,
     /// Require this `iss` claim in tokens.
-    #[arg(long)]
+    #[arg(long, hide = true, help_heading = "Logins")]
     jwt_issuer: Option<String>,
 }
 

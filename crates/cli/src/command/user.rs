@@ -1,7 +1,7 @@
 //! `rowsync user`: the built-in users (`rs_user`): add, list, set a password, disable,
 //! enable, remove.
 
-use std::io::Read;
+use std::io::{IsTerminal, Read};
 
 use anyhow::{bail, Context, Result};
 use rowsync_cli::database::{DatabaseArg, OnBackend};
@@ -10,11 +10,13 @@ use rowsync_server::auth;
 
 #[derive(clap::Subcommand)]
 pub enum UserCommand {
-    /// Add a user, or set the password of an existing one.
+    /// Add a user, or set the password of an existing one (asked for at a terminal,
+    /// else read from standard input).
     Add(UserAddArgs),
     /// List the users: name, enabled or disabled, when added.
     List(UserListArgs),
-    /// Set the password of an existing user (read from standard input when absent).
+    /// Set the password of an existing user (asked for at a terminal, else read from
+    /// standard input).
     SetPassword(UserAddArgs),
     /// Refuse a user's password logins from now on, as a wrong password is refused;
     /// its client ids and rows stay.
@@ -35,6 +37,7 @@ pub struct UserListArgs {
 pub struct UserNameArgs {
     #[command(flatten)]
     database: DatabaseArg,
+    /// The user's name.
     #[arg(long)]
     name: String,
 }
@@ -64,9 +67,13 @@ struct SavePassword {
 pub struct UserAddArgs {
     #[command(flatten)]
     database: DatabaseArg,
+    /// The user's name: what the client logs in as, and what the default scripts match
+    /// against the partition column.
     #[arg(long)]
     name: String,
-    /// The password; read from standard input when absent.
+    /// The password (visible to other users of the machine in the process list: prefer
+    /// the prompt, or standard input). When absent: asked for twice at a terminal, with
+    /// echo off; else standard input, without its trailing newline.
     #[arg(long, env = "ROWSYNC_PASSWORD", hide_env_values = true)]
     password: Option<String>,
 }
@@ -130,13 +137,7 @@ impl OnBackend for SavePassword {
         let SavePassword { args, must_exist } = self;
         let password = match args.password {
             Some(password) => password,
-            None => {
-                let mut input = String::new();
-                std::io::stdin()
-                    .read_to_string(&mut input)
-                    .context("reading the password from stdin")?;
-                input.trim_end_matches(['\r', '\n']).to_string()
-            }
+            None => read_password(&args.name)?,
         };
         if password.is_empty() {
             bail!("the password must not be empty");
@@ -162,4 +163,27 @@ impl OnBackend for SavePassword {
         println!("user {} saved", args.name);
         Ok(())
     }
+}
+
+/// The password, asked for twice with echo off when standard input is a terminal, else
+/// read from it (a pipe, a file) without its trailing newline.
+fn read_password(name: &str) -> Result<String> {
+    if !std::io::stdin().is_terminal() {
+        let mut input = String::new();
+        std::io::stdin()
+            .read_to_string(&mut input)
+            .context("reading the password from standard input")?;
+        return Ok(input.trim_end_matches(['\r', '\n']).to_string());
+    }
+    let asking = |prompt: String| {
+        rpassword::prompt_password(prompt).context("reading the password from the terminal")
+    };
+    let password = asking(format!("password for {name}: "))?;
+    if password.is_empty() {
+        bail!("the password must not be empty");
+    }
+    if asking(format!("password for {name} again: "))? != password {
+        bail!("the two passwords differ; nothing was saved: run the command again");
+    }
+    Ok(password)
 }

@@ -10,7 +10,9 @@ pub enum VersionCommand {
     Add {
         #[command(flatten)]
         database: DatabaseArg,
+        /// The version's name, which clients ask for (`v2`).
         name: String,
+        /// What the version is for (which app release uses it), shown by `version list`.
         #[arg(long, default_value = "")]
         description: String,
     },

@@ -22,29 +22,60 @@ function ms(value) { return value === null || value === undefined ? "" : value.t
 
 function makeChart(target, names, colors) {
   const series = [{}].concat(names.map((name, i) => ({
-    label: name, stroke: colors[i % colors.length], width: 1.5, spanGaps: false,
+    label: name, stroke: colors[i % colors.length], width: 1.5, spanGaps: false, value: legendValue,
   })));
   const width = Math.max(380, el(target).parentElement.clientWidth - 12);
   const data = [[]].concat(names.map(() => []));
-  return { plot: new uPlot({ width, height: 170, series, axes: [{}, { size: 56 }] }, data, el(target)), names };
+  // The legend shows the newest values unless the pointer picks a moment.
+  const hooks = { setCursor: [(u) => { if (u.cursor.idx == null) showNewest(u); }] };
+  const options = { width, height: 170, series, axes: [{}, { size: 56 }], hooks };
+  return { plot: new uPlot(options, data, el(target)), names };
+}
+
+// A legend value; with no point picked, a series with no value at the newest sample (a
+// phase no sync ended in) shows its last value instead of "--".
+function legendValue(u, value, seriesIdx, idx) {
+  if ((value === null || value === undefined) && u.cursor.idx == null && idx != null) {
+    const values = u.data[seriesIdx];
+    for (let i = Math.min(idx, values.length - 1); i >= 0 && value == null; i--) value = values[i];
+  }
+  if (value === null || value === undefined) return "--";
+  return Number.isInteger(value) ? String(value) : value.toFixed(value < 10 ? 2 : 1);
+}
+
+// The legend's values at the newest sample (uPlot shows "--" while no point is picked).
+function showNewest(plot) {
+  const newest = plot.data[0].length - 1;
+  if (newest >= 0) plot.setLegend({ idx: newest }, false);
+}
+
+function setData(chart, data) {
+  chart.plot.setData(data);
+  if (chart.plot.cursor.idx == null) showNewest(chart.plot);
 }
 
 const charts = {
-  rate: makeChart("chart-rate", ["ok", "refused or failed", "busy answers"], ["#2ca02c", "#d62728", "#ff7f0e"]),
+  rate: makeChart("chart-rate", ["ok", "refused", "failed", "busy answers"],
+    ["#2ca02c", "#ff7f0e", "#d62728", "#9467bd"]),
   phases: makeChart("chart-phases", PHASES, COLORS),
   workers: makeChart("chart-workers", ["workers", "busy", "waiting for a worker", "connections"], COLORS),
-  cache: makeChart("chart-cache", ["in memory", "limit"], ["#1f77b4", "#999"]),
+  cache: makeChart("chart-cache", ["in memory"], ["#1f77b4"]),
 };
 
+// The cache limit is in the chart's title, not a line: a quarter of memory beside a few
+// MiB in use would flatten the use to 0.
 function drawSeries(samples) {
   const t = samples.map((s) => s.unix_ms / 1000);
   const mib = (b) => b / 1048576;
-  charts.rate.plot.setData([t, samples.map((s) => s.syncs_per_second),
-    samples.map((s) => s.failures_per_second), samples.map((s) => s.busy_answers_per_second)]);
-  charts.phases.plot.setData([t].concat(PHASES.map((_, i) => samples.map((s) => s.phase_ms[i]))));
-  charts.workers.plot.setData([t, samples.map((s) => s.workers), samples.map((s) => s.workers_busy),
+  setData(charts.rate, [t, samples.map((s) => s.syncs_per_second),
+    samples.map((s) => s.refused_per_second), samples.map((s) => s.failed_per_second),
+    samples.map((s) => s.busy_answers_per_second)]);
+  setData(charts.phases, [t].concat(PHASES.map((_, i) => samples.map((s) => s.phase_ms[i]))));
+  setData(charts.workers, [t, samples.map((s) => s.workers), samples.map((s) => s.workers_busy),
     samples.map((s) => s.syncs_waiting_for_worker), samples.map((s) => s.connections)]);
-  charts.cache.plot.setData([t, samples.map((s) => mib(s.cache_bytes)), samples.map((s) => mib(s.cache_bytes_max))]);
+  setData(charts.cache, [t, samples.map((s) => mib(s.cache_bytes))]);
+  const newest = samples[samples.length - 1];
+  if (newest) el("cache-limit").textContent = mib(newest.cache_bytes_max).toFixed(0);
 }
 
 function drawActive(active) {
@@ -68,9 +99,12 @@ function drawActive(active) {
   if (active.length === 0) cell(body.insertRow(), "none", "empty").colSpan = 6;
 }
 
+// One row per sync; a refused or failed sync's error in a row of its own beneath it, so
+// that it shows in full without widening the table or scrolling.
 function drawRecent(syncs) {
   const body = el("recent").tBodies[0];
   body.replaceChildren();
+  const columns = el("recent").tHead.rows[0].cells.length;
   for (const sync of syncs) {
     const row = body.insertRow();
     row.className = sync.outcome;
@@ -79,7 +113,7 @@ function drawRecent(syncs) {
     cell(row, sync.id);
     cell(row, new Date(sync.started_unix_ms).toLocaleTimeString(), "text");
     cell(row, sync.user, "text");
-    cell(row, sync.client_id, "text");
+    cell(row, sync.client_id, "text client").title = sync.client_id || "";
     cell(row, sync.script_version, "text");
     cell(row, sync.outcome, "text");
     cell(row, ms(sync.duration_ms));
@@ -90,9 +124,19 @@ function drawRecent(syncs) {
     cell(row, sync.bytes_received);
     cell(row, sync.bytes_sent);
     cell(row, sync.conflicts);
-    cell(row, sync.error, "error");
+    if (sync.error) {
+      const errorRow = body.insertRow();
+      errorRow.className = "error-row " + sync.outcome;
+      errorRow.dataset.id = String(sync.id);
+      const td = errorRow.insertCell();
+      td.colSpan = columns;
+      td.className = "error";
+      const text = document.createElement("div");
+      text.textContent = sync.error;
+      td.appendChild(text);
+    }
   }
-  if (syncs.length === 0) cell(body.insertRow(), "no syncs yet", "empty").colSpan = 20;
+  if (syncs.length === 0) cell(body.insertRow(), "no syncs yet", "empty").colSpan = columns;
 }
 
 async function getJson(path) {

@@ -617,6 +617,9 @@ async fn authenticated_user<B: Consolidated>(
             error.code(),
             error.to_string(),
         ))),
+        Err(auth::AuthFailure::UnknownScriptVersion(message)) => Err(Failure::tell(
+            WireError::new(ErrorCode::UnknownScriptVersion, message),
+        )),
     }
 }
 
