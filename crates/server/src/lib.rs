@@ -52,6 +52,7 @@ mod version_tables;
 
 pub use config::{
     ServerConfig, CLIENT_IDS_PER_USER_MAX_DEFAULT, MALLOC_MMAP_THRESHOLD_BYTES_DEFAULT,
+    SHARED_DOWNLOAD_CACHE_BYTES_MAX_DEFAULT,
 };
 pub use server::{
     serve, serve_endpoints, serve_endpoints_with_metrics, Endpoint, ServerError, Transport,

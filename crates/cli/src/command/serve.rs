@@ -106,6 +106,16 @@ pub struct ServeArgs {
     /// Default: an eighth of physical memory.
     #[arg(long, hide = true, help_heading = "Memory and sizes")]
     zstd_decoders_bytes_max: Option<usize>,
+    /// Rows of shared tables (a catalogue every user reads) kept after one sync read
+    /// them, for the syncs after with the same cursor (docs/rules.md); 0 keeps none.
+    #[arg(long, hide = true, help_heading = "Memory and sizes",
+          default_value_t = rowsync_server::SHARED_DOWNLOAD_CACHE_BYTES_MAX_DEFAULT)]
+    shared_download_cache_bytes_max: u64,
+    /// How long kept shared rows serve other syncs (their clients then read again at
+    /// most this much of the changes at their next sync).
+    #[arg(long, hide = true, help_heading = "Memory and sizes",
+          default_value_t = ServerConfig::default().shared_download_cache_age.as_secs())]
+    shared_download_cache_seconds: u64,
     /// Allocations of at least this many bytes get pages of their own, given back when
     /// freed (glibc's M_MMAP_THRESHOLD; 0 leaves glibc's sliding threshold).
     #[arg(long, default_value_t = rowsync_server::MALLOC_MMAP_THRESHOLD_BYTES_DEFAULT, hide = true, help_heading = "Memory and sizes")]
@@ -467,6 +477,8 @@ impl ServeArgs {
             workers: self.workers,
             workers_range,
             cache_bytes_max: self.cache_bytes_max.unwrap_or(defaults.cache_bytes_max),
+            shared_download_cache_bytes_max: self.shared_download_cache_bytes_max,
+            shared_download_cache_age: Duration::from_secs(self.shared_download_cache_seconds),
             zstd_decoders_bytes_max: self
                 .zstd_decoders_bytes_max
                 .unwrap_or(defaults.zstd_decoders_bytes_max),
