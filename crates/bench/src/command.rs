@@ -10,7 +10,7 @@ use rowsync_bench::store::{self, Mode, StoreOptions, StoreSize};
 use rowsync_bench::timing::clients::{ClientMode, Retry};
 use rowsync_bench::timing::server::{Protocol, Workers};
 use rowsync_bench::timing::{self, BenchOptions, Size};
-use rowsync_bench::{apply, link, link_database, load, transport};
+use rowsync_bench::{apply, link, link_database, load, shared, transport};
 use rowsync_cli::database::Database;
 
 #[derive(clap::Args)]
@@ -73,6 +73,39 @@ pub struct ApplyArgs {
     /// Rows each sync type moves (each upload, and the download).
     #[arg(long, default_value_t = 1_000_000)]
     rows: usize,
+}
+
+#[derive(clap::Args)]
+pub struct SharedArgs {
+    /// A postgres:// URL of a scratch database.
+    #[arg(long)]
+    db: String,
+    /// Clients, each doing one first sync.
+    #[arg(long, default_value_t = 1000)]
+    clients: usize,
+    /// Rows of the shared table.
+    #[arg(long, default_value_t = 10_000)]
+    rows: usize,
+    /// Syncs at once.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Rounds of each configuration, alternated.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+}
+
+pub async fn run_shared(args: SharedArgs) -> Result<()> {
+    if !is_postgres(&args.db) {
+        bail!("shared measures PostgreSQL: give --db postgres://...");
+    }
+    let options = shared::SharedOptions {
+        clients: args.clients,
+        rows: args.rows,
+        concurrency: args.concurrency,
+        rounds: args.rounds,
+    };
+    shared::run(&args.db, &options, &mut std::io::stdout()).await?;
+    Ok(())
 }
 
 #[derive(clap::Args)]

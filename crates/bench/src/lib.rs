@@ -8,6 +8,8 @@
 //! - [`transport`]: `rowsync-bench transport`, every transport x compression.
 //! - [`burst`]: a burst of concurrent clients against a `rowsync serve` process on
 //!   SQLite, for the server's peak resident memory (`tests/burst.rs`).
+//! - [`shared`]: `rowsync-bench shared`, first syncs of one shared table with its rows
+//!   read by every sync and read once.
 //! - [`store`]: `rowsync-bench store`, the Berkeley DB study on the client store.
 //! - [`link`]: `rowsync-bench link`, the seed-003 study over slow, high-latency links.
 //! - [`link_database`]: `rowsync-bench link --db`, the server-to-database link over apply
@@ -20,6 +22,7 @@ pub mod burst;
 pub mod link;
 pub mod link_database;
 pub mod load;
+pub mod shared;
 pub mod store;
 pub mod timing;
 pub mod transport;

@@ -12,7 +12,7 @@ mod command;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use command::{ApplyArgs, LinkArgs, LoadArgs, StoreArgs, TimingArgs, TransportArgs};
+use command::{ApplyArgs, LinkArgs, LoadArgs, SharedArgs, StoreArgs, TimingArgs, TransportArgs};
 
 #[derive(Parser)]
 #[command(
@@ -73,6 +73,13 @@ enum Command {
     /// and the cost of a cut upload. See docs/benchmarks.md.
     #[command(alias = "bench-link")]
     Link(LinkArgs),
+    /// Measure first syncs of one shared table: rows read by every sync, or read once.
+    ///
+    /// Many clients each download the same shared table (docs/rules.md) at their first
+    /// sync; with the rows read from PostgreSQL by every sync and read once and served
+    /// kept (`shared_download_cache_bytes_max`), alternated in one run: wall time, the
+    /// server's CPU, PostgreSQL's CPU. Drops and recreates bench_film.
+    Shared(SharedArgs),
 }
 
 fn main() -> Result<()> {
@@ -87,6 +94,7 @@ fn main() -> Result<()> {
             Command::Transport(args) => command::run_transport(args).await,
             Command::Store(args) => command::run_store(args).await,
             Command::Link(args) => command::run_link(args).await,
+            Command::Shared(args) => command::run_shared(args).await,
         }
     })
 }
