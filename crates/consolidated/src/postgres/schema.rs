@@ -381,6 +381,18 @@ pub async fn init_table(
     let versions = version_facts(&transaction, &init.table).await?;
     let target = reinit::choose_version(init, &versions, &shape.column_names())?;
     install_tracking(&transaction, &full_shape, &full_types, init).await?;
+    if ruled.as_ref().is_some_and(RuledTable::by_change_stamp) {
+        // Its cursors find changed rows by rs_xid alone (the tracking index leads with
+        // the partition column, here the first key column).
+        transaction
+            .batch_execute(&format!(
+                "CREATE INDEX IF NOT EXISTS {} ON {} ({})",
+                q(&format!("rs_xid_only_{}", init.table)),
+                q(&init.table),
+                q(XID_COLUMN)
+            ))
+            .await?;
+    }
     transaction
         .execute(
             "INSERT INTO rs_table (table_name, partition_column) VALUES ($1, $2)
@@ -473,6 +485,14 @@ impl RuledTable {
             keys: &self.keys,
             sql: &self.sql,
         }
+    }
+
+    /// A `shared` or `parent` table: tracked by its first key column, read by change.
+    fn by_change_stamp(&self) -> bool {
+        matches!(
+            self.rules.tables[&self.shape.name].rule,
+            Rule::Shared { .. } | Rule::Parent { .. }
+        )
     }
 
     fn scripts(&self, part: &TableShape, types: &[String]) -> Vec<(&'static str, String)> {
