@@ -5,6 +5,7 @@ mod command;
 
 use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser, Subcommand};
+use rowsync_cli::logging::{self, LogFormat};
 
 use command::{
     cert, cleanup, config, demo, init, keys, profile, replay, script, serve, user, version,
@@ -22,6 +23,10 @@ struct Cli {
     /// win over the file (docs/operations.md, "The config file").
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<std::path::PathBuf>,
+    /// Log lines as text (coloured when stderr is a terminal) or as JSON objects, one
+    /// a line (docs/operations.md, "Logging").
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -76,7 +81,6 @@ enum Command {
 }
 
 pub(crate) fn main() -> std::process::ExitCode {
-    rowsync_cli::logging::init();
     let argv = std::env::args_os().collect();
     let cli = match rowsync_cli::config::fold_in(&Cli::command(), argv) {
         Ok((argv, _)) => Cli::parse_from(argv),
@@ -85,6 +89,7 @@ pub(crate) fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    logging::init_with(cli.log_format);
     let config_file = cli.config.clone();
     if cli.command.only_prints() {
         end_quietly_when_the_output_closes();
@@ -97,7 +102,7 @@ pub(crate) fn main() -> std::process::ExitCode {
         // The message and its causes (each refusal names its fix), never a backtrace:
         // backtraces are for panics.
         Err(error) => {
-            eprintln!("error: {error:#}");
+            logging::notice(format!("error: {error:#}"));
             std::process::ExitCode::FAILURE
         }
     }
