@@ -203,6 +203,10 @@ impl Jwks {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let fetched = self.fetch_set(state).await;
         state.last_error = fetched.as_ref().err().cloned();
+        if fetched.is_err() {
+            // The issuer may have moved its key set: discover it again next time.
+            state.jwks_url = None;
+        }
         let set = fetched?;
         let count = set.by_kid.len() + set.without_kid.len();
         *self
@@ -338,35 +342,31 @@ fn lookup_without_kid(set: &KeySet, algorithm: Algorithm) -> Result<SetKey, KeyE
 /// until the set is dropped.
 async fn refresh_on_schedule(jwks: Weak<Jwks>) {
     loop {
-        let wait = match jwks.upgrade() {
-            Some(jwks) => {
-                let state = jwks.fetch.lock().await;
-                let interval = if state.last_error.is_some() {
-                    jwks.settings.refresh_min
-                } else {
-                    jwks.settings.refresh
-                };
-                let since = state.last_attempt.map_or(interval, |at| at.elapsed());
-                interval
-                    .saturating_sub(since)
-                    .max(Duration::from_millis(100))
+        let Some(held) = jwks.upgrade() else { return };
+        let wait = held.until_due(&*held.fetch.lock().await);
+        drop(held);
+        tokio::time::sleep(wait.max(Duration::from_millis(100))).await;
+        let Some(held) = jwks.upgrade() else { return };
+        let mut state = held.fetch.lock().await;
+        // An unknown kid may have fetched the set meanwhile.
+        if held.until_due(&state).is_zero() {
+            if let Err(error) = held.refresh_locked(&mut state).await {
+                tracing::warn!(%error, "refreshing the token key set failed; the keys fetched before stay");
             }
-            None => return,
-        };
-        tokio::time::sleep(wait).await;
-        let Some(jwks) = jwks.upgrade() else { return };
-        let mut state = jwks.fetch.lock().await;
+        }
+    }
+}
+
+impl Jwks {
+    /// How long until the next scheduled fetch is due.
+    fn until_due(&self, state: &FetchState) -> Duration {
         let interval = if state.last_error.is_some() {
-            jwks.settings.refresh_min
+            self.settings.refresh_min
         } else {
-            jwks.settings.refresh
+            self.settings.refresh
         };
-        if state.last_attempt.is_some_and(|at| at.elapsed() < interval) {
-            continue; // an unknown kid fetched it meanwhile
-        }
-        if let Err(error) = jwks.refresh_locked(&mut state).await {
-            tracing::warn!(%error, "refreshing the token key set failed; the keys fetched before stay");
-        }
+        let since = state.last_attempt.map_or(interval, |at| at.elapsed());
+        interval.saturating_sub(since)
     }
 }
 

@@ -83,12 +83,17 @@ impl TokenConfig {
     }
 
     /// Checks a token's signature and claims and returns its subject, the user: with
-    /// a static key when one is set for the token's algorithm, else with the key set's
-    /// key its `kid` names (which may fetch the set once: [`Jwks::key`]).
+    /// a static key when one is set for the token's algorithm (HS256, or RS256 without a
+    /// `kid` when there is a key set), else with the key set's key its `kid` names
+    /// (which may fetch the set once: [`Jwks::key`]).
     pub async fn check(&self, token: &str) -> Result<String, TokenError> {
         let header = self.header(token)?;
+        // With a key set too, an RS256 token naming a key (`kid`) is the set's.
+        let static_first = self.jwks.is_none() || header.kid.is_none();
         if let Some(key) = self.static_key(&header)? {
-            return self.claims(token, header.alg, &key);
+            if static_first || header.alg == Algorithm::HS256 {
+                return self.claims(token, header.alg, &key);
+            }
         }
         let Some(jwks) = &self.jwks else {
             return Err(TokenError::Algorithm(format!("{:?}", header.alg)));
@@ -149,11 +154,43 @@ impl TokenConfig {
             validation.set_issuer(&[issuer]);
         }
         let data = decode::<Claims>(token, key, &validation)
-            .map_err(|error| TokenError::Invalid(error.to_string()))?;
+            .map_err(|error| TokenError::Invalid(self.explained(&error)))?;
         if data.claims.sub.is_empty() {
             return Err(TokenError::EmptySubject);
         }
         Ok(data.claims.sub)
+    }
+}
+
+impl TokenConfig {
+    /// A refusal by jsonwebtoken, its kind kept (`ExpiredSignature`) and told with the
+    /// setting or the remedy that goes with it.
+    fn explained(&self, error: &jsonwebtoken::errors::Error) -> String {
+        use jsonwebtoken::errors::ErrorKind;
+        let leeway = self.leeway_seconds;
+        let hint = match error.kind() {
+            ErrorKind::ExpiredSignature => format!(
+                "its exp is more than {leeway} s past (jwt_leeway_seconds); the app must get \
+                 a new token"
+            ),
+            ErrorKind::ImmatureSignature => format!(
+                "its nbf is more than {leeway} s ahead (jwt_leeway_seconds); check the clocks"
+            ),
+            ErrorKind::InvalidIssuer => format!(
+                "its iss is not {:?} (jwt_issuer or oidc_issuer)",
+                self.issuer.as_deref().unwrap_or_default()
+            ),
+            ErrorKind::InvalidAudience => format!(
+                "its aud does not name {:?} (jwt_audience)",
+                self.audience.as_deref().unwrap_or_default()
+            ),
+            ErrorKind::InvalidSignature => {
+                "its signature does not verify with the server's key for it".to_string()
+            }
+            ErrorKind::MissingRequiredClaim(claim) => format!("it has no {claim} claim"),
+            _ => return error.to_string(),
+        };
+        format!("{error}: {hint}")
     }
 }
 

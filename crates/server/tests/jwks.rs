@@ -34,6 +34,8 @@ const LEEWAY_SECONDS: u64 = 5;
 /// A signing key made here, with its public JWK.
 struct TestKey {
     kid: String,
+    /// PKCS#1 DER of an RSA key (empty for the others).
+    der: Vec<u8>,
     algorithm: Algorithm,
     encoding: EncodingKey,
     jwk: Json,
@@ -58,6 +60,7 @@ fn rsa_key(kid: &str) -> TestKey {
     let der = private.to_pkcs1_der().unwrap();
     TestKey {
         kid: kid.into(),
+        der: der.as_bytes().to_vec(),
         algorithm: Algorithm::RS256,
         encoding: EncodingKey::from_rsa_der(der.as_bytes()),
         jwk: json!({"kty": "RSA", "kid": kid, "use": "sig", "alg": "RS256",
@@ -74,6 +77,7 @@ fn ec_key(kid: &str) -> TestKey {
     let point = pair.public_key().as_ref();
     TestKey {
         kid: kid.into(),
+        der: Vec::new(),
         algorithm: Algorithm::ES256,
         encoding: EncodingKey::from_ec_der(pkcs8.as_ref()),
         jwk: json!({"kty": "EC", "kid": kid, "crv": "P-256",
@@ -86,6 +90,7 @@ fn ed_key(kid: &str) -> TestKey {
     let pair = signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
     TestKey {
         kid: kid.into(),
+        der: Vec::new(),
         algorithm: Algorithm::EdDSA,
         encoding: EncodingKey::from_ed_der(pkcs8.as_ref()),
         jwk: json!({"kty": "OKP", "kid": kid, "crv": "Ed25519", "alg": "EdDSA",
@@ -216,6 +221,29 @@ async fn sync_with(server: &TestServer, client: &str, token: String) -> Result<(
     }
 }
 
+/// Syncs one client with `token` again and again for `period`, in a task; its count.
+fn sync_for(
+    server: &TestServer,
+    client: &str,
+    token: String,
+    period: Duration,
+) -> tokio::task::JoinHandle<usize> {
+    let options = with_token(server, token);
+    let mut client = server.client(client);
+    tokio::spawn(async move {
+        let mut syncs = 0;
+        let until = tokio::time::Instant::now() + period;
+        while tokio::time::Instant::now() < until {
+            client
+                .sync(&options)
+                .await
+                .expect("the steady key logs in throughout");
+            syncs += 1;
+        }
+        syncs
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_rotate_while_clients_sync() {
     let issuer = Issuer::start().await;
@@ -237,22 +265,7 @@ async fn keys_rotate_while_clients_sync() {
 
     // Clients keep syncing with the EC key, published all along, through the rotation.
     let steady = issuer.token(&ec, "bob", exp);
-    let syncing = {
-        let options = with_token(&server, steady);
-        let mut client = server.client("bob-steady");
-        tokio::spawn(async move {
-            let mut syncs = 0;
-            let until = tokio::time::Instant::now() + Duration::from_secs(2);
-            while tokio::time::Instant::now() < until {
-                client
-                    .sync(&options)
-                    .await
-                    .expect("the steady key logs in throughout");
-                syncs += 1;
-            }
-            syncs
-        })
-    };
+    let syncing = sync_for(&server, "bob-steady", steady, Duration::from_secs(2));
     tokio::time::sleep(Duration::from_millis(600)).await;
     // The rotation: the RSA key is retired, an Ed25519 key rotated in.
     issuer.publish(&[&ec, &ed]);
@@ -316,10 +329,16 @@ async fn wrong_issuer_audience_and_expiry_beyond_the_skew_are_refused() {
         json!({"sub": "alice", "exp": exp, "aud": "someone-else", "iss": issuer.url}),
     );
     let refused = sync_with(&server, "b", wrong_audience).await.unwrap_err();
-    assert!(refused.contains("InvalidAudience"), "{refused}");
+    assert!(
+        refused.contains("InvalidAudience") && refused.contains("(jwt_audience)"),
+        "{refused}"
+    );
     let expired = issuer.token(&ec, "alice", now() - 60);
     let refused = sync_with(&server, "c", expired).await.unwrap_err();
-    assert!(refused.contains("ExpiredSignature"), "{refused}");
+    assert!(
+        refused.contains("ExpiredSignature: its exp is more than 5 s past (jwt_leeway_seconds)"),
+        "{refused}"
+    );
     let within_skew = issuer.token(&ec, "alice", now() - 2);
     sync_with(&server, "d", within_skew)
         .await
@@ -421,4 +440,41 @@ fn padded_key(n: usize) -> TestKey {
     let mut key = ec_key(&format!("padding-{n}"));
     key.jwk["padding"] = json!("x".repeat(64));
     key
+}
+
+#[tokio::test]
+async fn a_static_rs256_key_and_a_key_set_serve_side_by_side() {
+    use rsa::pkcs1::DecodeRsaPrivateKey;
+    use rsa::pkcs8::{EncodePublicKey, LineEnding};
+    let issuer = Issuer::start().await;
+    let (in_set, static_key) = (rsa_key("rsa-set"), rsa_key("unused"));
+    issuer.publish(&[&in_set]);
+    let (jwks, _) = Jwks::start(settings(
+        &issuer,
+        Duration::from_secs(3600),
+        Duration::from_secs(60),
+    ))
+    .await
+    .unwrap();
+    let private = rsa::RsaPrivateKey::from_pkcs1_der(&static_key.der).unwrap();
+    let pem = private
+        .to_public_key()
+        .to_public_key_pem(LineEnding::LF)
+        .unwrap();
+    let tokens = TokenConfig {
+        rs256_public_key_pem: Some(pem.into_bytes()),
+        audience: Some(AUDIENCE.into()),
+        jwks: Some(jwks),
+        ..TokenConfig::default()
+    };
+    let from_set = issuer.token(&in_set, "alice", now() + 60);
+    assert_eq!(tokens.check(&from_set).await.unwrap(), "alice");
+    let claims = json!({"sub": "bob", "exp": now() + 60, "aud": AUDIENCE});
+    let without_kid = encode(
+        &Header::new(Algorithm::RS256),
+        &claims,
+        &static_key.encoding,
+    )
+    .unwrap();
+    assert_eq!(tokens.check(&without_kid).await.unwrap(), "bob");
 }
