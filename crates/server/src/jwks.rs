@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -47,6 +48,9 @@ pub struct JwksSettings {
     pub bytes_max: usize,
     /// One fetch (connect, TLS, request, body) must end within this (`jwks_timeout_ms`).
     pub timeout: Duration,
+    /// PEM of the CAs an https:// issuer's certificate must chain to (`jwks_ca_file`),
+    /// for a provider on a private CA; none: the Mozilla roots (webpki-roots).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl JwksSettings {
@@ -63,6 +67,7 @@ impl JwksSettings {
             refresh_min: Self::REFRESH_MIN_DEFAULT,
             bytes_max: Self::BYTES_MAX_DEFAULT,
             timeout: Self::TIMEOUT_DEFAULT,
+            ca_file: None,
         }
     }
 }
@@ -95,6 +100,8 @@ pub enum JwksError {
     IssuerMismatch { expected: String, found: String },
     #[error("the key set at {url} holds no signing key rowsync can use (RS256, ES256 or EdDSA)")]
     NoKeys { url: String },
+    #[error("jwks_ca_file: {0}")]
+    CaFile(String),
 }
 
 /// Why no key was found for a token.
@@ -147,6 +154,7 @@ struct FetchState {
 /// The cached key set of one issuer.
 pub struct Jwks {
     settings: JwksSettings,
+    tls: Arc<rustls::ClientConfig>,
     keys: RwLock<Arc<KeySet>>,
     /// Held while fetching: concurrent logins with unknown keys share one fetch.
     fetch: tokio::sync::Mutex<FetchState>,
@@ -170,6 +178,7 @@ impl Jwks {
         };
         Target::parse(url)?;
         Ok(Jwks {
+            tls: tls_config(settings.ca_file.as_deref())?,
             settings,
             keys: RwLock::new(Arc::new(KeySet::default())),
             fetch: tokio::sync::Mutex::new(FetchState::default()),
@@ -225,7 +234,7 @@ impl Jwks {
                 url
             }
         };
-        let body = fetch(&url, self.settings.bytes_max, self.settings.timeout).await?;
+        let body = self.fetch(&url).await?;
         parse_key_set(&url, &body)
     }
 
@@ -240,7 +249,7 @@ impl Jwks {
             "{}/.well-known/openid-configuration",
             issuer.trim_end_matches('/')
         );
-        let body = fetch(&url, self.settings.bytes_max, self.settings.timeout).await?;
+        let body = self.fetch(&url).await?;
         let document: Discovery =
             serde_json::from_slice(&body).map_err(|error| JwksError::Document {
                 url: url.clone(),
@@ -255,6 +264,20 @@ impl Jwks {
         }
         Target::parse(&document.jwks_uri)?;
         Ok(document.jwks_uri)
+    }
+
+    /// GETs `url` (HTTP/1.1, no redirects), its body at most `bytes_max` bytes, all
+    /// within `timeout`.
+    async fn fetch(&self, url: &str) -> Result<Vec<u8>, JwksError> {
+        let target = Target::parse(url)?;
+        let fetching = fetch_target(url, &target, self.settings.bytes_max, &self.tls);
+        match tokio::time::timeout(self.settings.timeout, fetching).await {
+            Ok(fetched) => fetched,
+            Err(_) => Err(JwksError::Timeout {
+                url: url.to_string(),
+                ms: self.settings.timeout.as_millis(),
+            }),
+        }
     }
 
     /// How many times the set (or the discovery document and the set) was fetched.
@@ -488,23 +511,15 @@ impl Target {
     }
 }
 
-/// GETs `url` (HTTP/1.1, no redirects), its body at most `bytes_max` bytes, all within
-/// `timeout`.
-async fn fetch(url: &str, bytes_max: usize, timeout: Duration) -> Result<Vec<u8>, JwksError> {
-    let target = Target::parse(url)?;
-    match tokio::time::timeout(timeout, fetch_target(url, &target, bytes_max)).await {
-        Ok(fetched) => fetched,
-        Err(_) => Err(JwksError::Timeout {
-            url: url.to_string(),
-            ms: timeout.as_millis(),
-        }),
-    }
-}
-
 trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
-async fn fetch_target(url: &str, target: &Target, bytes_max: usize) -> Result<Vec<u8>, JwksError> {
+async fn fetch_target(
+    url: &str,
+    target: &Target,
+    bytes_max: usize,
+    tls: &Arc<rustls::ClientConfig>,
+) -> Result<Vec<u8>, JwksError> {
     let failed = |reason: String| JwksError::Fetch {
         url: url.to_string(),
         reason,
@@ -513,7 +528,7 @@ async fn fetch_target(url: &str, target: &Target, bytes_max: usize) -> Result<Ve
         .await
         .map_err(|error| failed(error.to_string()))?;
     let stream: Box<dyn Stream> = if target.https {
-        Box::new(tls_connect(tcp, &target.host).await.map_err(failed)?)
+        Box::new(tls_connect(tcp, &target.host, tls).await.map_err(failed)?)
     } else {
         Box::new(tcp)
     };
@@ -556,23 +571,42 @@ async fn fetch_target(url: &str, target: &Target, bytes_max: usize) -> Result<Ve
     Ok(body.to_bytes().to_vec())
 }
 
-/// TLS to `host`, verified against the Mozilla roots (webpki-roots).
+/// The TLS client of the fetches: the CAs of `ca_file`, else the Mozilla roots.
+fn tls_config(ca_file: Option<&std::path::Path>) -> Result<Arc<rustls::ClientConfig>, JwksError> {
+    let roots = match ca_file {
+        Some(path) => {
+            let mut roots = rustls::RootCertStore::empty();
+            let certificates = crate::tls::load_certificates(path)
+                .map_err(|error| JwksError::CaFile(error.to_string()))?;
+            for certificate in certificates {
+                roots
+                    .add(certificate)
+                    .map_err(|error| JwksError::CaFile(format!("{}: {error}", path.display())))?;
+            }
+            roots
+        }
+        None => rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    };
+    let config = rustls::ClientConfig::builder_with_provider(crate::tls::crypto_provider())
+        .with_protocol_versions(crate::tls::PROTOCOL_VERSIONS)
+        .map_err(|error| JwksError::CaFile(error.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// TLS to `host`, its certificate checked by `config`.
 async fn tls_connect(
     tcp: tokio::net::TcpStream,
     host: &str,
+    config: &Arc<rustls::ClientConfig>,
 ) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
-    let roots = rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    let config = rustls::ClientConfig::builder_with_provider(crate::tls::crypto_provider())
-        .with_protocol_versions(crate::tls::PROTOCOL_VERSIONS)
-        .map_err(|error| error.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
     let name = rustls_pki_types::ServerName::try_from(host.to_string())
         .map_err(|error| error.to_string())?;
-    tokio_rustls::TlsConnector::from(Arc::new(config))
+    tokio_rustls::TlsConnector::from(Arc::clone(config))
         .connect(name, tcp)
         .await
-        .map_err(|error| error.to_string())
+        .map_err(|error| format!("TLS: {error} (jwks_ca_file names the CAs to trust)"))
 }
 
 #[cfg(test)]

@@ -114,9 +114,16 @@ struct Issuer {
 
 impl Issuer {
     async fn start() -> Issuer {
+        Issuer::start_with(None).await
+    }
+
+    /// An issuer on https:// with `tls`, else on http://.
+    async fn start_with(tls: Option<Arc<rustls::ServerConfig>>) -> Issuer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address: SocketAddr = listener.local_addr().unwrap();
-        let url = format!("http://{address}/tenant");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{address}/tenant");
+        let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
         let jwks = Arc::new(Mutex::new(json!({"keys": []})));
         let jwks_requests = Arc::new(AtomicUsize::new(0));
         let (served, requests, issuer) =
@@ -126,6 +133,7 @@ impl Issuer {
                 let (stream, _) = listener.accept().await.unwrap();
                 let (served, requests, issuer) =
                     (Arc::clone(&served), Arc::clone(&requests), issuer.clone());
+                let acceptor = acceptor.clone();
                 let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
                     let body = match request.uri().path() {
                         "/tenant/.well-known/openid-configuration" => json!({
@@ -141,10 +149,19 @@ impl Issuer {
                     let response = hyper::Response::new(Full::new(Bytes::from(body.to_string())));
                     async move { Ok::<_, Infallible>(response) }
                 });
-                tokio::spawn(
-                    hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service),
-                );
+                tokio::spawn(async move {
+                    let http = hyper::server::conn::http1::Builder::new();
+                    match acceptor {
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                            }
+                        }
+                        None => {
+                            let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                        }
+                    }
+                });
             }
         });
         Issuer {
@@ -477,4 +494,45 @@ async fn a_static_rs256_key_and_a_key_set_serve_side_by_side() {
     )
     .unwrap();
     assert_eq!(tokens.check(&without_kid).await.unwrap(), "bob");
+}
+
+#[tokio::test]
+async fn an_https_issuer_is_verified_against_jwks_ca_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = rowsync_cli::cert::write_test_pki(
+        dir.path(),
+        &["127.0.0.1".into()],
+        rowsync_cli::cert::KeyKind::EcdsaP256,
+    )
+    .unwrap();
+    let files = rowsync_server::tls::TlsFiles {
+        cert_chain: pki.server_cert.clone(),
+        private_key: pki.server_key.clone(),
+        client_ca: None,
+    };
+    let tls = rowsync_server::tls::server_config(&files, &[b"http/1.1"]).unwrap();
+    let issuer = Issuer::start_with(Some(tls)).await;
+    let ed = ed_key("ed-1");
+    issuer.publish(&[&ed]);
+    let trusted = JwksSettings {
+        ca_file: Some(pki.ca_cert.clone()),
+        ..settings(&issuer, Duration::from_secs(3600), Duration::from_secs(60))
+    };
+    let jwks = Jwks::new(trusted).unwrap();
+    assert_eq!(
+        jwks.refresh().await,
+        Ok(1),
+        "discovery and the set over https"
+    );
+    let untrusted = Jwks::new(settings(
+        &issuer,
+        Duration::from_secs(3600),
+        Duration::from_secs(60),
+    ))
+    .unwrap();
+    let refused = untrusted.refresh().await.unwrap_err().to_string();
+    assert!(
+        refused.contains("UnknownIssuer") && refused.contains("jwks_ca_file"),
+        "the Mozilla roots do not know the test CA: {refused}"
+    );
 }

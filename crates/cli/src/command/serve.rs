@@ -252,6 +252,10 @@ pub struct ServeArgs {
     /// One fetch of the key set or discovery document must end within this, in ms.
     #[arg(long, default_value_t = JwksSettings::TIMEOUT_DEFAULT.as_millis() as u64)]
     jwks_timeout_ms: u64,
+    /// PEM of the CAs the key set's https:// server must chain to (a provider on a
+    /// private CA); default: the Mozilla roots built in.
+    #[arg(long)]
+    jwks_ca_file: Option<PathBuf>,
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {
@@ -393,6 +397,7 @@ impl ServeArgs {
             refresh_min: Duration::from_secs(self.jwks_refresh_min_seconds),
             bytes_max: self.jwks_bytes_max,
             timeout: Duration::from_millis(self.jwks_timeout_ms.max(1)),
+            ca_file: self.jwks_ca_file.clone(),
         };
         let (jwks, first) = Jwks::start(settings).await?;
         match first {
