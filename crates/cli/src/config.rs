@@ -47,8 +47,13 @@ pub fn fold_in(root: &clap::Command, argv: Vec<OsString>) -> Result<(Vec<OsStrin
         Some(path) => read_file(&path)?,
         None => BTreeMap::new(),
     };
+    // The root's global options (`--log-format`) are every command's.
+    let globals = root
+        .get_arguments()
+        .filter(|arg| arg.is_global_set() && !path.is_empty());
     let options: Vec<&clap::Arg> = command
         .get_arguments()
+        .chain(globals)
         .filter(|arg| arg.get_long().is_some_and(|long| long != "config"))
         .filter(|arg| !matches!(arg.get_action(), ArgAction::Help | ArgAction::Version))
         .collect();

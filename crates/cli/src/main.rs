@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use std::ffi::OsString;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use rowsync_cli::logging::{self, LogFormat};
 
 use command::{
     cert, cleanup, config, demo, init, keys, profile, replay, rules, schema, script, serve, user,
@@ -29,6 +30,10 @@ struct Cli {
     /// win over the file (docs/operations.md, "The config file").
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<std::path::PathBuf>,
+    /// Log lines as text (coloured when stderr is a terminal) or as JSON objects, one
+    /// a line (docs/operations.md, "Logging").
+    #[arg(long, global = true, value_enum, hide_possible_values = true, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -211,7 +216,6 @@ fn help_all_as_help(argv: Vec<OsString>) -> Vec<OsString> {
 }
 
 pub(crate) fn main() -> std::process::ExitCode {
-    rowsync_cli::logging::init();
     let argv: Vec<OsString> = std::env::args_os().collect();
     let command = with_hidden_shown(cli(), &argv);
     let argv = help_all_as_help(argv);
@@ -222,6 +226,7 @@ pub(crate) fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    logging::init_with(cli.log_format);
     let config_file = cli.config.clone();
     if cli.command.only_prints() {
         end_quietly_when_the_output_closes();
@@ -234,7 +239,7 @@ pub(crate) fn main() -> std::process::ExitCode {
         // The message and its causes (each refusal names its fix), never a backtrace:
         // backtraces are for panics.
         Err(error) => {
-            eprintln!("error: {}", shown(&error));
+            logging::notice(format!("error: {}", shown(&error)));
             std::process::ExitCode::FAILURE
         }
     }

@@ -159,4 +159,12 @@ fn the_documented_example_file_is_taken() {
         "{said}"
     );
     assert!(said.contains("workers_max = 8"), "{said}");
+    assert!(
+        said.contains("oidc_issuer = https://login.example.com/realms/app    # config file"),
+        "{said}"
+    );
+    assert!(
+        said.contains("log_format = json    # config file"),
+        "{said}"
+    );
 }

@@ -65,7 +65,7 @@ pub async fn authenticate<B: Consolidated>(
     hello: &Hello,
 ) -> Result<String, AuthFailure> {
     if !hello.token.is_empty() {
-        return token_subject(tokens, hello);
+        return token_subject(tokens, hello).await;
     }
     let request = AuthRequest {
         client_id: hello.client_id.clone(),
@@ -143,9 +143,10 @@ async fn login_to_unknown_version<B: Consolidated>(
 }
 
 /// A token's subject, when the token is valid and the hello names no other user.
-fn token_subject(tokens: &TokenConfig, hello: &Hello) -> Result<String, AuthFailure> {
+async fn token_subject(tokens: &TokenConfig, hello: &Hello) -> Result<String, AuthFailure> {
     let subject = tokens
-        .verify(&hello.token)
+        .check(&hello.token)
+        .await
         .map_err(|error| AuthFailure::Refused(error.to_string()))?;
     if !hello.user.is_empty() && hello.user != subject {
         return Err(AuthFailure::Refused(format!(

@@ -29,6 +29,7 @@ mod failure;
 pub mod fuzzing;
 mod held;
 pub mod http;
+pub mod jwks;
 pub mod metrics;
 pub mod monitor;
 mod pending;

@@ -71,6 +71,7 @@ fn token_config(hs256: bool, rs256: bool) -> ServerConfig {
             audience: Some("rowsync-test".into()),
             issuer: Some("https://issuer.test".into()),
             leeway_seconds: 0,
+            jwks: None,
         },
         ..ServerConfig::default()
     }

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use rowsync_cli::database::{Database, DatabaseArg, OnBackend};
+use rowsync_cli::logging::notice;
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection};
+use rowsync_server::jwks::{Jwks, JwksSettings, JwksSource};
 use rowsync_server::metrics::Metrics;
 use rowsync_server::monitor::MonitorSettings;
 use rowsync_server::record::{RecordSettings, Recorder};
@@ -269,6 +271,39 @@ pub struct ServeArgs {
     /// Require this `iss` claim in tokens.
     #[arg(long, hide = true, help_heading = "Logins")]
     jwt_issuer: Option<String>,
+    /// Clock skew allowed on tokens' `exp` and `nbf`, in seconds.
+    #[arg(long, hide = true, help_heading = "Logins", default_value_t = 30)]
+    jwt_leeway_seconds: u64,
+    /// Accept RS256, ES256 and EdDSA tokens signed with the keys of the key set (JWKS)
+    /// at this URL, chosen by the token's `kid` (https://, or http:// to loopback only).
+    #[arg(
+        long,
+        hide = true,
+        help_heading = "Logins",
+        conflicts_with = "oidc_issuer"
+    )]
+    jwks_url: Option<String>,
+    /// Accept tokens of this OpenID Connect issuer: its key set is the `jwks_uri` of
+    /// `{issuer}/.well-known/openid-configuration`, and tokens must carry it as `iss`.
+    #[arg(long, hide = true, help_heading = "Logins")]
+    oidc_issuer: Option<String>,
+    /// Fetch the key set again this often, in seconds.
+    #[arg(long, hide = true, help_heading = "Logins", default_value_t = JwksSettings::REFRESH_DEFAULT.as_secs())]
+    jwks_refresh_seconds: u64,
+    /// A token whose `kid` the key set lacks fetches the set again, at most once in
+    /// this many seconds (also the retry interval while the set cannot be fetched).
+    #[arg(long, hide = true, help_heading = "Logins", default_value_t = JwksSettings::REFRESH_MIN_DEFAULT.as_secs())]
+    jwks_refresh_min_seconds: u64,
+    /// Refuse a key set or discovery document larger than this, in bytes.
+    #[arg(long, hide = true, help_heading = "Logins", default_value_t = JwksSettings::BYTES_MAX_DEFAULT)]
+    jwks_bytes_max: usize,
+    /// One fetch of the key set or discovery document must end within this, in ms.
+    #[arg(long, hide = true, help_heading = "Logins", default_value_t = JwksSettings::TIMEOUT_DEFAULT.as_millis() as u64)]
+    jwks_timeout_ms: u64,
+    /// PEM of the CAs the key set's https:// server must chain to (a provider on a
+    /// private CA); default: the Mozilla roots built in.
+    #[arg(long, hide = true, help_heading = "Logins")]
+    jwks_ca_file: Option<PathBuf>,
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {
@@ -289,7 +324,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
 impl OnBackend for ServeArgs {
     type Output = ();
     async fn run<B: Consolidated>(self, backend: B) -> Result<()> {
-        let tokens = self.token_config()?;
+        let tokens = self.token_config().await?;
         if self.workers == 0 || self.max_connections == 0 || self.hello_pending_connections_max == 0
         {
             bail!(
@@ -310,11 +345,14 @@ impl OnBackend for ServeArgs {
             Database::Sqlite(_) => self.database.db.clone(),
             other => format!("a {} database", other.kind()),
         };
-        eprintln!("rowsync serving {shown} on {}", shown_endpoints.join(" "));
+        notice(format!(
+            "rowsync serving {shown} on {}",
+            shown_endpoints.join(" ")
+        ));
         if resolved > 0 {
-            eprintln!(
+            notice(format!(
                 "rowsync resolved {resolved} prepared apply stream transactions left by a stopped server"
-            );
+            ));
         }
         let mut config = self.server_config(workers_range, tokens);
         if let Some(dir) = &self.record {
@@ -323,7 +361,7 @@ impl OnBackend for ServeArgs {
                 syncs_max: self.record_syncs_max,
                 bytes_max: self.record_bytes_max,
             })?;
-            eprintln!("rowsync recording syncs into {}", dir.display());
+            notice(format!("rowsync recording syncs into {}", dir.display()));
             config.recorder = Some(Arc::new(recorder));
         }
         let metrics = Arc::new(Metrics::with_monitor(MonitorSettings {
@@ -341,13 +379,13 @@ impl OnBackend for ServeArgs {
         let drain_timeout = self.drain_timeout_seconds;
         let shutdown = async move {
             stop_signal().await;
-            eprintln!(
+            notice(format!(
                 "rowsync draining: new syncs are answered busy, running ones have {drain_timeout} s \
                  to finish (a second signal stops at once)"
-            );
+            ));
             tokio::spawn(async {
                 stop_signal().await;
-                eprintln!("rowsync stopping at once");
+                notice("rowsync stopping at once");
                 std::process::exit(1);
             });
         };
@@ -358,8 +396,9 @@ impl OnBackend for ServeArgs {
 }
 
 impl ServeArgs {
-    /// The JWT settings from the key files named.
-    fn token_config(&self) -> Result<TokenConfig> {
+    /// The JWT settings from the key files named, and the key set (fetched once now: a
+    /// failure is reported and retried, so a server can start while its issuer is down).
+    async fn token_config(&self) -> Result<TokenConfig> {
         let read = |path: &Option<PathBuf>| -> Result<Option<Vec<u8>>> {
             path.as_ref()
                 .map(|path| {
@@ -377,13 +416,47 @@ impl ServeArgs {
             }
             secret
         });
+        let issuer = match (&self.jwt_issuer, &self.oidc_issuer) {
+            (Some(jwt), Some(oidc)) if jwt != oidc => bail!(
+                "--jwt-issuer {jwt:?} and --oidc-issuer {oidc:?} differ: tokens of an OIDC \
+                 issuer carry it as `iss`; give only --oidc-issuer"
+            ),
+            (jwt, oidc) => jwt.clone().or_else(|| oidc.clone()),
+        };
         Ok(TokenConfig {
             hs256_secret: secret,
             rs256_public_key_pem: read(&self.jwt_rs256_public_key_file)?,
             audience: self.jwt_audience.clone(),
-            issuer: self.jwt_issuer.clone(),
-            leeway_seconds: 30,
+            issuer,
+            leeway_seconds: self.jwt_leeway_seconds,
+            jwks: self.jwks().await?,
         })
+    }
+
+    async fn jwks(&self) -> Result<Option<Arc<Jwks>>> {
+        let source = match (&self.jwks_url, &self.oidc_issuer) {
+            (Some(url), _) => JwksSource::Url(url.clone()),
+            (None, Some(issuer)) => JwksSource::OidcIssuer(issuer.clone()),
+            (None, None) => return Ok(None),
+        };
+        let settings = JwksSettings {
+            source,
+            refresh: Duration::from_secs(self.jwks_refresh_seconds.max(1)),
+            refresh_min: Duration::from_secs(self.jwks_refresh_min_seconds),
+            bytes_max: self.jwks_bytes_max,
+            timeout: Duration::from_millis(self.jwks_timeout_ms.max(1)),
+            ca_file: self.jwks_ca_file.clone(),
+        };
+        let (jwks, first) = Jwks::start(settings).await?;
+        match first {
+            Ok(keys) => tracing::info!(keys, "fetched the token key set"),
+            Err(error) => notice(format!(
+                "rowsync warning: {error}; token logins are refused until the key set is \
+                 fetched (retried every {} s, jwks_refresh_min_seconds)",
+                self.jwks_refresh_min_seconds
+            )),
+        }
+        Ok(Some(jwks))
     }
 
     /// The controller's range, when --workers-min and --workers-max are given.
@@ -573,7 +646,9 @@ async fn serve_metrics(
         .await
         .with_context(|| format!("binding the admin endpoint {address}"))?;
     let address = listener.local_addr()?;
-    eprintln!("rowsync metrics on http://{address}/metrics, monitor on http://{address}/monitor");
+    notice(format!(
+        "rowsync metrics on http://{address}/metrics, monitor on http://{address}/monitor"
+    ));
     tokio::spawn(async move {
         let forever = std::future::pending();
         let served =
