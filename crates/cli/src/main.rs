@@ -10,8 +10,8 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use rowsync_cli::logging::{self, LogFormat};
 
 use command::{
-    cert, cleanup, config, demo, init, keys, profile, replay, rules, schema, script, serve, user,
-    version,
+    cert, cleanup, config, demo, init, keys, profile, replay, rules, schema, script, serve, status,
+    user, version,
 };
 
 #[derive(Parser)]
@@ -48,7 +48,9 @@ const COMMAND_GROUPS: [(&str, &[&str]); 4] = [
     ("Running", &["serve", "sync"]),
     (
         "Operating",
-        &["script", "version", "keys", "cleanup", "cert", "config"],
+        &[
+            "status", "script", "version", "keys", "cleanup", "cert", "config",
+        ],
     ),
     ("Benchmarking and diagnosing", &["replay", "profile"]),
 ];
@@ -99,6 +101,12 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Sync a client database with a server, from the shell.
     Sync(rowsync_cli::sync_command::SyncArgs),
+    /// See what the database synchronizes and for whom.
+    ///
+    /// The tables of each script version with their rules, the clients of each version
+    /// and their last sync, the users, held transfers, and on PostgreSQL whether the
+    /// event triggers that follow partitions are installed; --json for tools.
+    Status(status::StatusArgs),
     /// Show or change the sync scripts (the SQL each sync runs).
     Script {
         #[command(subcommand)]
@@ -285,6 +293,7 @@ impl Command {
                 | Command::Init(_)
                 | Command::Rules { .. }
                 | Command::Schema(_)
+                | Command::Status(_)
                 | Command::Keys(_)
                 | Command::Cleanup(_)
                 | Command::Cert(_)
@@ -320,6 +329,7 @@ async fn run(command: Command, config_file: Option<std::path::PathBuf>) -> Resul
         Command::Init(args) => init::run(args).await,
         Command::Rules { command } => rules::run(command).await,
         Command::Schema(args) => schema::run(args).await,
+        Command::Status(args) => status::run(args).await,
         Command::Keys(args) => keys::run(args).await,
         Command::Cleanup(args) => cleanup::run(args).await,
         Command::Cert(args) => cert::run(args),

@@ -86,6 +86,9 @@ fn getting_started_runs_as_written() {
         "n1|written at the office",
         "n2|erin|written on the phone",
         "o1|frank|tea|2",
+        "script version v1: 1 table(s), 1 client(s), last sync ",
+        "  orders: owner (rows whose owner is the user)\nusers: frank\n",
+        "event triggers: not installed",
     ] {
         assert!(stdout.contains(expected), "{expected}: {stdout}\n{stderr}");
     }

@@ -115,6 +115,16 @@ fn a_store_chain_from_a_rule_file_and_rowsync_schema() {
         })
         .unwrap();
     assert_eq!(film, ("ACADEMY DINOSAUR".to_string(), vec![0]));
+    let status = run_ok(&["status", "--db", db], "");
+    assert!(
+        status.starts_with("script version v1: 2 table(s), 1 client(s), last sync ")
+            && status.contains("\n  customer: group\n  film: shared\nusers: mike\nheld transfers: 0 upload(s), 0 download(s)\n"),
+        "{status}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&run_ok(&["status", "--db", db, "--json"], "")).unwrap();
+    assert_eq!(json["versions"][0]["tables"][0]["rule"], "group");
+    assert_eq!(json["event_triggers"], serde_json::Value::Null);
 }
 
 #[test]

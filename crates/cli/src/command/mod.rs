@@ -19,5 +19,6 @@ pub mod rules;
 pub mod schema;
 pub mod script;
 pub mod serve;
+pub mod status;
 pub mod user;
 pub mod version;
