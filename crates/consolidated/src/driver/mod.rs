@@ -252,20 +252,8 @@ async fn run_events<D: Dialect, B: SyncBackend>(
     download::send_conflicts(request, &uploaded.resolutions, download).await?;
     let apply_time = started.elapsed();
     let previous_download = subscription.as_ref().map_or(0, |s| s.download_watermark);
-    let groups_changed =
-        groups::record(transaction, scripts, &parameters, previous_download).await?;
-    if !groups_changed.is_empty() {
-        transaction.advance_watermark().await?;
-    }
-    let mut watermark = next_watermark(transaction, scripts, &parameters).await?;
-    groups::stamp(
-        transaction,
-        scripts,
-        &parameters,
-        &groups_changed,
-        watermark,
-    )
-    .await?;
+    let mut watermark =
+        watermark_and_groups(transaction, scripts, &parameters, previous_download).await?;
     transaction
         .run_event(scripts, BEGIN_DOWNLOAD, &parameters)
         .await?;
@@ -440,6 +428,23 @@ fn last_sync_xid(request: &SyncRequest, subscription: Option<&Subscription>) -> 
         }
         _ => 0,
     }
+}
+
+/// The client's groups kept (`groups`), then the watermark (above every one before when
+/// the groups changed), then the changes stamped with it.
+async fn watermark_and_groups<D: Dialect>(
+    transaction: &mut D,
+    scripts: &Scripts,
+    parameters: &Parameters<'_>,
+    previous_download: i64,
+) -> Result<i64, SyncError> {
+    let changed = groups::record(transaction, scripts, parameters, previous_download).await?;
+    if !changed.is_empty() {
+        transaction.advance_watermark().await?;
+    }
+    let watermark = next_watermark(transaction, scripts, parameters).await?;
+    groups::stamp(transaction, scripts, parameters, &changed, watermark).await?;
+    Ok(watermark)
 }
 
 /// The watermark, taken before the download is read (the cursors' later snapshots see

@@ -419,17 +419,7 @@ pub async fn init_table(
     init: &TableInit,
     rules: Option<&RuleSet>,
 ) -> Result<InitOutcome, DbError> {
-    if init.table.starts_with("rs_") {
-        return Err(DbError::Invalid(
-            "tables named rs_* are rowsync's own".into(),
-        ));
-    }
-    if init.table.chars().count() > TABLE_NAME_CHARS_MAX {
-        return Err(DbError::Invalid(format!(
-            "table name {:?} is longer than {TABLE_NAME_CHARS_MAX} characters, too long for the names rowsync derives from it",
-            init.table
-        )));
-    }
+    refuse_unusable_name(&init.table)?;
     let init = init.clone();
     let rules = rules.cloned();
     with_install_lock(connection, async move |connection| {
@@ -454,12 +444,7 @@ pub async fn init_table(
             ),
             None => (full_shape.clone(), full_infos.clone(), init),
         };
-        if shape.key_columns.is_empty() {
-            return Err(DbError::Invalid(format!(
-                "table {:?} has no primary key; rowsync identifies rows by their primary key",
-                init.table
-            )));
-        }
+        refuse_keyless(&shape)?;
         let Some(partition) = full_infos
             .iter()
             .find(|info| info.name == init.partition_column)
@@ -469,26 +454,10 @@ pub async fn init_table(
                 init.table, init.partition_column
             )));
         };
-        let users: Vec<String> = connection
-            .query("SELECT name FROM rs_user ORDER BY name")
-            .await
-            .map_err(db)?;
-        let owner = ruled.as_ref().is_none_or(|ruled| ruled.is_owner);
-        if let Some((user, type_name)) = users.iter().filter(|_| owner).find_map(|user| {
-            partition_value_misfit(&partition.data_type, user).map(|misfit| (user, misfit))
-        }) {
-            return Err(partition_column_refusal(&init, user, &type_name));
+        if ruled.as_ref().is_none_or(|ruled| ruled.is_owner) {
+            refuse_misfit_users(connection, &init, partition).await?;
         }
-        if let Some(info) = infos
-            .iter()
-            .find(|info| !super::value::SUPPORTED_DATA_TYPES.contains(&info.data_type.as_str()))
-        {
-            return Err(unsupported_column_type(
-                &init.table,
-                &info.name,
-                &info.column_type,
-            ));
-        }
+        refuse_unsupported_types(&init.table, &infos)?;
         let versions = version_facts(connection, &init.table).await?;
         let target = reinit::choose_version(&init, &versions, &shape.column_names())?;
         refuse_cycles_through(connection, &init.table).await?;
@@ -516,6 +485,64 @@ pub async fn init_table(
         register(connection, registration).await
     })
     .await
+}
+
+fn refuse_keyless(shape: &TableShape) -> Result<(), DbError> {
+    match shape.key_columns.is_empty() {
+        true => Err(DbError::Invalid(format!(
+            "table {:?} has no primary key; rowsync identifies rows by their primary key",
+            shape.name
+        ))),
+        false => Ok(()),
+    }
+}
+
+/// Refuses a table of rowsync's own, or one whose derived names would not fit.
+fn refuse_unusable_name(table: &str) -> Result<(), DbError> {
+    if table.starts_with("rs_") {
+        return Err(DbError::Invalid(
+            "tables named rs_* are rowsync's own".into(),
+        ));
+    }
+    if table.chars().count() > TABLE_NAME_CHARS_MAX {
+        return Err(DbError::Invalid(format!(
+            "table name {table:?} is longer than {TABLE_NAME_CHARS_MAX} characters, too long for the names rowsync derives from it"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses at `init` a partition column that some user's name is no value of.
+async fn refuse_misfit_users(
+    connection: &mut Conn,
+    init: &TableInit,
+    partition: &ColumnInfo,
+) -> Result<(), DbError> {
+    let users: Vec<String> = connection
+        .query("SELECT name FROM rs_user ORDER BY name")
+        .await
+        .map_err(db)?;
+    match users.iter().find_map(|user| {
+        partition_value_misfit(&partition.data_type, user).map(|misfit| (user, misfit))
+    }) {
+        Some((user, type_name)) => Err(partition_column_refusal(init, user, &type_name)),
+        None => Ok(()),
+    }
+}
+
+/// Refuses, naming it, a column of a type rowsync cannot carry.
+fn refuse_unsupported_types(table: &str, infos: &[ColumnInfo]) -> Result<(), DbError> {
+    match infos
+        .iter()
+        .find(|info| !super::value::SUPPORTED_DATA_TYPES.contains(&info.data_type.as_str()))
+    {
+        Some(info) => Err(unsupported_column_type(
+            table,
+            &info.name,
+            &info.column_type,
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Every script version, oldest first, with what it holds of `table`.

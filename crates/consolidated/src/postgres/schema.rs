@@ -323,84 +323,18 @@ pub async fn init_table(
     init: &TableInit,
     rules: Option<&RuleSet>,
 ) -> Result<InitOutcome, DbError> {
-    if init.table.len() > TABLE_NAME_BYTES_MAX {
-        return Err(DbError::Invalid(format!(
-            "table name {:?} is {} bytes; the names rowsync derives from it would pass \
-             PostgreSQL's 63-byte identifier limit (at most {TABLE_NAME_BYTES_MAX} bytes)",
-            init.table,
-            init.table.len()
-        )));
-    }
-    if init.table.starts_with("rs_") {
-        return Err(DbError::Invalid(
-            "tables named rs_* are rowsync's own".into(),
-        ));
-    }
+    refuse_unusable_name(&init.table)?;
     let transaction = client.transaction().await?;
     install_system_tables(&transaction).await?;
-    let (shape, types) = table_shape(&transaction, None, &init.table)
-        .await?
-        .ok_or_else(|| DbError::Invalid(format!("table {:?} does not exist", init.table)))?;
-    if shape.key_columns.is_empty() {
-        return Err(DbError::Invalid(format!(
-            "table {:?} has no primary key; rowsync identifies rows by their primary key",
-            init.table
-        )));
-    }
-    let ruled = match rules {
-        Some(rules) => Some(RuledTable::new(&transaction, rules, &shape, &types).await?),
-        None => None,
-    };
-    let init = &match &ruled {
-        Some(ruled) => TableInit {
-            partition_column: ruled.tracking_column.clone(),
-            ..init.clone()
-        },
-        None => init.clone(),
-    };
-    let (full_shape, full_types) = (shape, types);
-    let (shape, types) = match &ruled {
-        Some(ruled) => (ruled.shape.clone(), ruled.types.clone()),
-        None => (full_shape.clone(), full_types.clone()),
-    };
-    refuse_unsupported_types(&transaction, &shape, &types).await?;
-    let Some(partition_type) = full_shape
-        .columns
-        .iter()
-        .position(|column| column.name == init.partition_column)
-        .map(|index| full_types[index].clone())
-    else {
-        return Err(DbError::Invalid(format!(
-            "table {:?} has no column {:?} to partition by",
-            init.table, init.partition_column
-        )));
-    };
+    let table = tracked_table(&transaction, init, rules).await?;
+    let init = &table.init;
+    let (shape, types, ruled) = (&table.shape, &table.types, &table.ruled);
     if ruled.as_ref().is_none_or(|ruled| ruled.is_owner) {
-        refuse_misfit_users(&transaction, init, &partition_type).await?;
+        refuse_misfit_users(&transaction, init, &table.partition_type).await?;
     }
     let versions = version_facts(&transaction, &init.table).await?;
     let target = reinit::choose_version(init, &versions, &shape.column_names())?;
-    install_tracking(&transaction, &full_shape, &full_types, init).await?;
-    if ruled.as_ref().is_some_and(RuledTable::by_change_stamp) {
-        // Its cursors find changed rows by rs_xid alone (the tracking index leads with
-        // the partition column, here the first key column).
-        transaction
-            .batch_execute(&format!(
-                "CREATE INDEX IF NOT EXISTS {} ON {} ({})",
-                q(&format!("rs_xid_only_{}", init.table)),
-                q(&init.table),
-                q(XID_COLUMN)
-            ))
-            .await?;
-    }
-    transaction
-        .execute(
-            "INSERT INTO rs_table (table_name, partition_column) VALUES ($1, $2)
-             ON CONFLICT (table_name) DO UPDATE SET partition_column = excluded.partition_column",
-            &[&init.table, &init.partition_column],
-        )
-        .await?;
-    record_rule(&transaction, &init.table, ruled.as_ref()).await?;
+    register_tracking(&transaction, &table).await?;
     refuse_undeferrable_cycles_through(&transaction, &init.table).await?;
     create_version(&transaction, &target).await?;
     let mut outcome = InitOutcome {
@@ -423,15 +357,20 @@ pub async fn init_table(
                     .map_or_else(String::new, |index| types[index].clone())
             })
             .collect();
-        match &ruled {
+        match ruled {
             Some(ruled) if !ruled.is_owner => ruled.scripts(part, &part_types),
-            _ => default_scripts(part, &part_types, &init.partition_column, &partition_type),
+            _ => default_scripts(
+                part,
+                &part_types,
+                &init.partition_column,
+                &table.partition_type,
+            ),
         }
     };
-    write_default_scripts(&transaction, &target.name, &shape, defaults(&shape)).await?;
-    for rewrite in reinit::dropped_column_rewrites(&versions, &target.name, &shape) {
-        let recorded = defaults(&reinit::shape_with_columns(&shape, &rewrite.recorded));
-        let remaining = defaults(&reinit::shape_with_columns(&shape, &rewrite.remaining));
+    write_default_scripts(&transaction, &target.name, shape, defaults(shape)).await?;
+    for rewrite in reinit::dropped_column_rewrites(&versions, &target.name, shape) {
+        let recorded = defaults(&reinit::shape_with_columns(shape, &rewrite.recorded));
+        let remaining = defaults(&reinit::shape_with_columns(shape, &rewrite.remaining));
         rewrite_dropped(
             &transaction,
             &rewrite,
@@ -443,6 +382,117 @@ pub async fn init_table(
     }
     transaction.commit().await?;
     Ok(outcome)
+}
+
+/// Refuses a table whose derived names would not fit, or one of rowsync's own.
+fn refuse_unusable_name(table: &str) -> Result<(), DbError> {
+    if table.len() > TABLE_NAME_BYTES_MAX {
+        return Err(DbError::Invalid(format!(
+            "table name {table:?} is {} bytes; the names rowsync derives from it would pass \
+             PostgreSQL's 63-byte identifier limit (at most {TABLE_NAME_BYTES_MAX} bytes)",
+            table.len()
+        )));
+    }
+    if table.starts_with("rs_") {
+        return Err(DbError::Invalid(
+            "tables named rs_* are rowsync's own".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A table `init` makes synchronizable: all its columns, those its scripts carry (a
+/// rule's), and its partition column (the rule's tracking column) with that type.
+struct Tracked {
+    init: TableInit,
+    full_shape: TableShape,
+    full_types: Vec<String>,
+    shape: TableShape,
+    types: Vec<String>,
+    partition_type: String,
+    ruled: Option<RuledTable>,
+}
+
+async fn tracked_table(
+    transaction: &Transaction<'_>,
+    init: &TableInit,
+    rules: Option<&RuleSet>,
+) -> Result<Tracked, DbError> {
+    let (full_shape, full_types) = table_shape(transaction, None, &init.table)
+        .await?
+        .ok_or_else(|| DbError::Invalid(format!("table {:?} does not exist", init.table)))?;
+    if full_shape.key_columns.is_empty() {
+        return Err(DbError::Invalid(format!(
+            "table {:?} has no primary key; rowsync identifies rows by their primary key",
+            init.table
+        )));
+    }
+    let ruled = match rules {
+        Some(rules) => Some(RuledTable::new(transaction, rules, &full_shape, &full_types).await?),
+        None => None,
+    };
+    let (init, shape, types) = match &ruled {
+        Some(ruled) => (
+            TableInit {
+                partition_column: ruled.tracking_column.clone(),
+                ..init.clone()
+            },
+            ruled.shape.clone(),
+            ruled.types.clone(),
+        ),
+        None => (init.clone(), full_shape.clone(), full_types.clone()),
+    };
+    refuse_unsupported_types(transaction, &shape, &types).await?;
+    let Some(partition_type) = full_shape
+        .columns
+        .iter()
+        .position(|column| column.name == init.partition_column)
+        .map(|index| full_types[index].clone())
+    else {
+        return Err(DbError::Invalid(format!(
+            "table {:?} has no column {:?} to partition by",
+            init.table, init.partition_column
+        )));
+    };
+    Ok(Tracked {
+        init,
+        full_shape,
+        full_types,
+        shape,
+        types,
+        partition_type,
+        ruled,
+    })
+}
+
+/// The table's change tracking, and its entries in `rs_table` and `rs_table_rule`.
+async fn register_tracking(transaction: &Transaction<'_>, table: &Tracked) -> Result<(), DbError> {
+    let init = &table.init;
+    install_tracking(transaction, &table.full_shape, &table.full_types, init).await?;
+    if table
+        .ruled
+        .as_ref()
+        .is_some_and(RuledTable::by_change_stamp)
+    {
+        // Its cursors find changed rows by rs_xid alone (the tracking index leads with
+        // the partition column, here the first key column).
+        transaction
+            .batch_execute(&format!(
+                "CREATE INDEX IF NOT EXISTS {} ON {} ({})",
+                q(&format!("rs_xid_only_{}", init.table)),
+                q(&init.table),
+                q(XID_COLUMN)
+            ))
+            .await?;
+    }
+    transaction
+        .execute(
+            "INSERT INTO rs_table (table_name, partition_column) VALUES ($1, $2)
+             ON CONFLICT (table_name) DO UPDATE SET partition_column = excluded.partition_column",
+            &[&init.table, &init.partition_column],
+        )
+        .await?;
+    record_rule(transaction, &init.table, table.ruled.as_ref()).await
 }
 
 /// A table with a rule: the columns it synchronizes and what its scripts are made from.

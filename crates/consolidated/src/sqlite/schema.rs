@@ -439,22 +439,7 @@ pub fn init_table(
     let current = shape.column_names();
     let target = reinit::choose_version(init, &versions, &current)?;
     transaction.execute_batch(&tracking_ddl(&full_shape, &init.partition_column))?;
-    transaction.execute(
-        "INSERT INTO rs_table (table_name, partition_column) VALUES (?1, ?2)
-         ON CONFLICT (table_name) DO UPDATE SET partition_column = excluded.partition_column",
-        params![init.table, init.partition_column],
-    )?;
-    match ruled.as_ref().filter(|ruled| !ruled.is_owner) {
-        Some(ruled) => transaction.execute(
-            "INSERT INTO rs_table_rule (table_name, rule) VALUES (?1, ?2)
-             ON CONFLICT (table_name) DO UPDATE SET rule = excluded.rule",
-            params![init.table, ruled.kind],
-        )?,
-        None => transaction.execute(
-            "DELETE FROM rs_table_rule WHERE table_name = ?1",
-            [&init.table],
-        )?,
-    };
+    register(&transaction, init, ruled.as_ref())?;
     let scripts_for = |part: &TableShape| match &ruled {
         Some(ruled) if !ruled.is_owner => rules::rule_scripts(part, &ruled.scope()),
         _ => default_scripts(part, &init.partition_column),
@@ -476,6 +461,32 @@ pub fn init_table(
     }
     transaction.commit()?;
     Ok(outcome)
+}
+
+/// The table in `rs_table` with its partition column, and in `rs_table_rule` when its
+/// rule is not `owner`.
+fn register(
+    connection: &Connection,
+    init: &TableInit,
+    ruled: Option<&RuledTable>,
+) -> Result<(), DbError> {
+    connection.execute(
+        "INSERT INTO rs_table (table_name, partition_column) VALUES (?1, ?2)
+         ON CONFLICT (table_name) DO UPDATE SET partition_column = excluded.partition_column",
+        params![init.table, init.partition_column],
+    )?;
+    match ruled.filter(|ruled| !ruled.is_owner) {
+        Some(ruled) => connection.execute(
+            "INSERT INTO rs_table_rule (table_name, rule) VALUES (?1, ?2)
+             ON CONFLICT (table_name) DO UPDATE SET rule = excluded.rule",
+            params![init.table, ruled.kind],
+        )?,
+        None => connection.execute(
+            "DELETE FROM rs_table_rule WHERE table_name = ?1",
+            [&init.table],
+        )?,
+    };
+    Ok(())
 }
 
 /// A table with a rule: the columns it synchronizes and what its scripts are made from.

@@ -118,21 +118,6 @@ pub(super) fn rule_scripts(shape: &TableShape, scope: &Scope<'_>) -> Vec<(&'stat
     let table = q(name);
     let all = shape.column_names();
     let keys = &shape.key_columns;
-    let non_keys: Vec<&String> = all.iter().filter(|c| !keys.contains(c)).collect();
-    let set_new = if non_keys.is_empty() {
-        format!("t.{k} = u.{k}", k = q(&keys[0]))
-    } else {
-        non_keys
-            .iter()
-            .map(|c| format!("t.{c} = u.{c}", c = q(c)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let old_matches = all
-        .iter()
-        .map(|c| format!("t.{} <=> u.{}", q(c), q(&format!("{OLD_IMAGE_PREFIX}{c}"))))
-        .collect::<Vec<_>>()
-        .join(" AND ");
     let tu = key_match(keys, "t", "u");
     let writable_new = scope.writable(name, "u");
     let writable_old = scope.writable(name, "t");
@@ -147,13 +132,7 @@ pub(super) fn rule_scripts(shape: &TableShape, scope: &Scope<'_>) -> Vec<(&'stat
                 u_columns = column_list(&all, "u."),
             ),
         ),
-        (
-            UPLOAD_UPDATE,
-            format!(
-                "UPDATE {table} AS t JOIN {UPLOAD_PLACEHOLDER} AS u ON {tu} SET {set_new} \
-                 WHERE ({writable_old}) AND ({writable_new}) AND {old_matches}"
-            ),
-        ),
+        (UPLOAD_UPDATE, update_script(shape, scope)),
         (
             UPLOAD_DELETE,
             format!(
@@ -192,6 +171,37 @@ pub(super) fn rule_scripts(shape: &TableShape, scope: &Scope<'_>) -> Vec<(&'stat
         scripts.push((USER_GROUPS, groups));
     }
     scripts
+}
+
+/// An update of rows the user may write, before and after, whose old image is the row
+/// as the table holds it. `{upload}` is named once.
+fn update_script(shape: &TableShape, scope: &Scope<'_>) -> String {
+    let name = shape.name.as_str();
+    let all = shape.column_names();
+    let keys = &shape.key_columns;
+    let non_keys: Vec<&String> = all.iter().filter(|c| !keys.contains(c)).collect();
+    let set_new = if non_keys.is_empty() {
+        format!("t.{k} = u.{k}", k = q(&keys[0]))
+    } else {
+        non_keys
+            .iter()
+            .map(|c| format!("t.{c} = u.{c}", c = q(c)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let old_matches = all
+        .iter()
+        .map(|c| format!("t.{} <=> u.{}", q(c), q(&format!("{OLD_IMAGE_PREFIX}{c}"))))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    format!(
+        "UPDATE {} AS t JOIN {UPLOAD_PLACEHOLDER} AS u ON {tu} SET {set_new} \
+         WHERE ({writable_old}) AND ({writable_new}) AND {old_matches}",
+        q(name),
+        tu = key_match(keys, "t", "u"),
+        writable_old = scope.writable(name, "t"),
+        writable_new = scope.writable(name, "u"),
+    )
 }
 
 /// Tombstones of keys the client no longer sees, then rows still in the table that

@@ -90,29 +90,6 @@ pub(super) fn rule_scripts(
     let keys = &shape.key_columns;
     let columns = column_list(&all, "");
     let xid = q(XID_COLUMN);
-    let stamp = format!("{xid} = {}", super::CURRENT_XID);
-    let set_new = all
-        .iter()
-        .filter(|name| !keys.contains(name))
-        .map(|name| format!("{c} = u.{c}", c = q(name)))
-        .chain(std::iter::once(stamp))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let old_matches = all
-        .iter()
-        .zip(types)
-        .map(|(name, sql_type)| {
-            format!(
-                "{} IS NOT DISTINCT FROM {}",
-                comparable(&format!("t.{}", q(name)), sql_type),
-                comparable(
-                    &format!("u.{}", q(&format!("{OLD_IMAGE_PREFIX}{name}"))),
-                    sql_type
-                ),
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(" AND ");
     let visible = scope.visible(name, "t");
     let writable_new = scope.writable(name, "u");
     let writable_old = scope.writable(name, "t");
@@ -137,15 +114,7 @@ pub(super) fn rule_scripts(
                 u_columns = column_list(&all, "u."),
             ),
         ),
-        (
-            UPLOAD_UPDATE,
-            format!(
-                "UPDATE {table} AS t SET {set_new} FROM {UPLOAD_PLACEHOLDER} AS u WHERE {tu} \
-                 AND {guard} AND {old_matches} RETURNING {returning}",
-                tu = key_match(keys, "t", "u"),
-                guard = and(&[Some(writable_old.clone()), Some(writable_new.clone())]),
-            ),
-        ),
+        (UPLOAD_UPDATE, update_script(shape, types, scope)),
         (
             UPLOAD_DELETE,
             format!(
@@ -170,6 +139,48 @@ pub(super) fn rule_scripts(
         scripts.push((USER_GROUPS, groups));
     }
     scripts
+}
+
+/// An update of rows the user may write, before and after, whose old image is the row
+/// as the table holds it.
+fn update_script(shape: &TableShape, types: &[String], scope: &Scope<'_>) -> String {
+    let name = shape.name.as_str();
+    let all = shape.column_names();
+    let keys = &shape.key_columns;
+    let stamp = format!("{} = {}", q(XID_COLUMN), super::CURRENT_XID);
+    let set_new = all
+        .iter()
+        .filter(|name| !keys.contains(name))
+        .map(|name| format!("{c} = u.{c}", c = q(name)))
+        .chain(std::iter::once(stamp))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let old_matches = all
+        .iter()
+        .zip(types)
+        .map(|(name, sql_type)| {
+            format!(
+                "{} IS NOT DISTINCT FROM {}",
+                comparable(&format!("t.{}", q(name)), sql_type),
+                comparable(
+                    &format!("u.{}", q(&format!("{OLD_IMAGE_PREFIX}{name}"))),
+                    sql_type
+                ),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    format!(
+        "UPDATE {} AS t SET {set_new} FROM {UPLOAD_PLACEHOLDER} AS u WHERE {tu} \
+         AND {guard} AND {old_matches} RETURNING {returning}",
+        q(name),
+        tu = key_match(keys, "t", "u"),
+        guard = and(&[
+            Some(scope.writable(name, "t")),
+            Some(scope.writable(name, "u"))
+        ]),
+        returning = column_list(keys, "t."),
+    )
 }
 
 fn download_cursor(shape: &TableShape, scope: &Scope<'_>) -> String {
