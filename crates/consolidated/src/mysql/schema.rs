@@ -16,8 +16,7 @@ use super::stamp;
 use crate::foreign_keys::{refuse_undeferrable_cycles, ForeignKey};
 use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
-use crate::rules::scope::Scope;
-use crate::rules::{Rule, RuleSet};
+use crate::rules::{RuleSet, Ruled};
 use crate::scripts::*;
 use crate::shape::{
     is_number, partition_column_refusal, unsupported_column_type, Column, TableShape,
@@ -438,7 +437,7 @@ pub async fn init_table(
                 ruled.shape.clone(),
                 ruled.infos.clone(),
                 TableInit {
-                    partition_column: ruled.tracking_column.clone(),
+                    partition_column: ruled.rule.tracking_column.clone(),
                     ..init
                 },
             ),
@@ -454,7 +453,7 @@ pub async fn init_table(
                 init.table, init.partition_column
             )));
         };
-        if ruled.as_ref().is_none_or(|ruled| ruled.is_owner) {
+        if ruled.as_ref().is_none_or(|ruled| ruled.rule.is_owner()) {
             refuse_misfit_users(connection, &init, partition).await?;
         }
         refuse_unsupported_types(&init.table, &infos)?;
@@ -467,7 +466,7 @@ pub async fn init_table(
             connection.query_drop(statement).await.map_err(db)?;
         }
         let scripts_for = |part: &TableShape| match &ruled {
-            Some(ruled) if !ruled.is_owner => rules::rule_scripts(part, &ruled.scope()),
+            Some(ruled) if !ruled.rule.is_owner() => rules::rule_scripts(part, &ruled.rule.scope()),
             _ => default_scripts(part, &init.partition_column),
         };
         let registration = Registration {
@@ -479,8 +478,8 @@ pub async fn init_table(
             scripts_for: &scripts_for,
             rule: ruled
                 .as_ref()
-                .filter(|ruled| !ruled.is_owner)
-                .map(|ruled| ruled.kind),
+                .filter(|ruled| !ruled.rule.is_owner())
+                .map(|ruled| ruled.rule.rule().rule.kind()),
         };
         register(connection, registration).await
     })
@@ -592,46 +591,22 @@ struct Registration<'a> {
 
 /// A table with a rule: the columns it synchronizes and what its scripts are made from.
 struct RuledTable {
-    rules: RuleSet,
-    keys: std::collections::BTreeMap<String, Vec<String>>,
-    sql: rules::MysqlRuleSql,
+    rule: Ruled<rules::MysqlRuleSql>,
     shape: TableShape,
     infos: Vec<ColumnInfo>,
-    tracking_column: String,
-    kind: &'static str,
-    is_owner: bool,
 }
 
 impl RuledTable {
     async fn new(
         connection: &mut Conn,
-        rules: &RuleSet,
+        rule_set: &RuleSet,
         shape: &TableShape,
         infos: &[ColumnInfo],
     ) -> Result<RuledTable, DbError> {
-        let rule = rules.rule_of(&shape.name)?;
-        let (keys, sql) = rules::rule_facts(connection, rules, &shape.name).await?;
-        let (kept_shape, kept_infos) = rules::rule_shape(shape, infos, rule)?;
-        let mut ruled = RuledTable {
-            rules: rules.clone(),
-            keys,
-            sql,
-            shape: kept_shape,
-            infos: kept_infos,
-            tracking_column: String::new(),
-            kind: rule.rule.kind(),
-            is_owner: matches!(rule.rule, Rule::Owner { .. }),
-        };
-        ruled.tracking_column = ruled.scope().tracking_column(&shape.name)?;
-        Ok(ruled)
-    }
-
-    fn scope(&self) -> Scope<'_> {
-        Scope {
-            rules: &self.rules,
-            keys: &self.keys,
-            sql: &self.sql,
-        }
+        let (keys, sql) = rules::rule_facts(connection, rule_set, &shape.name).await?;
+        let rule = Ruled::new(rule_set, &shape.name, keys, sql)?;
+        let (shape, infos) = rules::rule_shape(shape, infos, rule.rule())?;
+        Ok(RuledTable { rule, shape, infos })
     }
 }
 

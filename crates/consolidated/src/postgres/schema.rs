@@ -14,8 +14,7 @@ use super::value::kind_of;
 use crate::foreign_keys::{refuse_undeferrable_cycles, ForeignKey};
 use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
-use crate::rules::scope::Scope;
-use crate::rules::{Rule, RuleSet};
+use crate::rules::{RuleSet, Ruled};
 use crate::scripts::*;
 use crate::shape::{partition_column_refusal, unsupported_column_type, Column, TableShape};
 use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
@@ -329,7 +328,7 @@ pub async fn init_table(
     let table = tracked_table(&transaction, init, rules).await?;
     let init = &table.init;
     let (shape, types, ruled) = (&table.shape, &table.types, &table.ruled);
-    if ruled.as_ref().is_none_or(|ruled| ruled.is_owner) {
+    if ruled.as_ref().is_none_or(|ruled| ruled.rule.is_owner()) {
         refuse_misfit_users(&transaction, init, &table.partition_type).await?;
     }
     let versions = version_facts(&transaction, &init.table).await?;
@@ -358,7 +357,7 @@ pub async fn init_table(
             })
             .collect();
         match ruled {
-            Some(ruled) if !ruled.is_owner => ruled.scripts(part, &part_types),
+            Some(ruled) if !ruled.rule.is_owner() => ruled.scripts(part, &part_types),
             _ => default_scripts(
                 part,
                 &part_types,
@@ -434,7 +433,7 @@ async fn tracked_table(
     let (init, shape, types) = match &ruled {
         Some(ruled) => (
             TableInit {
-                partition_column: ruled.tracking_column.clone(),
+                partition_column: ruled.rule.tracking_column.clone(),
                 ..init.clone()
             },
             ruled.shape.clone(),
@@ -497,56 +496,30 @@ async fn register_tracking(transaction: &Transaction<'_>, table: &Tracked) -> Re
 
 /// A table with a rule: the columns it synchronizes and what its scripts are made from.
 struct RuledTable {
-    rules: RuleSet,
-    keys: std::collections::BTreeMap<String, Vec<String>>,
-    sql: rules::PgRuleSql,
+    rule: Ruled<rules::PgRuleSql>,
     shape: TableShape,
     types: Vec<String>,
-    tracking_column: String,
-    is_owner: bool,
 }
 
 impl RuledTable {
     async fn new(
         client: &impl GenericClient,
-        rules: &RuleSet,
+        rule_set: &RuleSet,
         shape: &TableShape,
         types: &[String],
     ) -> Result<RuledTable, DbError> {
-        let rule = rules.rule_of(&shape.name)?;
-        let (keys, sql) = rules::rule_facts(client, rules, &shape.name).await?;
-        let (kept_shape, kept_types) = rules::rule_shape(shape, types, rule)?;
-        let mut ruled = RuledTable {
-            rules: rules.clone(),
-            keys,
-            sql,
-            shape: kept_shape,
-            types: kept_types,
-            tracking_column: String::new(),
-            is_owner: matches!(rule.rule, Rule::Owner { .. }),
-        };
-        ruled.tracking_column = ruled.scope().tracking_column(&shape.name)?;
-        Ok(ruled)
+        let (keys, sql) = rules::rule_facts(client, rule_set, &shape.name).await?;
+        let rule = Ruled::new(rule_set, &shape.name, keys, sql)?;
+        let (shape, types) = rules::rule_shape(shape, types, rule.rule())?;
+        Ok(RuledTable { rule, shape, types })
     }
 
-    fn scope(&self) -> Scope<'_> {
-        Scope {
-            rules: &self.rules,
-            keys: &self.keys,
-            sql: &self.sql,
-        }
-    }
-
-    /// A `shared` or `parent` table: tracked by its first key column, read by change.
     fn by_change_stamp(&self) -> bool {
-        matches!(
-            self.rules.tables[&self.shape.name].rule,
-            Rule::Shared { .. } | Rule::Parent { .. }
-        )
+        self.rule.by_change_stamp()
     }
 
     fn scripts(&self, part: &TableShape, types: &[String]) -> Vec<(&'static str, String)> {
-        rules::rule_scripts(part, types, &self.scope())
+        rules::rule_scripts(part, types, &self.rule.scope())
     }
 }
 
@@ -557,8 +530,8 @@ async fn record_rule(
     ruled: Option<&RuledTable>,
 ) -> Result<(), DbError> {
     let rule = ruled
-        .filter(|ruled| !ruled.is_owner)
-        .map(|ruled| ruled.rules.tables[table].rule.kind());
+        .filter(|ruled| !ruled.rule.is_owner())
+        .map(|ruled| ruled.rule.rule().rule.kind());
     match rule {
         Some(kind) => {
             transaction

@@ -236,6 +236,76 @@ impl RuleSet {
     }
 }
 
+impl RuleSet {
+    /// `table` and the tables up its parent chain, child first.
+    pub fn chain<'a>(&'a self, table: &'a str) -> Vec<&'a str> {
+        let mut chain = vec![table];
+        while let Some(Rule::Parent { parent, .. }) =
+            self.tables.get(chain[chain.len() - 1]).map(|r| &r.rule)
+        {
+            if chain.contains(&parent.as_str()) {
+                break;
+            }
+            chain.push(parent);
+        }
+        chain
+    }
+}
+
+/// One table's rule with what its scripts are made from: the rule set, the keys of the
+/// tables its rule reaches, and the backend's SQL (`scope::RuleSql`).
+pub struct Ruled<S> {
+    pub rules: RuleSet,
+    pub table: String,
+    pub keys: std::collections::BTreeMap<String, Vec<String>>,
+    pub sql: S,
+    /// The column tombstones are partitioned by (`rs_table.partition_column`).
+    pub tracking_column: String,
+}
+
+impl<S: scope::RuleSql> Ruled<S> {
+    pub fn new(
+        rules: &RuleSet,
+        table: &str,
+        keys: std::collections::BTreeMap<String, Vec<String>>,
+        sql: S,
+    ) -> Result<Ruled<S>, RuleError> {
+        rules.rule_of(table)?;
+        let mut ruled = Ruled {
+            rules: rules.clone(),
+            table: table.to_string(),
+            keys,
+            sql,
+            tracking_column: String::new(),
+        };
+        ruled.tracking_column = ruled.scope().tracking_column(table)?;
+        Ok(ruled)
+    }
+
+    pub fn scope(&self) -> scope::Scope<'_> {
+        scope::Scope {
+            rules: &self.rules,
+            keys: &self.keys,
+            sql: &self.sql,
+        }
+    }
+
+    pub fn rule(&self) -> &TableRule {
+        &self.rules.tables[&self.table]
+    }
+
+    /// An `owner` rule: the default scripts of `init --partition-column`.
+    pub fn is_owner(&self) -> bool {
+        matches!(self.rule().rule, Rule::Owner { .. })
+    }
+
+    /// A `shared` or `parent` table: tracked by its first key column, its cursors find
+    /// changed rows by their change stamp alone.
+    pub fn by_change_stamp(&self) -> bool {
+        matches!(self.rule().rule, Rule::Shared { .. } | Rule::Parent { .. })
+    }
+}
+
 fn known<'a>(names: impl Iterator<Item = &'a String>) -> String {
     let names: Vec<&str> = names.map(String::as_str).collect();
     if names.is_empty() {
@@ -350,6 +420,7 @@ exclude_columns = ["fulltext"]
     fn a_store_chain_parses() {
         let rules = RuleSet::parse(STORE_CHAIN).unwrap();
         assert_eq!(rules.root_of("rental").unwrap(), "customer");
+        assert_eq!(rules.chain("rental"), ["rental", "customer"]);
         assert!(!rules.tables["film"].includes("fulltext"));
         assert!(rules.tables["film"].includes("title"));
         assert_eq!(

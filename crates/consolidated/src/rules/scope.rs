@@ -264,6 +264,19 @@ impl Scope<'_> {
         }
     }
 
+    /// A delete cursor: `tombstones` (the keys of deleted rows the client no longer
+    /// sees), then the keys of rows still in the table that left what the client sees.
+    pub fn with_rows_gone_out(&self, table: &str, tombstones: String) -> String {
+        match (self.gone_out(table, "t"), self.visible(table, "t")) {
+            (Some(gone_out), Some(visible)) => format!(
+                "{tombstones} UNION ALL SELECT {} FROM {} AS t WHERE NOT ({visible}) AND ({gone_out})",
+                self.key_list(table, "t"),
+                q(table),
+            ),
+            _ => tombstones,
+        }
+    }
+
     /// The table's synchronized columns, in the table's order.
     pub fn columns(&self, table: &str, all: &[String]) -> Vec<String> {
         let rule = &self.rules.tables[table];

@@ -7,8 +7,7 @@ use std::collections::HashMap;
 use crate::foreign_keys::ForeignKey;
 use crate::names::{column_list, key_match};
 use crate::reinit::{self, Rewrite, Target, VersionFacts};
-use crate::rules::scope::Scope;
-use crate::rules::{Rule, RuleSet};
+use crate::rules::{RuleSet, Ruled};
 use crate::scripts::*;
 use crate::shape::{is_number, partition_column_refusal, Column, TableShape};
 use crate::{quote_identifier as q, DbError, InitOutcome, ScriptEntry, TableInit};
@@ -409,7 +408,7 @@ pub fn init_table(
         Some(ruled) => (
             ruled.shape.clone(),
             &TableInit {
-                partition_column: ruled.tracking_column.clone(),
+                partition_column: ruled.rule.tracking_column.clone(),
                 ..init.clone()
             },
         ),
@@ -432,7 +431,7 @@ pub fn init_table(
             "tables named rs_* are rowsync's own".into(),
         ));
     }
-    if ruled.as_ref().is_none_or(|ruled| ruled.is_owner) {
+    if ruled.as_ref().is_none_or(|ruled| ruled.rule.is_owner()) {
         refuse_misfit_users(&transaction, init)?;
     }
     let versions = version_facts(&transaction, &init.table)?;
@@ -441,7 +440,7 @@ pub fn init_table(
     transaction.execute_batch(&tracking_ddl(&full_shape, &init.partition_column))?;
     register(&transaction, init, ruled.as_ref())?;
     let scripts_for = |part: &TableShape| match &ruled {
-        Some(ruled) if !ruled.is_owner => rules::rule_scripts(part, &ruled.scope()),
+        Some(ruled) if !ruled.rule.is_owner() => rules::rule_scripts(part, &ruled.rule.scope()),
         _ => default_scripts(part, &init.partition_column),
     };
     create_version(&transaction, &target)?;
@@ -475,11 +474,11 @@ fn register(
          ON CONFLICT (table_name) DO UPDATE SET partition_column = excluded.partition_column",
         params![init.table, init.partition_column],
     )?;
-    match ruled.filter(|ruled| !ruled.is_owner) {
+    match ruled.filter(|ruled| !ruled.rule.is_owner()) {
         Some(ruled) => connection.execute(
             "INSERT INTO rs_table_rule (table_name, rule) VALUES (?1, ?2)
              ON CONFLICT (table_name) DO UPDATE SET rule = excluded.rule",
-            params![init.table, ruled.kind],
+            params![init.table, ruled.rule.rule().rule.kind()],
         )?,
         None => connection.execute(
             "DELETE FROM rs_table_rule WHERE table_name = ?1",
@@ -491,42 +490,20 @@ fn register(
 
 /// A table with a rule: the columns it synchronizes and what its scripts are made from.
 struct RuledTable {
-    rules: RuleSet,
-    keys: std::collections::BTreeMap<String, Vec<String>>,
-    sql: rules::SqliteRuleSql,
+    rule: Ruled<rules::SqliteRuleSql>,
     shape: TableShape,
-    tracking_column: String,
-    kind: &'static str,
-    is_owner: bool,
 }
 
 impl RuledTable {
     fn new(
         connection: &Connection,
-        rules: &RuleSet,
+        rule_set: &RuleSet,
         shape: &TableShape,
     ) -> Result<RuledTable, DbError> {
-        let rule = rules.rule_of(&shape.name)?;
-        let (keys, sql) = rules::rule_facts(connection, rules, &shape.name)?;
-        let mut ruled = RuledTable {
-            rules: rules.clone(),
-            keys,
-            sql,
-            shape: rules::rule_shape(shape, rule)?,
-            tracking_column: String::new(),
-            kind: rule.rule.kind(),
-            is_owner: matches!(rule.rule, Rule::Owner { .. }),
-        };
-        ruled.tracking_column = ruled.scope().tracking_column(&shape.name)?;
-        Ok(ruled)
-    }
-
-    fn scope(&self) -> Scope<'_> {
-        Scope {
-            rules: &self.rules,
-            keys: &self.keys,
-            sql: &self.sql,
-        }
+        let (keys, sql) = rules::rule_facts(connection, rule_set, &shape.name)?;
+        let rule = Ruled::new(rule_set, &shape.name, keys, sql)?;
+        let shape = rules::rule_shape(shape, rule.rule())?;
+        Ok(RuledTable { rule, shape })
     }
 }
 

@@ -9,7 +9,7 @@ use super::super::names::{tombstone_table, ORIGIN_COLUMN, STAMP_COLUMN};
 use super::{table_shape, ColumnInfo};
 use crate::names::{column_list, key_match};
 use crate::rules::scope::{and, RuleSql, Scope};
-use crate::rules::{kept_columns, Rule, RuleSet, TableRule};
+use crate::rules::{kept_columns, RuleSet, TableRule};
 use crate::scripts::*;
 use crate::shape::TableShape;
 use crate::{quote_identifier as q, DbError};
@@ -57,23 +57,17 @@ pub(super) async fn rule_facts(
 ) -> Result<(BTreeMap<String, Vec<String>>, MysqlRuleSql), DbError> {
     let mut keys = BTreeMap::new();
     let mut sql = MysqlRuleSql::default();
-    let mut current = table.to_string();
-    loop {
-        let (shape, infos) = table_shape(connection, &current)
+    for current in rules.chain(table) {
+        let (shape, infos) = table_shape(connection, current)
             .await?
             .ok_or_else(|| DbError::Invalid(format!("table {current:?} does not exist")))?;
         for info in infos {
             sql.data_types
-                .insert((current.clone(), info.name), info.data_type);
+                .insert((current.to_string(), info.name), info.data_type);
         }
-        keys.insert(current.clone(), shape.key_columns.clone());
-        match rules.tables.get(&current).map(|rule| &rule.rule) {
-            Some(Rule::Parent { parent, .. }) if !keys.contains_key(parent) => {
-                current = parent.clone();
-            }
-            _ => return Ok((keys, sql)),
-        }
+        keys.insert(current.to_string(), shape.key_columns);
     }
+    Ok((keys, sql))
 }
 
 /// A rule's columns of the table, as a shape, with their infos.
@@ -220,12 +214,5 @@ fn delete_cursor(shape: &TableShape, scope: &Scope<'_>) -> String {
         td = key_match(keys, "t", "d"),
         visible = and(&[scope.visible(name, "t")]),
     );
-    match (scope.gone_out(name, "t"), scope.visible(name, "t")) {
-        (Some(gone_out), Some(visible)) => format!(
-            "{tombstones} UNION ALL SELECT {} FROM {} AS t WHERE NOT ({visible}) AND ({gone_out})",
-            column_list(keys, "t."),
-            q(name),
-        ),
-        _ => tombstones,
-    }
+    scope.with_rows_gone_out(name, tombstones)
 }

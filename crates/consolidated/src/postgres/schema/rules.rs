@@ -58,23 +58,17 @@ pub(super) async fn rule_facts(
 ) -> Result<(BTreeMap<String, Vec<String>>, PgRuleSql), DbError> {
     let mut keys = BTreeMap::new();
     let mut sql = PgRuleSql::default();
-    let mut current = table.to_string();
-    loop {
-        let (shape, types) = table_shape(client, None, &current)
+    for current in rules.chain(table) {
+        let (shape, types) = table_shape(client, None, current)
             .await?
             .ok_or_else(|| DbError::Invalid(format!("table {current:?} does not exist")))?;
         for (column, sql_type) in shape.columns.iter().zip(types) {
             sql.types
-                .insert((current.clone(), column.name.clone()), sql_type);
+                .insert((current.to_string(), column.name.clone()), sql_type);
         }
-        keys.insert(current.clone(), shape.key_columns.clone());
-        match &rules.tables.get(&current).map(|rule| &rule.rule) {
-            Some(crate::rules::Rule::Parent { parent, .. }) if !keys.contains_key(parent) => {
-                current = parent.clone();
-            }
-            _ => return Ok((keys, sql)),
-        }
+        keys.insert(current.to_string(), shape.key_columns);
     }
+    Ok((keys, sql))
 }
 
 /// The scripts of a table under a rule other than `owner` (`shape`: the columns the
@@ -220,14 +214,7 @@ fn delete_cursor(shape: &TableShape, scope: &Scope<'_>) -> String {
         visible = and(&[scope.visible(name, "t")]),
         which = and(&[scope.tombstones(name, "d.rs_partition")]),
     );
-    match (scope.gone_out(name, "t"), scope.visible(name, "t")) {
-        (Some(gone_out), Some(visible)) => format!(
-            "{tombstones} UNION ALL SELECT {} FROM {} AS t WHERE NOT ({visible}) AND ({gone_out})",
-            column_list(keys, "t."),
-            q(name),
-        ),
-        _ => tombstones,
-    }
+    scope.with_rows_gone_out(name, tombstones)
 }
 
 /// A rule's columns of the table, as a shape, and their types.

@@ -8,7 +8,7 @@ use rusqlite::Connection;
 use super::{row_version_table, table_shape, tombstone_table};
 use crate::names::{column_list, key_match};
 use crate::rules::scope::{and, RuleSql, Scope};
-use crate::rules::{kept_columns, Rule, RuleSet, TableRule};
+use crate::rules::{kept_columns, RuleSet, TableRule};
 use crate::scripts::*;
 use crate::shape::TableShape;
 use crate::{quote_identifier as q, DbError};
@@ -60,26 +60,20 @@ pub(super) fn rule_facts(
 ) -> Result<(BTreeMap<String, Vec<String>>, SqliteRuleSql), DbError> {
     let mut keys = BTreeMap::new();
     let mut sql = SqliteRuleSql::default();
-    let mut current = table.to_string();
-    loop {
-        let shape = table_shape(connection, &current)?
+    for current in rules.chain(table) {
+        let shape = table_shape(connection, current)?
             .ok_or_else(|| DbError::Invalid(format!("table {current:?} does not exist")))?;
         let mut statement = connection.prepare("SELECT name, type FROM pragma_table_info(?1)")?;
-        let declared = statement.query_map([&current], |row| {
+        let declared = statement.query_map([current], |row| {
             Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
         })?;
         for column in declared {
             let (name, declared) = column?;
-            sql.declared.insert((current.clone(), name), declared);
+            sql.declared.insert((current.to_string(), name), declared);
         }
-        keys.insert(current.clone(), shape.key_columns.clone());
-        match rules.tables.get(&current).map(|rule| &rule.rule) {
-            Some(Rule::Parent { parent, .. }) if !keys.contains_key(parent) => {
-                current = parent.clone();
-            }
-            _ => return Ok((keys, sql)),
-        }
+        keys.insert(current.to_string(), shape.key_columns);
     }
+    Ok((keys, sql))
 }
 
 /// A rule's columns of the table, as a shape.
@@ -201,12 +195,5 @@ fn delete_cursor(shape: &TableShape, scope: &Scope<'_>) -> String {
         td = key_match(keys, "t", "d"),
         visible = and(&[scope.visible(name, "t")]),
     );
-    match (scope.gone_out(name, "t"), scope.visible(name, "t")) {
-        (Some(gone_out), Some(visible)) => format!(
-            "{tombstones} UNION ALL SELECT {} FROM {} AS t WHERE NOT ({visible}) AND ({gone_out})",
-            column_list(keys, "t."),
-            q(name),
-        ),
-        _ => tombstones,
-    }
+    scope.with_rows_gone_out(name, tombstones)
 }
