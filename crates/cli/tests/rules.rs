@@ -13,10 +13,12 @@ CREATE TABLE staff (username TEXT PRIMARY KEY, store_id INTEGER REFERENCES store
 CREATE TABLE customer (customer_id INTEGER PRIMARY KEY, store_id INTEGER NOT NULL REFERENCES store,
     name TEXT NOT NULL, balance DECIMAL(8,2));
 CREATE TABLE film (film_id INTEGER PRIMARY KEY, title TEXT NOT NULL, cover BLOB, notes TEXT);
+CREATE TABLE rental (rental_id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL REFERENCES customer);
 INSERT INTO store VALUES (1, 'Lethbridge'), (2, 'Woodridge');
 INSERT INTO staff VALUES ('mike', 1), ('jon', 2);
 INSERT INTO customer VALUES (1, 1, 'MARY', '1.50'), (2, 2, 'LINDA', NULL);
 INSERT INTO film VALUES (1, 'ACADEMY DINOSAUR', x'00', 'office only');
+INSERT INTO rental VALUES (1, 1), (2, 2);
 ";
 
 const RULES: &str = r#"
@@ -33,6 +35,10 @@ group = "store"
 [tables.film]
 rule = "shared"
 exclude_columns = ["notes"]
+
+[tables.rental]
+rule = "parent"
+parent = "customer"
 "#;
 
 #[test]
@@ -52,8 +58,17 @@ fn a_store_chain_from_a_rule_file_and_rowsync_schema() {
         checked,
         "customer: rows whose store_id is a group of store\n\
          film: every row; nobody uploads\n\
-         group store: read from staff at every sync (it needs no tracking)\n"
+         rental: the rows of its customer rows\n\
+         group store: read from staff at every sync (it needs no tracking)\n\
+         warning: no index of rental starts with (customer_id), and its customer rows are found \
+         by them: CREATE INDEX rental_customer_id ON rental (customer_id)\n"
     );
+    rusqlite::Connection::open(&central)
+        .unwrap()
+        .execute_batch("CREATE INDEX rental_customer_id ON rental (customer_id)")
+        .unwrap();
+    let checked = run_ok(&["rules", "check", "--db", db, "--file", file], "");
+    assert!(!checked.contains("warning"), "{checked}");
     let applied = run_ok(&["rules", "apply", "--db", db, "--file", file], "");
     assert!(
         applied.contains("table customer is synchronized by script version v1 (rule group)"),
@@ -65,7 +80,9 @@ fn a_store_chain_from_a_rule_file_and_rowsync_schema() {
         "CREATE TABLE IF NOT EXISTS \"customer\" (\n    \"customer_id\" INTEGER PRIMARY KEY,\n    \
          \"store_id\" INTEGER,\n    \"name\" TEXT,\n    \"balance\" TEXT\n);\n\
          CREATE TABLE IF NOT EXISTS \"film\" (\n    \"film_id\" INTEGER PRIMARY KEY,\n    \
-         \"title\" TEXT,\n    \"cover\" BLOB\n);\n"
+         \"title\" TEXT,\n    \"cover\" BLOB\n);\n\
+         CREATE TABLE IF NOT EXISTS \"rental\" (\n    \"rental_id\" INTEGER PRIMARY KEY,\n    \
+         \"customer_id\" INTEGER\n);\n"
     );
     add_user(&central, "mike", "mike-password");
     let server = serve(&central, &[]);
@@ -115,10 +132,22 @@ fn a_store_chain_from_a_rule_file_and_rowsync_schema() {
         })
         .unwrap();
     assert_eq!(film, ("ACADEMY DINOSAUR".to_string(), vec![0]));
+    let rentals: Vec<(i64, i64)> = connection
+        .prepare("SELECT rental_id, customer_id FROM rental ORDER BY 1")
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(
+        rentals,
+        [(1, 1)],
+        "mike's store's rental, not the other store's"
+    );
     let status = run_ok(&["status", "--db", db], "");
     assert!(
-        status.starts_with("script version v1: 2 table(s), 1 client(s), last sync ")
-            && status.contains("\n  customer: group\n  film: shared\nusers: mike\nheld transfers: 0 upload(s), 0 download(s)\n"),
+        status.starts_with("script version v1: 3 table(s), 1 client(s), last sync ")
+            && status.contains("\n  customer: group\n  film: shared\n  rental: parent\nusers: mike\nheld transfers: 0 upload(s), 0 download(s)\n"),
         "{status}"
     );
     let json: serde_json::Value =

@@ -204,6 +204,13 @@ pub trait ConsolidatedConnection: Send + 'static {
         table: &str,
     ) -> impl Future<Output = Result<Option<ClientTable>, DbError>> + Send;
 
+    /// The columns of each index of a table (the primary key's included), each in its
+    /// index's order: `rowsync rules check` advises the ones a rule's joins lack.
+    fn index_columns(
+        &mut self,
+        table: &str,
+    ) -> impl Future<Output = Result<Vec<Vec<String>>, DbError>> + Send;
+
     /// Splits a table's key space between the clients and the server for key ranges
     /// (`rowsync keys`, see `key_space`): the server's key generator moved above the
     /// clients' part, recorded in `rs_key_space`. Run again, it keeps the split it made.

@@ -172,3 +172,15 @@ pub fn refuse_null_keys(upload: &TableUpload, key_positions: &[usize]) -> Result
         ))),
     }
 }
+
+/// (index, column) rows, ordered by index and position, as each index's columns.
+pub fn columns_by_index(rows: Vec<(String, String)>) -> Vec<Vec<String>> {
+    let mut indexes: Vec<(String, Vec<String>)> = Vec::new();
+    for (index, column) in rows {
+        match indexes.last_mut() {
+            Some((name, columns)) if *name == index => columns.push(column),
+            _ => indexes.push((index, vec![column])),
+        }
+    }
+    indexes.into_iter().map(|(_, columns)| columns).collect()
+}

@@ -57,7 +57,8 @@ impl OnBackend for Run {
         let mut connection = backend.connect().await?;
         connection.install_system_tables().await?;
         let synchronized = synchronized_tables(&mut connection).await?;
-        let report = check(&self.rules, &synchronized);
+        let mut report = check(&self.rules, &synchronized);
+        report.push_str(&advise_indexes(&mut connection, &self.rules).await?);
         print!("{report}");
         if !self.apply {
             return Ok(());
@@ -124,4 +125,51 @@ fn check(rules: &RuleSet, synchronized: &[String]) -> String {
         }
     }
     report
+}
+
+/// The indexes a rule's joins want and the database lacks: the columns of a `parent`
+/// table holding its parent's key, and the user column of a group table.
+async fn advise_indexes(
+    connection: &mut impl ConsolidatedConnection,
+    rules: &RuleSet,
+) -> Result<String> {
+    let mut wanted: Vec<(String, Vec<String>, String)> = Vec::new();
+    for (table, rule) in &rules.tables {
+        if let Rule::Parent { parent, via } = &rule.rule {
+            let via = match via.is_empty() {
+                false => via.clone(),
+                true => match connection.client_columns(parent).await? {
+                    Some(shape) => shape.key_columns,
+                    None => continue,
+                },
+            };
+            wanted.push((
+                table.clone(),
+                via,
+                format!("its {parent} rows are found by them"),
+            ));
+        }
+    }
+    for (name, source) in &rules.groups {
+        if let GroupSource::Table {
+            table, user_column, ..
+        } = source
+        {
+            let why = format!("group {name} reads a user's rows by it at every sync");
+            wanted.push((table.clone(), vec![user_column.clone()], why));
+        }
+    }
+    let mut advice = String::new();
+    for (table, columns, why) in wanted {
+        let indexes = connection.index_columns(&table).await?;
+        if indexes.iter().any(|index| index.starts_with(&columns)) {
+            continue;
+        }
+        advice.push_str(&format!(
+            "warning: no index of {table} starts with ({list}), and {why}: CREATE INDEX {index} ON {table} ({list})\n",
+            list = columns.join(", "),
+            index = format!("{table}_{}", columns.join("_")),
+        ));
+    }
+    Ok(advice)
 }

@@ -259,6 +259,19 @@ impl ConsolidatedConnection for MysqlConnection {
         schema::client_columns(&mut self.connection, table).await
     }
 
+    async fn index_columns(&mut self, table: &str) -> Result<Vec<Vec<String>>, DbError> {
+        let rows: Vec<(String, String)> = self
+            .connection
+            .exec(
+                "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? ORDER BY INDEX_NAME, SEQ_IN_INDEX",
+                (table,),
+            )
+            .await
+            .map_err(db)?;
+        Ok(crate::shape::columns_by_index(rows))
+    }
+
     async fn init_rule_table(
         &mut self,
         init: &TableInit,

@@ -413,6 +413,19 @@ impl ConsolidatedConnection for PostgresConnection {
         schema::client_columns(&self.client, table).await
     }
 
+    async fn index_columns(&mut self, table: &str) -> Result<Vec<Vec<String>>, DbError> {
+        let rows = self
+            .client
+            .query(
+                "SELECT ARRAY(SELECT a.attname::text FROM unnest(i.indkey) WITH ORDINALITY AS k(n, o) \
+                 JOIN pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = k.n ORDER BY k.o) \
+                 FROM pg_index AS i WHERE i.indrelid = to_regclass($1)",
+                &[&crate::quote_identifier(table)],
+            )
+            .await?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
     async fn init_rule_table(
         &mut self,
         init: &TableInit,

@@ -405,6 +405,22 @@ impl ConsolidatedConnection for SqliteConnection {
             .await
     }
 
+    async fn index_columns(&mut self, table: &str) -> Result<Vec<Vec<String>>, DbError> {
+        let table = table.to_string();
+        self.run(move |connection| {
+            let mut statement = connection.prepare(
+                "SELECT il.name, ii.name FROM pragma_index_list(?1) AS il, \
+                 pragma_index_info(il.name) AS ii ORDER BY il.name, ii.seqno",
+            )?;
+            let rows = statement.query_map([&table], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+            })?;
+            let rows = rows.collect::<Result<Vec<_>, _>>()?;
+            Ok(crate::shape::columns_by_index(rows))
+        })
+        .await
+    }
+
     async fn init_rule_table(
         &mut self,
         init: &TableInit,
