@@ -165,10 +165,9 @@ async fn advise_indexes(
         if indexes.iter().any(|index| index.starts_with(&columns)) {
             continue;
         }
+        let (list, index) = (columns.join(", "), columns.join("_"));
         advice.push_str(&format!(
-            "warning: no index of {table} starts with ({list}), and {why}: CREATE INDEX {index} ON {table} ({list})\n",
-            list = columns.join(", "),
-            index = format!("{table}_{}", columns.join("_")),
+            "warning: no index of {table} starts with ({list}), and {why}: CREATE INDEX {table}_{index} ON {table} ({list})\n",
         ));
     }
     Ok(advice)
