@@ -173,7 +173,8 @@ impl Scope<'_> {
         }
     }
 
-    /// The rows (new images, as `alias`) the user may write; `FALSE` for none.
+    /// The rows (as `alias`: new images, or rows the table holds) the user may write now;
+    /// `FALSE` for none.
     pub fn writable(&self, table: &str, alias: &str) -> String {
         match self.rule(table) {
             Rule::Shared { writers } if writers.is_empty() => "FALSE".into(),
@@ -185,7 +186,35 @@ impl Scope<'_> {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
-            _ => self.visible(table, alias).unwrap_or_else(|| "TRUE".into()),
+            // The membership now, not the groups the client had at its last sync (the
+            // upload comes before they are brought up to date): a member removed since
+            // writes nothing more.
+            Rule::Group { column, group } => format!(
+                "{alias}.{} IN ({})",
+                q(column),
+                self.live_groups(group)
+            ),
+            Rule::Parent { .. } => self.through_parent(table, alias, |parent, p| {
+                Some(self.writable(parent, p))
+            }),
+            Rule::Owner { .. } => self.visible(table, alias).unwrap_or_else(|| "TRUE".into()),
+        }
+    }
+
+    /// The user's groups of a group source as its group column holds them.
+    fn live_groups(&self, group: &str) -> String {
+        match &self.rules.groups[group] {
+            GroupSource::Sql(sql) => sql.clone(),
+            GroupSource::Table {
+                table,
+                user_column,
+                group_column,
+            } => format!(
+                "SELECT m.{} FROM {} AS m WHERE {} = :user",
+                q(group_column),
+                q(table),
+                self.sql.to_text(&format!("m.{}", q(user_column))),
+            ),
         }
     }
 

@@ -148,6 +148,7 @@ macro_rules! conformance_suite {
             an_sql_group_query_decides_the_groups,
             an_owner_rule_gives_each_user_the_rows_of_its_column,
             shared_rows_are_read_once_and_served_alike,
+            a_member_removed_cannot_write_at_the_next_sync,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {

@@ -274,3 +274,33 @@ pub async fn shared_rows_are_read_once_and_served_alike<F: Factory>() {
         "the change comes at the next sync"
     );
 }
+
+/// A member removed from a project since its last sync may no longer write the
+/// project's tasks at its next sync: writes are checked against the membership now, not
+/// against the groups the client had.
+pub async fn a_member_removed_cannot_write_at_the_next_sync<F: Factory>() {
+    let mut f = with_rules::<F>(PROJECTS, MEMBERSHIP).await;
+    let first = f.sync_ok(request("alice-1", "alice", 0, 1, vec![])).await;
+    f.sql
+        .execute("DELETE FROM member WHERE user_name = 'alice' AND project_id = 1")
+        .await;
+    let upload = upload(
+        "task",
+        &TASK_COLUMNS,
+        &["id"],
+        vec![task(13, 1, "late insert")],
+        vec![(task(10, 1, "design"), task(10, 1, "late edit"))],
+        vec![key(&[11])],
+    );
+    let second = f
+        .sync_ok(request("alice-1", "alice", first.watermark, 2, vec![upload]))
+        .await;
+    assert_summary(&second, 3, 3, false);
+    let on_server = f
+        .sql
+        .query_rows("SELECT id, project_id, title FROM task WHERE project_id = 1 ORDER BY id")
+        .await;
+    assert_eq!(on_server, [task(10, 1, "design"), task(11, 1, "build")]);
+    // Task 11 she deleted herself; 10 and 13 leave her device.
+    assert_eq!(task_deletes(&second), [key(&[10]), key(&[13])]);
+}
