@@ -189,14 +189,12 @@ impl Scope<'_> {
             // The membership now, not the groups the client had at its last sync (the
             // upload comes before they are brought up to date): a member removed since
             // writes nothing more.
-            Rule::Group { column, group } => format!(
-                "{alias}.{} IN ({})",
-                q(column),
-                self.live_groups(group)
-            ),
-            Rule::Parent { .. } => self.through_parent(table, alias, |parent, p| {
-                Some(self.writable(parent, p))
-            }),
+            Rule::Group { column, group } => {
+                format!("{alias}.{} IN ({})", q(column), self.live_groups(group))
+            }
+            Rule::Parent { .. } => {
+                self.through_parent(table, alias, |parent, p| Some(self.writable(parent, p)))
+            }
             Rule::Owner { .. } => self.visible(table, alias).unwrap_or_else(|| "TRUE".into()),
         }
     }

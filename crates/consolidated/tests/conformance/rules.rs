@@ -293,7 +293,13 @@ pub async fn a_member_removed_cannot_write_at_the_next_sync<F: Factory>() {
         vec![key(&[11])],
     );
     let second = f
-        .sync_ok(request("alice-1", "alice", first.watermark, 2, vec![upload]))
+        .sync_ok(request(
+            "alice-1",
+            "alice",
+            first.watermark,
+            2,
+            vec![upload],
+        ))
         .await;
     assert_summary(&second, 3, 3, false);
     let on_server = f
