@@ -10,7 +10,7 @@ use rowsync_bench::store::{self, Mode, StoreOptions, StoreSize};
 use rowsync_bench::timing::clients::{ClientMode, Retry};
 use rowsync_bench::timing::server::{Protocol, Workers};
 use rowsync_bench::timing::{self, BenchOptions, Size};
-use rowsync_bench::{apply, link, link_database, load, shared, transport};
+use rowsync_bench::{apply, link, link_database, load, logins, shared, transport};
 use rowsync_cli::database::Database;
 
 #[derive(clap::Args)]
@@ -105,6 +105,29 @@ pub async fn run_shared(args: SharedArgs) -> Result<()> {
         rounds: args.rounds,
     };
     shared::run(&args.db, &options, &mut std::io::stdout()).await?;
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct LoginsArgs {
+    /// Clients, each with a user of its own, syncing at once.
+    #[arg(long, default_value_t = 100)]
+    clients: usize,
+    /// Syncs each client makes per round.
+    #[arg(long, default_value_t = 5)]
+    syncs_per_client: usize,
+    /// Rounds of each server, alternated.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+}
+
+pub async fn run_logins(args: LoginsArgs) -> Result<()> {
+    let options = logins::LoginsOptions {
+        clients: args.clients,
+        syncs_per_client: args.syncs_per_client,
+        rounds: args.rounds,
+    };
+    logins::run(&options, &mut std::io::stdout()).await?;
     Ok(())
 }
 

@@ -22,6 +22,7 @@ pub mod burst;
 pub mod link;
 pub mod link_database;
 pub mod load;
+pub mod logins;
 pub mod shared;
 pub mod store;
 pub mod timing;

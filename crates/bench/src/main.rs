@@ -12,7 +12,9 @@ mod command;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use command::{ApplyArgs, LinkArgs, LoadArgs, SharedArgs, StoreArgs, TimingArgs, TransportArgs};
+use command::{
+    ApplyArgs, LinkArgs, LoadArgs, LoginsArgs, SharedArgs, StoreArgs, TimingArgs, TransportArgs,
+};
 
 #[derive(Parser)]
 #[command(
@@ -80,6 +82,13 @@ enum Command {
     /// kept (`shared_download_cache_bytes_max`), alternated in one run: wall time, the
     /// server's CPU, PostgreSQL's CPU. Drops and recreates bench_film.
     Shared(SharedArgs),
+    /// Measure password logins with and without session tokens.
+    ///
+    /// Clients each syncing by password again and again, all at once, against a server
+    /// that checks the password (argon2id) at every sync and one that hands out session
+    /// tokens, alternated in one run on an SQLite database: syncs per second and CPU per
+    /// sync. Needs nothing but this binary.
+    Logins(LoginsArgs),
 }
 
 fn main() -> Result<()> {
@@ -95,6 +104,7 @@ fn main() -> Result<()> {
             Command::Store(args) => command::run_store(args).await,
             Command::Link(args) => command::run_link(args).await,
             Command::Shared(args) => command::run_shared(args).await,
+            Command::Logins(args) => command::run_logins(args).await,
         }
     })
 }

@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 use rowsync_protocol::{
     Conflicts, Download, DownloadHeld, EndDownload, ErrorCode, Hello,
     DOWNLOAD_RESUME_SINCE_VERSION, FRAME_BYTES_MAX_DEFAULT, PROTOCOL_VERSION, RESUME_SINCE_VERSION,
+    SESSION_TOKEN_SINCE_VERSION,
 };
 use rusqlite::Connection;
 use sha2::{Digest, Sha256};
@@ -11,9 +12,10 @@ use sha2::{Digest, Sha256};
 use crate::durability::{self, ClientOptions, Durability};
 use crate::kept::{self, KeptConflict};
 use crate::keys;
+use crate::login;
 use crate::rejected::{self, RejectedRow};
 use crate::report::{ConflictedRow, ConflictedRows, Identity, SyncProgress, SyncReport};
-use crate::session::SessionEvent;
+use crate::session::{CompletedSync, SessionEvent};
 use crate::store::{AppliedDownload, DownloadApply, ExistingRows};
 use crate::transport::{
     end_upload_frame, exchange_measured, exchange_streaming, new_transfer_id, transfer_stream,
@@ -486,6 +488,7 @@ impl Client {
                 Err(error) => {
                     let kept = handler.kept.after(&error);
                     self.keep_after_cut(kept, batch, &transfer_id)?;
+                    self.forget_session_token_if_refused(&error, options);
                     match self.fall_back(&error, transfer.as_ref()) {
                         Fallback::Again => {
                             offset = Some(0);
@@ -539,6 +542,7 @@ impl Client {
     ) -> Result<Option<(EndDownload, AppliedDownload)>, ClientError> {
         match event {
             SessionEvent::Complete(completed) => {
+                self.keep_session_token(options, &completed);
                 let end = completed.end;
                 let ranges = &completed.key_ranges;
                 let applied = apply.finish(&self.connection, batch, end.watermark, ranges)?;
@@ -656,6 +660,7 @@ impl Client {
             report.wire.received += wire.received;
             match event {
                 SessionEvent::Complete(completed) if whole => {
+                    self.keep_session_token(options, &completed);
                     let end = completed.end;
                     let ranges = &completed.key_ranges;
                     let applied = apply.finish(&self.connection, batch, end.watermark, ranges)?;
@@ -778,9 +783,57 @@ impl Client {
             password: options.password.clone(),
             script_version: options.script_version.clone(),
             last_download_watermark,
-            token: options.token.clone().unwrap_or_default(),
+            token: self.login_token(options),
             auth_parameters: options.auth_parameters.clone(),
             download_ack: false,
+        }
+    }
+
+    /// The hello's token: the signed token the options give, else (protocol v8) the
+    /// session token kept from an earlier password login to this server, if any.
+    fn login_token(&self, options: &SyncOptions) -> String {
+        if let Some(token) = &options.token {
+            return token.clone();
+        }
+        if self.protocol_version < SESSION_TOKEN_SINCE_VERSION {
+            return String::new();
+        }
+        login::token(&self.connection, &options.address, &options.user)
+            .unwrap_or_else(|error| {
+                tracing::warn!("the kept session token could not be read: {error}");
+                None
+            })
+            .unwrap_or_default()
+    }
+
+    /// A refused login forgets the kept session token: the server checked the password
+    /// when the token did not hold (a server older than protocol v8 never gets one), so
+    /// the refusal is the password's, and the token is of no more use.
+    fn forget_session_token_if_refused(&self, error: &ClientError, options: &SyncOptions) {
+        if options.token.is_some() || error.server_code() != Some(ErrorCode::AuthenticationFailed) {
+            return;
+        }
+        if let Err(error) = login::forget(&self.connection, &options.address, &options.user) {
+            tracing::warn!("the session token could not be forgotten: {error}");
+        }
+    }
+
+    /// Keeps the session token a sync's end handed out, for the next syncs.
+    fn keep_session_token(&self, options: &SyncOptions, completed: &CompletedSync) {
+        let Some(session_token) = &completed.session_token else {
+            return;
+        };
+        if options.token.is_some() {
+            return;
+        }
+        if let Err(error) = login::keep(
+            &self.connection,
+            &options.address,
+            &options.user,
+            session_token,
+        ) {
+            // Only the next sync's password check is at stake.
+            tracing::warn!("the session token could not be kept: {error}");
         }
     }
 }

@@ -12,6 +12,7 @@ mod durability;
 mod error;
 mod kept;
 mod keys;
+mod login;
 mod rejected;
 mod report;
 mod session;

@@ -1,7 +1,9 @@
 //! The client side of one sync as a state machine: server messages in, events out.
 //! No I/O: the transport feeds it decoded messages.
 
-use rowsync_protocol::{Conflicts, Download, EndDownload, KeyRange, Message, UploadHeld};
+use rowsync_protocol::{
+    Conflicts, Download, EndDownload, KeyRange, Message, SessionToken, UploadHeld,
+};
 
 use crate::ClientError;
 
@@ -13,6 +15,8 @@ pub struct ClientSession {
     download_started: bool,
     /// Key ranges the server handed out (protocol v7), kept until the end.
     key_ranges: Vec<KeyRange>,
+    /// A session token the server handed out (protocol v8), kept until the end.
+    session_token: Option<SessionToken>,
     finished: bool,
 }
 
@@ -24,6 +28,8 @@ pub struct CompletedSync {
     pub conflicts: Vec<Conflicts>,
     /// Key ranges handed to this client (protocol v7), kept with the download.
     pub key_ranges: Vec<KeyRange>,
+    /// A session token for the next syncs (protocol v8).
+    pub session_token: Option<SessionToken>,
     pub end: EndDownload,
 }
 
@@ -95,10 +101,15 @@ impl ClientSession {
                 self.key_ranges.extend(handed.ranges);
                 return Ok(Received::Event(SessionEvent::Continue));
             }
+            Message::SessionToken(session_token) => {
+                self.session_token = Some(session_token);
+                return Ok(Received::Event(SessionEvent::Continue));
+            }
             Message::EndDownload(end) => SessionEvent::Complete(CompletedSync {
                 downloads: Vec::new(),
                 conflicts: Vec::new(),
                 key_ranges: std::mem::take(&mut self.key_ranges),
+                session_token: self.session_token.take(),
                 end,
             }),
             Message::Busy { retry_after_ms } => SessionEvent::Busy { retry_after_ms },

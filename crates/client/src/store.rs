@@ -11,6 +11,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::kept::{for_each_upload, LosingRows, KEPT_CONFLICTS_DDL};
 use crate::keys::{self, KEY_RANGE_DDL};
+use crate::login::LOGIN_DDL;
 use crate::rejected::{self, Refusals, REJECTED_DDL};
 use crate::ClientError;
 
@@ -80,6 +81,7 @@ pub fn install(connection: &Connection, client_id: Option<&str>) -> Result<Strin
     connection.execute_batch(KEPT_CONFLICTS_DDL)?;
     connection.execute_batch(REJECTED_DDL)?;
     connection.execute_batch(KEY_RANGE_DDL)?;
+    connection.execute_batch(LOGIN_DDL)?;
     for (table, column, sql_type) in ADDED_COLUMNS {
         if !has_column(connection, table, column)? {
             connection.execute_batch(&format!(

@@ -59,9 +59,10 @@ pub use names::quote_identifier;
 /// Named parameters as a tool binds them outside a sync (`rowsync profile` runs single
 /// scripts with the values a sync would give them).
 pub use parameters::{positional_parameters, positional_parameters_with, Parameters, RowImages};
+pub use types::new_session_secret;
 pub use types::{
     ApplyStreamSettings, AuthCheck, AuthRequest, DownloadAckRequest, InitOutcome, ScriptEntry,
-    SyncOutcome, SyncRequest, TableInit, UserEntry,
+    SessionKey, SyncOutcome, SyncRequest, TableInit, UserEntry,
 };
 
 /// A table as a client declares it: each column with its SQLite affinity (`INTEGER`,
@@ -127,6 +128,14 @@ pub trait ConsolidatedConnection: Send + 'static {
         &mut self,
         name: &str,
     ) -> impl Future<Output = Result<Option<String>, DbError>> + Send;
+
+    /// The keys servers sign session tokens with (`rs_session_key`), oldest first; when
+    /// there is none yet, `new_secret` is stored as the first (two servers starting at
+    /// once may both store one: each token names its key).
+    fn session_keys(
+        &mut self,
+        new_secret: &str,
+    ) -> impl Future<Output = Result<Vec<SessionKey>, DbError>> + Send;
 
     /// Runs the version's `authenticate_user` script in its own committed transaction, or
     /// returns the built-in user's password hash when the version has no such script.

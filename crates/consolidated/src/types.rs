@@ -158,6 +158,31 @@ impl DownloadAckRequest {
     }
 }
 
+/// A new secret for a session key: 32 bytes from the operating system's generator, hex.
+pub fn new_session_secret() -> String {
+    use rand::RngCore;
+    let mut bytes = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// A key session tokens are signed with (`rs_session_key`): any server of a farm
+/// accepts a token another one signed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SessionKey {
+    pub id: i64,
+    pub secret: String,
+}
+
+impl std::fmt::Debug for SessionKey {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("SessionKey")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A built-in user (`rs_user`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UserEntry {

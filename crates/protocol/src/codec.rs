@@ -129,6 +129,10 @@ pub(crate) fn encode_body(message: &Message, marks: &mut Marks<'_>) -> Vec<u8> {
                 out.extend_from_slice(&range.next.to_be_bytes());
             }
         }
+        Message::SessionToken(session) => {
+            put_str(&mut out, &session.token);
+            out.extend_from_slice(&session.expires_in_seconds.to_be_bytes());
+        }
         Message::Conflicts(conflicts) => {
             put_str(&mut out, &conflicts.table);
             put_names(&mut out, &conflicts.key_columns);
@@ -365,6 +369,10 @@ pub(crate) fn decode(
             sha256: reader.bytes("held digest")?.to_vec(),
         }),
         0x10 => Message::KeyRanges(reader.key_ranges()?),
+        0x11 => Message::SessionToken(SessionToken {
+            token: reader.string("session token")?,
+            expires_in_seconds: reader.u32("session token expiry")?,
+        }),
         other => return Err(DecodeError::UnknownMessageType(other)),
     };
     if reader.in_pieces > 0 && reader.rows_seen != 1 {

@@ -32,8 +32,8 @@ pub use error::{DecodeError, ErrorCode};
 pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES};
 pub use message::{
     Conflicts, Download, DownloadAck, DownloadHeld, DownloadResume, EndDownload, EndUpload, Hello,
-    KeyRange, KeyRanges, Message, MessageType, PieceKind, RefusedRow, RowUpdate, SyncSummary,
-    TableUpload, UploadHeld, UploadResume, ValuePiece, ValueStart, WireError,
+    KeyRange, KeyRanges, Message, MessageType, PieceKind, RefusedRow, RowUpdate, SessionToken,
+    SyncSummary, TableUpload, UploadHeld, UploadResume, ValuePiece, ValueStart, WireError,
 };
 pub use numeric::{parse_decimal_value, Numeric, NUMERIC_SCALE_MAX, NUMERIC_WHOLE_DIGITS_MAX};
 pub use pieces::{
@@ -52,7 +52,7 @@ pub use value::{
 
 /// The protocol version this crate speaks. A server accepts a hello of this version or
 /// any down to [`PROTOCOL_VERSION_MIN`] and refuses others.
-pub const PROTOCOL_VERSION: u16 = 7;
+pub const PROTOCOL_VERSION: u16 = 8;
 
 /// The oldest protocol version a server still serves: a v1 session gets every v2 value
 /// in its v1 form ([`Value::to_v1`]), and never a value in pieces.
@@ -91,6 +91,11 @@ pub const REFUSED_ROWS_SINCE_VERSION: u16 = 6;
 /// ranges it holds before `EndUpload`, and the server hands it new ones before
 /// `EndDownload` where the script version has a `key_range` script for the table.
 pub const KEY_RANGES_SINCE_VERSION: u16 = 7;
+
+/// The first protocol version whose server hands a client that logged in by password a
+/// `SessionToken`, which the client sends back in its next hellos' `token` (with the
+/// password, which the server checks only when the token no longer holds).
+pub const SESSION_TOKEN_SINCE_VERSION: u16 = 8;
 
 /// The most key ranges one `KeyRanges` message may carry; a receiver refuses more.
 pub const KEY_RANGES_PER_MESSAGE_MAX: usize = 1024;

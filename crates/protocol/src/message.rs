@@ -43,6 +43,10 @@ pub enum Message {
     /// holds and how far it used each. From the server, right before `EndDownload`: new
     /// ranges handed to the client.
     KeyRanges(KeyRanges),
+    /// Protocol v8: from the server, right before `EndDownload` (with `KeyRanges`): a
+    /// session token the client sends in its next hellos' `token` instead of paying for a
+    /// password check, until it expires or is refused.
+    SessionToken(SessionToken),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +68,7 @@ pub enum MessageType {
     DownloadResume = 0x0E,
     DownloadHeld = 0x0F,
     KeyRanges = 0x10,
+    SessionToken = 0x11,
 }
 
 impl Message {
@@ -85,13 +90,14 @@ impl Message {
             Message::DownloadResume(_) => MessageType::DownloadResume,
             Message::DownloadHeld(_) => MessageType::DownloadHeld,
             Message::KeyRanges(_) => MessageType::KeyRanges,
+            Message::SessionToken(_) => MessageType::SessionToken,
         }
     }
 }
 
 impl MessageType {
     /// Every message type, in type byte order.
-    pub const ALL: [MessageType; 16] = [
+    pub const ALL: [MessageType; 17] = [
         MessageType::Hello,
         MessageType::Upload,
         MessageType::EndUpload,
@@ -108,6 +114,7 @@ impl MessageType {
         MessageType::DownloadResume,
         MessageType::DownloadHeld,
         MessageType::KeyRanges,
+        MessageType::SessionToken,
     ];
 
     /// The message type of a type byte, if there is one.
@@ -135,6 +142,7 @@ impl MessageType {
             MessageType::DownloadResume => "download_resume",
             MessageType::DownloadHeld => "download_held",
             MessageType::KeyRanges => "key_ranges",
+            MessageType::SessionToken => "session_token",
         }
     }
 }
@@ -156,6 +164,15 @@ pub struct Hello {
     /// The client will confirm that it applied the download with `DownloadAck`; the
     /// server then advances the client's acknowledged watermark and runs `download_ack`.
     pub download_ack: bool,
+}
+
+/// A session token the server issued after a password login (protocol v8).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionToken {
+    /// Opaque to the client: sent back as the hello's `token`, with the password.
+    pub token: String,
+    /// Seconds from now until the server stops accepting it.
+    pub expires_in_seconds: u32,
 }
 
 /// The client applied the download that ended with this watermark.

@@ -388,6 +388,13 @@ fn vectors() -> Vec<(&'static str, Message)> {
                 ],
             }),
         ),
+        (
+            "session_token",
+            Message::SessionToken(SessionToken {
+                token: "rss1.eyJhbGciOiJIUzI1NiJ9.e30.c2ln".into(),
+                expires_in_seconds: 43_200,
+            }),
+        ),
     ]
 }
 

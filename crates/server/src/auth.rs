@@ -1,6 +1,8 @@
-//! Authentication, in this order: a signed token when the hello carries one; else the
-//! version's `authenticate_user` script when it has one; else built-in users (argon2id
-//! password hashes in `rs_user`). The user scripts see is the one authenticated here.
+//! Authentication, in this order: a signed token of the server's issuer when the hello
+//! carries one; else the version's `authenticate_user` script when it has one; else
+//! built-in users (argon2id password hashes in `rs_user`), by the session token this
+//! server's database signed when the hello's holds (`crate::session_token`), else by
+//! password. The user scripts see is the one authenticated here.
 
 use argon2::password_hash::rand_core::OsRng;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
@@ -11,11 +13,12 @@ use rowsync_consolidated::scripts::{AUTH_STATUS_VALID, AUTH_STATUS_VALID_EXPIRIN
 use rowsync_consolidated::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, SyncError,
 };
-use rowsync_protocol::Hello;
+use rowsync_protocol::{Hello, SESSION_TOKEN_SINCE_VERSION};
 
 use tokio::sync::Semaphore;
 
 use crate::pool::WorkerPool;
+use crate::session_token::{IssuedToken, SessionTokens, TokenLogin};
 use crate::token::TokenConfig;
 
 /// Hashes a password as an argon2id PHC string (`$argon2id$v=19$...`).
@@ -57,15 +60,42 @@ pub enum AuthFailure {
     UnknownScriptVersion(String),
 }
 
+/// A login: the authenticated user, and the session token to hand the client (protocol
+/// v8: after a password login, or when the token it used is past half its life).
+#[derive(Debug)]
+pub struct Login {
+    pub user: String,
+    pub session_token: Option<IssuedToken>,
+}
+
+impl Login {
+    fn without_token(user: String) -> Login {
+        Login {
+            user,
+            session_token: None,
+        }
+    }
+}
+
+/// How a server checks logins.
+pub struct LoginChecks<'a, B: Consolidated> {
+    pub pool: &'a Arc<WorkerPool<B>>,
+    /// Password hash checks (argon2id) running at once.
+    pub password_checks: &'a Semaphore,
+    pub tokens: &'a TokenConfig,
+    pub session_tokens: &'a SessionTokens,
+}
+
 /// The authenticated user of a hello.
 pub async fn authenticate<B: Consolidated>(
-    pool: &Arc<WorkerPool<B>>,
-    password_checks: &Semaphore,
-    tokens: &TokenConfig,
+    checks: &LoginChecks<'_, B>,
     hello: &Hello,
-) -> Result<String, AuthFailure> {
-    if !hello.token.is_empty() {
-        return token_subject(tokens, hello).await;
+) -> Result<Login, AuthFailure> {
+    let session_token = SessionTokens::is_session_token(&hello.token);
+    if !hello.token.is_empty() && !session_token {
+        return token_subject(checks.tokens, hello)
+            .await
+            .map(Login::without_token);
     }
     let request = AuthRequest {
         client_id: hello.client_id.clone(),
@@ -75,18 +105,29 @@ pub async fn authenticate<B: Consolidated>(
         auth_parameters: hello.auth_parameters.clone(),
     };
     // A short database step on a worker; the hash check runs after it is released.
-    let mut worker = pool
+    let mut worker = checks
+        .pool
         .acquire(&hello.script_version)
         .await
         .map_err(|error| AuthFailure::Sync(error.into()))?;
     let check = worker.connection().authenticate(&request).await;
     let check = match check {
         Ok(check) => {
+            let sessions = checks.session_tokens;
+            let token_key_unknown = SessionTokens::is_session_token(&hello.token)
+                && sessions.enabled()
+                && sessions.needs_keys(&hello.token);
+            if token_key_unknown && matches!(check, AuthCheck::BuiltIn(Some(_))) {
+                // Another server made the key (or this one has read none yet).
+                read_session_keys(&mut worker, sessions).await;
+            }
             drop(worker);
             check
         }
         Err(SyncError::UnknownScriptVersion(_)) => {
-            return login_to_unknown_version(worker, password_checks, hello).await;
+            return login_to_unknown_version(worker, checks.password_checks, hello)
+                .await
+                .map(Login::without_token);
         }
         Err(error) => {
             if matches!(error, SyncError::Database(_)) {
@@ -99,15 +140,79 @@ pub async fn authenticate<B: Consolidated>(
         AuthCheck::Script(status)
             if status == AUTH_STATUS_VALID || status == AUTH_STATUS_VALID_EXPIRING =>
         {
-            Ok(hello.user.clone())
+            Ok(Login::without_token(hello.user.clone()))
         }
         AuthCheck::Script(status) => Err(AuthFailure::Refused(format!(
             "authenticate_user refused user {:?} (status {status})",
             hello.user
         ))),
-        AuthCheck::BuiltIn(stored_hash) => {
-            check_password(password_checks, stored_hash, hello).await
+        AuthCheck::BuiltIn(stored_hash) => built_in_login(checks, stored_hash, hello).await,
+    }
+}
+
+/// A built-in user's login: by session token when the hello's holds, else by password;
+/// a v8 client gets a new session token after a password login, or when its token is
+/// past half its life.
+async fn built_in_login<B: Consolidated>(
+    checks: &LoginChecks<'_, B>,
+    stored_hash: Option<String>,
+    hello: &Hello,
+) -> Result<Login, AuthFailure> {
+    let sessions = checks.session_tokens;
+    let issues = hello.protocol_version >= SESSION_TOKEN_SINCE_VERSION;
+    if let Some(stored_hash) = stored_hash.as_deref() {
+        let login = TokenLogin {
+            user: &hello.user,
+            client_id: &hello.client_id,
+            stored_hash,
+        };
+        if SessionTokens::is_session_token(&hello.token) {
+            match sessions.check(&hello.token, &login) {
+                Ok(renew) => {
+                    return Ok(Login {
+                        user: hello.user.clone(),
+                        session_token: (issues && renew).then(|| sessions.issue(&login)).flatten(),
+                    })
+                }
+                Err(refusal) => tracing::debug!(
+                    "client {:?}: {refusal}; checking the password instead",
+                    hello.client_id
+                ),
+            }
         }
+    }
+    let user = check_password(checks.password_checks, stored_hash.clone(), hello).await?;
+    if issues && sessions.enabled() && sessions.needs_keys("") {
+        // The first token this server hands out: the keys are read now (the system
+        // tables come with one; one is made if an operator deleted them all).
+        match checks.pool.acquire(&hello.script_version).await {
+            Ok(mut worker) => read_session_keys(&mut worker, sessions).await,
+            Err(error) => tracing::warn!("no session token: {error}"),
+        }
+    }
+    let session_token = stored_hash.filter(|_| issues).and_then(|stored_hash| {
+        sessions.issue(&TokenLogin {
+            user: &user,
+            client_id: &hello.client_id,
+            stored_hash: &stored_hash,
+        })
+    });
+    Ok(Login {
+        user,
+        session_token,
+    })
+}
+
+/// Reads the session keys (made, in a database without one). A failure only costs
+/// the session token: the login goes on by password.
+async fn read_session_keys<B: Consolidated>(
+    worker: &mut crate::pool::Worker<B>,
+    sessions: &SessionTokens,
+) {
+    let secret = rowsync_consolidated::new_session_secret();
+    match worker.connection().session_keys(&secret).await {
+        Ok(keys) => sessions.set_keys(keys),
+        Err(error) => tracing::warn!("the session keys could not be read: {error}"),
     }
 }
 

@@ -158,6 +158,9 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// Signed tokens accepted instead of passwords.
     pub tokens: TokenConfig,
+    /// How long a session token handed out after a password login holds
+    /// (`session_token_seconds`; zero: none are handed out, protocol v8).
+    pub session_token_lifetime: Duration,
     /// Records each sync for replay (`--record DIR`), when set.
     pub recorder: Option<std::sync::Arc<crate::record::Recorder>>,
 }
@@ -213,6 +216,9 @@ impl Default for ServerConfig {
             held_download_expiry: Duration::from_secs(24 * 60 * 60),
             drain_timeout: Duration::from_secs(30),
             tokens: TokenConfig::default(),
+            session_token_lifetime: Duration::from_secs(
+                crate::session_token::SESSION_TOKEN_SECONDS_DEFAULT,
+            ),
             recorder: None,
         }
     }

@@ -7,10 +7,11 @@ use std::borrow::Cow;
 
 use rowsync_consolidated::SyncOutcome;
 use rowsync_protocol::{
-    encode_frame, message_frames, Conflicts, Download, EndDownload, KeyRanges, Message, Row, Value,
-    FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES, PIECES_SINCE_VERSION,
+    encode_frame, message_frames, Conflicts, Download, EndDownload, KeyRanges, Message, Row,
+    SessionToken, Value, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADER_BYTES, PIECES_SINCE_VERSION,
 };
 
+use crate::session_token::IssuedToken;
 use crate::spool::SpoolError;
 
 /// The largest frame the server sends: the frame limit every client has by default. A
@@ -212,13 +213,20 @@ pub(crate) fn conflict_frames(conflicts: Conflicts, message_bytes_max: usize) ->
 }
 
 /// The frames that end a download: the key ranges handed out (protocol v7, only when
-/// there are any), then its watermark and the sync's summary.
-pub(crate) fn end_frame(outcome: &SyncOutcome) -> Vec<u8> {
+/// there are any), a session token (protocol v8, when one was issued), then its
+/// watermark and the sync's summary.
+pub(crate) fn end_frame(outcome: &SyncOutcome, session_token: Option<&IssuedToken>) -> Vec<u8> {
     let mut frames = Vec::new();
     if !outcome.key_ranges.is_empty() {
         frames = encode_frame(&Message::KeyRanges(KeyRanges {
             ranges: outcome.key_ranges.clone(),
         }));
+    }
+    if let Some(issued) = session_token {
+        frames.extend(encode_frame(&Message::SessionToken(SessionToken {
+            token: issued.token.clone(),
+            expires_in_seconds: issued.expires_in_seconds,
+        })));
     }
     frames.extend(encode_frame(&Message::EndDownload(EndDownload {
         watermark: outcome.watermark,

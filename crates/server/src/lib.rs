@@ -40,6 +40,7 @@ pub mod record;
 mod reply;
 pub mod server;
 pub mod session;
+pub mod session_token;
 mod shared;
 mod spool;
 mod stage;

@@ -704,8 +704,8 @@ mod tests {
     }
 
     #[test]
-    fn accepts_versions_1_to_7_and_refuses_others_by_name() {
-        for version in [1, 2, 3, 4, 5, 6, 7] {
+    fn accepts_versions_1_to_8_and_refuses_others_by_name() {
+        for version in [1, 2, 3, 4, 5, 6, 7, 8] {
             let Message::Hello(mut hello) = hello() else {
                 unreachable!()
             };
@@ -716,7 +716,7 @@ mod tests {
                 Step::Hello(_)
             ));
         }
-        for version in [0, 8] {
+        for version in [0, 9] {
             let Message::Hello(mut hello) = hello() else {
                 unreachable!()
             };
@@ -730,7 +730,7 @@ mod tests {
             );
             assert_eq!(
                 error.message,
-                format!("protocol version {version} is not supported; this server speaks versions 1 to 7")
+                format!("protocol version {version} is not supported; this server speaks versions 1 to 8")
             );
         }
     }

@@ -271,6 +271,11 @@ pub struct ServeArgs {
     /// Require this `iss` claim in tokens.
     #[arg(long, hide = true, help_heading = "Logins")]
     jwt_issuer: Option<String>,
+    /// After a password login, the server hands a client (protocol v8) a session token
+    /// that holds this many seconds: its next syncs skip the password check (argon2id),
+    /// until the user is removed, disabled or given a new password. 0: none.
+    #[arg(long, hide = true, help_heading = "Logins", default_value_t = rowsync_server::session_token::SESSION_TOKEN_SECONDS_DEFAULT)]
+    session_token_seconds: u64,
     /// Clock skew allowed on tokens' `exp` and `nbf`, in seconds.
     #[arg(long, hide = true, help_heading = "Logins", default_value_t = 30)]
     jwt_leeway_seconds: u64,
@@ -547,6 +552,7 @@ impl ServeArgs {
             client_ids_per_user_max: (self.client_ids_per_user_max > 0)
                 .then_some(self.client_ids_per_user_max),
             login_failure_window: Duration::from_secs(self.login_failure_window_seconds),
+            session_token_lifetime: Duration::from_secs(self.session_token_seconds),
             workers: self.workers,
             workers_range,
             cache_bytes_max: self.cache_bytes_max.unwrap_or(defaults.cache_bytes_max),

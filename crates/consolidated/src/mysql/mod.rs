@@ -33,7 +33,8 @@ use crate::version_scripts::ScriptCache;
 use crate::UserEntry;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
-    DownloadSender, InitOutcome, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
+    DownloadSender, InitOutcome, ScriptEntry, SessionKey, SyncError, SyncOutcome, SyncRequest,
+    TableInit,
 };
 use error::db;
 
@@ -147,7 +148,9 @@ impl MysqlConnection {
 impl ConsolidatedConnection for MysqlConnection {
     async fn install_system_tables(&mut self) -> Result<(), DbError> {
         schema::install_system_tables(&mut self.connection).await?;
-        held::install(&mut self.connection).await
+        held::install(&mut self.connection).await?;
+        users::session_keys(&mut self.connection, &crate::new_session_secret()).await?;
+        Ok(())
     }
 
     async fn hold_transfer(
@@ -237,6 +240,10 @@ impl ConsolidatedConnection for MysqlConnection {
 
     async fn set_user_disabled(&mut self, name: &str, disabled: bool) -> Result<bool, DbError> {
         users::set_user_disabled(&mut self.connection, name, disabled).await
+    }
+
+    async fn session_keys(&mut self, new_secret: &str) -> Result<Vec<SessionKey>, DbError> {
+        users::session_keys(&mut self.connection, new_secret).await
     }
 
     async fn password_hash(&mut self, name: &str) -> Result<Option<String>, DbError> {

@@ -40,6 +40,11 @@ fn system_tables() -> Vec<String> {
             "CREATE TABLE IF NOT EXISTS rs_user (name {NAME} PRIMARY KEY, password_hash {LONG_TEXT} NOT NULL,
              created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB"
         ),
+        // The keys session tokens are signed with (server/src/session_tokens.rs).
+        "CREATE TABLE IF NOT EXISTS rs_session_key (id BIGINT AUTO_INCREMENT PRIMARY KEY,
+             secret VARCHAR(128) NOT NULL,
+             created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB"
+            .to_string(),
         format!(
             "CREATE TABLE IF NOT EXISTS rs_script_version (name {NAME} PRIMARY KEY, description {LONG_TEXT} NOT NULL,
              revision BIGINT NOT NULL DEFAULT 0, created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB"

@@ -4,7 +4,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
 use super::error::db;
-use crate::{DbError, UserEntry};
+use crate::{DbError, SessionKey, UserEntry};
 
 /// A user's password hash for a password login: `None` for no such user, or a disabled one.
 pub const PASSWORD_HASH: &str = "SELECT password_hash FROM rs_user WHERE name = ? AND disabled = 0";
@@ -47,4 +47,26 @@ pub async fn set_user_disabled(
         .await
         .map_err(db)?;
     Ok(connection.affected_rows() > 0)
+}
+
+/// See `ConsolidatedConnection::session_keys`.
+pub async fn session_keys(
+    connection: &mut Conn,
+    new_secret: &str,
+) -> Result<Vec<SessionKey>, DbError> {
+    connection
+        .exec_drop(
+            "INSERT INTO rs_session_key (secret) SELECT ? FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM rs_session_key)",
+            (new_secret,),
+        )
+        .await
+        .map_err(db)?;
+    let rows: Vec<(i64, String)> = connection
+        .query("SELECT id, secret FROM rs_session_key ORDER BY id")
+        .await
+        .map_err(db)?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, secret)| SessionKey { id, secret })
+        .collect())
 }

@@ -63,8 +63,8 @@ use crate::version_scripts::ScriptCache;
 use crate::UserEntry;
 use crate::{
     ApplyStreamSettings, AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError,
-    DownloadAckRequest, DownloadSender, InitOutcome, ScriptEntry, SyncError, SyncOutcome,
-    SyncRequest, TableInit,
+    DownloadAckRequest, DownloadSender, InitOutcome, ScriptEntry, SessionKey, SyncError,
+    SyncOutcome, SyncRequest, TableInit,
 };
 pub use error::describe_postgres;
 use shapes::{ShapeCache, SyncGeneration};
@@ -303,7 +303,9 @@ impl ConsolidatedConnection for PostgresConnection {
 
     async fn install_system_tables(&mut self) -> Result<(), DbError> {
         schema::install_system_tables(&self.client).await?;
-        held::install(&self.client).await
+        held::install(&self.client).await?;
+        users::session_keys(&self.client, &crate::new_session_secret()).await?;
+        Ok(())
     }
 
     async fn hold_transfer(
@@ -386,6 +388,10 @@ impl ConsolidatedConnection for PostgresConnection {
 
     async fn set_user_disabled(&mut self, name: &str, disabled: bool) -> Result<bool, DbError> {
         users::set_user_disabled(&self.client, name, disabled).await
+    }
+
+    async fn session_keys(&mut self, new_secret: &str) -> Result<Vec<SessionKey>, DbError> {
+        users::session_keys(&self.client, new_secret).await
     }
 
     async fn password_hash(&mut self, name: &str) -> Result<Option<String>, DbError> {

@@ -32,6 +32,12 @@ CREATE TABLE IF NOT EXISTS rs_user (
     password_hash TEXT NOT NULL,
     created_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );
+-- The keys session tokens are signed with (server/src/session_tokens.rs).
+CREATE TABLE IF NOT EXISTS rs_session_key (
+    id BIGSERIAL PRIMARY KEY,
+    secret TEXT NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
 CREATE TABLE IF NOT EXISTS rs_script_version (
     name TEXT PRIMARY KEY,
     description TEXT NOT NULL DEFAULT '',

@@ -2,7 +2,7 @@
 
 use tokio_postgres::GenericClient;
 
-use crate::{DbError, UserEntry};
+use crate::{DbError, SessionKey, UserEntry};
 
 /// A user's password hash for a password login: `None` for no such user, or a disabled one.
 pub const PASSWORD_HASH: &str =
@@ -44,4 +44,27 @@ pub async fn set_user_disabled(
         )
         .await?;
     Ok(changed > 0)
+}
+
+/// See `ConsolidatedConnection::session_keys`.
+pub async fn session_keys(
+    client: &impl GenericClient,
+    new_secret: &str,
+) -> Result<Vec<SessionKey>, DbError> {
+    client
+        .execute(
+            "INSERT INTO rs_session_key (secret) SELECT $1 WHERE NOT EXISTS (SELECT 1 FROM rs_session_key)",
+            &[&new_secret],
+        )
+        .await?;
+    let rows = client
+        .query("SELECT id, secret FROM rs_session_key ORDER BY id", &[])
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| SessionKey {
+            id: row.get(0),
+            secret: row.get(1),
+        })
+        .collect())
 }

@@ -27,7 +27,8 @@ use crate::version_scripts::ScriptCache;
 use crate::UserEntry;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
-    DownloadSender, InitOutcome, ScriptEntry, SyncError, SyncOutcome, SyncRequest, TableInit,
+    DownloadSender, InitOutcome, ScriptEntry, SessionKey, SyncError, SyncOutcome, SyncRequest,
+    TableInit,
 };
 use held::SqliteHeld;
 use transaction::SqliteBackend;
@@ -223,7 +224,9 @@ impl ConsolidatedConnection for SqliteConnection {
         self.run(|connection| {
             schema::install_system_tables(connection)?;
             let tables = crate::held::tables_sql(&held::SQL).join(";\n");
-            Ok(connection.execute_batch(&tables)?)
+            connection.execute_batch(&tables)?;
+            users::session_keys(connection, &crate::new_session_secret())?;
+            Ok(())
         })
         .await
     }
@@ -370,6 +373,12 @@ impl ConsolidatedConnection for SqliteConnection {
     async fn set_user_disabled(&mut self, name: &str, disabled: bool) -> Result<bool, DbError> {
         let name = name.to_string();
         self.run(move |connection| users::set_user_disabled(connection, &name, disabled))
+            .await
+    }
+
+    async fn session_keys(&mut self, new_secret: &str) -> Result<Vec<SessionKey>, DbError> {
+        let new_secret = new_secret.to_string();
+        self.run(move |connection| users::session_keys(connection, &new_secret))
             .await
     }
 

@@ -27,6 +27,12 @@ CREATE TABLE IF NOT EXISTS rs_user (
     password_hash TEXT NOT NULL,
     created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
 );
+-- The keys session tokens are signed with (server/src/session_tokens.rs).
+CREATE TABLE IF NOT EXISTS rs_session_key (
+    id INTEGER PRIMARY KEY,
+    secret TEXT NOT NULL,
+    created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
+);
 CREATE TABLE IF NOT EXISTS rs_script_version (
     name TEXT PRIMARY KEY,
     description TEXT NOT NULL DEFAULT '',

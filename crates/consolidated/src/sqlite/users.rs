@@ -2,7 +2,7 @@
 
 use rusqlite::{params, Connection};
 
-use crate::{DbError, UserEntry};
+use crate::{DbError, SessionKey, UserEntry};
 
 /// A user's password hash for a password login: `None` for no such user, or a disabled one.
 pub const PASSWORD_HASH: &str =
@@ -37,4 +37,22 @@ pub fn set_user_disabled(
         params![name, disabled],
     )?;
     Ok(changed > 0)
+}
+
+/// See `ConsolidatedConnection::session_keys`.
+pub fn session_keys(connection: &Connection, new_secret: &str) -> Result<Vec<SessionKey>, DbError> {
+    connection.execute(
+        "INSERT INTO rs_session_key (secret) SELECT ?1 WHERE NOT EXISTS (SELECT 1 FROM rs_session_key)",
+        [new_secret],
+    )?;
+    let mut statement = connection.prepare("SELECT id, secret FROM rs_session_key ORDER BY id")?;
+    let keys = statement
+        .query_map([], |row| {
+            Ok(SessionKey {
+                id: row.get(0)?,
+                secret: row.get(1)?,
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(keys)
 }

@@ -1,9 +1,9 @@
 //! The built-in users: listed, disabled (a disabled user's password login gets no
 //! hash, so it is refused as a wrong password is), enabled again and removed.
 
-use rowsync_consolidated::{AuthCheck, AuthRequest, ConsolidatedConnection};
+use rowsync_consolidated::{AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection};
 
-use super::{Factory, Fixture};
+use super::{Factory, Fixture, RawSql};
 
 fn login(user: &str) -> AuthRequest {
     AuthRequest {
@@ -79,4 +79,27 @@ pub async fn users_are_listed_disabled_enabled_and_removed<F: Factory>() {
         1,
         "installing again keeps users"
     );
+}
+
+/// The system tables come with one key; later calls (as another server would make
+/// them) find it and store none of their own; with every key deleted, the next call
+/// stores its secret.
+pub async fn session_keys_are_made_once_and_kept<F: Factory>() {
+    let mut f = Fixture::<F>::new().await;
+    let installed = f.admin.session_keys("secret-one").await.unwrap();
+    assert_eq!(installed.len(), 1);
+    assert_eq!(installed[0].secret.len(), 64, "32 random bytes, hex");
+    assert_ne!(installed[0].secret, "secret-one");
+    let mut other = f.backend.connect().await.unwrap();
+    assert_eq!(other.session_keys("secret-two").await.unwrap(), installed);
+    f.admin.install_system_tables().await.unwrap();
+    assert_eq!(
+        f.admin.session_keys("x").await.unwrap(),
+        installed,
+        "installed again: kept"
+    );
+    f.sql.execute("DELETE FROM rs_session_key").await;
+    let made = f.admin.session_keys("secret-three").await.unwrap();
+    assert_eq!(made.len(), 1);
+    assert_eq!(made[0].secret, "secret-three");
 }

@@ -21,6 +21,7 @@ use crate::decoders::ZstdDecoders;
 use crate::metrics::{Metrics, Outcome};
 use crate::pending::{Counted, PendingHellos};
 use crate::pool::WorkerPool;
+use crate::session_token::SessionTokens;
 use crate::throttle::{LoginThrottle, ThrottleLimits};
 use crate::version_tables::VersionTablesCache;
 
@@ -34,6 +35,8 @@ pub(crate) struct Shared<B: Consolidated> {
     pub(crate) auth_pool: Arc<WorkerPool<B>>,
     /// Password hash checks (argon2id, CPU-bound) running at once.
     pub(crate) password_checks: Semaphore,
+    /// The session keys read from the database, for the session tokens logins hand out.
+    pub(crate) session_tokens: SessionTokens,
     pub(crate) cache: Arc<Cache>,
     /// Room for the connections' zstd decoders (`zstd_decoders_bytes_max`).
     pub(crate) zstd_decoders: ZstdDecoders,
@@ -78,6 +81,7 @@ impl<B: Consolidated> Shared<B> {
             pool: WorkerPool::new(backend.clone(), workers),
             auth_pool: WorkerPool::new(backend, config.auth_connections.max(1)),
             password_checks: Semaphore::new(config.password_checks_max.max(1)),
+            session_tokens: SessionTokens::new(config.session_token_lifetime),
             cache: Cache::new(config.cache_bytes_max, Arc::clone(&metrics)),
             zstd_decoders: ZstdDecoders::new(
                 config.zstd_decoders_bytes_max,

@@ -54,6 +54,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
         outbound,
         wire_bytes_received,
         transfer,
+        session_token,
     } = upload;
     // The download is encoded into its spool while the worker reads it.
     let (sender, chunks) = download_channel();
@@ -135,6 +136,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
         spool,
         preamble,
         wire_bytes_received,
+        session_token,
     })
 }
 

@@ -57,11 +57,14 @@ pub(crate) async fn send_download<B: Consolidated>(
         mut spool,
         preamble,
         wire_bytes_received,
+        session_token,
     } = synchronized;
     // The worker is released: the end of the download joins the spool, then all of it
     // is sent while the worker serves others.
     let ended = async {
-        spool.append(&end_frame(&outcome)).await?;
+        spool
+            .append(&end_frame(&outcome, session_token.as_ref()))
+            .await?;
         spool.finish().await
     }
     .await;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use rowsync_consolidated::{Consolidated, SyncOutcome, SyncRequest};
 use rowsync_protocol::PREAMBLE_BYTES;
 
+use crate::session_token::IssuedToken;
 use crate::shared::Shared;
 use crate::spool::Spool;
 
@@ -29,6 +30,8 @@ pub(crate) struct Synchronized {
     pub(crate) preamble: Option<[u8; PREAMBLE_BYTES]>,
     /// Bytes of the upload received on the wire, for the sync's log line.
     pub(crate) wire_bytes_received: u64,
+    /// A session token for the client (protocol v8), sent before the download's end.
+    pub(crate) session_token: Option<IssuedToken>,
 }
 
 /// A download spool for `outbound`, within the server's download bounds and its spool

@@ -15,6 +15,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::Instant;
 
 use crate::auth;
+use crate::auth::Login;
 use crate::config::ServerConfig;
 use crate::decoders::{ZstdDecoderRoom, ZstdDecoders};
 use crate::failure::Failure;
@@ -24,6 +25,7 @@ use crate::monitor::Identity;
 use crate::pending::PendingHello;
 use crate::record::SyncRecording;
 use crate::session::Step;
+use crate::session_token::IssuedToken;
 use crate::shared::holding::HoldingGuard;
 use crate::shared::{Shared, READ_CHUNK_BYTES};
 use crate::spool::{Spool, SpoolError};
@@ -80,6 +82,8 @@ pub(crate) struct CheckedUpload {
     pub(crate) wire_bytes_received: u64,
     /// The transfer a v3 client named; its held start goes once the sync committed.
     pub(crate) transfer: Option<Transfer>,
+    /// A session token for the client (protocol v8), sent before the download's end.
+    pub(crate) session_token: Option<IssuedToken>,
 }
 
 /// A download acknowledgement (its own short exchange): no upload follows.
@@ -151,7 +155,10 @@ pub(crate) async fn receive<B: Consolidated>(
     // Authentication, before the rest of the upload is read: a refused client costs no
     // more than its hello.
     let authenticating = Instant::now();
-    let user = throttled_login(shared, peer, &hello)
+    let Login {
+        user,
+        session_token,
+    } = throttled_login(shared, peer, &hello)
         .await
         .map_err(|failure| failure.of(&hello))?;
     timings.record(metrics, Phase::authenticate, authenticating.elapsed());
@@ -189,6 +196,7 @@ pub(crate) async fn receive<B: Consolidated>(
         outbound,
         wire_bytes_received,
         transfer: reader.transfer.take(),
+        session_token,
     })))
 }
 
@@ -567,7 +575,7 @@ async fn throttled_login<B: Consolidated>(
     shared: &Shared<B>,
     peer: SocketAddr,
     hello: &Hello,
-) -> Result<String, Failure> {
+) -> Result<Login, Failure> {
     let throttle = &shared.login_throttle;
     let address = peer.ip();
     if let Err(throttled) = throttle.check(address, &hello.user, std::time::Instant::now()) {
@@ -599,16 +607,15 @@ async fn throttled_login<B: Consolidated>(
 async fn authenticated_user<B: Consolidated>(
     shared: &Shared<B>,
     hello: &Hello,
-) -> Result<String, Failure> {
-    match auth::authenticate(
-        &shared.auth_pool,
-        &shared.password_checks,
-        &shared.config.tokens,
-        hello,
-    )
-    .await
-    {
-        Ok(user) => Ok(user),
+) -> Result<Login, Failure> {
+    let checks = auth::LoginChecks {
+        pool: &shared.auth_pool,
+        password_checks: &shared.password_checks,
+        tokens: &shared.config.tokens,
+        session_tokens: &shared.session_tokens,
+    };
+    match auth::authenticate(&checks, hello).await {
+        Ok(login) => Ok(login),
         Err(auth::AuthFailure::Refused(reason)) => Err(Failure::tell(WireError::new(
             ErrorCode::AuthenticationFailed,
             format!("authentication failed: {reason}"),

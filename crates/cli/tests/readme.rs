@@ -1,0 +1,202 @@
+//! The README as a newcomer runs it (issue 36): its first `sh` block (a consolidated
+//! database, a user, the server: in the background, as "another terminal", on a free
+//! port) in an empty directory with the `rowsync` just built on `PATH`; then its Rust
+//! block (this file's `readme_rust`, checked to be the README's text), its C program
+//! compiled by its own `cc` line against the `librowsync.a` scripts/test built, and
+//! its command-line sync block. Only the server's address differs from the page: the
+//! README's `127.0.0.1:2439` is a free port here. The Python block is run by
+//! bindings/python/tests/test_readme.py.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+const README_ADDRESS: &str = "127.0.0.1:2439";
+
+/// The README's fenced blocks of one language, in order.
+fn blocks(markdown: &str, language: &str) -> Vec<String> {
+    let opening = format!("```{language}");
+    let mut found = Vec::new();
+    let mut current: Option<String> = None;
+    for line in markdown.lines() {
+        match (&mut current, line.trim_end()) {
+            (None, text) if text == opening => current = Some(String::new()),
+            (Some(_), "```") => found.extend(current.take()),
+            (Some(block), text) => {
+                block.push_str(text);
+                block.push('\n');
+            }
+            (None, _) => {}
+        }
+    }
+    found
+}
+
+fn readme() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap()
+}
+
+/// The README's Rust block, as written but for the server's address.
+#[rustfmt::skip]
+async fn readme_rust(address: &str) -> Result<(), Box<dyn std::error::Error>> {
+    // README begins
+    let mut client = rowsync_client::Client::open("erin-phone.db")?;
+    client.connection().execute_batch("CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY, owner TEXT NOT NULL, body TEXT)")?;
+    client.track("notes")?;
+    let report = client.sync(&rowsync_client::SyncOptions::new(address, "erin", "a-long-password")).await?;
+    println!("{} up, {} down, {} conflicts", report.rows_uploaded, report.rows_downloaded, report.conflicts);
+    // README ends
+    assert_eq!(report.rows_downloaded, 1, "the office's note");
+    Ok(())
+}
+
+/// `readme_rust`'s body between its markers, as the README would show it.
+fn readme_rust_source() -> String {
+    let source = include_str!("readme.rs");
+    let start = source.find("    // README begins\n").unwrap() + "    // README begins\n".len();
+    let end = source.find("    // README ends\n").unwrap();
+    source[start..end]
+        .lines()
+        .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or(line)))
+        .collect::<String>()
+        .replace("new(address,", &format!("new(\"{README_ADDRESS}\","))
+}
+
+/// Runs `script` with bash in `dir`, the `rowsync` just built first on `PATH`.
+fn shell(dir: &Path, script: &str) -> Command {
+    let binary = Path::new(env!("CARGO_BIN_EXE_rowsync"));
+    let path = format!(
+        "{}:{}",
+        binary.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut command = Command::new("bash");
+    command
+        .arg("-euo")
+        .arg("pipefail")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .env("PATH", path);
+    command
+}
+
+fn succeeded(output: Output, what: &str) -> String {
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{what}:\n{stdout}\n{stderr}");
+    stdout.into_owned()
+}
+
+/// The server block's `rowsync serve` line, in the background, in its own process group.
+fn serve(dir: &Path, serve_line: &str, address: &str) -> Child {
+    let child = shell(
+        dir,
+        &format!("exec {}", serve_line.replace(README_ADDRESS, address)),
+    )
+    .stderr(Stdio::null())
+    .process_group(0)
+    .spawn()
+    .unwrap();
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(address).is_ok() {
+            return child;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut child = child;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    panic!("the README's server did not start on {address}");
+}
+
+/// The directory cargo puts librowsync.a in (scripts/test builds it).
+fn library_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+#[test]
+fn readme_blocks_run_as_written() {
+    let page = readme();
+    let sh = blocks(&page, "sh");
+    assert!(sh.len() >= 3, "{sh:?}");
+    let (rust, c) = (&blocks(&page, "rust")[0], &blocks(&page, "c")[0]);
+    assert_eq!(
+        rust,
+        &readme_rust_source(),
+        "the README's Rust block changed"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let address = format!("127.0.0.1:{}", free_port());
+    let (setup, serve_line): (Vec<&str>, Vec<&str>) = sh[0]
+        .lines()
+        .partition(|line| !line.starts_with("rowsync serve"));
+    succeeded(
+        shell(dir.path(), &setup.join("\n")).output().unwrap(),
+        "setup",
+    );
+    let office =
+        "sqlite3 central.db \"INSERT INTO notes VALUES ('n1', 'erin', 'from the office')\"";
+    succeeded(shell(dir.path(), office).output().unwrap(), "a row");
+    let mut server = serve(dir.path(), serve_line[0], &address);
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    std::env::set_current_dir(dir.path()).unwrap();
+    runtime.block_on(readme_rust(&address)).unwrap();
+
+    std::fs::write(
+        dir.path().join("app.c"),
+        c.replace(README_ADDRESS, &address),
+    )
+    .unwrap();
+    let compile = sh
+        .iter()
+        .find(|block| block.starts_with("cc app.c"))
+        .expect("the C compile block");
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ffi/include");
+    let compile = compile
+        .replace("crates/ffi/include", &include.display().to_string())
+        .replace(
+            "target/release/librowsync.a",
+            &library_dir().join("librowsync.a").display().to_string(),
+        );
+    let printed = succeeded(
+        shell(dir.path(), &compile).output().unwrap(),
+        "the C program",
+    );
+    assert!(printed.contains("\"rows_downloaded\":0"), "{printed}");
+
+    let cli = sh
+        .iter()
+        .find(|block| block.contains("rowsync sync"))
+        .expect("the command-line block");
+    succeeded(
+        shell(dir.path(), &cli.replace(README_ADDRESS, &address))
+            .output()
+            .unwrap(),
+        "rowsync sync",
+    );
+    let laptop = succeeded(
+        shell(
+            dir.path(),
+            "sqlite3 erin-laptop.db 'SELECT id, body FROM notes'",
+        )
+        .output()
+        .unwrap(),
+        "the laptop's rows",
+    );
+    assert_eq!(laptop, "n1|from the office\n");
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
