@@ -50,16 +50,31 @@ async fn readme_rust(address: &str) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// `readme_rust`'s body between its markers, as the README would show it.
-fn readme_rust_source() -> String {
+/// The body of a function of this file between its `README begins` and `README ends`
+/// markers (the `nth`, from 0), as the README shows it: `value` spelt as the README's
+/// `literal`.
+fn readme_source(nth: usize, value: &str, literal: &str) -> String {
     let source = include_str!("readme.rs");
-    let start = source.find("    // README begins\n").unwrap() + "    // README begins\n".len();
-    let end = source.find("    // README ends\n").unwrap();
+    let begin = "    // README begins\n";
+    let start = source.match_indices(begin).nth(nth).unwrap().0 + begin.len();
+    let end = start + source[start..].find("    // README ends\n").unwrap();
     source[start..end]
         .lines()
         .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or(line)))
         .collect::<String>()
-        .replace("new(address,", &format!("new(\"{README_ADDRESS}\","))
+        .replace(&format!("new({value},"), &format!("new(\"{literal}\","))
+}
+
+/// The README's transport block, as written but for the server's address.
+#[rustfmt::skip]
+fn readme_transport(address: &str) -> rowsync_client::SyncOptions {
+    // README begins
+    let mut options = rowsync_client::SyncOptions::new(address, "erin", "a-long-password");
+    options.transport.compression = rowsync_client::Compression::Zstd;
+    options.transport.tls.ca_file = Some("pki/ca.pem".into()); // default: the public web roots
+    // options.transport.tls.server_name, .client_cert, .client_key; options.transport.http_version
+    // README ends
+    options
 }
 
 /// Runs `script` with bash in `dir`, the `rowsync` just built first on `PATH`.
@@ -123,11 +138,17 @@ fn readme_blocks_run_as_written() {
     let page = readme();
     let sh = blocks(&page, "sh");
     assert!(sh.len() >= 3, "{sh:?}");
-    let (rust, c) = (&blocks(&page, "rust")[0], &blocks(&page, "c")[0]);
+    let (rust, c) = (blocks(&page, "rust"), &blocks(&page, "c")[0]);
     assert_eq!(
-        rust,
-        &readme_rust_source(),
-        "the README's Rust block changed"
+        rust[0],
+        readme_source(0, "address", README_ADDRESS),
+        "README changed"
+    );
+    let https = "https://sync.example.com:8443/sync";
+    assert_eq!(
+        rust[1],
+        readme_source(1, "address", https),
+        "README changed"
     );
     let dir = tempfile::tempdir().unwrap();
     let address = format!("127.0.0.1:{}", free_port());
@@ -189,6 +210,35 @@ fn readme_blocks_run_as_written() {
         "the laptop's rows",
     );
     assert_eq!(laptop, "n1|from the office\n");
+    server.kill().unwrap();
+    server.wait().unwrap();
+
+    // Transports: the README's block (every endpoint on a free port), then its options.
+    let block = sh
+        .iter()
+        .find(|block| block.starts_with("rowsync cert"))
+        .unwrap();
+    let https_address = format!("127.0.0.1:{}", free_port());
+    let mut block = block.replace(README_ADDRESS, &address);
+    for endpoint in ["0.0.0.0:2440", "127.0.0.1:8080", "0.0.0.0:8443"] {
+        let port = free_port().to_string();
+        let at = match endpoint {
+            "0.0.0.0:8443" => https_address.clone(),
+            _ => format!("127.0.0.1:{port}"),
+        };
+        block = block.replace(endpoint, &at);
+    }
+    let (cert, serve_lines) = block.split_once("\nrowsync serve").unwrap();
+    succeeded(shell(dir.path(), cert).output().unwrap(), "rowsync cert");
+    let serve_line = format!("rowsync serve{}", serve_lines.replace("\\\n", " "));
+    let mut server = serve(dir.path(), &serve_line, &https_address);
+    let options = readme_transport(&format!("https://{https_address}/sync"));
+    let mut client = rowsync_client::Client::open("erin-phone.db").unwrap();
+    let report = runtime.block_on(client.sync(&options)).unwrap();
+    assert_eq!(
+        report.rows_downloaded, 0,
+        "nothing new since the C program's sync"
+    );
     server.kill().unwrap();
     server.wait().unwrap();
 }
