@@ -129,6 +129,10 @@ pub trait ConsolidatedConnection: Send + 'static {
         name: &str,
     ) -> impl Future<Output = Result<Option<String>, DbError>> + Send;
 
+    /// Whether a built-in user of this name exists and is disabled (a token's subject
+    /// need not be a built-in user; a disabled one is refused).
+    fn user_disabled(&mut self, name: &str) -> impl Future<Output = Result<bool, DbError>> + Send;
+
     /// The keys servers sign session tokens with (`rs_session_key`), oldest first; when
     /// there is none yet, `new_secret` is stored as the first (two servers starting at
     /// once may both store one: each token names its key).

@@ -93,7 +93,8 @@ pub async fn authenticate<B: Consolidated>(
 ) -> Result<Login, AuthFailure> {
     let session_token = SessionTokens::is_session_token(&hello.token);
     if !hello.token.is_empty() && !session_token {
-        return token_subject(checks.tokens, hello)
+        let subject = token_subject(checks.tokens, hello).await?;
+        return refuse_disabled(checks, hello, subject)
             .await
             .map(Login::without_token);
     }
@@ -245,6 +246,30 @@ async fn login_to_unknown_version<B: Consolidated>(
     Err(AuthFailure::UnknownScriptVersion(
         crate::session::unknown_version_message(&hello.script_version, &versions),
     ))
+}
+
+/// A token's subject, unless it is a built-in user who was disabled (a short database
+/// step on a login connection).
+async fn refuse_disabled<B: Consolidated>(
+    checks: &LoginChecks<'_, B>,
+    hello: &Hello,
+    subject: String,
+) -> Result<String, AuthFailure> {
+    let mut worker = checks
+        .pool
+        .acquire(&hello.script_version)
+        .await
+        .map_err(|error| AuthFailure::Sync(error.into()))?;
+    match worker.connection().user_disabled(&subject).await {
+        Ok(false) => Ok(subject),
+        Ok(true) => Err(AuthFailure::Refused(format!(
+            "user {subject:?} is disabled (`rowsync user enable` lets it in again)"
+        ))),
+        Err(error) => {
+            worker.discard();
+            Err(AuthFailure::Sync(error.into()))
+        }
+    }
 }
 
 /// A token's subject, when the token is valid and the hello names no other user.

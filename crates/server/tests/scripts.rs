@@ -110,6 +110,39 @@ fn base64url(bytes: &[u8]) -> String {
     out
 }
 
+/// A token names its user, but a built-in user of that name who was disabled (or a user
+/// the issuer knows and this server does not) is still the server's to refuse: a
+/// disabled user's tokens are refused as its passwords are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disabled_users_tokens_are_refused() {
+    let server = TestServer::start_with(token_config(true, false)).await;
+    let backend = SqliteConsolidated::new(&server.consolidated_path);
+    let mut admin = backend.connect().await.unwrap();
+    assert!(admin.set_user_disabled("alice", true).await.unwrap());
+    let mut client = server.client("alice-token");
+    match client
+        .sync(&with_token(&server, "", hs256(&claims("alice"))))
+        .await
+    {
+        Err(ClientError::Server(error)) => {
+            assert_eq!(error.error_code(), Some(ErrorCode::AuthenticationFailed));
+            assert!(error.message.contains("disabled"), "{}", error.message);
+        }
+        other => panic!("a disabled user's token logged in: {other:?}"),
+    }
+    let mut carol = server.client("carol-token");
+    carol
+        .sync(&with_token(&server, "", hs256(&claims("carol"))))
+        .await
+        .expect("a user the issuer vouches for needs no built-in user");
+    assert!(admin.set_user_disabled("alice", false).await.unwrap());
+    client
+        .sync(&with_token(&server, "", hs256(&claims("alice"))))
+        .await
+        .expect("enabled again");
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_log_in_as_their_subject_and_bad_tokens_are_refused() {
     let server = TestServer::start_with(token_config(true, true)).await;

@@ -242,6 +242,10 @@ impl ConsolidatedConnection for MysqlConnection {
         users::set_user_disabled(&mut self.connection, name, disabled).await
     }
 
+    async fn user_disabled(&mut self, name: &str) -> Result<bool, DbError> {
+        users::user_disabled(&mut self.connection, name).await
+    }
+
     async fn session_keys(&mut self, new_secret: &str) -> Result<Vec<SessionKey>, DbError> {
         users::session_keys(&mut self.connection, new_secret).await
     }

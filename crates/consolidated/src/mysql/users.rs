@@ -70,3 +70,15 @@ pub async fn session_keys(
         .map(|(id, secret)| SessionKey { id, secret })
         .collect())
 }
+
+/// See `ConsolidatedConnection::user_disabled`.
+pub async fn user_disabled(connection: &mut Conn, name: &str) -> Result<bool, DbError> {
+    let found: Option<i64> = connection
+        .exec_first(
+            "SELECT EXISTS (SELECT 1 FROM rs_user WHERE name = ? AND disabled <> 0)",
+            (name,),
+        )
+        .await
+        .map_err(db)?;
+    Ok(found == Some(1))
+}

@@ -390,6 +390,10 @@ impl ConsolidatedConnection for PostgresConnection {
         users::set_user_disabled(&self.client, name, disabled).await
     }
 
+    async fn user_disabled(&mut self, name: &str) -> Result<bool, DbError> {
+        users::user_disabled(&self.client, name).await
+    }
+
     async fn session_keys(&mut self, new_secret: &str) -> Result<Vec<SessionKey>, DbError> {
         users::session_keys(&self.client, new_secret).await
     }

@@ -68,3 +68,14 @@ pub async fn session_keys(
         })
         .collect())
 }
+
+/// See `ConsolidatedConnection::user_disabled`.
+pub async fn user_disabled(client: &impl GenericClient, name: &str) -> Result<bool, DbError> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM rs_user WHERE name = $1 AND disabled)",
+            &[&name],
+        )
+        .await?;
+    Ok(row.get(0))
+}

@@ -376,6 +376,12 @@ impl ConsolidatedConnection for SqliteConnection {
             .await
     }
 
+    async fn user_disabled(&mut self, name: &str) -> Result<bool, DbError> {
+        let name = name.to_string();
+        self.run(move |connection| users::user_disabled(connection, &name))
+            .await
+    }
+
     async fn session_keys(&mut self, new_secret: &str) -> Result<Vec<SessionKey>, DbError> {
         let new_secret = new_secret.to_string();
         self.run(move |connection| users::session_keys(connection, &new_secret))

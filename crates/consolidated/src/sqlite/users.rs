@@ -56,3 +56,12 @@ pub fn session_keys(connection: &Connection, new_secret: &str) -> Result<Vec<Ses
         .collect::<Result<Vec<_>, _>>()?;
     Ok(keys)
 }
+
+/// See `ConsolidatedConnection::user_disabled`.
+pub fn user_disabled(connection: &Connection, name: &str) -> Result<bool, DbError> {
+    Ok(connection.query_row(
+        "SELECT EXISTS (SELECT 1 FROM rs_user WHERE name = ?1 AND disabled <> 0)",
+        [name],
+        |row| row.get(0),
+    )?)
+}

@@ -103,3 +103,16 @@ pub async fn session_keys_are_made_once_and_kept<F: Factory>() {
     assert_eq!(made.len(), 1);
     assert_eq!(made[0].secret, "secret-three");
 }
+
+/// Whether a user is a disabled built-in one (a token's subject may be no built-in user).
+pub async fn a_disabled_user_is_told_from_an_unknown_one<F: Factory>() {
+    let mut f = Fixture::<F>::new().await;
+    f.admin.set_user("alice", "hash-a").await.unwrap();
+    assert!(!f.admin.user_disabled("alice").await.unwrap());
+    assert!(f.admin.set_user_disabled("alice", true).await.unwrap());
+    assert!(f.admin.user_disabled("alice").await.unwrap());
+    assert!(
+        !f.admin.user_disabled("nobody").await.unwrap(),
+        "unknown: not disabled"
+    );
+}
