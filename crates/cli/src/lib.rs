@@ -11,4 +11,5 @@ pub mod local_server;
 pub mod logging;
 pub mod profile;
 pub mod replay;
+pub mod standby;
 pub mod sync_command;

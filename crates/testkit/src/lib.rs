@@ -215,7 +215,9 @@ enum Access<'a> {
 }
 
 impl PgCluster {
-    fn start() -> Result<PgCluster, String> {
+    /// A cluster of its own (trust on loopback), for a test that changes its settings;
+    /// stopped when dropped or at exit.
+    pub fn start() -> Result<PgCluster, String> {
         PgCluster::start_with(Access::Trust)
     }
 

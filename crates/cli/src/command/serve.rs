@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use rowsync_cli::database::{Database, DatabaseArg, OnBackend};
 use rowsync_cli::logging::notice;
+use rowsync_cli::standby;
 use rowsync_consolidated::{Consolidated, ConsolidatedConnection};
 use rowsync_server::jwks::{Jwks, JwksSettings, JwksSource};
 use rowsync_server::metrics::Metrics;
@@ -138,6 +139,11 @@ pub struct ServeArgs {
     /// ones are answered busy and /readyz says draining; a second signal stops at once.
     #[arg(long, default_value_t = ServerConfig::default().drain_timeout.as_secs(), hide = true, help_heading = "Timeouts")]
     drain_timeout_seconds: u64,
+    /// This server is one of a highly available farm: at start, check that the
+    /// PostgreSQL database replicates synchronously to a standby, and warn when it does
+    /// not (a failover could lose acknowledged syncs; docs/operations.md, "Running a farm").
+    #[arg(long, hide = true, help_heading = "Workers and connections")]
+    ha: bool,
     /// Ended syncs the monitor keeps (its history, in memory).
     #[arg(long, default_value_t = MonitorSettings::default().history_syncs_max, hide = true, help_heading = "Admin endpoint and monitor")]
     monitor_history_syncs_max: usize,
@@ -344,8 +350,15 @@ impl OnBackend for ServeArgs {
         // Apply streams a stopped server left prepared hold their rows' locks: resolved
         // before anything syncs.
         let resolved = connection.resolve_prepared_streams().await?;
-        drop(connection);
         let database = self.database.database()?;
+        if self.ha {
+            let standby = standby::check(&mut connection, &database).await?;
+            if let Some(warning) = standby::warning(&standby) {
+                tracing::warn!("{warning}");
+                notice(warning);
+            }
+        }
+        drop(connection);
         let shown = match &database {
             Database::Sqlite(_) => self.database.db.clone(),
             other => format!("a {} database", other.kind()),
