@@ -103,7 +103,10 @@ async fn command_line_scenario(db: &str, dir: &tempfile::TempDir) {
     let report = client
         .sync(&SyncOptions::new(&address, "erin", "erin-secret"))
         .await;
-    let wrong = client
+    // Another client database: `client` logged in and holds a session token, which
+    // would log it in whatever its password (protocol 8).
+    let mut stranger = Client::open(dir.path().join("stranger.db")).unwrap();
+    let wrong = stranger
         .sync(&SyncOptions::new(&address, "erin", "erin-secreT"))
         .await;
     let user_admin = user_administration(db, &address, &mut client).await;
@@ -128,6 +131,12 @@ async fn user_administration(db: &str, address: &str, client: &mut Client) -> Re
         Err(error) => error.server_code(),
         Ok(report) => panic!("a sync that should be refused went through: {report:?}"),
     };
+    // A client that logged in holds a session token, which logs it in whatever password
+    // it sends (protocol 8): without it, the password decides.
+    client
+        .connection()
+        .execute("DELETE FROM rs_client_login", [])
+        .map_err(|error| error.to_string())?;
     let wrong_password = login_code(
         client
             .sync(&SyncOptions::new(address, "erin", "not-erins"))

@@ -138,7 +138,9 @@ async fn a_refused_sync_reads_at_a_glance(
     dir: &tempfile::TempDir,
     address: &str,
 ) {
-    let mut client = support::client(dir.path(), "erin");
+    // A client database of its own: one that logged in before holds a session token,
+    // which would log it in whatever its password (protocol 8).
+    let mut client = support::client(dir.path(), "erin-elsewhere");
     let options = rowsync_client::SyncOptions::new(address, "erin", "not-erins-password");
     assert!(
         client.sync(&options).await.is_err(),

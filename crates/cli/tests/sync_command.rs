@@ -241,6 +241,12 @@ fn sync_moves_rows_both_ways_and_the_exit_status_tells_the_outcome() {
     ));
     assert!(text.contains("not synchronized"), "{text}");
 
+    // A client that logged in holds a session token, which logs it in whatever password
+    // it sends (protocol 8): without it, the password decides.
+    rusqlite::Connection::open(&second)
+        .unwrap()
+        .execute("DELETE FROM rs_client_login", [])
+        .unwrap();
     let output = sync(&second, &address, "wrong", &["--json"]);
     assert_eq!(output.status.code(), Some(4), "refused: {output:?}");
     assert_eq!(json(&output)["outcome"], "refused");
