@@ -3,27 +3,11 @@
 //! built on `PATH` and a throwaway PostgreSQL (a cluster of its own, passwords
 //! required) for its second part. The page cannot drift from the program.
 
+mod support;
+
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-
-/// The page's `sh` blocks, in order.
-fn sh_blocks(markdown: &str) -> Vec<String> {
-    let mut blocks = Vec::new();
-    let mut current: Option<String> = None;
-    for line in markdown.lines() {
-        match (&mut current, line.trim_end()) {
-            (None, "```sh") => current = Some(String::new()),
-            (Some(_), "```") => blocks.extend(current.take()),
-            (Some(block), text) => {
-                block.push_str(text);
-                block.push('\n');
-            }
-            (None, _) => {}
-        }
-    }
-    blocks
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -36,7 +20,7 @@ fn free_port() -> u16 {
 #[test]
 fn getting_started_runs_as_written() {
     let page = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/getting-started.md");
-    let blocks = sh_blocks(&std::fs::read_to_string(page).unwrap());
+    let blocks = support::fenced_blocks(&std::fs::read_to_string(page).unwrap(), "sh");
     assert!(blocks.len() >= 6, "{blocks:?}");
     let cluster = rowsync_testkit::PgCluster::start_with_password("admin-secret").unwrap();
     let admin_url = cluster.url("postgres").replacen(

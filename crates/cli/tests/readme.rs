@@ -7,30 +7,15 @@
 //! README's `127.0.0.1:2439` is a free port here. The Python block is run by
 //! bindings/python/tests/test_readme.py.
 
+mod support;
+
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-const README_ADDRESS: &str = "127.0.0.1:2439";
+use support::fenced_blocks as blocks;
 
-/// The README's fenced blocks of one language, in order.
-fn blocks(markdown: &str, language: &str) -> Vec<String> {
-    let opening = format!("```{language}");
-    let mut found = Vec::new();
-    let mut current: Option<String> = None;
-    for line in markdown.lines() {
-        match (&mut current, line.trim_end()) {
-            (None, text) if text == opening => current = Some(String::new()),
-            (Some(_), "```") => found.extend(current.take()),
-            (Some(block), text) => {
-                block.push_str(text);
-                block.push('\n');
-            }
-            (None, _) => {}
-        }
-    }
-    found
-}
+const README_ADDRESS: &str = "127.0.0.1:2439";
 
 fn readme() -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap()

@@ -30,6 +30,23 @@ fn kept_tokens(client: &Client) -> i64 {
         .unwrap()
 }
 
+/// A test server, alice's options, and her phone after a first sync by password.
+async fn logged_in_phone() -> (TestServer, SyncOptions, Client) {
+    let server = TestServer::start().await;
+    let options = server.options("alice");
+    let mut phone = server.client("phone");
+    phone.sync(&options).await.unwrap();
+    (server, options, phone)
+}
+
+/// Replaces the session token `client` keeps by `token` (a copy from another client).
+fn keep_token(client: &Client, token: &str) {
+    client
+        .connection()
+        .execute("UPDATE rs_client_login SET token = ?1", [token])
+        .unwrap();
+}
+
 async fn refusal(client: &mut Client, options: &SyncOptions) -> ErrorCode {
     match client.sync(options).await {
         Err(ClientError::Server(error)) => error.error_code().unwrap(),
@@ -64,10 +81,7 @@ async fn after_a_password_login_the_next_syncs_need_no_password() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_password_or_a_disabled_user_ends_the_token() {
-    let server = TestServer::start().await;
-    let options = server.options("alice");
-    let mut phone = server.client("phone");
-    phone.sync(&options).await.unwrap();
+    let (server, options, mut phone) = logged_in_phone().await;
     let backend = SqliteConsolidated::new(&server.consolidated_path);
     let mut admin = backend.connect().await.unwrap();
     let new_hash = auth::hash_password("alice-new-password").unwrap();
@@ -95,20 +109,14 @@ async fn a_new_password_or_a_disabled_user_ends_the_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_copied_to_another_client_or_user_does_not_hold() {
-    let server = TestServer::start().await;
-    let options = server.options("alice");
-    let mut phone = server.client("phone");
-    phone.sync(&options).await.unwrap();
+    let (server, options, phone) = logged_in_phone().await;
     let token: String = phone
         .connection()
         .query_row("SELECT token FROM rs_client_login", [], |row| row.get(0))
         .unwrap();
     let mut laptop = server.client("laptop");
     laptop.sync(&options).await.unwrap();
-    laptop
-        .connection()
-        .execute("UPDATE rs_client_login SET token = ?1", [&token])
-        .unwrap();
+    keep_token(&laptop, &token);
     assert_eq!(
         refusal(&mut laptop, &wrong_password(&options)).await,
         ErrorCode::AuthenticationFailed,
@@ -117,10 +125,7 @@ async fn a_token_copied_to_another_client_or_user_does_not_hold() {
     let mut other_user = server.client("bobs");
     let bob = server.options("bob");
     other_user.sync(&bob).await.unwrap();
-    other_user
-        .connection()
-        .execute("UPDATE rs_client_login SET token = ?1", [&token])
-        .unwrap();
+    keep_token(&other_user, &token);
     assert_eq!(
         refusal(&mut other_user, &wrong_password(&bob)).await,
         ErrorCode::AuthenticationFailed,
@@ -131,10 +136,7 @@ async fn a_token_copied_to_another_client_or_user_does_not_hold() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_with_session_tokens_off_hands_out_none_and_takes_none() {
-    let server = TestServer::start().await;
-    let options = server.options("alice");
-    let mut phone = server.client("phone");
-    phone.sync(&options).await.unwrap();
+    let (server, options, mut phone) = logged_in_phone().await;
     assert_eq!(kept_tokens(&phone), 1);
     let off = ServerConfig {
         session_token_lifetime: Duration::ZERO,
@@ -161,10 +163,7 @@ async fn a_server_with_session_tokens_off_hands_out_none_and_takes_none() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_server_of_the_database_takes_the_token() {
-    let server = TestServer::start().await;
-    let options = server.options("alice");
-    let mut phone = server.client("phone");
-    phone.sync(&options).await.unwrap();
+    let (server, options, mut phone) = logged_in_phone().await;
     let (address, stop) = second_server(&server, ServerConfig::default()).await;
     let there = SyncOptions {
         address: address.to_string(),

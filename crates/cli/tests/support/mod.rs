@@ -150,3 +150,22 @@ pub async fn sync_client(
         .await
         .unwrap()
 }
+
+/// A markdown page's fenced blocks of one language (```` ```sh ````), in order.
+pub fn fenced_blocks(markdown: &str, language: &str) -> Vec<String> {
+    let opening = format!("```{language}");
+    let mut found = Vec::new();
+    let mut current: Option<String> = None;
+    for line in markdown.lines() {
+        match (&mut current, line.trim_end()) {
+            (None, text) if text == opening => current = Some(String::new()),
+            (Some(_), "```") => found.extend(current.take()),
+            (Some(block), text) => {
+                block.push_str(text);
+                block.push('\n');
+            }
+            (None, _) => {}
+        }
+    }
+    found
+}
