@@ -52,7 +52,7 @@ pub struct DownloadOf<'a> {
 }
 
 /// Streams every download table; returns the rows sent.
-pub async fn send_download<D: Dialect>(
+pub async fn stream_download<D: Dialect>(
     transaction: &mut D,
     of: &DownloadOf<'_>,
     download: &DownloadSender,
@@ -112,7 +112,7 @@ pub async fn send_download<D: Dialect>(
     })
 }
 
-/// What [`send_download`] sent.
+/// What [`stream_download`] sent.
 pub struct DownloadSent {
     pub rows: u64,
     /// The download carries rows read by another sync at this watermark

@@ -313,7 +313,7 @@ async fn sync_on<C: ConsolidatedConnection>(
     connection: &mut C,
     request: SyncRequest,
 ) -> CollectedSync {
-    synchronize_collect(connection, Arc::new(request))
+    sync_and_collect(connection, Arc::new(request))
         .await
         .expect("sync on the reused connection")
 }
