@@ -218,8 +218,7 @@ impl Dialect for MysqlTransaction<'_> {
         event: &str,
         parameters: &Parameters<'_>,
     ) -> Result<Option<ScriptRows>, SyncError> {
-        let script = (table, event);
-        run_query_script(&mut self.transaction, scripts, script, parameters).await
+        run_query_script(&mut self.transaction, scripts, table, event, parameters).await
     }
 
     async fn table_shape(&mut self, table: &str) -> Result<TableShape, SyncError> {

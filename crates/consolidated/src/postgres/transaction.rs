@@ -525,12 +525,12 @@ impl Dialect for PgTransaction<'_> {
         event: &str,
         parameters: &Parameters<'_>,
     ) -> Result<Option<ScriptRows>, SyncError> {
-        let script = (table, event);
         run_query_script(
             &self.transaction,
             self.statements,
             scripts,
-            script,
+            table,
+            event,
             parameters,
         )
         .await

@@ -142,7 +142,7 @@ impl Dialect for SqliteTransaction<'_> {
         event: &str,
         parameters: &Parameters<'_>,
     ) -> Result<Option<ScriptRows>, SyncError> {
-        run_query_script(self.connection, scripts, (table, event), parameters)
+        run_query_script(self.connection, scripts, table, event, parameters)
     }
 
     async fn table_shape(&mut self, table: &str) -> Result<TableShape, SyncError> {
