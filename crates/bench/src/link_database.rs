@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::{
-    synchronize_collect, ApplyStreamSettings, Consolidated, ConsolidatedConnection, SyncRequest,
+    sync_and_collect, ApplyStreamSettings, Consolidated, ConsolidatedConnection, SyncRequest,
     TableInit,
 };
 use rowsync_protocol::TableUpload;
@@ -207,7 +207,7 @@ async fn apply_backlog(url: &str, streams: usize, changes: usize, run: usize) ->
     let mut connection = backend.connect().await?;
     let warm_ids = -(streams as i64 * 4)..0;
     let client = |name: &str| format!("{name}-{streams}-{run}");
-    synchronize_collect(
+    sync_and_collect(
         &mut connection,
         Arc::new(backlog(&client("warm"), warm_ids)),
     )
@@ -215,7 +215,7 @@ async fn apply_backlog(url: &str, streams: usize, changes: usize, run: usize) ->
     .context("the warm-up sync")?;
     let request = Arc::new(backlog(&client("backlog"), 1..changes as i64 + 1));
     let started = Instant::now();
-    let outcome = synchronize_collect(&mut connection, request)
+    let outcome = sync_and_collect(&mut connection, request)
         .await
         .context("the backlog's sync")?;
     let elapsed = started.elapsed();

@@ -14,7 +14,7 @@ use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::rules::RuleSet;
 use rowsync_consolidated::shared_download::SharedDownloads;
 use rowsync_consolidated::{
-    synchronize_collect_shared, Consolidated, ConsolidatedConnection, SyncRequest, TableInit,
+    sync_and_collect_shared, Consolidated, ConsolidatedConnection, SyncRequest, TableInit,
 };
 
 use crate::timing::cpu::{CpuUsage, Meter};
@@ -111,7 +111,7 @@ async fn first_syncs(
             for client in 0..count {
                 let request = Arc::new(first_sync(&format!("{prefix}-{client}")));
                 let outcome =
-                    synchronize_collect_shared(&mut connection, request, shared.clone()).await?;
+                    sync_and_collect_shared(&mut connection, request, shared.clone()).await?;
                 let got: usize = outcome.downloads.iter().map(|d| d.upserts.len()).sum();
                 if got != rows {
                     bail!("a first sync downloaded {got} rows of {rows}");

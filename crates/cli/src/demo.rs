@@ -180,26 +180,7 @@ async fn run_with_server<C: ConsolidatedConnection>(
     )?;
     clients = sync_all(clients, address, out).await?;
 
-    // Changes on both sides.
-    for (index, demo) in clients.iter().enumerate() {
-        let sibling = index / USERS.len();
-        make_client_changes(demo.client.connection(), demo.user, &demo.name, sibling)?;
-    }
-    // The server changes alice's first row, which client-0 (alice) also updates: a conflict.
-    consolidated.execute_sql("UPDATE orders SET amount = '1000.000001', quantity = 500 WHERE id = (SELECT min(id) FROM orders WHERE rep = 'alice')").await?;
-    consolidated
-        .execute_sql(
-            "INSERT INTO orders VALUES ('office-carol-1', 'carol', 'desk', 1, '349.990000')",
-        )
-        .await?;
-    consolidated
-        .execute_sql("DELETE FROM orders WHERE id = (SELECT max(id) FROM orders WHERE rep = 'bob')")
-        .await?;
-    writeln!(
-        out,
-        "changes made: each client inserts 3 rows, updates 1 and deletes 1; the office updates"
-    )?;
-    writeln!(out, "one of alice's rows (which client-0 also updates), inserts one for carol, deletes one of bob's")?;
+    make_changes_on_both_sides(&clients, consolidated, out).await?;
 
     writeln!(out, "\nround 2: sync with changes on both sides")?;
     clients = sync_all(clients, address, out).await?;
@@ -209,47 +190,9 @@ async fn run_with_server<C: ConsolidatedConnection>(
     )?;
     clients = sync_all(clients, address, out).await?;
 
-    writeln!(
-        out,
-        "\n{:<10} {:<6} {:>8} {:>10} {:>9}",
-        "client", "user", "rows up", "rows down", "conflicts"
-    )?;
-    let mut conflicts = 0;
-    for demo in &clients {
-        let totals = &demo.totals;
-        conflicts += totals.conflicts;
-        writeln!(
-            out,
-            "{:<10} {:<6} {:>8} {:>10} {:>9}",
-            demo.name, demo.user, totals.rows_uploaded, totals.rows_downloaded, totals.conflicts
-        )?;
-    }
+    let conflicts = print_totals(&clients, out)?;
 
-    writeln!(
-        out,
-        "\nagreement check (each client against its partition of the consolidated database):"
-    )?;
-    let mut agreement = true;
-    for demo in &clients {
-        let client_rows = read_orders(demo.client.connection())?;
-        let partition = consolidated_orders(consolidated, demo.user).await?;
-        let matches = client_rows == partition;
-        agreement &= matches;
-        writeln!(
-            out,
-            "  {:<10} {:<6} {:>4} rows, partition {:>4} rows: {}",
-            demo.name,
-            demo.user,
-            client_rows.len(),
-            partition.len(),
-            if matches { "identical" } else { "DIFFERENT" }
-        )?;
-    }
-    writeln!(
-        out,
-        "agreement: {}",
-        if agreement { "OK" } else { "FAILED" }
-    )?;
+    let agreement = check_agreement(&clients, consolidated, out).await?;
 
     let bulk = if options.bulk_rows > 0 {
         Some(run_bulk(dir, address, options.bulk_rows, consolidated, out).await?)
@@ -269,6 +212,91 @@ async fn run_with_server<C: ConsolidatedConnection>(
         agreement,
         bulk,
     })
+}
+
+/// Each client inserts, updates and deletes rows of its own; the office (the
+/// consolidated database) changes one row a client also changes (a conflict), inserts
+/// one and deletes one.
+async fn make_changes_on_both_sides<C: ConsolidatedConnection>(
+    clients: &[DemoClient],
+    consolidated: &mut C,
+    out: &mut Box<dyn Write + Send>,
+) -> Result<()> {
+    for (index, demo) in clients.iter().enumerate() {
+        let sibling = index / USERS.len();
+        make_client_changes(demo.client.connection(), demo.user, &demo.name, sibling)?;
+    }
+    // The server changes alice's first row, which client-0 (alice) also updates: a conflict.
+    consolidated.execute_sql("UPDATE orders SET amount = '1000.000001', quantity = 500 WHERE id = (SELECT min(id) FROM orders WHERE rep = 'alice')").await?;
+    consolidated
+        .execute_sql(
+            "INSERT INTO orders VALUES ('office-carol-1', 'carol', 'desk', 1, '349.990000')",
+        )
+        .await?;
+    consolidated
+        .execute_sql("DELETE FROM orders WHERE id = (SELECT max(id) FROM orders WHERE rep = 'bob')")
+        .await?;
+    writeln!(
+        out,
+        "changes made: each client inserts 3 rows, updates 1 and deletes 1; the office updates"
+    )?;
+    writeln!(out, "one of alice's rows (which client-0 also updates), inserts one for carol, deletes one of bob's")?;
+    Ok(())
+}
+
+/// Prints each client's totals; returns the conflicts of all.
+fn print_totals(clients: &[DemoClient], out: &mut Box<dyn Write + Send>) -> Result<u64> {
+    writeln!(
+        out,
+        "\n{:<10} {:<6} {:>8} {:>10} {:>9}",
+        "client", "user", "rows up", "rows down", "conflicts"
+    )?;
+    let mut conflicts = 0;
+    for demo in clients {
+        let totals = &demo.totals;
+        conflicts += totals.conflicts;
+        writeln!(
+            out,
+            "{:<10} {:<6} {:>8} {:>10} {:>9}",
+            demo.name, demo.user, totals.rows_uploaded, totals.rows_downloaded, totals.conflicts
+        )?;
+    }
+    Ok(conflicts)
+}
+
+/// Compares each client's rows with its user's partition of the consolidated database;
+/// whether all agree.
+async fn check_agreement<C: ConsolidatedConnection>(
+    clients: &[DemoClient],
+    consolidated: &mut C,
+    out: &mut Box<dyn Write + Send>,
+) -> Result<bool> {
+    writeln!(
+        out,
+        "\nagreement check (each client against its partition of the consolidated database):"
+    )?;
+    let mut agreement = true;
+    for demo in clients {
+        let client_rows = read_orders(demo.client.connection())?;
+        let partition = consolidated_orders(consolidated, demo.user).await?;
+        let matches = client_rows == partition;
+        agreement &= matches;
+        writeln!(
+            out,
+            "  {:<10} {:<6} {:>4} rows, partition {:>4} rows: {}",
+            demo.name,
+            demo.user,
+            client_rows.len(),
+            partition.len(),
+            if matches { "identical" } else { "DIFFERENT" }
+        )?;
+    }
+    writeln!(
+        out,
+        "agreement: {}",
+        if agreement { "OK" } else { "FAILED" }
+    )?;
+    Ok(agreement)
 }
 
 fn remove_database(path: &Path) -> Result<()> {

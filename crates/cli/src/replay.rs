@@ -17,8 +17,8 @@ use rowsync_protocol::{
     encode_frame, Download, FrameDecoder, Hello, Message, IDENTITY_SINCE_VERSION,
 };
 use rowsync_server::record::{
-    error_text, read_outcomes, read_recording, read_upload, DownloadDigest, RecordedSync,
-    SyncOutcomeRecord,
+    error_text, read_outcomes, read_recording, read_upload, DownloadDigest, RecordedHello,
+    RecordedSync, SyncOutcomeRecord,
 };
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -204,19 +204,7 @@ async fn replay_one(
     let transport = TransportOptions::default();
     let mut busy_retries = 0;
     loop {
-        let hello = Hello {
-            // A recording keeps no transfer id, so a replayed resend could not prove its
-            // client's identity (protocol 5): it is replayed as version 4, as before.
-            protocol_version: recorded.protocol_version.min(IDENTITY_SINCE_VERSION - 1),
-            client_id: recorded.client_id.clone(),
-            user: recorded.user.clone(),
-            password: options.password.clone(),
-            script_version: script_version.clone(),
-            last_download_watermark: watermark.unwrap_or(recorded.last_download_watermark),
-            token: String::new(),
-            auth_parameters: Vec::new(),
-            download_ack: false,
-        };
+        let hello = replay_hello(options, recorded, &script_version, watermark);
         let mut digesting = Digesting::default();
         let exchanged = exchange_streaming(
             Exchange {
@@ -259,6 +247,29 @@ async fn replay_one(
         };
         outcome.error = Some(error);
         return (outcome, None);
+    }
+}
+
+/// The hello of a replayed sync: the recorded one, with the replay's password, the
+/// version it replays with, and the watermark the replay reached (if any).
+fn replay_hello(
+    options: &ReplayOptions,
+    recorded: &RecordedHello,
+    script_version: &str,
+    watermark: Option<i64>,
+) -> Hello {
+    Hello {
+        // A recording keeps no transfer id, so a replayed resend could not prove its
+        // client's identity (protocol 5): it is replayed as version 4, as before.
+        protocol_version: recorded.protocol_version.min(IDENTITY_SINCE_VERSION - 1),
+        client_id: recorded.client_id.clone(),
+        user: recorded.user.clone(),
+        password: options.password.clone(),
+        script_version: script_version.to_string(),
+        last_download_watermark: watermark.unwrap_or(recorded.last_download_watermark),
+        token: String::new(),
+        auth_parameters: Vec::new(),
+        download_ack: false,
     }
 }
 

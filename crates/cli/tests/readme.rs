@@ -118,12 +118,31 @@ fn library_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
+/// The page's blocks, and the address the test's server takes instead of the README's.
+struct Page {
+    sh: Vec<String>,
+    c: String,
+    dir: tempfile::TempDir,
+    address: String,
+}
+
+impl Page {
+    fn block(&self, starting: &str) -> &str {
+        self.sh
+            .iter()
+            .find(|block| block.starts_with(starting))
+            .unwrap_or_else(|| panic!("no sh block starting with {starting:?}"))
+    }
+
+    fn run(&self, script: &str, what: &str) -> String {
+        succeeded(shell(self.dir.path(), script).output().unwrap(), what)
+    }
+}
+
 #[test]
 fn readme_blocks_run_as_written() {
     let page = readme();
-    let sh = blocks(&page, "sh");
-    assert!(sh.len() >= 3, "{sh:?}");
-    let (rust, c) = (blocks(&page, "rust"), &blocks(&page, "c")[0]);
+    let rust = blocks(&page, "rust");
     assert_eq!(
         rust[0],
         readme_source(0, "address", README_ADDRESS),
@@ -135,88 +154,73 @@ fn readme_blocks_run_as_written() {
         readme_source(1, "address", https),
         "README changed"
     );
-    let dir = tempfile::tempdir().unwrap();
-    let address = format!("127.0.0.1:{}", free_port());
-    let (setup, serve_line): (Vec<&str>, Vec<&str>) = sh[0]
+    let page = Page {
+        sh: blocks(&page, "sh"),
+        c: blocks(&page, "c").remove(0),
+        dir: tempfile::tempdir().unwrap(),
+        address: format!("127.0.0.1:{}", free_port()),
+    };
+    let (setup, serve_line): (Vec<&str>, Vec<&str>) = page.sh[0]
         .lines()
         .partition(|line| !line.starts_with("rowsync serve"));
-    succeeded(
-        shell(dir.path(), &setup.join("\n")).output().unwrap(),
-        "setup",
-    );
+    page.run(&setup.join("\n"), "setup");
     let office =
         "sqlite3 central.db \"INSERT INTO notes VALUES ('n1', 'erin', 'from the office')\"";
-    succeeded(shell(dir.path(), office).output().unwrap(), "a row");
-    let mut server = serve(dir.path(), serve_line[0], &address);
-
+    page.run(office, "a row");
+    let mut server = serve(page.dir.path(), serve_line[0], &page.address);
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    std::env::set_current_dir(dir.path()).unwrap();
-    runtime.block_on(readme_rust(&address)).unwrap();
-
-    std::fs::write(
-        dir.path().join("app.c"),
-        c.replace(README_ADDRESS, &address),
-    )
-    .unwrap();
-    let compile = sh
-        .iter()
-        .find(|block| block.starts_with("cc app.c"))
-        .expect("the C compile block");
-    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ffi/include");
-    let compile = compile
-        .replace("crates/ffi/include", &include.display().to_string())
-        .replace(
-            "target/release/librowsync.a",
-            &library_dir().join("librowsync.a").display().to_string(),
-        );
-    let printed = succeeded(
-        shell(dir.path(), &compile).output().unwrap(),
-        "the C program",
-    );
-    assert!(printed.contains("\"rows_downloaded\":0"), "{printed}");
-
-    let cli = sh
-        .iter()
-        .find(|block| block.contains("rowsync sync"))
-        .expect("the command-line block");
-    succeeded(
-        shell(dir.path(), &cli.replace(README_ADDRESS, &address))
-            .output()
-            .unwrap(),
-        "rowsync sync",
-    );
-    let laptop = succeeded(
-        shell(
-            dir.path(),
-            "sqlite3 erin-laptop.db 'SELECT id, body FROM notes'",
-        )
-        .output()
-        .unwrap(),
-        "the laptop's rows",
+    std::env::set_current_dir(page.dir.path()).unwrap();
+    runtime.block_on(readme_rust(&page.address)).unwrap();
+    c_block(&page);
+    let cli = page
+        .block("rowsync schema")
+        .replace(README_ADDRESS, &page.address);
+    page.run(&cli, "rowsync sync");
+    let laptop = page.run(
+        "sqlite3 erin-laptop.db 'SELECT id, body FROM notes'",
+        "rows",
     );
     assert_eq!(laptop, "n1|from the office\n");
     server.kill().unwrap();
     server.wait().unwrap();
+    transport_blocks(&page, &runtime);
+}
 
-    // Transports: the README's block (every endpoint on a free port), then its options.
-    let block = sh
-        .iter()
-        .find(|block| block.starts_with("rowsync cert"))
-        .unwrap();
+/// The C program, compiled by the README's `cc` line against the library cargo built.
+fn c_block(page: &Page) {
+    let program = page.c.replace(README_ADDRESS, &page.address);
+    std::fs::write(page.dir.path().join("app.c"), program).unwrap();
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ffi/include");
+    let library = library_dir().join("librowsync.a");
+    let compile = page
+        .block("cc app.c")
+        .replace("crates/ffi/include", &include.display().to_string())
+        .replace(
+            "target/release/librowsync.a",
+            &library.display().to_string(),
+        );
+    let printed = page.run(&compile, "the C program");
+    assert!(printed.contains("\"rows_downloaded\":0"), "{printed}");
+}
+
+/// The transports block (every endpoint on a free port), then a sync over HTTPS with
+/// the transport block's options.
+fn transport_blocks(page: &Page, runtime: &tokio::runtime::Runtime) {
     let https_address = format!("127.0.0.1:{}", free_port());
-    let mut block = block.replace(README_ADDRESS, &address);
+    let mut block = page
+        .block("rowsync cert")
+        .replace(README_ADDRESS, &page.address);
     for endpoint in ["0.0.0.0:2440", "127.0.0.1:8080", "0.0.0.0:8443"] {
-        let port = free_port().to_string();
         let at = match endpoint {
             "0.0.0.0:8443" => https_address.clone(),
-            _ => format!("127.0.0.1:{port}"),
+            _ => format!("127.0.0.1:{}", free_port()),
         };
         block = block.replace(endpoint, &at);
     }
     let (cert, serve_lines) = block.split_once("\nrowsync serve").unwrap();
-    succeeded(shell(dir.path(), cert).output().unwrap(), "rowsync cert");
+    page.run(cert, "rowsync cert");
     let serve_line = format!("rowsync serve{}", serve_lines.replace("\\\n", " "));
-    let mut server = serve(dir.path(), &serve_line, &https_address);
+    let mut server = serve(page.dir.path(), &serve_line, &https_address);
     let options = readme_transport(&format!("https://{https_address}/sync"));
     let mut client = rowsync_client::Client::open("erin-phone.db").unwrap();
     let report = runtime.block_on(client.sync(&options)).unwrap();

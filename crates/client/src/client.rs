@@ -434,26 +434,22 @@ impl Client {
         progress: &mut (dyn FnMut(&SyncProgress) + Send),
     ) -> Result<(EndDownload, AppliedDownload), ClientError> {
         let script_version = sent_with(options, batch);
-        let state = store::state(&self.connection)?;
-        // A client moving to another script version downloads its rows in full once:
-        // the new version may carry columns the old one left out of earlier downloads.
-        let last_download_watermark = match &state.script_version {
-            Some(last) if last != script_version => 0,
-            _ => state.download_watermark,
-        };
+        let last_download_watermark = self.download_watermark_for(script_version)?;
         let (transfer_id, attempts) = self.transfer_attempt(batch)?;
         if attempts > 0 {
-            let mut hello = self.hello(options, last_download_watermark);
-            hello.script_version = script_version.to_string();
-            let kept = (options, hello, batch, transfer_id.as_str());
+            let kept = KeptAttempt {
+                options,
+                hello: self.hello_with(options, script_version, last_download_watermark),
+                batch,
+                transfer_id: &transfer_id,
+            };
             if let Some(done) = self.continue_kept_download(kept, report, progress).await? {
                 return Ok(done);
             }
         }
         let mut offset = None;
         loop {
-            let mut hello = self.hello(options, last_download_watermark);
-            hello.script_version = script_version.to_string();
+            let mut hello = self.hello_with(options, script_version, last_download_watermark);
             if offset.is_none() {
                 // An earlier attempt may have been cut: the server may hold its start.
                 let held = match attempts {
@@ -466,22 +462,12 @@ impl Client {
                 offset = Some(held);
                 hello.protocol_version = self.protocol_version;
             }
-            let transfer =
-                (self.protocol_version >= RESUME_SINCE_VERSION).then(|| Transfer::Resume {
-                    transfer_id: transfer_id.clone(),
-                    offset: offset.unwrap_or(0),
-                });
+            let transfer = self.transfer_for(&transfer_id, offset.unwrap_or(0));
             let keeping = self.protocol_version >= DOWNLOAD_RESUME_SINCE_VERSION;
             let kept = KeptStream::new(keeping, Vec::new(), options.download_kept_bytes_max);
             let mut handler = apply_handler(&mut self.connection, report, progress, batch, kept);
             handler.apply.script_version = Some(script_version.to_string());
-            let exchange = Exchange {
-                upload_frames: &batch.frames,
-                upload_sequence: batch.upload_sequence,
-                key_ranges: &batch.key_ranges,
-                transfer: transfer.clone(),
-                ..short_exchange(options, &hello)
-            };
+            let exchange = batch_exchange(options, &hello, batch, transfer.clone());
             let exchanged = exchange_streaming(exchange, &mut handler).await;
             let (event, wire) = match exchanged {
                 Ok(exchanged) => exchanged,
@@ -502,10 +488,12 @@ impl Client {
                 // The whole upload is out once the download has ended.
                 handler.tell(wire, batch.operations);
             }
-            let apply = handler.apply;
-            report.wire.sent += wire.sent;
-            report.wire.received += wire.received;
-            let answered = (event, apply, transfer);
+            let answered = RoundAnswer {
+                event,
+                apply: handler.apply,
+                transfer,
+                wire,
+            };
             if let Some(done) = self
                 .round_answered(answered, batch, options, report)
                 .await?
@@ -513,6 +501,38 @@ impl Client {
                 return Ok(done);
             }
         }
+    }
+
+    /// The download watermark to send with `script_version`: a client moving to another
+    /// script version downloads its rows in full once (0), since the new version may
+    /// carry columns the old one left out of earlier downloads.
+    fn download_watermark_for(&self, script_version: &str) -> Result<i64, ClientError> {
+        let state = store::state(&self.connection)?;
+        Ok(match &state.script_version {
+            Some(last) if last != script_version => 0,
+            _ => state.download_watermark,
+        })
+    }
+
+    /// The hello of a sync with `script_version` (an upload's own, when it is resent).
+    fn hello_with(
+        &self,
+        options: &SyncOptions,
+        script_version: &str,
+        last_download_watermark: i64,
+    ) -> Hello {
+        Hello {
+            script_version: script_version.to_string(),
+            ..self.hello(options, last_download_watermark)
+        }
+    }
+
+    /// The transfer an upload names from `offset` on (protocol v3), if the session has them.
+    fn transfer_for(&self, transfer_id: &str, offset: u64) -> Option<Transfer> {
+        (self.protocol_version >= RESUME_SINCE_VERSION).then(|| Transfer::Resume {
+            transfer_id: transfer_id.to_string(),
+            offset,
+        })
     }
 
     /// The batch's transfer id (made on its first attempt) and the attempts before this
@@ -535,11 +555,19 @@ impl Client {
     /// waited out (`None`: the batch is sent again).
     async fn round_answered(
         &mut self,
-        (event, apply, transfer): (SessionEvent, DownloadApply, Option<Transfer>),
+        answered: RoundAnswer,
         batch: &store::Batch,
         options: &SyncOptions,
         report: &mut SyncReport,
     ) -> Result<Option<(EndDownload, AppliedDownload)>, ClientError> {
+        let RoundAnswer {
+            event,
+            apply,
+            transfer,
+            wire,
+        } = answered;
+        report.wire.sent += wire.sent;
+        report.wire.received += wire.received;
         match event {
             SessionEvent::Complete(completed) => {
                 self.keep_session_token(options, &completed);
@@ -570,13 +598,19 @@ impl Client {
     /// then forgotten); the sync goes on afresh.
     async fn continue_kept_download(
         &mut self,
-        (options, hello, batch, transfer_id): (&SyncOptions, Hello, &store::Batch, &str),
+        attempt: KeptAttempt<'_>,
         report: &mut SyncReport,
         progress: &mut (dyn FnMut(&SyncProgress) + Send),
     ) -> Result<Option<(EndDownload, AppliedDownload)>, ClientError> {
         if self.protocol_version < DOWNLOAD_RESUME_SINCE_VERSION {
             return Ok(None);
         }
+        let KeptAttempt {
+            options,
+            hello,
+            batch,
+            transfer_id,
+        } = attempt;
         let kept = store::kept_download(&self.connection, batch.upload_sequence, transfer_id)?;
         let Some(prefix) = kept else {
             return Ok(None);
@@ -859,6 +893,22 @@ fn apply_handler<'a>(
     }
 }
 
+/// The exchange that sends `batch` (from the transfer's offset, when it names one).
+fn batch_exchange<'a>(
+    options: &'a SyncOptions,
+    hello: &Hello,
+    batch: &'a store::Batch,
+    transfer: Option<Transfer>,
+) -> Exchange<'a> {
+    Exchange {
+        upload_frames: &batch.frames,
+        upload_sequence: batch.upload_sequence,
+        key_ranges: &batch.key_ranges,
+        transfer,
+        ..short_exchange(options, hello)
+    }
+}
+
 /// An exchange without an upload (a question, an acknowledgement, a resumption); a
 /// batch's exchange sets its upload over it.
 fn short_exchange<'a>(options: &'a SyncOptions, hello: &Hello) -> Exchange<'a> {
@@ -875,6 +925,24 @@ fn short_exchange<'a>(options: &'a SyncOptions, hello: &Hello) -> Exchange<'a> {
         download_resume: None,
         key_ranges: &[],
     }
+}
+
+/// A new attempt of a batch whose last attempt was cut: what continuing the download
+/// it kept needs.
+struct KeptAttempt<'a> {
+    options: &'a SyncOptions,
+    hello: Hello,
+    batch: &'a store::Batch,
+    transfer_id: &'a str,
+}
+
+/// A round's answer: the session's last event, the download as applied so far, the
+/// transfer the upload named, and the bytes the exchange moved.
+struct RoundAnswer {
+    event: SessionEvent,
+    apply: DownloadApply,
+    transfer: Option<Transfer>,
+    wire: WireBytes,
 }
 
 /// A cut download to continue: the sync's hello and batch, its transfer and the start

@@ -160,29 +160,40 @@ impl<'a> Refusals<'a> {
             });
             false
         });
-        let mut insert = connection.prepare_cached(
-            "INSERT INTO rs_client_rejected
-                 (table_name, operation, key, client_row, old_row, code, reason, upload_sequence)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        )?;
-        let row_json = |row: &Option<Row>| {
-            row.as_ref()
-                .map(|row| object(&upload.columns, row).to_string())
-        };
-        for change in &aside {
-            insert.execute(params![
-                upload.table,
-                change.operation,
-                object(&upload.key_columns, &change.key).to_string(),
-                row_json(&change.client_row),
-                row_json(&change.old_row),
-                change.refused.code,
-                change.refused.reason,
-                upload_sequence as i64,
-            ])?;
-        }
+        record_set_aside(connection, upload, &aside, upload_sequence)?;
         Ok(aside.len() as u64)
     }
+}
+
+/// Writes the changes set aside from `upload` to `rs_client_rejected`.
+fn record_set_aside(
+    connection: &Connection,
+    upload: &TableUpload,
+    aside: &[SetAside<'_>],
+    upload_sequence: u64,
+) -> Result<(), ClientError> {
+    let mut insert = connection.prepare_cached(
+        "INSERT INTO rs_client_rejected
+             (table_name, operation, key, client_row, old_row, code, reason, upload_sequence)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?;
+    let row_json = |row: &Option<Row>| {
+        row.as_ref()
+            .map(|row| object(&upload.columns, row).to_string())
+    };
+    for change in aside {
+        insert.execute(params![
+            upload.table,
+            change.operation,
+            object(&upload.key_columns, &change.key).to_string(),
+            row_json(&change.client_row),
+            row_json(&change.old_row),
+            change.refused.code,
+            change.refused.reason,
+            upload_sequence as i64,
+        ])?;
+    }
+    Ok(())
 }
 
 /// A change taken out of an upload, with the refusal that names it.

@@ -356,19 +356,32 @@ fn migrate_log(connection: &Connection, table: &str, shape: &Shape) -> Result<()
     }
     drop_triggers(connection, table)?;
     if logged.key_columns != shape.key_columns {
-        let pending: i64 =
-            connection.query_row(&format!("SELECT count(*) FROM {}", q(&log)), [], |row| {
-                row.get(0)
-            })?;
-        if pending > 0 {
-            return Err(ClientError::Schema(format!(
-                "the primary key of table {table:?} changed while {pending} changes of it wait \
-                 for upload; sync them before changing the key"
-            )));
-        }
-        connection.execute_batch(&format!("DROP TABLE {}", q(&log)))?;
-        return Ok(());
+        return drop_log_of_old_key(connection, table, &log);
     }
+    connection.execute_batch(&log_migration(table, shape, &logged))?;
+    Ok(())
+}
+
+/// The log of a table whose primary key changed goes, unless changes wait in it.
+fn drop_log_of_old_key(connection: &Connection, table: &str, log: &str) -> Result<(), ClientError> {
+    let pending: i64 =
+        connection.query_row(&format!("SELECT count(*) FROM {}", q(log)), [], |row| {
+            row.get(0)
+        })?;
+    if pending > 0 {
+        return Err(ClientError::Schema(format!(
+            "the primary key of table {table:?} changed while {pending} changes of it wait \
+             for upload; sync them before changing the key"
+        )));
+    }
+    connection.execute_batch(&format!("DROP TABLE {}", q(log)))?;
+    Ok(())
+}
+
+/// The statements that copy the log (`logged`) into one of the table's columns now
+/// (`shape`), filling added columns' old images from the rows as they are.
+fn log_migration(table: &str, shape: &Shape, logged: &Shape) -> String {
+    let log = log_table(table);
     let sql = TriggerSql::new(table, shape);
     let migrating = format!("{log}_migrating");
     // A log made before the old image left out the key columns (`rs_old_<key>`, always
@@ -421,8 +434,7 @@ fn migrate_log(connection: &Connection, table: &str, shape: &Shape) -> Result<()
         l = q(&log),
         m = q(&migrating)
     ));
-    connection.execute_batch(&batch)?;
-    Ok(())
+    batch
 }
 
 /// The column sets of the secondary UNIQUE constraints and indexes of `table` (the
@@ -539,6 +551,50 @@ impl TriggerSql {
         )
     }
 
+    /// Logs an update of a row's other columns: its old image, unless already logged.
+    fn log_update(&self) -> String {
+        format!(
+            "INSERT INTO {log} ({keys}, rs_op{old_columns}) VALUES ({new_keys}, 'U'{old_image})
+        ON CONFLICT ({keys}) DO NOTHING;",
+            log = self.log,
+            keys = self.keys,
+            old_columns = self.old_columns,
+            new_keys = Self::image("NEW", &self.key_columns),
+            old_image = self.old_image("OLD"),
+        )
+    }
+
+    /// Logs as deleted the rows an OR REPLACE write would displace: equal to NEW on the
+    /// key or on a secondary unique column set, and (`updating`) not the row updated.
+    fn log_displaced(&self, unique_sets: &[Vec<String>], updating: bool) -> String {
+        let equal = |set: &[String], alias: &str| {
+            join(set, |c| format!("t.{c} = {alias}.{c}", c = q(c)), " AND ")
+        };
+        let is_old_row = equal(&self.key_columns, "OLD");
+        std::iter::once(&self.key_columns)
+            .chain(unique_sets)
+            .map(|set| {
+                let new_row_equal = equal(set, "NEW");
+                self.log_delete_where(&match updating {
+                    true => format!("{new_row_equal} AND NOT ({is_old_row})"),
+                    false => new_row_equal,
+                })
+            })
+            .collect::<Vec<_>>()
+            .join("\n    ")
+    }
+
+    /// The key's columns and those of every secondary unique column set, once each.
+    fn unique_columns(&self, unique_sets: &[Vec<String>]) -> Vec<String> {
+        let mut columns: Vec<String> = self.key_columns.clone();
+        for column in unique_sets.iter().flatten() {
+            if !columns.contains(column) {
+                columns.push(column.clone());
+            }
+        }
+        columns
+    }
+
     fn trigger(&self, suffix: &str) -> String {
         q(&format!("rs_log_{suffix}_{}", self.table))
     }
@@ -562,28 +618,11 @@ impl TriggerSql {
     /// trigger, a delete one, an insert two (the displacement probe and the log).
     fn ddl(&self, unique_sets: &[Vec<String>]) -> String {
         let not_applying = "(SELECT applying_download FROM rs_client_state WHERE id = 1) = 0";
-        let equal = |set: &[String], alias: &str| {
-            join(set, |c| format!("t.{c} = {alias}.{c}", c = q(c)), " AND ")
-        };
         let key_changed = join(
             &self.key_columns,
             |k| format!("OLD.{k} IS NOT NEW.{k}", k = q(k)),
             " OR ",
         );
-        let is_old_row = equal(&self.key_columns, "OLD");
-        // Rows an OR REPLACE write would displace: equal to NEW on the key or on a
-        // secondary unique column set, and not the row being updated.
-        let mut displaced_by_insert = vec![self.log_delete_where(&equal(&self.key_columns, "NEW"))];
-        let mut displaced_by_update = vec![self.log_delete_where(&format!(
-            "{} AND NOT ({is_old_row})",
-            equal(&self.key_columns, "NEW")
-        ))];
-        for set in unique_sets {
-            displaced_by_insert.push(self.log_delete_where(&equal(set, "NEW")));
-            displaced_by_update.push(
-                self.log_delete_where(&format!("{} AND NOT ({is_old_row})", equal(set, "NEW"))),
-            );
-        }
         let mut ddl = format!(
             "CREATE TABLE IF NOT EXISTS {log} ({keys}, rs_op TEXT NOT NULL{old_columns}, PRIMARY KEY ({keys})) WITHOUT ROWID;\n",
             log = self.log,
@@ -605,34 +644,21 @@ END;
             "displace_insert",
             "BEFORE INSERT",
             "",
-            &displaced_by_insert.join("\n    "),
+            &self.log_displaced(unique_sets, false),
         );
-        let mut set_columns: Vec<String> = self.key_columns.clone();
-        for column in unique_sets.iter().flatten() {
-            if !set_columns.contains(column) {
-                set_columns.push(column.clone());
-            }
-        }
+        let unique_columns = self.unique_columns(unique_sets);
         trigger(
             "displace_update",
-            &format!("BEFORE UPDATE OF {}", Self::update_of(&set_columns)),
+            &format!("BEFORE UPDATE OF {}", Self::update_of(&unique_columns)),
             "",
-            &displaced_by_update.join("\n    "),
+            &self.log_displaced(unique_sets, true),
         );
         trigger("insert", "AFTER INSERT", "", &self.log_insert());
         trigger(
             "update",
             "AFTER UPDATE",
             &format!(" AND NOT ({key_changed})"),
-            &format!(
-                "INSERT INTO {log} ({keys}, rs_op{old_columns}) VALUES ({new_keys}, 'U'{old_image})
-        ON CONFLICT ({keys}) DO NOTHING;",
-                log = self.log,
-                keys = self.keys,
-                old_columns = self.old_columns,
-                new_keys = Self::image("NEW", &self.key_columns),
-                old_image = self.old_image("OLD"),
-            ),
+            &self.log_update(),
         );
         // Fired only by statements that set a key column (or the rowid).
         trigger(
@@ -1041,21 +1067,35 @@ enum Change {
     Delete,
 }
 
-/// Reads and empties the change log of one table into upload messages of bounded size.
-///
-/// An entry is read together with the row as it is now: `I` or `X` uploads an insert
-/// if the row exists (nothing if not); `U` or `D` uploads an update from the old image
-/// if the row exists and differs from it (nothing if equal), a delete if it does not.
-fn collect_table_upload(
-    connection: &Connection,
-    table: &str,
-    out: &mut Vec<TableUpload>,
-) -> Result<(), ClientError> {
-    let shape = shape(connection, table)?
-        .ok_or_else(|| ClientError::Schema(format!("tracked table {table:?} no longer exists")))?;
-    let width = shape.columns.len();
-    let key_count = shape.key_columns.len();
-    let log = q(&log_table(table));
+impl Change {
+    /// What an entry of operation `op` uploads, given whether its row exists and whether
+    /// the row equals the entry's old image; `None`: nothing.
+    fn of(
+        table: &str,
+        op: &str,
+        exists: bool,
+        unchanged: bool,
+    ) -> Result<Option<Change>, ClientError> {
+        Ok(match (op, exists) {
+            ("I" | "X", true) => Some(Change::Insert),
+            ("I" | "X", false) => None,
+            // Recorded as displaced by a write that then left it in place, or changed
+            // and changed back: nothing to send.
+            ("U" | "D", true) if unchanged => None,
+            ("U" | "D", true) => Some(Change::Update),
+            ("U" | "D", false) => Some(Change::Delete),
+            (other, _) => {
+                return Err(ClientError::Schema(format!(
+                    "change log of {table:?} holds unknown operation {other:?}"
+                )))
+            }
+        })
+    }
+}
+
+/// The query over a table's change log: each entry's operation, key and old image,
+/// whether its row exists now, and the row as it is.
+fn log_entries_query(table: &str, shape: &Shape) -> Result<String, ClientError> {
     let join = shape
         .key_columns
         .iter()
@@ -1064,7 +1104,7 @@ fn collect_table_upload(
         .join(" AND ");
     // Whether the row exists: its first key column is non-NULL exactly when the join
     // matched (`=` never matches NULL). Not `t.rowid`: WITHOUT ROWID tables have none.
-    let select = format!(
+    Ok(format!(
         "SELECT l.rs_op, {keys}, {old}, t.{first_key} IS NOT NULL, {new} FROM {log} AS l LEFT JOIN {table_q} AS t ON {join}",
         first_key = q(shape.key_columns.first().ok_or_else(|| {
             ClientError::Schema(format!("tracked table {table:?} no longer has a primary key"))
@@ -1082,7 +1122,26 @@ fn collect_table_upload(
             .join(", "),
         new = shape.columns.iter().map(|c| format!("t.{}", q(c))).collect::<Vec<_>>().join(", "),
         table_q = q(table),
-    );
+        log = q(&log_table(table)),
+    ))
+}
+
+/// Reads and empties the change log of one table into upload messages of bounded size.
+///
+/// An entry is read together with the row as it is now: `I` or `X` uploads an insert
+/// if the row exists (nothing if not); `U` or `D` uploads an update from the old image
+/// if the row exists and differs from it (nothing if equal), a delete if it does not.
+fn collect_table_upload(
+    connection: &Connection,
+    table: &str,
+    out: &mut Vec<TableUpload>,
+) -> Result<(), ClientError> {
+    let shape = shape(connection, table)?
+        .ok_or_else(|| ClientError::Schema(format!("tracked table {table:?} no longer exists")))?;
+    let width = shape.columns.len();
+    let key_count = shape.key_columns.len();
+    let log = q(&log_table(table));
+    let select = log_entries_query(table, &shape)?;
     let new_message = || TableUpload {
         table: table.to_string(),
         columns: shape.columns.clone(),
@@ -1105,19 +1164,8 @@ fn collect_table_upload(
         let exists: bool = row.get(1 + key_count + width)?;
         let new = row_values(row, 2 + key_count + width, width)?;
         // What to send follows from the operation and whether the row exists now.
-        let change = match (op.as_str(), exists) {
-            ("I" | "X", true) => Change::Insert,
-            ("I" | "X", false) => continue,
-            // Recorded as displaced by a write that then left it in place, or changed
-            // and changed back: nothing to send.
-            ("U" | "D", true) if old == new => continue,
-            ("U" | "D", true) => Change::Update,
-            ("U" | "D", false) => Change::Delete,
-            (other, _) => {
-                return Err(ClientError::Schema(format!(
-                    "change log of {table:?} holds unknown operation {other:?}"
-                )))
-            }
+        let Some(change) = Change::of(table, &op, exists, old == new)? else {
+            continue;
         };
         let images: Vec<&Value> = match change {
             Change::Insert => new.iter().collect(),
@@ -1431,93 +1479,104 @@ fn apply_table(
     download: &Download,
     is_tracked: bool,
 ) -> Result<u64, ClientError> {
-    let table = q(&download.table);
-    let keys = &download.key_columns;
-    let width = download.columns.len();
-    let no_pending = |start: usize| {
-        if is_tracked {
-            format!(
-                "NOT EXISTS (SELECT 1 FROM {} WHERE {})",
-                q(&log_table(&download.table)),
-                keys_equal(keys, start)
-            )
-        } else {
-            "1".to_string()
-        }
-    };
     let mut applied = 0u64;
     if !download.deletes.is_empty() {
-        let mut delete = connection.prepare_cached(&format!(
-            "DELETE FROM {table} WHERE {} AND {}",
-            keys_equal(keys, 1),
-            no_pending(1)
-        ))?;
+        let mut delete = connection.prepare_cached(&delete_sql(download, is_tracked))?;
         for key in &download.deletes {
             applied += delete.execute(rusqlite::params_from_iter(key))? as u64;
         }
     }
     if !download.upserts.is_empty() {
-        let columns = download
-            .columns
-            .iter()
-            .map(|c| q(c))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let placeholders = (1..=width)
-            .map(|i| format!("?{i}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let key_positions: Vec<usize> = keys
-            .iter()
-            .map(|k| {
-                download
-                    .columns
-                    .iter()
-                    .position(|c| c == k)
-                    .expect("checked by the session")
-            })
-            .collect();
-        let non_keys: Vec<&String> = download
-            .columns
-            .iter()
-            .filter(|c| !keys.contains(c))
-            .collect();
-        let conflict_action = if non_keys.is_empty() {
-            "NOTHING".to_string()
-        } else {
-            format!(
-                "UPDATE SET {}",
-                non_keys
-                    .iter()
-                    .map(|c| format!("{c} = excluded.{c}", c = q(c)))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        };
-        let pending_check = if is_tracked {
-            let matches = keys
-                .iter()
-                .zip(&key_positions)
-                .map(|(k, p)| format!("{} = ?{}", q(k), p + 1))
-                .collect::<Vec<_>>()
-                .join(" AND ");
-            format!(
-                "NOT EXISTS (SELECT 1 FROM {} WHERE {matches})",
-                q(&log_table(&download.table))
-            )
-        } else {
-            "1".to_string()
-        };
-        let mut upsert = connection.prepare_cached(&format!(
-            "INSERT INTO {table} ({columns}) SELECT {placeholders} WHERE {pending_check}
-             ON CONFLICT ({key_list}) DO {conflict_action}",
-            key_list = keys.iter().map(|k| q(k)).collect::<Vec<_>>().join(", "),
-        ))?;
+        let mut upsert = connection.prepare_cached(&upsert_sql(download, is_tracked))?;
         for row in &download.upserts {
             applied += upsert.execute(rusqlite::params_from_iter(row))? as u64;
         }
     }
     Ok(applied)
+}
+
+/// Deletes a downloaded key's row (bound from `?1`), unless (`is_tracked`) changes of it
+/// wait for upload.
+fn delete_sql(download: &Download, is_tracked: bool) -> String {
+    let keys = &download.key_columns;
+    let no_pending = if is_tracked {
+        format!(
+            "NOT EXISTS (SELECT 1 FROM {} WHERE {})",
+            q(&log_table(&download.table)),
+            keys_equal(keys, 1)
+        )
+    } else {
+        "1".to_string()
+    };
+    format!(
+        "DELETE FROM {} WHERE {} AND {no_pending}",
+        q(&download.table),
+        keys_equal(keys, 1),
+    )
+}
+
+/// Inserts or updates a downloaded row (bound from `?1`, in the download's column
+/// order), unless (`is_tracked`) changes of it wait for upload.
+fn upsert_sql(download: &Download, is_tracked: bool) -> String {
+    let table = q(&download.table);
+    let keys = &download.key_columns;
+    let width = download.columns.len();
+    let columns = download
+        .columns
+        .iter()
+        .map(|c| q(c))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let placeholders = (1..=width)
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let key_positions: Vec<usize> = keys
+        .iter()
+        .map(|k| {
+            download
+                .columns
+                .iter()
+                .position(|c| c == k)
+                .expect("checked by the session")
+        })
+        .collect();
+    let non_keys: Vec<&String> = download
+        .columns
+        .iter()
+        .filter(|c| !keys.contains(c))
+        .collect();
+    let conflict_action = if non_keys.is_empty() {
+        "NOTHING".to_string()
+    } else {
+        format!(
+            "UPDATE SET {}",
+            non_keys
+                .iter()
+                .map(|c| format!("{c} = excluded.{c}", c = q(c)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    let pending_check = if is_tracked {
+        let matches = keys
+            .iter()
+            .zip(&key_positions)
+            .map(|(k, p)| format!("{} = ?{}", q(k), p + 1))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        format!(
+            "NOT EXISTS (SELECT 1 FROM {} WHERE {matches})",
+            q(&log_table(&download.table))
+        )
+    } else {
+        "1".to_string()
+    };
+    format!(
+        "INSERT INTO {table} ({columns}) SELECT {placeholders} WHERE {pending_check}
+             ON CONFLICT ({key_list}) DO {conflict_action}",
+        key_list = keys.iter().map(|k| q(k)).collect::<Vec<_>>().join(", "),
+    )
 }
 
 #[cfg(test)]

@@ -596,30 +596,21 @@ async fn tls_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     Ok((tls, alpn))
 }
 
-/// The client's side of the byte stream: preamble (when compressed), then the frames;
-/// and the transfer whose download a receipt confirms (protocol v4).
-fn upload_stream(request: &Exchange<'_>) -> Result<(Vec<Vec<u8>>, Option<String>), ClientError> {
-    let mut outbound = Outbound::new(request.transport.compression, false)
-        .map_err(|error| ClientError::Protocol(format!("compression: {error}")))?;
-    let compress_error = |error| ClientError::Protocol(format!("compression: {error}"));
-    let mut pieces = Vec::with_capacity(request.upload_frames.len() + 3);
-    if let Some(preamble) = outbound.take_preamble() {
-        pieces.push(preamble.to_vec());
-    }
-    let mut hello = request.hello.clone();
-    hello.download_ack = request.acknowledge.is_some();
-    let resumable = hello.protocol_version >= RESUME_SINCE_VERSION;
-    let hello = encode_frame(&Message::Hello(hello));
-    // The hello goes out whole at once (a sync flush when compressing): the server
-    // reads it under its header read timeout, which a slow link would otherwise spend
-    // on the upload held back in the compressor's first block.
-    let mut hello_piece = outbound
-        .compressor()
-        .compress(&hello)
-        .map_err(compress_error)?;
-    hello_piece.extend(outbound.compressor().flush().map_err(compress_error)?);
-    pieces.push(hello_piece);
-    let end = end_upload_frame(&request.hello, request.upload_sequence, request.key_ranges);
+/// What an exchange's stream starts with after the hello.
+struct StreamHead<'a> {
+    /// The frame that says what the exchange is: a download's receipt or resumption, an
+    /// acknowledgement, a question about a held upload, the upload's transfer (v3).
+    head: Option<Vec<u8>>,
+    /// The upload's frames, when it is an upload.
+    upload_frames: &'a [Vec<u8>],
+    /// Where a resumed upload's stream starts.
+    offset: u64,
+    /// The transfer whose download a receipt confirms (protocol v4).
+    receipt: Option<String>,
+}
+
+/// The frame after the hello, and what the rest of the stream is.
+fn stream_head<'a>(request: &Exchange<'a>, resumable: bool) -> StreamHead<'a> {
     let download_resumable = request.hello.protocol_version >= DOWNLOAD_RESUME_SINCE_VERSION;
     let mut receipt = None;
     let (head, upload_frames, offset): (Option<Vec<u8>>, &[Vec<u8>], u64) =
@@ -672,6 +663,44 @@ fn upload_stream(request: &Exchange<'_>) -> Result<(Vec<Vec<u8>>, Option<String>
                 (resume, request.upload_frames, offset)
             }
         };
+    StreamHead {
+        head,
+        upload_frames,
+        offset,
+        receipt,
+    }
+}
+
+/// The client's side of the byte stream: preamble (when compressed), then the frames;
+/// and the transfer whose download a receipt confirms (protocol v4).
+fn upload_stream(request: &Exchange<'_>) -> Result<(Vec<Vec<u8>>, Option<String>), ClientError> {
+    let mut outbound = Outbound::new(request.transport.compression, false)
+        .map_err(|error| ClientError::Protocol(format!("compression: {error}")))?;
+    let compress_error = |error| ClientError::Protocol(format!("compression: {error}"));
+    let mut pieces = Vec::with_capacity(request.upload_frames.len() + 3);
+    if let Some(preamble) = outbound.take_preamble() {
+        pieces.push(preamble.to_vec());
+    }
+    let mut hello = request.hello.clone();
+    hello.download_ack = request.acknowledge.is_some();
+    let resumable = hello.protocol_version >= RESUME_SINCE_VERSION;
+    let hello = encode_frame(&Message::Hello(hello));
+    // The hello goes out whole at once (a sync flush when compressing): the server
+    // reads it under its header read timeout, which a slow link would otherwise spend
+    // on the upload held back in the compressor's first block.
+    let mut hello_piece = outbound
+        .compressor()
+        .compress(&hello)
+        .map_err(compress_error)?;
+    hello_piece.extend(outbound.compressor().flush().map_err(compress_error)?);
+    pieces.push(hello_piece);
+    let end = end_upload_frame(&request.hello, request.upload_sequence, request.key_ranges);
+    let StreamHead {
+        head,
+        upload_frames,
+        offset,
+        receipt,
+    } = stream_head(request, resumable);
     let upload = request.acknowledge.is_none()
         && request.download_resume.is_none()
         && !matches!(request.transfer, Some(Transfer::Query { .. }));

@@ -151,13 +151,13 @@ impl TableApply<'_> {
     }
 }
 
-/// One kind (insert, update or delete) of one table's upload, staged.
-pub struct StagedRows<'a, 'v> {
+/// One kind (insert, update or delete) of one table's upload, as scratch rows.
+pub struct ScratchRows<'a, 'v> {
     /// `upload_insert`, `upload_update` or `upload_delete`.
     pub event: &'static str,
-    /// `insert`, `update` or `delete`: names a staging table where one is made.
+    /// `insert`, `update` or `delete`: names a scratch table where one is made.
     pub kind: &'static str,
-    /// The staged columns: the upload's (inserts, updates) or the key (deletes). An
+    /// The scratch columns: the upload's (inserts, updates) or the key (deletes). An
     /// update's row holds its new values, then its old values under `rs_old_<column>`.
     pub columns: &'a [String],
     pub rows: Vec<Vec<&'v Value>>,
@@ -407,36 +407,36 @@ pub trait Dialect {
         table: &str,
     ) -> Result<Vec<String>, SyncError>;
 
-    /// Stages the rows, runs the kind's set script over them (`{upload}` names the
-    /// stage) when `run_script`, and returns the keys of the staged rows that did not
+    /// Puts the rows in scratch, runs the kind's set script over them (`{upload}` names the
+    /// scratch) when `run_script`, and returns the keys of the scratch rows that did not
     /// land as sent: for inserts and updates, rows whose new image the table does not
     /// hold (in the user's partition when the table has one); for deletes, keys still in
     /// the table. A value its column cannot take is `SyncError::Schema` naming table
     /// and column.
-    async fn apply_staged(
+    async fn apply_scratch(
         &mut self,
         table: &TableApply<'_>,
-        staged: StagedRows<'_, '_>,
+        scratch: ScratchRows<'_, '_>,
     ) -> Result<Vec<Row>, SyncError>;
 
-    /// Whether [`Dialect::apply_staged_fast`] runs a fast form in this transaction now:
+    /// Whether [`Dialect::apply_scratch_fast`] runs a fast form in this transaction now:
     /// false where the backend has none (the default), or when it has run as many as
     /// it allows in one transaction.
     fn runs_fast_forms(&self) -> bool {
         false
     }
 
-    /// Stages the rows and runs `fast_event`'s set script (`upload_insert_fast`, a plain
+    /// Puts the rows in scratch and runs `fast_event`'s set script (`upload_insert_fast`, a plain
     /// insert that checks nothing) over them as one statement under a savepoint, and
     /// returns the rows it changed. `None` when it failed with a unique violation: the
     /// transaction is rolled back to the savepoint (nothing of it applied, the stamp of
     /// every later write still the transaction's own) and the driver applies the rows
     /// with the checked script. Any other failure is the script's, as in
-    /// [`Dialect::apply_staged`]. Asked only when [`Dialect::runs_fast_forms`].
-    async fn apply_staged_fast(
+    /// [`Dialect::apply_scratch`]. Asked only when [`Dialect::runs_fast_forms`].
+    async fn apply_scratch_fast(
         &mut self,
         _table: &TableApply<'_>,
-        _staged: StagedRows<'_, '_>,
+        _scratch: ScratchRows<'_, '_>,
         _fast_event: &'static str,
     ) -> Result<Option<u64>, SyncError> {
         Ok(None)
@@ -491,7 +491,7 @@ pub trait Dialect {
         Ok(KeysToCheck::All)
     }
 
-    /// Runs the table's `upload_fetch` over `{keys}` (the given keys, staged) and
+    /// Runs the table's `upload_fetch` over `{keys}` (the given keys, in scratch) and
     /// returns what it selected: the current rows of conflicting keys.
     async fn fetch_by_keys(
         &mut self,

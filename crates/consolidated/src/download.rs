@@ -165,15 +165,15 @@ impl CollectedSync {
 }
 
 /// Runs a sync and gathers its download.
-pub async fn synchronize_collect<C: ConsolidatedConnection>(
+pub async fn sync_and_collect<C: ConsolidatedConnection>(
     connection: &mut C,
     request: Arc<SyncRequest>,
 ) -> Result<CollectedSync, SyncError> {
-    synchronize_collect_shared(connection, request, None).await
+    sync_and_collect_shared(connection, request, None).await
 }
 
-/// [`synchronize_collect`], reading shared rows once through `shared` when given.
-pub async fn synchronize_collect_shared<C: ConsolidatedConnection>(
+/// [`sync_and_collect`], reading shared rows once through `shared` when given.
+pub async fn sync_and_collect_shared<C: ConsolidatedConnection>(
     connection: &mut C,
     request: Arc<SyncRequest>,
     shared: Option<Arc<SharedDownloads>>,
@@ -212,7 +212,7 @@ pub async fn synchronize_collect_shared<C: ConsolidatedConnection>(
         (downloads, conflicts)
     };
     let (outcome, (downloads, conflicts)) =
-        tokio::join!(connection.synchronize(request, sender), gather);
+        tokio::join!(connection.run_sync_transaction(request, sender), gather);
     let outcome = outcome?;
     Ok(CollectedSync {
         downloads,

@@ -102,6 +102,23 @@ pub fn key_range_script(init: &KeyRangeInit) -> ScriptEntry {
     }
 }
 
+/// Which of the primary key's columns (`names`) the ranges are of: the one `--column`
+/// names, else the only one; refused when neither is there.
+pub fn chosen_key(init: &KeyRangeInit, names: &[String]) -> Result<usize, DbError> {
+    let chosen = match &init.column {
+        Some(column) => names.iter().position(|name| name == column),
+        None if names.len() == 1 => Some(0),
+        None => None,
+    };
+    chosen.ok_or_else(|| {
+        refuse_key(
+            &init.table,
+            names,
+            "is not one column (name it with --column)",
+        )
+    })
+}
+
 /// Refuses a key column that is not one integer column.
 pub fn refuse_key(table: &str, key_columns: &[String], why: &str) -> DbError {
     DbError::Invalid(format!(

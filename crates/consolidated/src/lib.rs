@@ -47,7 +47,7 @@ use std::sync::Arc;
 
 pub use cancel::Canceller;
 pub use download::{
-    download_channel, synchronize_collect, synchronize_collect_shared, CollectedSync, CursorBatch,
+    download_channel, sync_and_collect, sync_and_collect_shared, CollectedSync, CursorBatch,
     DownloadMessage, DownloadSender, DOWNLOAD_BATCH_BYTES, DOWNLOAD_BATCH_ROWS,
     DOWNLOAD_CHANNEL_CHUNKS,
 };
@@ -237,7 +237,7 @@ pub trait ConsolidatedConnection: Send + 'static {
     /// sequence was already applied, records the sequence, and streams the download to
     /// `download` in chunks as it reads it. On any error nothing of the upload stays
     /// applied (and whatever was streamed must be discarded).
-    fn synchronize(
+    fn run_sync_transaction(
         &mut self,
         request: Arc<SyncRequest>,
         download: DownloadSender,

@@ -189,6 +189,27 @@ pub fn shape_with_columns(shape: &TableShape, columns: &[String]) -> TableShape 
     }
 }
 
+/// A version's default scripts for the columns it recorded and for those the table
+/// still has: what a rewrite compares the stored scripts with, and what it writes.
+pub struct RewriteDefaults {
+    pub recorded: DefaultScripts,
+    pub remaining: DefaultScripts,
+}
+
+impl RewriteDefaults {
+    /// The defaults `scripts_for` writes for each of the rewrite's two column lists.
+    pub fn of(
+        rewrite: &Rewrite,
+        shape: &TableShape,
+        scripts_for: impl Fn(&TableShape) -> DefaultScripts,
+    ) -> RewriteDefaults {
+        RewriteDefaults {
+            recorded: scripts_for(&shape_with_columns(shape, &rewrite.recorded)),
+            remaining: scripts_for(&shape_with_columns(shape, &rewrite.remaining)),
+        }
+    }
+}
+
 /// The scripts to write for a rewrite: each stored script that is exactly the default
 /// for the recorded columns becomes the default for the remaining ones; the others
 /// (changed by hand) are returned as left alone.

@@ -1,9 +1,9 @@
 //! Script events, the two forms of table script, and the named parameters rowsync binds
 //! into scripts.
 //!
-//! A *set script* works on a whole staged upload at once: placeholders in braces name
-//! staging tables, never values (`{upload}` is the staged upload of the event's kind,
-//! `{keys}` the staged keys for `upload_fetch`, `{conflicts}` the staged conflicts for
+//! A *set script* works on a whole scratch upload at once: placeholders in braces name
+//! scratch tables, never values (`{upload}` is the scratch upload of the event's kind,
+//! `{keys}` the scratch keys for `upload_fetch`, `{conflicts}` the scratch conflicts for
 //! `resolve_conflict`). A *row script* is run once per uploaded row, with that row's
 //! values bound as `:new.<column>` and `:old.<column>`. Values reach scripts only as
 //! bound parameters, never as text.
@@ -44,10 +44,10 @@ pub const UPLOAD_DELETE: &str = "upload_delete";
 /// A set script tried before `upload_insert` where the backend runs it (PostgreSQL): a
 /// plain insert with no conflict check, under a savepoint. On a unique violation the
 /// sync rolls back to the savepoint and runs `upload_insert`, so conflicts are found
-/// as without it; when it inserts fewer rows than were staged, the staged rows are
+/// as without it; when it inserts fewer rows than were put in scratch, the scratch rows are
 /// compared with the table as after any set script.
 pub const UPLOAD_INSERT_FAST: &str = "upload_insert_fast";
-/// Fetches the current server rows, within the client's partition, for staged keys;
+/// Fetches the current server rows, within the client's partition, for scratch keys;
 /// what the client receives for each conflict.
 pub const UPLOAD_FETCH: &str = "upload_fetch";
 /// Runs for conflicting uploaded rows (old, new and current images) before
@@ -84,7 +84,7 @@ pub const UPLOAD_PLACEHOLDER: &str = "{upload}";
 pub const KEYS_PLACEHOLDER: &str = "{keys}";
 pub const CONFLICTS_PLACEHOLDER: &str = "{conflicts}";
 
-/// Prefix of the old-image columns in the staged upload of `upload_update` and in
+/// Prefix of the old-image columns in the scratch upload of `upload_update` and in
 /// `{conflicts}`.
 pub const OLD_IMAGE_PREFIX: &str = "rs_old_";
 /// Column of `{conflicts}` naming the operation that conflicted: insert, update, delete.
@@ -123,7 +123,7 @@ pub fn check_event(table: &str, event: &str) -> Result<(), String> {
     ))
 }
 
-/// A table script with a staging placeholder works on the whole upload at once; any
+/// A table script with a scratch placeholder works on the whole upload at once; any
 /// other upload or conflict script runs once per row.
 pub fn is_set_script(sql: &str) -> bool {
     [UPLOAD_PLACEHOLDER, KEYS_PLACEHOLDER, CONFLICTS_PLACEHOLDER]

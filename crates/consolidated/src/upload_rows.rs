@@ -48,9 +48,9 @@ impl UploadedRow {
         }
     }
 
-    /// The row as its kind's stage holds it: new values (inserts), new then old
+    /// The row as its kind's scratch holds it: new values (inserts), new then old
     /// (updates), the key (deletes).
-    pub fn staged_image(&self, event: &str, key_positions: &[usize]) -> Vec<&Value> {
+    pub fn scratch_image(&self, event: &str, key_positions: &[usize]) -> Vec<&Value> {
         match event {
             UPLOAD_INSERT => self.new.iter().flatten().collect(),
             UPLOAD_UPDATE => self

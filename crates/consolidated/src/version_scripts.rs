@@ -90,7 +90,7 @@ impl Scripts {
         })
     }
 
-    /// The script with its placeholders replaced by staging table names.
+    /// The script with its placeholders replaced by scratch table names.
     pub fn expand(
         &self,
         table: &str,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use rowsync_consolidated::postgres::PostgresConsolidated;
 use rowsync_consolidated::{
-    synchronize_collect, ApplyStreamSettings, Consolidated, ConsolidatedConnection, SyncRequest,
+    sync_and_collect, ApplyStreamSettings, Consolidated, ConsolidatedConnection, SyncRequest,
     TableInit,
 };
 use rowsync_protocol::{TableUpload, Value};
@@ -91,7 +91,7 @@ const WRITERS: &str = "SELECT count(DISTINCT rs_xid) FROM notes";
 async fn a_large_upload_is_written_by_several_transactions_committed_together() {
     let (backend, client) = database("streams_used", "", settings(10_000)).await;
     let mut connection = backend.connect().await.unwrap();
-    let outcome = synchronize_collect(&mut connection, Arc::new(inserts(1..=1000)))
+    let outcome = sync_and_collect(&mut connection, Arc::new(inserts(1..=1000)))
         .await
         .unwrap();
     assert_eq!(outcome.summary.rows_uploaded, 1000);
@@ -112,7 +112,7 @@ async fn a_large_upload_is_written_by_several_transactions_committed_together() 
         client_id: "ann-2".into(),
         ..inserts(2001..=2050)
     };
-    synchronize_collect(&mut connection, Arc::new(small))
+    sync_and_collect(&mut connection, Arc::new(small))
         .await
         .unwrap();
     assert_eq!(
@@ -141,7 +141,7 @@ async fn a_stream_waiting_for_a_sibling_aborts_all_and_the_upload_lands_on_one_s
             FOR EACH STATEMENT EXECUTE FUNCTION bump();";
     let (backend, client) = database("streams_fallback", counter, settings(200)).await;
     let mut connection = backend.connect().await.unwrap();
-    let outcome = synchronize_collect(&mut connection, Arc::new(inserts(1..=1000)))
+    let outcome = sync_and_collect(&mut connection, Arc::new(inserts(1..=1000)))
         .await
         .unwrap();
     assert_eq!(outcome.summary.rows_uploaded, 1000);
@@ -163,7 +163,7 @@ async fn a_stream_waiting_for_a_sibling_aborts_all_and_the_upload_lands_on_one_s
         "the streams ran first ({statements} statements)"
     );
     // Exactly once: the same upload again changes nothing.
-    let again = synchronize_collect(&mut connection, Arc::new(inserts(1..=1000)))
+    let again = sync_and_collect(&mut connection, Arc::new(inserts(1..=1000)))
         .await
         .unwrap();
     assert!(again.summary.upload_already_applied);
@@ -208,7 +208,7 @@ async fn a_large_upload_of_tables_linked_by_a_foreign_key_lands_on_one_stream() 
             deletes: Vec::new(),
         },
     );
-    let outcome = synchronize_collect(&mut connection, Arc::new(request))
+    let outcome = sync_and_collect(&mut connection, Arc::new(request))
         .await
         .unwrap();
     assert_eq!(outcome.summary.rows_uploaded, 1200);

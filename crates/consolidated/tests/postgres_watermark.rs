@@ -13,9 +13,7 @@ use std::time::Duration;
 use late_commit::{Database, Sql, ITEMS_DDL};
 use rowsync_consolidated::postgres::value::Read;
 use rowsync_consolidated::postgres::{PostgresConnection, PostgresConsolidated};
-use rowsync_consolidated::{
-    synchronize_collect, Consolidated, ConsolidatedConnection, ScriptEntry,
-};
+use rowsync_consolidated::{sync_and_collect, Consolidated, ConsolidatedConnection, ScriptEntry};
 use rowsync_protocol::{Row, TableUpload, Value};
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, NoTls};
@@ -196,7 +194,7 @@ async fn cleanup_makes_no_sync_wait_while_a_long_sync_runs() {
     let (mut long_connection, long_pid) = connection_with_pid(&url).await;
     let long_request = late_commit::Replica::new("held-long", "u1").request(vec![]);
     let long =
-        tokio::spawn(async move { synchronize_collect(&mut long_connection, long_request).await });
+        tokio::spawn(async move { sync_and_collect(&mut long_connection, long_request).await });
     until_ended_or_waiting(&observer, long_pid, &long).await;
     assert_eq!(
         lock_waits(&observer, long_pid).await,
@@ -217,7 +215,7 @@ async fn cleanup_makes_no_sync_wait_while_a_long_sync_runs() {
         ..TableUpload::default()
     }]);
     let outcome = without_lock_waits(&observer, syncer_pid, "the 1-row sync", async move {
-        synchronize_collect(&mut syncer, request).await
+        sync_and_collect(&mut syncer, request).await
     })
     .await;
     assert!(outcome.is_ok(), "{:?}", outcome.err());
@@ -324,7 +322,7 @@ async fn a_one_row_sync_during_cleanup_with_a_30_second_sync_running() {
     let long_request = late_commit::Replica::new("held-long", "u1").request(vec![]);
     let long_started = std::time::Instant::now();
     let long =
-        tokio::spawn(async move { synchronize_collect(&mut long_connection, long_request).await });
+        tokio::spawn(async move { sync_and_collect(&mut long_connection, long_request).await });
     until_ended_or_waiting(&observer, long_pid, &long).await;
     let release = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(30)).await;
@@ -344,7 +342,7 @@ async fn a_one_row_sync_during_cleanup_with_a_30_second_sync_running() {
         ..TableUpload::default()
     }]);
     let started = std::time::Instant::now();
-    synchronize_collect(&mut backend, request).await.unwrap();
+    sync_and_collect(&mut backend, request).await.unwrap();
     let one_row = started.elapsed();
     long.await.unwrap().unwrap();
     let long_time = long_started.elapsed();

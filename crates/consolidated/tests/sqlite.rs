@@ -112,7 +112,7 @@ async fn hostile_parameters_never_appear_in_a_statement_text() {
 }
 
 /// VM steps of every statement the step-counting backends ran, across this test binary,
-/// in all and in the statements over the staged deletes.
+/// in all and in the statements over the scratch deletes.
 fn steps() -> &'static [std::sync::atomic::AtomicU64; 2] {
     static STEPS: [std::sync::atomic::AtomicU64; 2] = [
         std::sync::atomic::AtomicU64::new(0),
@@ -141,7 +141,7 @@ impl Factory for StepCountingSqliteFactory {
     }
 }
 
-/// The steps (all, over the staged deletes) of a sync deleting `rows` rows of a table
+/// The steps (all, over the scratch deletes) of a sync deleting `rows` rows of a table
 /// of `rows + 1`, with `script` as `upload_delete` when given.
 async fn steps_deleting(rows: i64, script: Option<&str>) -> [u64; 2] {
     use std::sync::atomic::Ordering::Relaxed;
@@ -154,12 +154,12 @@ async fn steps_deleting(rows: i64, script: Option<&str>) -> [u64; 2] {
 }
 
 /// The `upload_delete` script of `orders` as `init` wrote it before 2026-11-24: an
-/// `EXISTS` over the staged keys for each row of the table.
+/// `EXISTS` over the scratch keys for each row of the table.
 const DELETE_SCRIPT_BEFORE: &str = "DELETE FROM \"orders\" WHERE \"rep\" = :user AND EXISTS (SELECT 1 FROM {upload} AS u WHERE u.\"id\" = \"orders\".\"id\")";
 
 /// Deleting N rows through one sync costs work in proportion to N (counted in SQLite's
 /// virtual-machine steps, not timed): four times the rows, about four times the steps.
-/// Before the fix the staged keys were scanned once per table row, N² (16 times).
+/// Before the fix the scratch keys were scanned once per table row, N² (16 times).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_rows_through_a_sync_takes_steps_in_proportion_to_the_rows() {
     for script in [None, Some(DELETE_SCRIPT_BEFORE)] {
@@ -167,14 +167,14 @@ async fn deleting_rows_through_a_sync_takes_steps_in_proportion_to_the_rows() {
         let large = steps_deleting(2_000, script).await;
         let growth = |i: usize| large[i] as f64 / small[i] as f64;
         eprintln!(
-            "delete script {}: steps 500 rows {small:?}, 2,000 rows {large:?}; growth x{:.2} in all, x{:.2} over the staged deletes",
+            "delete script {}: steps 500 rows {small:?}, 2,000 rows {large:?}; growth x{:.2} in all, x{:.2} over the scratch deletes",
             if script.is_some() { "as before" } else { "default" },
             growth(0),
             growth(1)
         );
         assert!(
             growth(0) < 6.0 && growth(1) < 6.0,
-            "four times the rows took x{:.1} the steps (x{:.1} over the staged deletes): not linear",
+            "four times the rows took x{:.1} the steps (x{:.1} over the scratch deletes): not linear",
             growth(0),
             growth(1)
         );

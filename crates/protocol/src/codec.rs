@@ -42,93 +42,29 @@ pub(crate) fn encode_body(message: &Message, marks: &mut Marks<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
     out.push(message.message_type() as u8);
     match message {
-        Message::Hello(hello) => {
-            out.extend_from_slice(&hello.protocol_version.to_be_bytes());
-            put_str(&mut out, &hello.client_id);
-            put_str(&mut out, &hello.user);
-            put_str(&mut out, &hello.password);
-            put_str(&mut out, &hello.script_version);
-            out.extend_from_slice(&hello.last_download_watermark.to_be_bytes());
-            put_str(&mut out, &hello.token);
-            put_names(&mut out, &hello.auth_parameters);
-            out.push(u8::from(hello.download_ack));
-        }
-        Message::Upload(upload) => {
-            put_str(&mut out, &upload.table);
-            put_names(&mut out, &upload.columns);
-            put_names(&mut out, &upload.key_columns);
-            put_rows(&mut out, &upload.inserts, marks);
-            put_count(&mut out, upload.updates.len());
-            for update in &upload.updates {
-                put_row(&mut out, &update.old, marks);
-                put_row(&mut out, &update.new, marks);
-            }
-            put_rows(&mut out, &upload.deletes, marks);
-        }
+        Message::Hello(hello) => put_hello(&mut out, hello),
+        Message::Upload(upload) => put_upload(&mut out, upload, marks),
         Message::EndUpload(end) => out.extend_from_slice(&end.upload_sequence.to_be_bytes()),
-        Message::Download(download) => {
-            put_str(&mut out, &download.table);
-            put_names(&mut out, &download.columns);
-            put_names(&mut out, &download.key_columns);
-            put_rows(&mut out, &download.upserts, marks);
-            put_rows(&mut out, &download.deletes, marks);
-        }
-        Message::EndDownload(end) => {
-            out.extend_from_slice(&end.watermark.to_be_bytes());
-            out.extend_from_slice(&end.summary.rows_uploaded.to_be_bytes());
-            out.extend_from_slice(&end.summary.conflicts.to_be_bytes());
-            out.push(u8::from(end.summary.upload_already_applied));
-        }
-        Message::Error(error) => {
-            out.extend_from_slice(&error.code.to_be_bytes());
-            put_str(&mut out, &error.message);
-            if error.code == ErrorCode::RowsRefused as u16 {
-                put_count(&mut out, error.refused.len());
-                for refused in &error.refused {
-                    put_str(&mut out, &refused.table);
-                    put_names(&mut out, &refused.key_columns);
-                    put_row(&mut out, &refused.key, &mut Marks::none());
-                    out.extend_from_slice(&refused.code.to_be_bytes());
-                    put_str(&mut out, &refused.reason);
-                }
-            }
-        }
+        Message::Download(download) => put_download(&mut out, download, marks),
+        Message::EndDownload(end) => put_end_download(&mut out, end),
+        Message::Error(error) => put_error(&mut out, error),
         Message::Busy { retry_after_ms } => out.extend_from_slice(&retry_after_ms.to_be_bytes()),
         Message::DownloadAck(ack) => out.extend_from_slice(&ack.watermark.to_be_bytes()),
-        Message::ValueStart(start) => {
-            out.push(start.kind as u8);
-            out.extend_from_slice(&start.length.to_be_bytes());
-            put_str(&mut out, &start.table);
-            put_str(&mut out, &start.column);
-        }
+        Message::ValueStart(start) => put_value_start(&mut out, start),
         Message::ValuePiece(piece) => put_bytes(&mut out, &piece.bytes),
         Message::UploadResume(resume) => {
-            put_str(&mut out, &resume.transfer_id);
-            out.extend_from_slice(&resume.offset.to_be_bytes());
+            put_transfer_offset(&mut out, &resume.transfer_id, resume.offset);
         }
         Message::UploadHeld(held) => {
-            put_str(&mut out, &held.transfer_id);
-            out.extend_from_slice(&held.length.to_be_bytes());
-            put_bytes(&mut out, &held.sha256);
+            put_transfer_held(&mut out, &held.transfer_id, held.length, &held.sha256);
         }
         Message::DownloadResume(resume) => {
-            put_str(&mut out, &resume.transfer_id);
-            out.extend_from_slice(&resume.offset.to_be_bytes());
+            put_transfer_offset(&mut out, &resume.transfer_id, resume.offset);
         }
         Message::DownloadHeld(held) => {
-            put_str(&mut out, &held.transfer_id);
-            out.extend_from_slice(&held.length.to_be_bytes());
-            put_bytes(&mut out, &held.sha256);
+            put_transfer_held(&mut out, &held.transfer_id, held.length, &held.sha256);
         }
-        Message::KeyRanges(key_ranges) => {
-            put_count(&mut out, key_ranges.ranges.len());
-            for range in &key_ranges.ranges {
-                put_str(&mut out, &range.table);
-                out.extend_from_slice(&range.start.to_be_bytes());
-                out.extend_from_slice(&range.end.to_be_bytes());
-                out.extend_from_slice(&range.next.to_be_bytes());
-            }
-        }
+        Message::KeyRanges(key_ranges) => put_key_ranges(&mut out, key_ranges),
         Message::SessionToken(session) => {
             put_str(&mut out, &session.token);
             out.extend_from_slice(&session.expires_in_seconds.to_be_bytes());
@@ -140,6 +76,91 @@ pub(crate) fn encode_body(message: &Message, marks: &mut Marks<'_>) -> Vec<u8> {
         }
     }
     out
+}
+
+fn put_hello(out: &mut Vec<u8>, hello: &Hello) {
+    out.extend_from_slice(&hello.protocol_version.to_be_bytes());
+    put_str(out, &hello.client_id);
+    put_str(out, &hello.user);
+    put_str(out, &hello.password);
+    put_str(out, &hello.script_version);
+    out.extend_from_slice(&hello.last_download_watermark.to_be_bytes());
+    put_str(out, &hello.token);
+    put_names(out, &hello.auth_parameters);
+    out.push(u8::from(hello.download_ack));
+}
+
+fn put_upload(out: &mut Vec<u8>, upload: &TableUpload, marks: &mut Marks<'_>) {
+    put_str(out, &upload.table);
+    put_names(out, &upload.columns);
+    put_names(out, &upload.key_columns);
+    put_rows(out, &upload.inserts, marks);
+    put_count(out, upload.updates.len());
+    for update in &upload.updates {
+        put_row(out, &update.old, marks);
+        put_row(out, &update.new, marks);
+    }
+    put_rows(out, &upload.deletes, marks);
+}
+
+fn put_download(out: &mut Vec<u8>, download: &Download, marks: &mut Marks<'_>) {
+    put_str(out, &download.table);
+    put_names(out, &download.columns);
+    put_names(out, &download.key_columns);
+    put_rows(out, &download.upserts, marks);
+    put_rows(out, &download.deletes, marks);
+}
+
+fn put_end_download(out: &mut Vec<u8>, end: &EndDownload) {
+    out.extend_from_slice(&end.watermark.to_be_bytes());
+    out.extend_from_slice(&end.summary.rows_uploaded.to_be_bytes());
+    out.extend_from_slice(&end.summary.conflicts.to_be_bytes());
+    out.push(u8::from(end.summary.upload_already_applied));
+}
+
+fn put_error(out: &mut Vec<u8>, error: &WireError) {
+    out.extend_from_slice(&error.code.to_be_bytes());
+    put_str(out, &error.message);
+    if error.code == ErrorCode::RowsRefused as u16 {
+        put_count(out, error.refused.len());
+        for refused in &error.refused {
+            put_str(out, &refused.table);
+            put_names(out, &refused.key_columns);
+            put_row(out, &refused.key, &mut Marks::none());
+            out.extend_from_slice(&refused.code.to_be_bytes());
+            put_str(out, &refused.reason);
+        }
+    }
+}
+
+fn put_value_start(out: &mut Vec<u8>, start: &ValueStart) {
+    out.push(start.kind as u8);
+    out.extend_from_slice(&start.length.to_be_bytes());
+    put_str(out, &start.table);
+    put_str(out, &start.column);
+}
+
+/// The body of `upload_resume` and `download_resume`.
+fn put_transfer_offset(out: &mut Vec<u8>, transfer_id: &str, offset: u64) {
+    put_str(out, transfer_id);
+    out.extend_from_slice(&offset.to_be_bytes());
+}
+
+/// The body of `upload_held` and `download_held`.
+fn put_transfer_held(out: &mut Vec<u8>, transfer_id: &str, length: u64, sha256: &[u8]) {
+    put_str(out, transfer_id);
+    out.extend_from_slice(&length.to_be_bytes());
+    put_bytes(out, sha256);
+}
+
+fn put_key_ranges(out: &mut Vec<u8>, key_ranges: &KeyRanges) {
+    put_count(out, key_ranges.ranges.len());
+    for range in &key_ranges.ranges {
+        put_str(out, &range.table);
+        out.extend_from_slice(&range.start.to_be_bytes());
+        out.extend_from_slice(&range.end.to_be_bytes());
+        out.extend_from_slice(&range.next.to_be_bytes());
+    }
 }
 
 /// Which values of a message [`encode_body`] writes as `in_pieces`: their ordinals, in
@@ -257,124 +278,7 @@ pub(crate) fn decode(
     };
     let type_byte = *body.first().ok_or(DecodeError::EmptyFrame)?;
     reader.offset = 1;
-    let message = match type_byte {
-        0x01 => Message::Hello(Hello {
-            protocol_version: reader.u16("protocol version")?,
-            client_id: reader.string("client id")?,
-            user: reader.string("user")?,
-            password: reader.string("password")?,
-            script_version: reader.string("script version")?,
-            last_download_watermark: reader.i64("last download watermark")?,
-            token: reader.string("token")?,
-            auth_parameters: reader.names("authentication parameter")?,
-            download_ack: reader.flag("download acknowledgement")?,
-        }),
-        0x02 => {
-            let table = reader.string("table name")?;
-            let columns = reader.names("column")?;
-            let key_columns = reader.names("key column")?;
-            let inserts = reader.rows("insert", &table, &columns)?;
-            let update_count = reader.count("update", 2 * ROW_BYTES_MIN)?;
-            let mut updates = Vec::with_capacity(if rows == Rows::Keep { update_count } else { 0 });
-            reader.rows_seen += update_count;
-            for _ in 0..update_count {
-                let old = reader.row(&table, &columns)?;
-                let new = reader.row(&table, &columns)?;
-                if rows == Rows::Keep {
-                    updates.push(RowUpdate { old, new });
-                }
-            }
-            let deletes = reader.rows("delete", &table, &key_columns)?;
-            Message::Upload(TableUpload {
-                table,
-                columns,
-                key_columns,
-                inserts,
-                updates,
-                deletes,
-            })
-        }
-        0x03 => Message::EndUpload(EndUpload {
-            upload_sequence: reader.u64("upload sequence")?,
-        }),
-        0x04 => {
-            let table = reader.string("table name")?;
-            let columns = reader.names("column")?;
-            let key_columns = reader.names("key column")?;
-            let upserts = reader.rows("upsert", &table, &columns)?;
-            let deletes = reader.rows("delete", &table, &key_columns)?;
-            Message::Download(Download {
-                table,
-                columns,
-                key_columns,
-                upserts,
-                deletes,
-            })
-        }
-        0x05 => Message::EndDownload(EndDownload {
-            watermark: reader.i64("watermark")?,
-            summary: SyncSummary {
-                rows_uploaded: reader.u64("rows uploaded")?,
-                conflicts: reader.u64("conflicts")?,
-                upload_already_applied: reader.flag("upload already applied")?,
-            },
-        }),
-        0x06 => Message::Error(reader.error()?),
-        0x07 => Message::Busy {
-            retry_after_ms: reader.u32("retry after")?,
-        },
-        0x08 => Message::DownloadAck(DownloadAck {
-            watermark: reader.i64("watermark")?,
-        }),
-        0x09 => {
-            let table = reader.string("table name")?;
-            let key_columns = reader.names("key column")?;
-            let keys = reader.rows("conflicting key", &table, &key_columns)?;
-            Message::Conflicts(Conflicts {
-                table,
-                key_columns,
-                keys,
-            })
-        }
-        0x0A => {
-            let offset = reader.offset;
-            let tag = reader.take(1, "value kind")?[0];
-            let kind = PieceKind::from_u8(tag).ok_or(DecodeError::PieceKind { tag, offset })?;
-            Message::ValueStart(ValueStart {
-                kind,
-                length: reader.u64("value length")?,
-                table: reader.string("value table")?,
-                column: reader.string("value column")?,
-            })
-        }
-        0x0B => Message::ValuePiece(ValuePiece {
-            bytes: reader.bytes("value piece")?.to_vec(),
-        }),
-        0x0C => Message::UploadResume(UploadResume {
-            transfer_id: reader.string("transfer id")?,
-            offset: reader.u64("transfer offset")?,
-        }),
-        0x0D => Message::UploadHeld(UploadHeld {
-            transfer_id: reader.string("transfer id")?,
-            length: reader.u64("held length")?,
-            sha256: reader.bytes("held digest")?.to_vec(),
-        }),
-        0x0E => Message::DownloadResume(DownloadResume {
-            transfer_id: reader.string("transfer id")?,
-            offset: reader.u64("transfer offset")?,
-        }),
-        0x0F => Message::DownloadHeld(DownloadHeld {
-            transfer_id: reader.string("transfer id")?,
-            length: reader.u64("held length")?,
-            sha256: reader.bytes("held digest")?.to_vec(),
-        }),
-        0x10 => Message::KeyRanges(reader.key_ranges()?),
-        0x11 => Message::SessionToken(SessionToken {
-            token: reader.string("session token")?,
-            expires_in_seconds: reader.u32("session token expiry")?,
-        }),
-        other => return Err(DecodeError::UnknownMessageType(other)),
-    };
+    let message = reader.message(type_byte)?;
     if reader.in_pieces > 0 && reader.rows_seen != 1 {
         return Err(DecodeError::InPiecesRows {
             rows: reader.rows_seen,
@@ -663,6 +567,145 @@ impl<'a> Reader<'a, '_> {
             }
         }
         Ok(rows)
+    }
+
+    /// The message after its type byte.
+    fn message(&mut self, type_byte: u8) -> Result<Message, DecodeError> {
+        Ok(match type_byte {
+            0x01 => Message::Hello(self.hello()?),
+            0x02 => Message::Upload(self.upload()?),
+            0x03 => Message::EndUpload(EndUpload {
+                upload_sequence: self.u64("upload sequence")?,
+            }),
+            0x04 => Message::Download(self.download()?),
+            0x05 => Message::EndDownload(self.end_download()?),
+            0x06 => Message::Error(self.error()?),
+            0x07 => Message::Busy {
+                retry_after_ms: self.u32("retry after")?,
+            },
+            0x08 => Message::DownloadAck(DownloadAck {
+                watermark: self.i64("watermark")?,
+            }),
+            0x09 => Message::Conflicts(self.conflicts()?),
+            0x0A => Message::ValueStart(self.value_start()?),
+            0x0B => Message::ValuePiece(ValuePiece {
+                bytes: self.bytes("value piece")?.to_vec(),
+            }),
+            0x0C => Message::UploadResume(UploadResume {
+                transfer_id: self.string("transfer id")?,
+                offset: self.u64("transfer offset")?,
+            }),
+            0x0D => Message::UploadHeld(UploadHeld {
+                transfer_id: self.string("transfer id")?,
+                length: self.u64("held length")?,
+                sha256: self.bytes("held digest")?.to_vec(),
+            }),
+            0x0E => Message::DownloadResume(DownloadResume {
+                transfer_id: self.string("transfer id")?,
+                offset: self.u64("transfer offset")?,
+            }),
+            0x0F => Message::DownloadHeld(DownloadHeld {
+                transfer_id: self.string("transfer id")?,
+                length: self.u64("held length")?,
+                sha256: self.bytes("held digest")?.to_vec(),
+            }),
+            0x10 => Message::KeyRanges(self.key_ranges()?),
+            0x11 => Message::SessionToken(SessionToken {
+                token: self.string("session token")?,
+                expires_in_seconds: self.u32("session token expiry")?,
+            }),
+            other => return Err(DecodeError::UnknownMessageType(other)),
+        })
+    }
+
+    fn hello(&mut self) -> Result<Hello, DecodeError> {
+        Ok(Hello {
+            protocol_version: self.u16("protocol version")?,
+            client_id: self.string("client id")?,
+            user: self.string("user")?,
+            password: self.string("password")?,
+            script_version: self.string("script version")?,
+            last_download_watermark: self.i64("last download watermark")?,
+            token: self.string("token")?,
+            auth_parameters: self.names("authentication parameter")?,
+            download_ack: self.flag("download acknowledgement")?,
+        })
+    }
+
+    fn upload(&mut self) -> Result<TableUpload, DecodeError> {
+        let table = self.string("table name")?;
+        let columns = self.names("column")?;
+        let key_columns = self.names("key column")?;
+        let inserts = self.rows("insert", &table, &columns)?;
+        let update_count = self.count("update", 2 * ROW_BYTES_MIN)?;
+        let keep = self.rows == Rows::Keep;
+        let mut updates = Vec::with_capacity(if keep { update_count } else { 0 });
+        self.rows_seen += update_count;
+        for _ in 0..update_count {
+            let old = self.row(&table, &columns)?;
+            let new = self.row(&table, &columns)?;
+            if keep {
+                updates.push(RowUpdate { old, new });
+            }
+        }
+        let deletes = self.rows("delete", &table, &key_columns)?;
+        Ok(TableUpload {
+            table,
+            columns,
+            key_columns,
+            inserts,
+            updates,
+            deletes,
+        })
+    }
+
+    fn download(&mut self) -> Result<Download, DecodeError> {
+        let table = self.string("table name")?;
+        let columns = self.names("column")?;
+        let key_columns = self.names("key column")?;
+        let upserts = self.rows("upsert", &table, &columns)?;
+        let deletes = self.rows("delete", &table, &key_columns)?;
+        Ok(Download {
+            table,
+            columns,
+            key_columns,
+            upserts,
+            deletes,
+        })
+    }
+
+    fn end_download(&mut self) -> Result<EndDownload, DecodeError> {
+        Ok(EndDownload {
+            watermark: self.i64("watermark")?,
+            summary: SyncSummary {
+                rows_uploaded: self.u64("rows uploaded")?,
+                conflicts: self.u64("conflicts")?,
+                upload_already_applied: self.flag("upload already applied")?,
+            },
+        })
+    }
+
+    fn conflicts(&mut self) -> Result<Conflicts, DecodeError> {
+        let table = self.string("table name")?;
+        let key_columns = self.names("key column")?;
+        let keys = self.rows("conflicting key", &table, &key_columns)?;
+        Ok(Conflicts {
+            table,
+            key_columns,
+            keys,
+        })
+    }
+
+    fn value_start(&mut self) -> Result<ValueStart, DecodeError> {
+        let offset = self.offset;
+        let tag = self.take(1, "value kind")?[0];
+        let kind = PieceKind::from_u8(tag).ok_or(DecodeError::PieceKind { tag, offset })?;
+        Ok(ValueStart {
+            kind,
+            length: self.u64("value length")?,
+            table: self.string("value table")?,
+            column: self.string("value column")?,
+        })
     }
 
     /// An error message; with code 17 (`RowsRefused`, protocol v6) the rows refused.

@@ -313,6 +313,61 @@ enum Decoder {
     Zstd(Box<ZstdDecoder<'static>>),
 }
 
+/// What one [`Decoder::run`] did: the bytes it read and wrote, and whether the
+/// compressed stream ended.
+struct Inflated {
+    read: usize,
+    written: usize,
+    stream_ended: bool,
+}
+
+impl Decoder {
+    /// Inflates what `input` holds into `output`, as far as either goes.
+    fn run(
+        &mut self,
+        compression: Compression,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<Inflated, CompressionError> {
+        let corrupt = |message: String| CompressionError::Corrupt {
+            compression,
+            message,
+        };
+        match self {
+            Decoder::None => {
+                let count = input.len().min(output.len());
+                output[..count].copy_from_slice(&input[..count]);
+                Ok(Inflated {
+                    read: count,
+                    written: count,
+                    stream_ended: false,
+                })
+            }
+            Decoder::Zlib(decoder) => {
+                let (in_before, out_before) = (decoder.total_in(), decoder.total_out());
+                let status = decoder
+                    .decompress(input, output, flate2::FlushDecompress::None)
+                    .map_err(|error| corrupt(error.to_string()))?;
+                Ok(Inflated {
+                    read: (decoder.total_in() - in_before) as usize,
+                    written: (decoder.total_out() - out_before) as usize,
+                    stream_ended: status == flate2::Status::StreamEnd,
+                })
+            }
+            Decoder::Zstd(decoder) => {
+                let status = decoder
+                    .run_on_buffers(input, output)
+                    .map_err(|error| corrupt(error.to_string()))?;
+                Ok(Inflated {
+                    read: status.bytes_read,
+                    written: status.bytes_written,
+                    stream_ended: status.remaining == 0 && status.bytes_read > 0,
+                })
+            }
+        }
+    }
+}
+
 /// Decompresses one direction of a connection under a limit on the total output.
 ///
 /// Use: [`feed`](Decompressor::feed) what arrived, then call
@@ -451,42 +506,11 @@ impl Decompressor {
             self.output.resize(room, 0);
         }
         let output = &mut self.output[..room];
-        let compression = self.compression;
-        let (read, written) = match &mut self.decoder {
-            Decoder::None => {
-                let count = pending.len().min(room);
-                output[..count].copy_from_slice(&pending[..count]);
-                (count, count)
-            }
-            Decoder::Zlib(decoder) => {
-                let (in_before, out_before) = (decoder.total_in(), decoder.total_out());
-                let status = decoder
-                    .decompress(pending, output, flate2::FlushDecompress::None)
-                    .map_err(|error| CompressionError::Corrupt {
-                        compression,
-                        message: error.to_string(),
-                    })?;
-                if status == flate2::Status::StreamEnd {
-                    self.finished = true;
-                }
-                (
-                    (decoder.total_in() - in_before) as usize,
-                    (decoder.total_out() - out_before) as usize,
-                )
-            }
-            Decoder::Zstd(decoder) => {
-                let status = decoder.run_on_buffers(pending, output).map_err(|error| {
-                    CompressionError::Corrupt {
-                        compression,
-                        message: error.to_string(),
-                    }
-                })?;
-                if status.remaining == 0 && status.bytes_read > 0 {
-                    self.finished = true;
-                }
-                (status.bytes_read, status.bytes_written)
-            }
-        };
+        let inflated = self.decoder.run(self.compression, pending, output)?;
+        let (read, written) = (inflated.read, inflated.written);
+        if inflated.stream_ended {
+            self.finished = true;
+        }
         self.input_start += read;
         self.output_was_full = written == room;
         self.decompressed_bytes += written as u64;

@@ -32,26 +32,32 @@ pub(crate) async fn monitor_load<B: Consolidated>(shared: Arc<Shared<B>>) {
     let counters = &shared.pool.counters;
     let mut ticks = tokio::time::interval(interval);
     ticks.tick().await;
-    let mut last = (0u64, 0u64, 0usize, 0usize);
+    let mut last = LoadCounts::default();
     let mut last_tick = Instant::now();
-    let mut summary = (Instant::now(), 0u64, 0u64, 0u64);
+    let mut summary = SummaryStart {
+        at: Instant::now(),
+        syncs: 0,
+        rows: 0,
+        busy_answers: 0,
+    };
     loop {
         ticks.tick().await;
         let (syncs_completed, rows) = shared.load.totals();
-        let now = (
+        let now = LoadCounts {
             syncs_completed,
             rows,
-            counters.waited.load(Ordering::Acquire),
-            counters.busy_micros.load(Ordering::Acquire),
-        );
+            waited: counters.waited.load(Ordering::Acquire),
+            busy_micros: counters.busy_micros.load(Ordering::Acquire),
+        };
         let elapsed = last_tick.elapsed();
         last_tick = Instant::now();
         let sample = Sample {
             interval: elapsed,
-            syncs_completed: now.0 - last.0,
-            rows: now.1 - last.1,
-            syncs_waited: (now.2 - last.2) as u64 + counters.waiting.load(Ordering::Acquire) as u64,
-            worker_busy: Duration::from_micros((now.3 - last.3) as u64),
+            syncs_completed: now.syncs_completed - last.syncs_completed,
+            rows: now.rows - last.rows,
+            syncs_waited: (now.waited - last.waited) as u64
+                + counters.waiting.load(Ordering::Acquire) as u64,
+            worker_busy: Duration::from_micros((now.busy_micros - last.busy_micros) as u64),
         };
         last = now;
         let rate = sample.syncs_completed as f64 / elapsed.as_secs_f64().max(1e-3);
@@ -69,8 +75,8 @@ pub(crate) async fn monitor_load<B: Consolidated>(shared: Arc<Shared<B>>) {
         }
         update_gauges(&shared);
         shared.metrics.sample_monitor();
-        if summary.0.elapsed() >= SUMMARY_INTERVAL {
-            summary = log_summary(&shared, (now.0, now.1), summary);
+        if summary.at.elapsed() >= SUMMARY_INTERVAL {
+            summary = log_summary(&shared, &now, &summary);
         }
     }
 }
@@ -98,24 +104,48 @@ fn update_gauges<B: Consolidated>(shared: &Shared<B>) {
         .set(counters.waiting.load(Ordering::Acquire) as i64);
 }
 
-/// Logs what happened since `since` (when, syncs, rows, busy answers at the last
-/// summary) and returns the start of the next summary.
+/// The load counters at one tick of the load monitor.
+#[derive(Clone, Copy, Default)]
+struct LoadCounts {
+    syncs_completed: u64,
+    rows: u64,
+    /// Syncs that waited for a worker.
+    waited: usize,
+    /// Time workers spent busy.
+    busy_micros: usize,
+}
+
+/// What the last summary line counted up to, and when.
+struct SummaryStart {
+    at: Instant,
+    syncs: u64,
+    rows: u64,
+    busy_answers: u64,
+}
+
+/// Logs what happened since the last summary (`since`) up to `now`, and returns the
+/// start of the next summary.
 fn log_summary<B: Consolidated>(
     shared: &Shared<B>,
-    (syncs, rows): (u64, u64),
-    since: (Instant, u64, u64, u64),
-) -> (Instant, u64, u64, u64) {
+    now: &LoadCounts,
+    since: &SummaryStart,
+) -> SummaryStart {
     let busy_answers = shared.metrics.syncs_ended(Outcome::busy);
     tracing::info!(
-        syncs = syncs - since.1,
-        rows = rows - since.2,
-        busy_answers = busy_answers - since.3,
+        syncs = now.syncs_completed - since.syncs,
+        rows = now.rows - since.rows,
+        busy_answers = busy_answers - since.busy_answers,
         workers = shared.pool.workers(),
         cache_bytes = shared.cache.used_bytes(),
         "summary of the last {} s",
-        since.0.elapsed().as_secs()
+        since.at.elapsed().as_secs()
     );
-    (Instant::now(), syncs, rows, busy_answers)
+    SummaryStart {
+        at: Instant::now(),
+        syncs: now.syncs_completed,
+        rows: now.rows,
+        busy_answers,
+    }
 }
 
 /// Removes tombstones every client has passed, and held transfers older than their

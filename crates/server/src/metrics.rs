@@ -119,7 +119,7 @@ impl Metrics {
             "Time spent in each phase of a sync",
             phase_seconds.clone(),
         );
-        let metrics = Metrics {
+        let mut metrics = Metrics {
             syncs,
             phase_seconds,
             rows_uploaded: Counter::default(),
@@ -152,144 +152,162 @@ impl Metrics {
             monitor: Monitor::new(settings),
             registry,
         };
-        let mut metrics = metrics;
-        let registry = &mut metrics.registry;
-        registry.register(
+        metrics.register_sync_metrics();
+        metrics.register_memory_metrics();
+        metrics.register_transfer_metrics();
+        metrics.register_admission_metrics();
+        metrics
+    }
+
+    /// Registers: rows moved, connections and database workers.
+    fn register_sync_metrics(&mut self) {
+        self.registry.register(
             "rows_uploaded",
             "Rows uploaded by applied syncs",
-            metrics.rows_uploaded.clone(),
+            self.rows_uploaded.clone(),
         );
-        registry.register(
+        self.registry.register(
             "rows_downloaded",
             "Rows sent in downloads",
-            metrics.rows_downloaded.clone(),
+            self.rows_downloaded.clone(),
         );
-        registry.register(
+        self.registry.register(
             "connections",
             "Connections holding a slot",
-            metrics.connections.clone(),
+            self.connections.clone(),
         );
-        registry.register(
+        self.registry.register(
             "syncs_waiting_for_worker",
             "Syncs whose upload is in, waiting for a database worker",
-            metrics.syncs_waiting_for_worker.clone(),
+            self.syncs_waiting_for_worker.clone(),
         );
-        registry.register(
+        self.registry.register(
             "workers_busy",
             "Database workers running a sync",
-            metrics.workers_busy.clone(),
+            self.workers_busy.clone(),
         );
-        registry.register(
+        self.registry.register(
             "workers",
             "Database workers (current count)",
-            metrics.workers.clone(),
+            self.workers.clone(),
         );
-        registry.register(
+        self.registry.register(
             "worker_adjustments",
             "Changes of the worker count by the controller",
-            metrics.worker_adjustments.clone(),
+            self.worker_adjustments.clone(),
         );
-        registry.register(
+    }
+
+    /// Registers: the cache, the zstd decoders and what the spools wrote.
+    fn register_memory_metrics(&mut self) {
+        self.registry.register(
             "cache_bytes",
             "Upload and download bytes in memory for syncs in flight",
-            metrics.cache_bytes.clone(),
+            self.cache_bytes.clone(),
         );
-        registry.register(
+        self.registry.register(
             "cache_bytes_max",
             "The cache limit",
-            metrics.cache_bytes_max.clone(),
+            self.cache_bytes_max.clone(),
         );
-        registry.register(
+        self.registry.register(
             "cache_bytes_peak",
             "The most bytes the cache held at once since the server started",
-            metrics.cache_bytes_peak.clone(),
+            self.cache_bytes_peak.clone(),
         );
-        registry.register(
+        self.registry.register(
             "zstd_decoders_bytes",
             "Memory reserved by the connections' zstd decoders (at most zstd_decoders_bytes_max)",
-            metrics.zstd_decoders_bytes.clone(),
+            self.zstd_decoders_bytes.clone(),
         );
-        registry.register(
+        self.registry.register(
             "spilled_bytes",
             "Bytes written to temporary files because the cache was full",
-            metrics.spilled_bytes.clone(),
+            self.spilled_bytes.clone(),
         );
-        registry.register(
+        self.registry.register(
             "upload_decompressed_bytes",
             "Upload bytes decompressed by the stream stage (as read, when not compressed)",
-            metrics.upload_decompressed_bytes.clone(),
+            self.upload_decompressed_bytes.clone(),
         );
-        registry.register(
+        self.registry.register(
             "upload_spooled_bytes",
             "Upload bytes appended to upload spools",
-            metrics.upload_spooled_bytes.clone(),
+            self.upload_spooled_bytes.clone(),
         );
-        registry.register(
+    }
+
+    /// Registers: held and resumed transfers, and the version table lists loaded.
+    fn register_transfer_metrics(&mut self) {
+        self.registry.register(
             "uploads_held",
             "Cut uploads held in the consolidated database for their clients to resume",
-            metrics.uploads_held.clone(),
+            self.uploads_held.clone(),
         );
-        registry.register(
+        self.registry.register(
             "upload_resumed_bytes",
             "Upload bytes taken from held transfers instead of the wire",
-            metrics.upload_resumed_bytes.clone(),
+            self.upload_resumed_bytes.clone(),
         );
-        registry.register(
+        self.registry.register(
             "downloads_held",
             "Cut downloads held in the consolidated database for their clients to resume",
-            metrics.downloads_held.clone(),
+            self.downloads_held.clone(),
         );
-        registry.register(
+        self.registry.register(
             "download_resumed_bytes",
             "Download bytes a resumed download did not send again",
-            metrics.download_resumed_bytes.clone(),
+            self.download_resumed_bytes.clone(),
         );
-        registry.register(
+        self.registry.register(
             "version_tables_loads",
             "Script versions' table lists loaded to refuse unknown tables as they arrive",
-            metrics.version_tables_loads.clone(),
+            self.version_tables_loads.clone(),
         );
-        registry.register(
+    }
+
+    /// Registers: what connections were turned away or evicted for, and the server's readiness.
+    fn register_admission_metrics(&mut self) {
+        self.registry.register(
             "connections_awaiting_hello",
             "Connections holding a slot that have not sent their hello yet",
-            metrics.connections_awaiting_hello.clone(),
+            self.connections_awaiting_hello.clone(),
         );
-        registry.register(
+        self.registry.register(
             "hello_pending_evictions",
             "Connections closed without a hello to make room for newer ones",
-            metrics.hello_pending_evictions.clone(),
+            self.hello_pending_evictions.clone(),
         );
-        registry.register(
+        self.registry.register(
             "http_connections_idle",
             "HTTP connections open with no request in progress",
-            metrics.http_connections_idle.clone(),
+            self.http_connections_idle.clone(),
         );
-        registry.register(
+        self.registry.register(
             "http_idle_evictions",
             "HTTP connections closed while idle to make room for newer ones",
-            metrics.http_idle_evictions.clone(),
+            self.http_idle_evictions.clone(),
         );
-        registry.register(
+        self.registry.register(
             "receipts_refused",
             "Receipt requests answered without a lookup (malformed, or too many on one connection)",
-            metrics.receipts_refused.clone(),
+            self.receipts_refused.clone(),
         );
-        registry.register(
+        self.registry.register(
             "logins_throttled",
             "Logins refused unchecked: too many failures for the address or the user",
-            metrics.logins_throttled.clone(),
+            self.logins_throttled.clone(),
         );
-        registry.register(
+        self.registry.register(
             "draining",
             "1 while the server drains after a stop was asked: new syncs are answered busy",
-            metrics.draining.clone(),
+            self.draining.clone(),
         );
-        registry.register(
+        self.registry.register(
             "database_up",
             "1 when the consolidated database answered the last readiness check",
-            metrics.database_up.clone(),
+            self.database_up.clone(),
         );
-        metrics
     }
 
     /// Whether the server takes syncs (`/readyz`): the database answered its last check

@@ -46,7 +46,7 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
         ..PhaseTimings::default()
     };
     shared.metrics.connections.inc();
-    let result = run_sync(&mut stream, peer, shared, &mut timings, &close).await;
+    let result = run_stages(&mut stream, peer, shared, &mut timings, &close).await;
     shared.metrics.connections.dec();
     // The slot is free before the client hears the end of its sync: a client that
     // reconnects at once, after the answer or the close, finds it free (the reply and
@@ -107,7 +107,7 @@ fn observe_end<B: Consolidated>(
 /// The stages of one sync: stream (hello, authentication, the checked upload), database
 /// (a worker runs the transaction, the download is spooled), download (sent once the
 /// worker is released). An acknowledgement of the last download takes the same path.
-async fn run_sync<B: Consolidated>(
+async fn run_stages<B: Consolidated>(
     connection: &mut (impl AsyncRead + AsyncWrite + Unpin + Send),
     peer: SocketAddr,
     shared: &Shared<B>,
@@ -115,35 +115,7 @@ async fn run_sync<B: Consolidated>(
     close: &ClientClose,
 ) -> Result<String, Failure> {
     match stream::receive(connection, peer, shared, timings).await? {
-        Received::Upload(upload) => {
-            let identity = crate::failure::identity(&upload.hello);
-            // A resumed transfer's held start goes once the sync committed.
-            let resumed = upload
-                .transfer
-                .clone()
-                .filter(|transfer| transfer.offset > 0)
-                .map(|transfer| (upload.hello.clone(), upload.user.clone(), transfer));
-            let with_identity = |mut failure: Failure| {
-                failure.identity.get_or_insert_with(|| identity.clone());
-                failure
-            };
-            let resumable = resumable_download(&upload, close);
-            // A resumption of this download waits until it is sent (or held).
-            let _sending = resumable
-                .as_ref()
-                .map(|resumable| shared.holding.begin(&resumable.hello.client_id));
-            let gone = client_gone(connection, close);
-            let synchronized = database::synchronize(shared, *upload, timings, gone)
-                .await
-                .map_err(with_identity)?;
-            if let Some((hello, user, transfer)) = resumed {
-                let transfer_id = &transfer.transfer_id;
-                crate::held::release(shared, Direction::Upload, &hello, &user, transfer_id).await;
-            }
-            download::send_download(connection, shared, synchronized, timings, resumable)
-                .await
-                .map_err(with_identity)
-        }
+        Received::Upload(upload) => sync_upload(connection, shared, *upload, timings, close).await,
         Received::Acknowledgement(acknowledgement) => {
             let hello = acknowledgement.hello.clone();
             rowsync_consolidated::failpoint!("before_ack");
@@ -172,27 +144,72 @@ async fn run_sync<B: Consolidated>(
             };
             Ok(crate::receipt::confirm(shared, receipts, &transfer_id, offset).await)
         }
-        Received::HeldQuery(query) => {
-            let stream::HeldQuery {
-                hello,
-                user,
-                transfer_id,
-                outbound,
-            } = *query;
-            let answer = crate::held::held_answer(shared, &hello, &user, &transfer_id)
-                .await
-                .map_err(|failure| failure.of(&hello))?;
-            let length = answer.length;
-            let message = rowsync_protocol::Message::UploadHeld(answer);
-            download::answer_exchange(connection, shared, outbound, message)
-                .await
-                .map_err(|failure| failure.of(&hello))?;
-            Ok(format!(
-                "client {:?} asked about transfer {transfer_id:?}: {length} bytes held",
-                hello.client_id
-            ))
-        }
+        Received::HeldQuery(query) => answer_held_query(connection, shared, *query).await,
     }
+}
+
+/// An upload's sync: the database stage, the held start of a resumed upload released
+/// once committed, then the download stage.
+async fn sync_upload<B: Consolidated>(
+    connection: &mut (impl AsyncRead + AsyncWrite + Unpin + Send),
+    shared: &Shared<B>,
+    upload: stream::CheckedUpload,
+    timings: &mut PhaseTimings,
+    close: &ClientClose,
+) -> Result<String, Failure> {
+    let identity = crate::failure::identity(&upload.hello);
+    // A resumed transfer's held start goes once the sync committed.
+    let resumed = upload
+        .transfer
+        .clone()
+        .filter(|transfer| transfer.offset > 0)
+        .map(|transfer| (upload.hello.clone(), upload.user.clone(), transfer));
+    let with_identity = |mut failure: Failure| {
+        failure.identity.get_or_insert_with(|| identity.clone());
+        failure
+    };
+    let resumable = resumable_download(&upload, close);
+    // A resumption of this download waits until it is sent (or held).
+    let _sending = resumable
+        .as_ref()
+        .map(|resumable| shared.holding.begin(&resumable.hello.client_id));
+    let gone = client_gone(connection, close);
+    let synchronized = database::run_on_worker(shared, upload, timings, gone)
+        .await
+        .map_err(with_identity)?;
+    if let Some((hello, user, transfer)) = resumed {
+        let transfer_id = &transfer.transfer_id;
+        crate::held::release(shared, Direction::Upload, &hello, &user, transfer_id).await;
+    }
+    download::send_download(connection, shared, synchronized, timings, resumable)
+        .await
+        .map_err(with_identity)
+}
+
+/// Protocol v3: how much of a cut upload the server holds for the client.
+async fn answer_held_query<B: Consolidated>(
+    connection: &mut (impl AsyncRead + AsyncWrite + Unpin + Send),
+    shared: &Shared<B>,
+    query: stream::HeldQuery,
+) -> Result<String, Failure> {
+    let stream::HeldQuery {
+        hello,
+        user,
+        transfer_id,
+        outbound,
+    } = query;
+    let answer = crate::held::held_answer(shared, &hello, &user, &transfer_id)
+        .await
+        .map_err(|failure| failure.of(&hello))?;
+    let length = answer.length;
+    let message = rowsync_protocol::Message::UploadHeld(answer);
+    download::answer_exchange(connection, shared, outbound, message)
+        .await
+        .map_err(|failure| failure.of(&hello))?;
+    Ok(format!(
+        "client {:?} asked about transfer {transfer_id:?}: {length} bytes held",
+        hello.client_id
+    ))
 }
 
 /// A protocol v4 upload's download is resumable under the upload's transfer id.

@@ -19,6 +19,9 @@
 //! downloaded again, never missed). Tests that assert exact downloads take
 //! [`exclusive`] for their whole run; autovacuum is off for the same reason.
 
+// Test support, not product: a server start-up reads as one script; the limit is for the product.
+#![allow(clippy::too_many_lines)]
+
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

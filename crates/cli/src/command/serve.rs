@@ -332,6 +332,27 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         .await
 }
 
+/// Before serving: the system tables installed, the apply streams a stopped server left
+/// prepared resolved (they hold their rows' locks), and with `--ha` the standby checked.
+/// Returns how many prepared transactions were resolved.
+async fn prepare_database<B: Consolidated>(
+    backend: &B,
+    database: &Database,
+    ha: bool,
+) -> Result<u64> {
+    let mut connection = backend.connect().await?;
+    connection.install_system_tables().await?;
+    let resolved = connection.resolve_prepared_streams().await?;
+    if ha {
+        let standby = standby::check(&mut connection, database).await?;
+        if let Some(warning) = standby::warning(&standby) {
+            tracing::warn!("{warning}");
+            notice(warning);
+        }
+    }
+    Ok(resolved)
+}
+
 impl OnBackend for ServeArgs {
     type Output = ();
     async fn run<B: Consolidated>(self, backend: B) -> Result<()> {
@@ -345,20 +366,8 @@ impl OnBackend for ServeArgs {
         let workers_range = self.workers_range()?;
         let tls_files = self.tls_files()?;
         let (endpoints, shown_endpoints) = self.endpoints(tls_files.as_ref()).await?;
-        let mut connection = backend.connect().await?;
-        connection.install_system_tables().await?;
-        // Apply streams a stopped server left prepared hold their rows' locks: resolved
-        // before anything syncs.
-        let resolved = connection.resolve_prepared_streams().await?;
         let database = self.database.database()?;
-        if self.ha {
-            let standby = standby::check(&mut connection, &database).await?;
-            if let Some(warning) = standby::warning(&standby) {
-                tracing::warn!("{warning}");
-                notice(warning);
-            }
-        }
-        drop(connection);
+        let resolved = prepare_database(&backend, &database, self.ha).await?;
         let shown = match &database {
             Database::Sqlite(_) => self.database.db.clone(),
             other => format!("a {} database", other.kind()),

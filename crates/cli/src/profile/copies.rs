@@ -1,5 +1,5 @@
 //! N copies at once: a script in N transactions rolled back, or N whole syncs through
-//! the backend's `synchronize`, started together and timed to the end of the last.
+//! the backend's `run_sync_transaction`, started together and timed to the end of the last.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -149,8 +149,10 @@ pub async fn sync_batch(
                     }
                 }
             };
-            let (outcome, ()) =
-                tokio::join!(connection.synchronize(Arc::new(request), sender), drain);
+            let (outcome, ()) = tokio::join!(
+                connection.run_sync_transaction(Arc::new(request), sender),
+                drain
+            );
             (outcome, Instant::now())
         });
     let mut batch = Batch {

@@ -1,6 +1,6 @@
 //! `rowsync profile`: the SMP scalability paper's method applied to a script version on
 //! PostgreSQL. Each script (in a transaction rolled back) and each whole sync type
-//! (through the backend's `synchronize`) runs alone, then as N copies at once with
+//! (through the backend's `run_sync_transaction`) runs alone, then as N copies at once with
 //! identical and with distinct parameters; a sampler records what the copies' sessions
 //! waited on and which rows they waited for, and the verdict comes from those waits,
 //! never from the times (the machine is noisy). `plans` is the plan advisor.

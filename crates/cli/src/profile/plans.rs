@@ -1,6 +1,6 @@
 //! The plan advisor on PostgreSQL: each download cursor, upload script and connection
 //! event explained with representative parameters (the first participant's, rows of
-//! its partition staged as the server stages an upload) inside a transaction rolled
+//! its partition put in scratch as the server puts an upload) inside a transaction rolled
 //! back, so `ANALYZE` of a write changes nothing. Findings come from the plans' shapes
 //! and the catalog, never from times: a scan that reads a whole table to filter it when
 //! no index leads with a column the filter compares (the proposed `CREATE INDEX` would
@@ -23,7 +23,7 @@ pub const ESTIMATE_FACTOR_MAX: f64 = 10.0;
 /// Nodes whose estimate and actual rows both stay below this are never flagged: a few
 /// rows off says nothing about a plan.
 pub const ESTIMATE_ROWS_MIN: f64 = 100.0;
-/// Rows of the partition staged as a representative upload.
+/// Rows of the partition put in scratch as a representative upload.
 pub const STAGED_ROWS: usize = 100;
 
 const UPLOAD_STAGE: &str = "pg_temp.rs_profile_upload";
@@ -200,22 +200,22 @@ async fn stage(
         q(partition),
         super::sampler::literal(user)
     );
-    let mut staged = sql.to_string();
+    let mut scratch = sql.to_string();
     for (placeholder, name, columns) in [
         (UPLOAD_PLACEHOLDER, UPLOAD_STAGE, upload_columns),
         (KEYS_PLACEHOLDER, KEYS_STAGE, keys.join(", ")),
     ] {
-        if staged.contains(placeholder) {
+        if scratch.contains(placeholder) {
             client
                 .batch_execute(&format!(
                     "CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {columns} {from}; ANALYZE {name}",
                     name.trim_start_matches("pg_temp.")
                 ))
                 .await?;
-            staged = staged.replace(placeholder, name);
+            scratch = scratch.replace(placeholder, name);
         }
     }
-    Ok(staged)
+    Ok(scratch)
 }
 
 /// Every node of a plan, depth first.
@@ -236,7 +236,7 @@ fn text<'j>(node: &'j Json, field: &str) -> &'j str {
 /// Scans that read a whole table to filter it (a sequential scan, or an index scan with
 /// no index condition) where no index of the table leads with a column the filter
 /// compares: an index would serve it. A whole scan the planner chose although such an
-/// index exists (a small table) is its choice, not a finding; the staged upload is the
+/// index exists (a small table) is its choice, not a finding; the scratch upload is the
 /// advisor's own and never one.
 async fn full_scans(client: &Client, plan: &Json) -> Result<Vec<PlanFinding>, ProfileError> {
     let mut findings = Vec::new();

@@ -1,5 +1,5 @@
 //! The plan advisor on SQLite, with what SQLite offers: `EXPLAIN QUERY PLAN` of each
-//! download cursor and connection event (upload scripts need a staged upload, which
+//! download cursor and connection event (upload scripts need a scratch upload, which
 //! only a sync makes). A `SCAN` of a table (no `USING` index) that filters a column no
 //! index leads with is a full scan, with the `CREATE INDEX` that would serve it.
 

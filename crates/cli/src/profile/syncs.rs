@@ -1,4 +1,4 @@
-//! Whole sync types as N copies at once, through the backend's `synchronize`: a full
+//! Whole sync types as N copies at once, through the backend's `run_sync_transaction`: a full
 //! download, an update of rows to their own values, and a delete of rows followed by
 //! their insert (which puts them back). They commit, as syncs do; copies of the same
 //! user take different rows, so the rows a sync type uploads are not what they fight

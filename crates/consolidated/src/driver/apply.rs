@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use rowsync_protocol::{Row, TableUpload, Value};
 
 use super::rows::run_row_script;
-use crate::dialect::{Dialect, RowStatement, StagedRows, TableApply};
+use crate::dialect::{Dialect, RowStatement, ScratchRows, TableApply};
 use crate::parameters::Parameters;
 use crate::scripts::*;
 use crate::shape::TableShape;
@@ -99,17 +99,17 @@ impl UploadKind<'_> {
         }
     }
 
-    /// The columns its stage holds: the upload's, or the key for deletes.
-    fn staged_columns(&self) -> &[String] {
+    /// The columns its scratch holds: the upload's, or the key for deletes.
+    fn scratch_columns(&self) -> &[String] {
         match self.event {
             UPLOAD_DELETE => &self.upload.key_columns,
             _ => &self.upload.columns,
         }
     }
 
-    /// Every operation as its stage holds it: new values (inserts), new then old
+    /// Every operation as its scratch holds it: new values (inserts), new then old
     /// (updates), the key (deletes).
-    fn staged_rows(&self) -> Vec<Vec<&Value>> {
+    fn scratch_rows(&self) -> Vec<Vec<&Value>> {
         match self.event {
             UPLOAD_INSERT => self
                 .upload
@@ -148,7 +148,7 @@ async fn apply_kind<D: Dialect>(
     let mut run_script = apply && !row_script;
     if run_script {
         match apply_fast(transaction, context, kind).await? {
-            // Every staged row inserted: none can be a conflict.
+            // Every scratch row inserted: none can be a conflict.
             Some(changed) if changed >= kind.count() as u64 => return Ok(Vec::new()),
             // Some not inserted (another partition's): compared with the table.
             Some(_) => run_script = false,
@@ -157,7 +157,7 @@ async fn apply_kind<D: Dialect>(
     }
     let mut conflict_keys = Vec::new();
     let rows: Vec<UploadedRow>;
-    let staged = if row_script {
+    let scratch = if row_script {
         let keys = &kind.layout.key_positions;
         rows = uploaded_rows(kind.upload, kind.event, keys);
         let statement = RowStatement {
@@ -174,28 +174,28 @@ async fn apply_kind<D: Dialect>(
         applied
             .unchanged
             .iter()
-            .map(|&index| rows[index].staged_image(kind.event, keys))
+            .map(|&index| rows[index].scratch_image(kind.event, keys))
             .collect()
     } else {
-        kind.staged_rows()
+        kind.scratch_rows()
     };
-    if staged.is_empty() {
+    if scratch.is_empty() {
         return Ok(conflict_keys);
     }
-    let staged = StagedRows {
+    let scratch = ScratchRows {
         event: kind.event,
         kind: kind.name(),
-        columns: kind.staged_columns(),
-        rows: staged,
+        columns: kind.scratch_columns(),
+        rows: scratch,
         run_script,
         after_row_script: row_script,
     };
-    conflict_keys.extend(transaction.apply_staged(context, staged).await?);
+    conflict_keys.extend(transaction.apply_scratch(context, scratch).await?);
     Ok(conflict_keys)
 }
 
 /// The kind's fast form, tried first where the version has one and the backend runs
-/// it (`upload_insert_fast`, see [`Dialect::apply_staged_fast`]): the rows it
+/// it (`upload_insert_fast`, see [`Dialect::apply_scratch_fast`]): the rows it
 /// inserted, or `None` when it did not run or a unique violation rolled it back.
 async fn apply_fast<D: Dialect>(
     transaction: &mut D,
@@ -218,15 +218,15 @@ async fn apply_fast<D: Dialect>(
             context.table()
         )));
     }
-    let staged = StagedRows {
+    let scratch = ScratchRows {
         event: kind.event,
         kind: kind.name(),
-        columns: kind.staged_columns(),
-        rows: kind.staged_rows(),
+        columns: kind.scratch_columns(),
+        rows: kind.scratch_rows(),
         run_script: true,
         after_row_script: false,
     };
     transaction
-        .apply_staged_fast(context, staged, fast_event)
+        .apply_scratch_fast(context, scratch, fast_event)
         .await
 }

@@ -52,7 +52,7 @@ pub struct DownloadOf<'a> {
 }
 
 /// Streams every download table; returns the rows sent.
-pub async fn send_download<D: Dialect>(
+pub async fn stream_download<D: Dialect>(
     transaction: &mut D,
     of: &DownloadOf<'_>,
     download: &DownloadSender,
@@ -97,8 +97,16 @@ pub async fn send_download<D: Dialect>(
             recording: None,
         })
         .collect();
-        let sharing = (watermark, request.upload_operation_count() == 0);
-        let served = read_cursors(transaction, cursors, sharing, &mut filter, download).await?;
+        let may_share = request.upload_operation_count() == 0;
+        let served = read_cursors(
+            transaction,
+            cursors,
+            watermark,
+            may_share,
+            &mut filter,
+            download,
+        )
+        .await?;
         watermark_cap = match (watermark_cap, served) {
             (Some(cap), Some(served)) => Some(cap.min(served)),
             (cap, served) => cap.or(served),
@@ -112,7 +120,7 @@ pub async fn send_download<D: Dialect>(
     })
 }
 
-/// What [`send_download`] sent.
+/// What [`stream_download`] sent.
 pub struct DownloadSent {
     pub rows: u64,
     /// The download carries rows read by another sync at this watermark
@@ -127,7 +135,8 @@ pub struct DownloadSent {
 async fn read_cursors<D: Dialect>(
     transaction: &mut D,
     mut cursors: Vec<CursorScript<'_>>,
-    (watermark, may_share): (i64, bool),
+    watermark: i64,
+    may_share: bool,
     filter: &mut DownloadFilter<'_>,
     download: &DownloadSender,
 ) -> Result<Option<i64>, SyncError> {

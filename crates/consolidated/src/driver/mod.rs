@@ -54,7 +54,7 @@ pub const SYNC_ATTEMPTS_MAX: u32 = 3;
 /// transaction of its own. A large upload is applied over the backend's apply streams
 /// (`streams`); when an attempt that used them fails, the upload is applied again on
 /// one stream (not counted as an attempt), as SubscriptionStreams does.
-pub async fn synchronize<B: SyncBackend>(
+pub async fn sync_with_retries<B: SyncBackend>(
     backend: &mut B,
     scripts: &Scripts,
     request: &SyncRequest,
@@ -265,7 +265,7 @@ async fn run_events<D: Dialect, B: SyncBackend>(
         applied: sync.apply,
         watermark,
     };
-    let sent = download::send_download(transaction, &of, download).await?;
+    let sent = download::stream_download(transaction, &of, download).await?;
     let download_rows = sent.rows;
     if let Some(cap) = sent.watermark_cap {
         watermark = watermark.min(cap);

@@ -12,7 +12,7 @@
 //!
 //! Any failure of a stream, or of the sync while streams were used, rolls back every
 //! stream and the sync's transaction, and the upload is applied again on one stream
-//! (`driver::synchronize`): what fails there is the sync's real failure.
+//! (`driver::sync_with_retries`): what fails there is the sync's real failure.
 //!
 //! Streams are used only when every table's upload is applied by set scripts (a row
 //! script's `handle_error` decides row by row, in order), no update moves its key, and

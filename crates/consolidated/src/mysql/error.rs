@@ -33,7 +33,7 @@ pub fn may_retry(error: &SyncError) -> bool {
         .is_some_and(is_retryable)
 }
 
-/// A staged value its column refused (strict mode's data errors: SQLSTATE class 22, or
+/// A scratch value its column refused (strict mode's data errors: SQLSTATE class 22, or
 /// 1366 "incorrect value", which MariaDB reports as HY000).
 pub fn refused_value(table: &str, error: mysql_async::Error) -> SyncError {
     let refused = match &error {

@@ -67,15 +67,16 @@ pub async fn run_event(
     event: &str,
     parameters: &Parameters<'_>,
 ) -> Result<Option<ScriptRows>, SyncError> {
-    run_query_script(connection, scripts, ("", event), parameters).await
+    run_query_script(connection, scripts, "", event, parameters).await
 }
 
-/// Runs the script of `(table, event)` (table "" for a connection event) if the version
+/// Runs the script of `table` and `event` (table "" for a connection event) if the version
 /// has one; returns what it selected.
 pub async fn run_query_script(
     connection: &mut impl Queryable,
     scripts: &Scripts,
-    (table, event): (&str, &str),
+    table: &str,
+    event: &str,
     parameters: &Parameters<'_>,
 ) -> Result<Option<ScriptRows>, SyncError> {
     let Some(script) = scripts.get(table, event) else {

@@ -3,10 +3,10 @@
 //! it, never below, so the clients' keys stay below it.
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, TxOpts};
+use mysql_async::{Conn, Transaction, TxOpts};
 
 use super::error::db;
-use crate::key_space::{refuse_key, split, KeyRangeInit, KeySpace};
+use crate::key_space::{chosen_key, refuse_key, split, KeyRangeInit, KeySpace};
 use crate::DbError;
 
 const KEY_SPACE_DDL: &str = "
@@ -41,47 +41,68 @@ pub async fn init_key_ranges(
         .start_transaction(TxOpts::default())
         .await
         .map_err(db)?;
+    if let Some(space) = existing_space(&mut transaction, &init.table).await? {
+        transaction.commit().await.map_err(db)?;
+        return Ok(space);
+    }
+    let space = new_space(&mut transaction, init).await?;
+    transaction.commit().await.map_err(db)?;
+    if space.generator.is_some() {
+        // DDL: commits on its own, after the split is recorded.
+        connection
+            .query_drop(format!(
+                "ALTER TABLE {} AUTO_INCREMENT = {}",
+                quote(&init.table),
+                space.space_end
+            ))
+            .await
+            .map_err(db)?;
+    }
+    Ok(space)
+}
+
+/// The split `rowsync keys` made for the table before, if it did.
+async fn existing_space(
+    transaction: &mut Transaction<'_>,
+    table: &str,
+) -> Result<Option<KeySpace>, DbError> {
     let existing: Option<(String, i64, i64)> = transaction
         .exec_first(
             "SELECT key_column, space_start, space_end FROM rs_key_space WHERE table_name = ? FOR UPDATE",
-            (&init.table,),
+            (table,),
         )
         .await
         .map_err(db)?;
-    if let Some((key_column, space_start, space_end)) = existing {
-        transaction.commit().await.map_err(db)?;
-        return Ok(KeySpace {
+    Ok(
+        existing.map(|(key_column, space_start, space_end)| KeySpace {
             key_column,
             space_start,
             space_end,
             generator: None,
             existed: true,
-        });
-    }
+        }),
+    )
+}
+
+/// Splits the table's keys and records the split; the caller moves `AUTO_INCREMENT`
+/// once the transaction commits (when `generator` is set).
+async fn new_space(
+    transaction: &mut Transaction<'_>,
+    init: &KeyRangeInit,
+) -> Result<KeySpace, DbError> {
     let keys: Vec<(String, String, bool)> = transaction
         .exec(KEY_COLUMNS, (&init.table,))
         .await
         .map_err(db)?;
     let names: Vec<String> = keys.iter().map(|(name, ..)| name.clone()).collect();
-    let chosen = match &init.column {
-        Some(column) => keys.iter().find(|(name, ..)| name == column),
-        None if keys.len() == 1 => keys.first(),
-        None => None,
-    };
-    let Some((column, key_type, auto_increment)) = chosen.cloned() else {
-        return Err(refuse_key(
-            &init.table,
-            &names,
-            "is not one column (name it with --column)",
-        ));
-    };
+    let (column, key_type, auto_increment) = keys[chosen_key(init, &names)?].clone();
     let key_max = key_max(&key_type)
         .ok_or_else(|| refuse_key(&init.table, &names, &format!("is of type {key_type}")))?;
-    let table = format!("`{}`", init.table.replace('`', "``"));
     let largest: Option<i64> = transaction
         .query_first(format!(
-            "SELECT CAST(coalesce(max(`{}`), 0) AS SIGNED) FROM {table}",
-            column.replace('`', "``")
+            "SELECT CAST(coalesce(max({}), 0) AS SIGNED) FROM {}",
+            quote(&column),
+            quote(&init.table)
         ))
         .await
         .map_err(db)?;
@@ -108,14 +129,6 @@ pub async fn init_key_ranges(
         )
         .await
         .map_err(db)?;
-    transaction.commit().await.map_err(db)?;
-    if auto_increment {
-        // DDL: commits on its own, after the split is recorded.
-        connection
-            .query_drop(format!("ALTER TABLE {table} AUTO_INCREMENT = {space_end}"))
-            .await
-            .map_err(db)?;
-    }
     Ok(KeySpace {
         key_column: column,
         space_start,
@@ -123,6 +136,11 @@ pub async fn init_key_ranges(
         generator: auto_increment.then(|| "AUTO_INCREMENT".to_string()),
         existed: false,
     })
+}
+
+/// A MariaDB identifier quoted.
+fn quote(identifier: &str) -> String {
+    format!("`{}`", identifier.replace('`', "``"))
 }
 
 /// The largest value of an integer column type as `information_schema` spells it.

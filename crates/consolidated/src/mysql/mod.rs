@@ -3,7 +3,7 @@
 //!
 //! Every session runs with `ANSI_QUOTES` and `PIPES_AS_CONCAT`, UTC and utf8mb4, so
 //! identifiers are quoted and scripts written as on the other backends. Uploads are
-//! staged in temporary tables by multi-row inserts with bound values and applied with
+//! put in scratch (temporary tables) by multi-row inserts with bound values and applied with
 //! one statement per operation. The download watermark comes from stamps given in
 //! commit order by a short stamper transaction before each sync: see `stamp`.
 
@@ -14,7 +14,7 @@ mod key_space;
 mod names;
 mod query;
 mod schema;
-mod stage;
+mod scratch;
 mod stamp;
 mod tls;
 mod transaction;
@@ -291,7 +291,7 @@ impl ConsolidatedConnection for MysqlConnection {
         schema::init_table(&mut self.connection, init, Some(rules)).await
     }
 
-    async fn synchronize(
+    async fn run_sync_transaction(
         &mut self,
         request: Arc<SyncRequest>,
         download: DownloadSender,
@@ -303,7 +303,7 @@ impl ConsolidatedConnection for MysqlConnection {
             &request.script_version,
         )
         .await?;
-        crate::driver::synchronize(self, &scripts, &request, &download).await
+        crate::driver::sync_with_retries(self, &scripts, &request, &download).await
     }
 
     async fn authenticate(&mut self, request: &AuthRequest) -> Result<AuthCheck, SyncError> {

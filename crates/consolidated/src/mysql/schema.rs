@@ -700,7 +700,7 @@ async fn rewrite_dropped(
     transaction: &mut Transaction<'_>,
     rewrite: &Rewrite,
     shape: &TableShape,
-    defaults: (reinit::DefaultScripts, reinit::DefaultScripts),
+    defaults: reinit::RewriteDefaults,
     outcome: &mut InitOutcome,
 ) -> Result<(), DbError> {
     let stored: HashMap<String, String> = transaction
@@ -712,7 +712,8 @@ async fn rewrite_dropped(
         .map_err(db)?
         .into_iter()
         .collect();
-    let (write, left_alone) = reinit::rewritten_scripts(&stored, defaults.0, defaults.1);
+    let (write, left_alone) =
+        reinit::rewritten_scripts(&stored, defaults.recorded, defaults.remaining);
     for (event, script) in write {
         write_script(transaction, &rewrite.version, &shape.name, event, &script).await?;
     }
@@ -770,7 +771,32 @@ async fn register(
         .start_transaction(TxOpts::default())
         .await
         .map_err(db)?;
-    let stamp = stamp::next_stamp(&mut transaction).await?;
+    stamp_rows(&mut transaction, shape, infos).await?;
+    record_table(&mut transaction, init, rule).await?;
+    create_version(&mut transaction, target).await?;
+    let mut outcome = InitOutcome {
+        script_version: target.name.clone(),
+        created: target.create,
+        based_on: target.based_on.clone(),
+        ..InitOutcome::default()
+    };
+    write_default_scripts(&mut transaction, &target.name, shape, scripts_for(shape)).await?;
+    for rewrite in reinit::dropped_column_rewrites(versions, &target.name, shape) {
+        let defaults = reinit::RewriteDefaults::of(&rewrite, shape, scripts_for);
+        rewrite_dropped(&mut transaction, &rewrite, shape, defaults, &mut outcome).await?;
+    }
+    transaction.commit().await.map_err(db)?;
+    Ok(outcome)
+}
+
+/// Stamps the rows the table holds unstamped with a stamp of their own, and moves the
+/// clock to it.
+async fn stamp_rows(
+    transaction: &mut Transaction<'_>,
+    shape: &TableShape,
+    infos: &[ColumnInfo],
+) -> Result<(), DbError> {
+    let stamp = stamp::next_stamp(transaction).await?;
     transaction
         .query_drop("SET @rs_stamping = 1")
         .await
@@ -792,7 +818,16 @@ async fn register(
         .await
         .map_err(db)?;
     stamped.map_err(db)?;
-    stamp::set_clock(&mut transaction, stamp).await?;
+    stamp::set_clock(transaction, stamp).await?;
+    Ok(())
+}
+
+/// Records the table, its partition column and its rule (or none).
+async fn record_table(
+    transaction: &mut Transaction<'_>,
+    init: &TableInit,
+    rule: Option<&'static str>,
+) -> Result<(), DbError> {
     transaction
         .exec_drop(
             "INSERT INTO rs_table (table_name, partition_column) VALUES (?, ?)
@@ -818,23 +853,7 @@ async fn register(
             .await
             .map_err(db)?,
     }
-    create_version(&mut transaction, target).await?;
-    let mut outcome = InitOutcome {
-        script_version: target.name.clone(),
-        created: target.create,
-        based_on: target.based_on.clone(),
-        ..InitOutcome::default()
-    };
-    write_default_scripts(&mut transaction, &target.name, shape, scripts_for(shape)).await?;
-    for rewrite in reinit::dropped_column_rewrites(versions, &target.name, shape) {
-        let defaults = (
-            scripts_for(&reinit::shape_with_columns(shape, &rewrite.recorded)),
-            scripts_for(&reinit::shape_with_columns(shape, &rewrite.remaining)),
-        );
-        rewrite_dropped(&mut transaction, &rewrite, shape, defaults, &mut outcome).await?;
-    }
-    transaction.commit().await.map_err(db)?;
-    Ok(outcome)
+    Ok(())
 }
 
 /// `col` or `col(191)`: a column as an index takes it (text and blob types need a prefix).
@@ -1009,6 +1028,36 @@ fn tracking_triggers(shape: &TableShape, partition_column: &str) -> Vec<String> 
     statements
 }
 
+/// The `SET` list of the default update: every column but the key from the upload
+/// (`u`); the first key column when there is nothing else, so conflicts are still found.
+fn set_new_values(all: &[String], keys: &[String]) -> String {
+    let non_keys: Vec<&String> = all.iter().filter(|name| !keys.contains(name)).collect();
+    if non_keys.is_empty() {
+        // Nothing but key columns: an update can change nothing; keep conflict detection.
+        format!("t.{k} = u.{k}", k = q(&keys[0]))
+    } else {
+        non_keys
+            .iter()
+            .map(|name| format!("t.{c} = u.{c}", c = q(name)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The table's row (`t`) still is the old image the client uploaded (`u`).
+fn old_image_matches(all: &[String]) -> String {
+    all.iter()
+        .map(|name| {
+            format!(
+                "t.{c} <=> u.{old}",
+                c = q(name),
+                old = q(&format!("{OLD_IMAGE_PREFIX}{name}"))
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
 /// The default set scripts. `{upload}` and `{keys}` are temporary tables, each named once
 /// per statement (MySQL cannot open a temporary table twice in one statement).
 pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'static str, String)> {
@@ -1020,28 +1069,8 @@ pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'sta
         .map(|column| column.name.clone())
         .collect();
     let keys = &shape.key_columns;
-    let non_keys: Vec<&String> = all.iter().filter(|name| !keys.contains(name)).collect();
-    let set_new = if non_keys.is_empty() {
-        // Nothing but key columns: an update can change nothing; keep conflict detection.
-        format!("t.{k} = u.{k}", k = q(&keys[0]))
-    } else {
-        non_keys
-            .iter()
-            .map(|name| format!("t.{c} = u.{c}", c = q(name)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let old_matches = all
-        .iter()
-        .map(|name| {
-            format!(
-                "t.{c} <=> u.{old}",
-                c = q(name),
-                old = q(&format!("{OLD_IMAGE_PREFIX}{name}"))
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(" AND ");
+    let set_new = set_new_values(&all, keys);
+    let old_matches = old_image_matches(&all);
     let table_columns = column_list(&all, "t.");
     let tu = key_match(keys, "t", "u");
     vec![

@@ -12,12 +12,12 @@ use super::error::{db, row_script_failure, server_code, LOCK_NOT_GRANTED};
 use super::events::{run_event, run_query_script};
 use super::query::{bind_script, run, run_script};
 use super::schema::{column_limits, foreign_keys, table_shape, ColumnLimits};
-use super::stage::{apply_staged, Stage};
+use super::scratch::{apply_scratch, ScratchTable};
 use super::stamp::stamp_committed_rows;
 use super::value::{column_names, read_row};
 use super::MysqlConnection;
 use crate::dialect::{
-    CursorScript, CursorSink, Dialect, RowFailure, RowStatement, Savepoint, StagedRows,
+    CursorScript, CursorSink, Dialect, RowFailure, RowStatement, Savepoint, ScratchRows,
     Subscription, SubscriptionUpdate, SyncBackend, TableApply,
 };
 use crate::foreign_keys::ForeignKey;
@@ -86,7 +86,7 @@ pub struct MysqlTransaction<'c> {
     /// Whether `@rs_sync` is still set on the connection (cleared at commit).
     marked: &'c mut bool,
     /// What the columns of the tables looked at would change silently (digits after
-    /// the point, text in a numeric column), by table: staging refuses such values.
+    /// the point, text in a numeric column), by table: scratch refuses such values.
     column_limits: HashMap<String, ColumnLimits>,
     /// The partition columns read (asked by the upload and again by the download).
     partition_columns: HashMap<String, Option<String>>,
@@ -218,8 +218,7 @@ impl Dialect for MysqlTransaction<'_> {
         event: &str,
         parameters: &Parameters<'_>,
     ) -> Result<Option<ScriptRows>, SyncError> {
-        let script = (table, event);
-        run_query_script(&mut self.transaction, scripts, script, parameters).await
+        run_query_script(&mut self.transaction, scripts, table, event, parameters).await
     }
 
     async fn table_shape(&mut self, table: &str) -> Result<TableShape, SyncError> {
@@ -255,7 +254,7 @@ impl Dialect for MysqlTransaction<'_> {
         Ok(column)
     }
 
-    /// By the column's type, as staging reads it (`column_limits`).
+    /// By the column's type, as scratch reads it (`column_limits`).
     async fn partition_value_misfit(
         &mut self,
         table: &str,
@@ -293,13 +292,13 @@ impl Dialect for MysqlTransaction<'_> {
         Ok(super::schema::dropped_columns(&mut self.transaction, version, table).await?)
     }
 
-    async fn apply_staged(
+    async fn apply_scratch(
         &mut self,
         table: &TableApply<'_>,
-        staged: StagedRows<'_, '_>,
+        scratch: ScratchRows<'_, '_>,
     ) -> Result<Vec<Row>, SyncError> {
         let scales = self.column_limits.get(table.table());
-        apply_staged(&mut self.transaction, table, staged, scales).await
+        apply_scratch(&mut self.transaction, table, scratch, scales).await
     }
 
     async fn run_row_statements(
@@ -345,7 +344,8 @@ impl Dialect for MysqlTransaction<'_> {
     ) -> Result<(), SyncError> {
         let transaction = &mut self.transaction;
         let name = table.table();
-        let stage = Stage::create(transaction, "clash", table.shape, columns, true, true).await?;
+        let scratch =
+            ScratchTable::create(transaction, "clash", table.shape, columns, true, true).await?;
         let operations: Vec<Value> = conflicted
             .iter()
             .map(|row| Value::Text(row.operation.to_string()))
@@ -361,11 +361,11 @@ impl Dialect for MysqlTransaction<'_> {
                     .collect()
             })
             .collect();
-        stage.load(transaction, name, &rows).await?;
+        scratch.load(transaction, name, &rows).await?;
         let sql = table.scripts.expand(
             name,
             RESOLVE_CONFLICT,
-            &[(CONFLICTS_PLACEHOLDER, &stage.name)],
+            &[(CONFLICTS_PLACEHOLDER, &scratch.name)],
         )?;
         run_script(
             transaction,
@@ -407,14 +407,15 @@ impl Dialect for MysqlTransaction<'_> {
     ) -> Result<ScriptRows, SyncError> {
         let transaction = &mut self.transaction;
         let shape = table.shape;
-        let stage =
-            Stage::create(transaction, "keys", shape, &shape.key_columns, false, false).await?;
+        let scratch =
+            ScratchTable::create(transaction, "keys", shape, &shape.key_columns, false, false)
+                .await?;
         let rows: Vec<Vec<&Value>> = keys.iter().map(|row| row.iter().collect()).collect();
-        stage.load(transaction, &shape.name, &rows).await?;
+        scratch.load(transaction, &shape.name, &rows).await?;
         let sql = table.scripts.expand(
             &shape.name,
             UPLOAD_FETCH,
-            &[(KEYS_PLACEHOLDER, &stage.name)],
+            &[(KEYS_PLACEHOLDER, &scratch.name)],
         )?;
         let (rows, _) = run_script(
             transaction,

@@ -86,16 +86,17 @@ pub async fn run_event(
     event: &str,
     parameters: &Parameters<'_>,
 ) -> Result<Option<ScriptRows>, SyncError> {
-    run_query_script(client, statements, scripts, ("", event), parameters).await
+    run_query_script(client, statements, scripts, "", event, parameters).await
 }
 
-/// Runs the script of `(table, event)` (table "" for a connection event) if the version
+/// Runs the script of `table` and `event` (table "" for a connection event) if the version
 /// has one; returns what it selected.
 pub async fn run_query_script(
     client: &impl GenericClient,
     statements: &Statements,
     scripts: &Scripts,
-    (table, event): (&str, &str),
+    table: &str,
+    event: &str,
     parameters: &Parameters<'_>,
 ) -> Result<Option<ScriptRows>, SyncError> {
     let Some(script) = scripts.get(table, event) else {

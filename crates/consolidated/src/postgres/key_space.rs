@@ -3,7 +3,7 @@
 
 use tokio_postgres::{Client, Transaction};
 
-use crate::key_space::{refuse_key, split, KeyRangeInit, KeySpace};
+use crate::key_space::{chosen_key, refuse_key, split, KeyRangeInit, KeySpace};
 use crate::{quote_identifier, DbError};
 
 const KEY_SPACE_DDL: &str = "
@@ -63,18 +63,7 @@ async fn new_space(
     let table = quote_identifier(&init.table);
     let keys = transaction.query(KEY_COLUMNS, &[&table]).await?;
     let names: Vec<String> = keys.iter().map(|row| row.get(0)).collect();
-    let chosen = match &init.column {
-        Some(column) => keys.iter().find(|row| row.get::<_, String>(0) == *column),
-        None if keys.len() == 1 => keys.first(),
-        None => None,
-    };
-    let Some(key) = chosen else {
-        return Err(refuse_key(
-            &init.table,
-            &names,
-            "is not one column (name it with --column)",
-        ));
-    };
+    let key = &keys[chosen_key(init, &names)?];
     let (column, key_type, sequence): (String, String, Option<String>) =
         (key.get(0), key.get(1), key.get(2));
     let key_max = match key_type.as_str() {
@@ -89,34 +78,8 @@ async fn new_space(
             ))
         }
     };
-    let largest: i64 = transaction
-        .query_one(
-            &format!(
-                "SELECT coalesce(max({})::bigint, 0) FROM {table}",
-                quote_identifier(&column)
-            ),
-            &[],
-        )
-        .await?
-        .get(0);
-    let used_by_sequence: i64 = match &sequence {
-        Some(sequence) => transaction
-            .query_one(
-                &format!(
-                    "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {sequence}"
-                ),
-                &[],
-            )
-            .await?
-            .get(0),
-        None => 0,
-    };
-    let (space_start, space_end) = split(
-        &init.table,
-        largest.max(used_by_sequence),
-        key_max,
-        init.range_keys,
-    )?;
+    let largest_used = largest_used(transaction, &table, &column, sequence.as_deref()).await?;
+    let (space_start, space_end) = split(&init.table, largest_used, key_max, init.range_keys)?;
     if let Some(sequence) = &sequence {
         transaction
             .execute(
@@ -139,4 +102,36 @@ async fn new_space(
         generator: sequence.map(|sequence| format!("sequence {sequence}")),
         existed: false,
     })
+}
+
+/// The largest key in use: the table's, or its sequence's if that went further.
+async fn largest_used(
+    transaction: &Transaction<'_>,
+    table: &str,
+    column: &str,
+    sequence: Option<&str>,
+) -> Result<i64, DbError> {
+    let largest: i64 = transaction
+        .query_one(
+            &format!(
+                "SELECT coalesce(max({})::bigint, 0) FROM {table}",
+                quote_identifier(column)
+            ),
+            &[],
+        )
+        .await?
+        .get(0);
+    let used_by_sequence: i64 = match sequence {
+        Some(sequence) => transaction
+            .query_one(
+                &format!(
+                    "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {sequence}"
+                ),
+                &[],
+            )
+            .await?
+            .get(0),
+        None => 0,
+    };
+    Ok(largest.max(used_by_sequence))
 }

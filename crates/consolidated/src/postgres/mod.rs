@@ -2,7 +2,7 @@
 //!
 //! Uploads are bound as one array parameter per column and read through `unnest` in a
 //! CTE (or, for scripts that cannot follow a CTE, loaded with binary `COPY` into a
-//! temporary staging table) and applied with one statement per operation; conflicts
+//! temporary scratch table) and applied with one statement per operation; conflicts
 //! come back from the same statements (`RETURNING` inside a data-modifying CTE). Change
 //! tracking uses statement-level triggers with transition tables, so a bulk apply costs
 //! one trigger run per statement. Every statement a sync runs is prepared once per
@@ -26,7 +26,7 @@ macro_rules! snapshot_horizon {
     };
 }
 
-mod array_stage;
+mod array_scratch;
 mod error;
 mod events;
 mod held;
@@ -34,8 +34,8 @@ mod key_space;
 mod query;
 mod rows;
 mod schema;
+mod scratch;
 mod shapes;
-mod stage;
 mod statements;
 mod stored;
 mod streams;
@@ -71,10 +71,10 @@ use shapes::{ShapeCache, SyncGeneration};
 use statements::Statements;
 use transaction::PgTransaction;
 
-/// Local buffers per connection for temporary staging tables, in MiB.
-pub const STAGING_TEMP_BUFFERS_MB: u32 = 256;
+/// Local buffers per connection for temporary scratch tables, in MiB.
+pub const SCRATCH_TEMP_BUFFERS_MB: u32 = 256;
 /// Memory per sort or hash in a sync's statements, in MiB.
-pub const STAGING_WORK_MEM_MB: u32 = 64;
+pub const SCRATCH_WORK_MEM_MB: u32 = 64;
 
 #[derive(Clone)]
 pub struct PostgresConsolidated {
@@ -123,7 +123,7 @@ impl PostgresConsolidated {
                 tracing::warn!(%error, "consolidated database connection ended");
             }
         });
-        // Staging tables are temporary: with the default 8 MB of local buffers a large
+        // Scratch tables are temporary: with the default 8 MB of local buffers a large
         // upload is written out and read back; the hash joins that find conflicts
         // likewise spill beyond the default work_mem. Both are per-session maxima,
         // used only as needed. JIT compilation costs more than it saves on statements
@@ -137,7 +137,7 @@ impl PostgresConsolidated {
         // the server's concurrent syncs are what use the database's cores.
         client
             .batch_execute(&format!(
-                "SET temp_buffers = '{STAGING_TEMP_BUFFERS_MB}MB'; SET work_mem = '{STAGING_WORK_MEM_MB}MB'; SET jit = off; \
+                "SET temp_buffers = '{SCRATCH_TEMP_BUFFERS_MB}MB'; SET work_mem = '{SCRATCH_WORK_MEM_MB}MB'; SET jit = off; \
                  SET plan_cache_mode = force_custom_plan; SET max_parallel_workers_per_gather = 0"
             ))
             .await?;
@@ -444,7 +444,7 @@ impl ConsolidatedConnection for PostgresConnection {
         schema::init_table(&mut self.client, init, Some(rules)).await
     }
 
-    async fn synchronize(
+    async fn run_sync_transaction(
         &mut self,
         request: Arc<SyncRequest>,
         download: DownloadSender,
@@ -466,7 +466,7 @@ impl ConsolidatedConnection for PostgresConnection {
             };
             self.scripts_revision = Some((version.clone(), revision));
             let synchronized =
-                crate::driver::synchronize(self, &scripts, &request, &download).await;
+                crate::driver::sync_with_retries(self, &scripts, &request, &download).await;
             self.scripts_revision = None;
             match synchronized {
                 Err(SyncError::ScriptsChanged { .. }) if reloads < SCRIPT_RELOADS_MAX => {

@@ -374,13 +374,12 @@ pub async fn init_table(
     };
     write_default_scripts(&transaction, &target.name, shape, defaults(shape)).await?;
     for rewrite in reinit::dropped_column_rewrites(&versions, &target.name, shape) {
-        let recorded = defaults(&reinit::shape_with_columns(shape, &rewrite.recorded));
-        let remaining = defaults(&reinit::shape_with_columns(shape, &rewrite.remaining));
+        let rewrite_defaults = reinit::RewriteDefaults::of(&rewrite, shape, defaults);
         rewrite_dropped(
             &transaction,
             &rewrite,
             &shape.name,
-            (recorded, remaining),
+            rewrite_defaults,
             &mut outcome,
         )
         .await?;
@@ -723,14 +722,13 @@ async fn write_default_scripts(
     Ok(())
 }
 
-/// Rewrites an older version's default scripts without the columns the table lost
-/// (`defaults`: for the recorded columns, for the remaining ones), and marks those
-/// dropped (its clients' values for them are ignored from now on).
+/// Rewrites an older version's default scripts without the columns the table lost,
+/// and marks those dropped (its clients' values for them are ignored from now on).
 async fn rewrite_dropped(
     transaction: &Transaction<'_>,
     rewrite: &Rewrite,
     table: &str,
-    defaults: (reinit::DefaultScripts, reinit::DefaultScripts),
+    defaults: reinit::RewriteDefaults,
     outcome: &mut InitOutcome,
 ) -> Result<(), DbError> {
     let stored: HashMap<String, String> = transaction
@@ -742,7 +740,8 @@ async fn rewrite_dropped(
         .into_iter()
         .map(|row| (row.get(0), row.get(1)))
         .collect();
-    let (write, left_alone) = reinit::rewritten_scripts(&stored, defaults.0, defaults.1);
+    let (write, left_alone) =
+        reinit::rewritten_scripts(&stored, defaults.recorded, defaults.remaining);
     for (event, script) in write {
         write_script(transaction, &rewrite.version, table, event, &script).await?;
     }
@@ -804,18 +803,54 @@ fn tracking_ddl(
     partition_column: &str,
     partitioned: bool,
 ) -> String {
+    let tables = tracking_tables_ddl(shape, key_types, partition_column);
+    let triggers = tracking_triggers_ddl(shape, partition_column, partitioned);
+    format!("{tables}{triggers}")
+}
+
+/// The `rs_xid` column and its index, the delete batches and the tombstone view over them.
+fn tracking_tables_ddl(shape: &TableShape, key_types: &[&str], partition_column: &str) -> String {
     let name = &shape.name;
     let table = q(name);
     let batches = q(&deleted_table(name));
-    let tombstones = q(&tombstone_table(name));
     let keys = &shape.key_columns;
-    let key_columns = column_list(keys, "");
     let array_definitions = keys
         .iter()
         .zip(key_types)
         .map(|(key, ty)| format!("{} {ty}[] NOT NULL", q(key)))
         .collect::<Vec<_>>()
         .join(", ");
+    format!(
+        "
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {xid} BIGINT NOT NULL DEFAULT {CURRENT_XID};
+CREATE INDEX IF NOT EXISTS {xid_index} ON {table} ({partition}, {xid});
+CREATE TABLE IF NOT EXISTS {batches} ({array_definitions}, rs_partition TEXT NOT NULL, xid BIGINT NOT NULL);
+CREATE INDEX IF NOT EXISTS {batches_index} ON {batches} (rs_partition, xid);
+{migrate}
+{widen_keys}
+CREATE OR REPLACE VIEW {tombstones} AS
+    SELECT {unnested_keys}, b.rs_partition, b.xid FROM {batches} AS b, unnest({batch_keys}) AS k({key_columns});",
+        xid = q(XID_COLUMN),
+        partition = q(partition_column),
+        tombstones = q(&tombstone_table(name)),
+        key_columns = column_list(keys, ""),
+        xid_index = q(&format!("rs_xid_{name}")),
+        batches_index = q(&format!("{}_xid", deleted_table(name))),
+        unnested_keys = column_list(keys, "k."),
+        batch_keys = column_list(keys, "b."),
+        migrate = migrate_tombstone_rows(name, keys),
+        widen_keys = widen_batch_keys(name, keys, key_types),
+    )
+}
+
+/// The triggers that stamp changed rows with `rs_xid` and record deleted keys (and keys
+/// moved out of a partition) in the batches.
+fn tracking_triggers_ddl(shape: &TableShape, partition_column: &str, partitioned: bool) -> String {
+    let name = &shape.name;
+    let table = q(name);
+    let batches = q(&deleted_table(name));
+    let keys = &shape.key_columns;
+    let key_columns = column_list(keys, "");
     let partition = q(partition_column);
     let xid = q(XID_COLUMN);
     let function = |kind: &str| q(&format!("rs_track_{kind}_{name}"));
@@ -833,14 +868,6 @@ fn tracking_ddl(
     let singletons = singleton_arrays(keys, "OLD.");
     format!(
         "
-ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {xid} BIGINT NOT NULL DEFAULT {CURRENT_XID};
-CREATE INDEX IF NOT EXISTS {xid_index} ON {table} ({partition}, {xid});
-CREATE TABLE IF NOT EXISTS {batches} ({array_definitions}, rs_partition TEXT NOT NULL, xid BIGINT NOT NULL);
-CREATE INDEX IF NOT EXISTS {batches_index} ON {batches} (rs_partition, xid);
-{migrate}
-{widen_keys}
-CREATE OR REPLACE VIEW {tombstones} AS
-    SELECT {unnested_keys}, b.rs_partition, b.xid FROM {batches} AS b, unnest({batch_keys}) AS k({key_columns});
 
 CREATE OR REPLACE FUNCTION {stamp_function}() RETURNS trigger LANGUAGE plpgsql AS $rs$
 BEGIN
@@ -875,18 +902,12 @@ CREATE TRIGGER {delete_trigger} AFTER DELETE ON {table} REFERENCING OLD TABLE AS
         // An update moving a row to another partition fires no AFTER UPDATE row trigger.
         moved_timing = if partitioned { "BEFORE" } else { "AFTER" },
         truncate = partitions::truncate_ddl(name, keys, partition_column),
-        xid_index = q(&format!("rs_xid_{name}")),
-        batches_index = q(&format!("{}_xid", deleted_table(name))),
         stamp_function = function("stamp"),
         moved_function = function("moved"),
         delete_function = function("delete"),
         stamp_trigger = trigger("stamp"),
         moved_trigger = trigger("moved"),
         delete_trigger = trigger("delete"),
-        unnested_keys = column_list(keys, "k."),
-        batch_keys = column_list(keys, "b."),
-        migrate = migrate_tombstone_rows(name, keys),
-        widen_keys = widen_batch_keys(name, keys, key_types),
     )
 }
 
@@ -1027,7 +1048,7 @@ async fn refuse_misfit_users(
 }
 
 /// The default set scripts. Upload scripts return the keys they applied, so the server
-/// finds conflicts (staged keys not returned) in the same statement; inserts are first
+/// finds conflicts (scratch keys not returned) in the same statement; inserts are first
 /// tried without that check (`upload_insert_fast`).
 pub fn default_scripts(
     shape: &TableShape,
@@ -1037,44 +1058,17 @@ pub fn default_scripts(
 ) -> Vec<(&'static str, String)> {
     let table = q(&shape.name);
     let partition = q(partition_column);
-    // The user name compared in the partition column's own type, so its index is usable.
-    let user = if holds_text(partition_type) {
-        ":user::text".to_string()
-    } else {
-        format!("CAST(:user::text AS {partition_type})")
-    };
+    let user = user_as(partition_type);
     let all: Vec<String> = shape
         .columns
         .iter()
         .map(|column| column.name.clone())
         .collect();
     let keys = &shape.key_columns;
-    let non_keys: Vec<&String> = all.iter().filter(|name| !keys.contains(name)).collect();
     let columns = column_list(&all, "");
     let returning_keys = column_list(keys, &format!("{table}."));
-    // Setting rs_xid here keeps the stamping trigger from being called for each row.
-    let stamp = format!("{} = {CURRENT_XID}", q(XID_COLUMN));
-    let set_new = non_keys
-        .iter()
-        .map(|name| format!("{c} = u.{c}", c = q(name)))
-        .chain(std::iter::once(stamp))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let old_matches = all
-        .iter()
-        .zip(types)
-        .map(|(name, sql_type)| {
-            format!(
-                "{} IS NOT DISTINCT FROM {}",
-                comparable(&format!("{table}.{}", q(name)), sql_type),
-                comparable(
-                    &format!("u.{}", q(&format!("{OLD_IMAGE_PREFIX}{name}"))),
-                    sql_type
-                ),
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(" AND ");
+    let set_new = set_new_values(&all, keys);
+    let old_matches = old_image_matches(&table, &all, types);
     let table_columns = column_list(&all, "t.");
     // Where a statement finds rows by key, the partition is checked as `(...) IS TRUE`,
     // which no index can serve: compared as a column it offers the (partition, rs_xid)
@@ -1142,28 +1136,76 @@ pub fn default_scripts(
         ),
         (
             DOWNLOAD_DELETE_CURSOR,
-            // Keys back in the partition are downloaded as rows; their tombstones are moot.
-            // The batches are read by their index and unnested per batch, each key probed
-            // by the primary key: the `OFFSET 0` keeps the planner from joining all the
-            // keys at once, whose count it cannot estimate (an unnest counts as 10 rows),
-            // to a scan of the whole table (100 ms for 2,000 keys, against 6 ms probed).
-            // (The probe by the (partition, rs_xid) index read the whole partition for each
-            // tombstone: 40 ms for 500 keys, delete phases 5 times as long; see above.)
-            format!(
-                "SELECT {k_keys} FROM {batches} AS d CROSS JOIN LATERAL (SELECT {u_keys} \
-                 FROM unnest({d_keys}) AS u({key_list}) WHERE NOT EXISTS (SELECT 1 FROM {table} AS t \
-                 WHERE {tu} AND (t.{partition} = {user}) IS TRUE) OFFSET 0) AS k \
-                 WHERE d.rs_partition = :user::text AND d.xid >= :last_download \
-                 AND d.xid <> :last_sync_xid AND d.xid <> :echo_xid",
-                k_keys = column_list(keys, "k."),
-                u_keys = column_list(keys, "u."),
-                d_keys = column_list(keys, "d."),
-                key_list = column_list(keys, ""),
-                batches = q(&deleted_table(&shape.name)),
-                tu = key_match(keys, "t", "u"),
-            ),
+            download_delete_cursor(shape, &partition, &user),
         ),
     ]
+}
+
+/// The user name compared in the partition column's own type, so its index is usable.
+fn user_as(partition_type: &str) -> String {
+    if holds_text(partition_type) {
+        ":user::text".to_string()
+    } else {
+        format!("CAST(:user::text AS {partition_type})")
+    }
+}
+
+/// The set-wise update's `SET` list: every column but the key from the upload (`u`).
+fn set_new_values(all: &[String], keys: &[String]) -> String {
+    // Setting rs_xid here keeps the stamping trigger from being called for each row.
+    let stamp = format!("{} = {CURRENT_XID}", q(XID_COLUMN));
+    all.iter()
+        .filter(|name| !keys.contains(name))
+        .map(|name| format!("{c} = u.{c}", c = q(name)))
+        .chain(std::iter::once(stamp))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The table's row still is the old image the client uploaded (`u`), each column
+/// compared in its type's comparable form.
+fn old_image_matches(table: &str, all: &[String], types: &[String]) -> String {
+    all.iter()
+        .zip(types)
+        .map(|(name, sql_type)| {
+            format!(
+                "{} IS NOT DISTINCT FROM {}",
+                comparable(&format!("{table}.{}", q(name)), sql_type),
+                comparable(
+                    &format!("u.{}", q(&format!("{OLD_IMAGE_PREFIX}{name}"))),
+                    sql_type
+                ),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+/// The default `download_delete_cursor`: the keys deleted from the user's partition
+/// since the client's download, less those back in it.
+fn download_delete_cursor(shape: &TableShape, partition: &str, user: &str) -> String {
+    let table = q(&shape.name);
+    let keys = &shape.key_columns;
+    // Keys back in the partition are downloaded as rows; their tombstones are moot.
+    // The batches are read by their index and unnested per batch, each key probed
+    // by the primary key: the `OFFSET 0` keeps the planner from joining all the
+    // keys at once, whose count it cannot estimate (an unnest counts as 10 rows),
+    // to a scan of the whole table (100 ms for 2,000 keys, against 6 ms probed).
+    // (The probe by the (partition, rs_xid) index read the whole partition for each
+    // tombstone: 40 ms for 500 keys, delete phases 5 times as long; see above.)
+    format!(
+        "SELECT {k_keys} FROM {batches} AS d CROSS JOIN LATERAL (SELECT {u_keys} \
+         FROM unnest({d_keys}) AS u({key_list}) WHERE NOT EXISTS (SELECT 1 FROM {table} AS t \
+         WHERE {tu} AND (t.{partition} = {user}) IS TRUE) OFFSET 0) AS k \
+         WHERE d.rs_partition = :user::text AND d.xid >= :last_download \
+         AND d.xid <> :last_sync_xid AND d.xid <> :echo_xid",
+        k_keys = column_list(keys, "k."),
+        u_keys = column_list(keys, "u."),
+        d_keys = column_list(keys, "d."),
+        key_list = column_list(keys, ""),
+        batches = q(&deleted_table(&shape.name)),
+        tu = key_match(keys, "t", "u"),
+    )
 }
 
 /// The lowest of this statement's snapshot horizon and every watermark a sync in flight

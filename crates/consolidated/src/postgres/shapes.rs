@@ -5,7 +5,7 @@
 //! and its partition column costs a round trip and about 40 us of PostgreSQL's time per
 //! table per sync. Instead, `rs_schema_generation` counts schema changes: event
 //! triggers on `ddl_command_end` and `sql_drop` bump it for any DDL but that on
-//! temporary objects (staging tables), and a trigger on `rs_table` for any change of a
+//! temporary objects (scratch tables), and a trigger on `rs_table` for any change of a
 //! partition column. The statement that takes the client's lock reads the generation
 //! with no round trip of its own (`GENERATION`), and a connection uses the shapes it
 //! read under the same generation; any other generation empties the cache first.
@@ -84,7 +84,7 @@ END $$;
 ";
 
 /// What a sync needs to know of a table: its shape, its columns' SQL types (array
-/// staging binds each column by its type), its partition column and its foreign keys.
+/// scratch binds each column by its type), its partition column and its foreign keys.
 #[derive(Clone)]
 pub struct CachedTable {
     pub shape: TableShape,

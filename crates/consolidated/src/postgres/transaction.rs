@@ -14,13 +14,13 @@ use super::schema::{
     deleted_table, foreign_keys, partition_value_misfit, quote_literal, table_shape,
     tombstone_table,
 };
+use super::scratch::{apply_scratch, apply_scratch_fast, ScratchTable, ScratchTarget};
 use super::shapes::{schema_generation, CachedTable, ShapeCache, SyncGeneration};
-use super::stage::{apply_staged, apply_staged_fast, Stage, StageTarget};
 use super::statements::Statements;
 use super::value::Bind;
 use crate::dialect::{
     CursorScript, CursorSink, Dialect, EchoXids, EndStep, OwnWrites, RowFailure, RowStatement,
-    Savepoint, StagedRows, Subscription, SubscriptionUpdate, TableApply,
+    Savepoint, ScratchRows, Subscription, SubscriptionUpdate, TableApply,
 };
 use crate::echo::DownloadFilter;
 use crate::foreign_keys::ForeignKey;
@@ -200,7 +200,7 @@ const SUBSCRIPTION_UPSERT_COUNTING: &str = subscription_upsert!(concat!(
 ));
 
 /// A sync's transaction with the connection's prepared statements, and the SQL types of
-/// the tables it has looked at (array staging binds each column by its type).
+/// the tables it has looked at (array scratch binds each column by its type).
 pub struct PgTransaction<'c> {
     pub(super) transaction: Transaction<'c>,
     pub(super) statements: &'c Statements,
@@ -246,14 +246,14 @@ fn subscription_of(row: &tokio_postgres::Row) -> Subscription {
 }
 
 impl PgTransaction<'_> {
-    /// What staging a table's upload works with: its columns' SQL types as this
+    /// What scratch a table's upload works with: its columns' SQL types as this
     /// transaction read its shape.
-    fn stage_target(&mut self, table: &str) -> StageTarget<'_> {
+    fn scratch_target(&mut self, table: &str) -> ScratchTarget<'_> {
         let types = self
             .shapes
             .get(table)
             .map_or(&[][..], |cached| cached.types.as_slice());
-        StageTarget {
+        ScratchTarget {
             transaction: &self.transaction,
             statements: self.statements,
             types,
@@ -525,12 +525,12 @@ impl Dialect for PgTransaction<'_> {
         event: &str,
         parameters: &Parameters<'_>,
     ) -> Result<Option<ScriptRows>, SyncError> {
-        let script = (table, event);
         run_query_script(
             &self.transaction,
             self.statements,
             scripts,
-            script,
+            table,
+            event,
             parameters,
         )
         .await
@@ -658,28 +658,34 @@ impl Dialect for PgTransaction<'_> {
         Ok(super::schema::dropped_columns(&self.transaction, version, table).await?)
     }
 
-    async fn apply_staged(
+    async fn apply_scratch(
         &mut self,
         table: &TableApply<'_>,
-        staged: StagedRows<'_, '_>,
+        scratch: ScratchRows<'_, '_>,
     ) -> Result<Vec<Row>, SyncError> {
         self.lock_horizon = None;
-        apply_staged(&self.stage_target(table.table()), table, staged).await
+        apply_scratch(&self.scratch_target(table.table()), table, scratch).await
     }
 
     fn runs_fast_forms(&self) -> bool {
         self.fast_forms_run < FAST_FORMS_PER_TRANSACTION_MAX
     }
 
-    async fn apply_staged_fast(
+    async fn apply_scratch_fast(
         &mut self,
         table: &TableApply<'_>,
-        staged: StagedRows<'_, '_>,
+        scratch: ScratchRows<'_, '_>,
         fast_event: &'static str,
     ) -> Result<Option<u64>, SyncError> {
         self.lock_horizon = None;
         self.fast_forms_run += 1;
-        apply_staged_fast(&self.stage_target(table.table()), table, staged, fast_event).await
+        apply_scratch_fast(
+            &self.scratch_target(table.table()),
+            table,
+            scratch,
+            fast_event,
+        )
+        .await
     }
 
     async fn run_row_statements(
@@ -699,7 +705,8 @@ impl Dialect for PgTransaction<'_> {
     ) -> Result<(), SyncError> {
         let transaction = &self.transaction;
         let name = table.table();
-        let stage = Stage::create(transaction, "clash", table.shape, columns, true, true).await?;
+        let scratch =
+            ScratchTable::create(transaction, "clash", table.shape, columns, true, true).await?;
         let operations: Vec<Value> = conflicted
             .iter()
             .map(|row| Value::Text(row.operation.to_string()))
@@ -711,7 +718,7 @@ impl Dialect for PgTransaction<'_> {
                 .chain(row.old.as_ref().unwrap_or(&nulls))
                 .collect()
         });
-        stage
+        scratch
             .load(transaction, name, rows, conflicted.len())
             .await?;
         query_script(
@@ -720,7 +727,7 @@ impl Dialect for PgTransaction<'_> {
             table.scripts,
             name,
             RESOLVE_CONFLICT,
-            &[(CONFLICTS_PLACEHOLDER, &stage.name)],
+            &[(CONFLICTS_PLACEHOLDER, &scratch.name)],
             table.parameters,
         )
         .await?;
@@ -769,10 +776,11 @@ impl Dialect for PgTransaction<'_> {
     ) -> Result<ScriptRows, SyncError> {
         let transaction = &self.transaction;
         let shape = table.shape;
-        let stage =
-            Stage::create(transaction, "keys", shape, &shape.key_columns, false, false).await?;
+        let scratch =
+            ScratchTable::create(transaction, "keys", shape, &shape.key_columns, false, false)
+                .await?;
         let rows = keys.iter().map(|row| row.iter().collect());
-        stage
+        scratch
             .load(transaction, &shape.name, rows, keys.len())
             .await?;
         query_script(
@@ -781,7 +789,7 @@ impl Dialect for PgTransaction<'_> {
             table.scripts,
             &shape.name,
             UPLOAD_FETCH,
-            &[(KEYS_PLACEHOLDER, &stage.name)],
+            &[(KEYS_PLACEHOLDER, &scratch.name)],
             table.parameters,
         )
         .await

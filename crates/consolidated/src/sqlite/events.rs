@@ -60,15 +60,16 @@ pub fn run_event(
     event: &str,
     parameters: &Parameters,
 ) -> Result<Option<ScriptRows>, SyncError> {
-    run_query_script(connection, scripts, ("", event), parameters)
+    run_query_script(connection, scripts, "", event, parameters)
 }
 
-/// Runs the script of `(table, event)` (table "" for a connection event) if the version
+/// Runs the script of `table` and `event` (table "" for a connection event) if the version
 /// has one; returns what it selected.
 pub fn run_query_script(
     connection: &Connection,
     scripts: &Scripts,
-    (table, event): (&str, &str),
+    table: &str,
+    event: &str,
     parameters: &Parameters,
 ) -> Result<Option<ScriptRows>, SyncError> {
     let Some(script) = scripts.get(table, event) else {

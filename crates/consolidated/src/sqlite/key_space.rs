@@ -3,7 +3,7 @@
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
-use crate::key_space::{refuse_key, split, KeyRangeInit, KeySpace};
+use crate::key_space::{chosen_key, refuse_key, split, KeyRangeInit, KeySpace};
 use crate::{quote_identifier, DbError};
 
 const KEY_SPACE_DDL: &str = "
@@ -60,18 +60,7 @@ fn new_space(transaction: &Transaction<'_>, init: &KeyRangeInit) -> Result<KeySp
         })?
         .collect::<Result<Vec<_>, _>>()?;
     let names: Vec<String> = keys.iter().map(|(name, _)| name.clone()).collect();
-    let chosen = match &init.column {
-        Some(column) => keys.iter().find(|(name, _)| name == column),
-        None if keys.len() == 1 => keys.first(),
-        None => None,
-    };
-    let Some((column, key_type)) = chosen.cloned() else {
-        return Err(refuse_key(
-            &init.table,
-            &names,
-            "is not one column (name it with --column)",
-        ));
-    };
+    let (column, key_type) = keys[chosen_key(init, &names)?].clone();
     if !key_type.to_ascii_uppercase().contains("INT") {
         return Err(refuse_key(
             &init.table,

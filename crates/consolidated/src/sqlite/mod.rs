@@ -11,7 +11,7 @@ mod held;
 mod key_space;
 mod query;
 mod schema;
-mod stage;
+mod scratch;
 mod transaction;
 mod users;
 
@@ -446,7 +446,7 @@ impl ConsolidatedConnection for SqliteConnection {
             .await
     }
 
-    async fn synchronize(
+    async fn run_sync_transaction(
         &mut self,
         request: Arc<SyncRequest>,
         download: DownloadSender,
@@ -457,7 +457,7 @@ impl ConsolidatedConnection for SqliteConnection {
             // The driver's steps on this connection are blocking calls; the download
             // channel is async: run the driver here, on this blocking thread.
             let mut backend = SqliteBackend { connection };
-            tokio::runtime::Handle::current().block_on(crate::driver::synchronize(
+            tokio::runtime::Handle::current().block_on(crate::driver::sync_with_retries(
                 &mut backend,
                 &scripts,
                 &request,

@@ -48,13 +48,13 @@ pub(super) fn prepare_script<'c>(
     Ok(statement)
 }
 
-/// Runs a set script over a staging table; returns the rows it changed.
+/// Runs a set script over a scratch table; returns the rows it changed.
 pub(super) fn run_script(
     connection: &Connection,
     scripts: &Scripts,
     table: &str,
     event: &str,
-    stage_name: &str,
+    scratch_name: &str,
     parameters: &Parameters,
 ) -> Result<usize, SyncError> {
     let mut statement = prepare_script(
@@ -62,7 +62,7 @@ pub(super) fn run_script(
         scripts,
         table,
         event,
-        &[(UPLOAD_PLACEHOLDER, stage_name)],
+        &[(UPLOAD_PLACEHOLDER, scratch_name)],
         parameters,
     )?;
     statement

@@ -458,10 +458,7 @@ pub fn init_table(
     };
     write_default_scripts(&transaction, &target.name, &shape, scripts_for(&shape))?;
     for rewrite in reinit::dropped_column_rewrites(&versions, &target.name, &shape) {
-        let defaults = (
-            scripts_for(&reinit::shape_with_columns(&shape, &rewrite.recorded)),
-            scripts_for(&reinit::shape_with_columns(&shape, &rewrite.remaining)),
-        );
+        let defaults = reinit::RewriteDefaults::of(&rewrite, &shape, scripts_for);
         rewrite_dropped(&transaction, &rewrite, &shape, defaults, &mut outcome)?;
     }
     transaction.commit()?;
@@ -611,7 +608,7 @@ fn rewrite_dropped(
     connection: &Connection,
     rewrite: &Rewrite,
     shape: &TableShape,
-    defaults: (reinit::DefaultScripts, reinit::DefaultScripts),
+    defaults: reinit::RewriteDefaults,
     outcome: &mut InitOutcome,
 ) -> Result<(), DbError> {
     let stored: HashMap<String, String> = connection
@@ -622,7 +619,8 @@ fn rewrite_dropped(
             Ok((row.get(0)?, row.get(1)?))
         })?
         .collect::<Result<_, _>>()?;
-    let (write, left_alone) = reinit::rewritten_scripts(&stored, defaults.0, defaults.1);
+    let (write, left_alone) =
+        reinit::rewritten_scripts(&stored, defaults.recorded, defaults.remaining);
     for (event, script) in write {
         write_script(connection, &rewrite.version, &shape.name, event, &script)?;
     }
@@ -742,6 +740,20 @@ END;
     )
 }
 
+/// The table's row still is the old image the client uploaded (`u`).
+fn old_image_matches(table: &str, all: &[&str]) -> String {
+    all.iter()
+        .map(|name| {
+            format!(
+                "{table}.{c} IS u.{old}",
+                c = q(name),
+                old = q(&format!("{OLD_IMAGE_PREFIX}{name}"))
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
 /// The default set scripts for a table partitioned by `partition_column`.
 pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'static str, String)> {
     let table = q(&shape.name);
@@ -762,17 +774,7 @@ pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'sta
         .map(|name| format!("{c} = u.{c}", c = q(name)))
         .collect::<Vec<_>>()
         .join(", ");
-    let old_matches = all
-        .iter()
-        .map(|name| {
-            format!(
-                "{table}.{c} IS u.{old}",
-                c = q(name),
-                old = q(&format!("{OLD_IMAGE_PREFIX}{name}"))
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(" AND ");
+    let old_matches = old_image_matches(&table, &all);
     let table_columns = column_list(&all, "t.");
     let update = if non_keys.is_empty() {
         // Nothing but key columns: an update can change nothing; keep conflict detection.
@@ -789,7 +791,7 @@ pub fn default_scripts(shape: &TableShape, partition_column: &str) -> Vec<(&'sta
         ),
         (UPLOAD_UPDATE, update),
         (
-            // Driven by the staged keys, each found by the primary key: the cost follows
+            // Driven by the scratch keys, each found by the primary key: the cost follows
             // the upload, not the table (an `EXISTS` per table row scanned the table).
             // Only a row the client has seen: one changed since its last download is a
             // conflict (docs/scripts.md, "Deletes of changed rows").

@@ -7,9 +7,9 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::events::{run_event, run_query_script};
 use super::query::{query_script, read_cursor, run_bound, run_script};
 use super::schema::{foreign_keys, partition_value_misfit, table_shape};
-use super::stage::{Landed, Stage};
+use super::scratch::{Landed, ScratchTable};
 use crate::dialect::{
-    CursorScript, CursorSink, Dialect, RowFailure, RowStatement, Savepoint, StagedRows,
+    CursorScript, CursorSink, Dialect, RowFailure, RowStatement, Savepoint, ScratchRows,
     Subscription, SubscriptionUpdate, SyncBackend, TableApply,
 };
 use crate::foreign_keys::ForeignKey;
@@ -142,7 +142,7 @@ impl Dialect for SqliteTransaction<'_> {
         event: &str,
         parameters: &Parameters<'_>,
     ) -> Result<Option<ScriptRows>, SyncError> {
-        run_query_script(self.connection, scripts, (table, event), parameters)
+        run_query_script(self.connection, scripts, table, event, parameters)
     }
 
     async fn table_shape(&mut self, table: &str) -> Result<TableShape, SyncError> {
@@ -209,31 +209,31 @@ impl Dialect for SqliteTransaction<'_> {
         )?)
     }
 
-    async fn apply_staged(
+    async fn apply_scratch(
         &mut self,
         table: &TableApply<'_>,
-        staged: StagedRows<'_, '_>,
+        scratch_rows: ScratchRows<'_, '_>,
     ) -> Result<Vec<Row>, SyncError> {
         let connection = self.connection;
         let shape = table.shape;
-        let event = staged.event;
-        let stage = Stage::create(
+        let event = scratch_rows.event;
+        let scratch = ScratchTable::create(
             connection,
-            staged.kind,
+            scratch_rows.kind,
             shape,
-            staged.columns,
+            scratch_rows.columns,
             event == UPLOAD_UPDATE,
         )?;
-        let staged_count = staged.rows.len();
-        stage.load(connection, &mut staged.rows.into_iter())?;
-        let changed = if staged.run_script {
+        let scratch_count = scratch_rows.rows.len();
+        scratch.load(connection, &mut scratch_rows.rows.into_iter())?;
+        let changed = if scratch_rows.run_script {
             let (scripts, parameters) = (table.scripts, table.parameters);
             run_script(
                 connection,
                 scripts,
                 &shape.name,
                 event,
-                &stage.name,
+                &scratch.name,
                 parameters,
             )?
         } else {
@@ -242,13 +242,13 @@ impl Dialect for SqliteTransaction<'_> {
         if event == UPLOAD_DELETE {
             // Deleting a key already gone changes nothing and is fine: only keys still
             // present are conflicts, whatever the count.
-            stage.keys_still_in_table(connection, shape)
-        } else if changed < staged_count {
+            scratch.keys_still_in_table(connection, shape)
+        } else if changed < scratch_count {
             let landed = Landed {
                 partition_column: table.partition_column,
                 user: table.parameters.user,
             };
-            stage.rows_not_matching_table(connection, shape, &landed)
+            scratch.rows_not_matching_table(connection, shape, &landed)
         } else {
             Ok(Vec::new())
         }
@@ -291,7 +291,7 @@ impl Dialect for SqliteTransaction<'_> {
     ) -> Result<(), SyncError> {
         let connection = self.connection;
         let name = table.table();
-        let stage = q(&format!("rs_stage_clash_{name}"));
+        let scratch = q(&format!("rs_stage_clash_{name}"));
         let mut select = vec![format!("'' AS {}", q(CONFLICT_OPERATION_COLUMN))];
         select.extend(columns.iter().map(|column| q(column)));
         select.extend(columns.iter().map(|column| {
@@ -302,13 +302,14 @@ impl Dialect for SqliteTransaction<'_> {
             )
         }));
         connection.execute_batch(&format!(
-            "DROP TABLE IF EXISTS temp.{stage}; CREATE TEMP TABLE {stage} AS SELECT {} FROM main.{} WHERE 0;",
+            "DROP TABLE IF EXISTS temp.{scratch}; CREATE TEMP TABLE {scratch} AS SELECT {} FROM main.{} WHERE 0;",
             select.join(", "),
             q(name)
         ))?;
         let placeholders = vec!["?"; 1 + 2 * columns.len()].join(", ");
-        let mut insert =
-            connection.prepare(&format!("INSERT INTO temp.{stage} VALUES ({placeholders})"))?;
+        let mut insert = connection.prepare(&format!(
+            "INSERT INTO temp.{scratch} VALUES ({placeholders})"
+        ))?;
         let nulls = vec![Value::Null; columns.len()];
         for row in conflicted {
             let operation = Value::Text(row.operation.to_string());
@@ -320,7 +321,7 @@ impl Dialect for SqliteTransaction<'_> {
         let sql = table.scripts.expand(
             name,
             RESOLVE_CONFLICT,
-            &[(CONFLICTS_PLACEHOLDER, &format!("temp.{stage}"))],
+            &[(CONFLICTS_PLACEHOLDER, &format!("temp.{scratch}"))],
         )?;
         run_bound(
             connection,
@@ -376,14 +377,14 @@ impl Dialect for SqliteTransaction<'_> {
     ) -> Result<ScriptRows, SyncError> {
         let connection = self.connection;
         let shape = table.shape;
-        let stage = Stage::create(connection, "keys", shape, &shape.key_columns, false)?;
-        stage.load(connection, &mut keys.iter().map(|row| row.iter().collect()))?;
+        let scratch = ScratchTable::create(connection, "keys", shape, &shape.key_columns, false)?;
+        scratch.load(connection, &mut keys.iter().map(|row| row.iter().collect()))?;
         query_script(
             connection,
             table.scripts,
             &shape.name,
             UPLOAD_FETCH,
-            &[(KEYS_PLACEHOLDER, &stage.name)],
+            &[(KEYS_PLACEHOLDER, &scratch.name)],
             table.parameters,
         )
     }

@@ -2,6 +2,9 @@
 //! `rs_held_download`): what a cut connection left, found by client and transfer,
 //! bounded in all, replaced, released and expired; each direction apart from the other.
 
+// A test reads as one scenario top to bottom; the 70-line limit is for the product.
+#![allow(clippy::too_many_lines)]
+
 use rowsync_consolidated::{
     ConsolidatedConnection, Direction, HeldTransfer, HoldBounds, HELD_TRANSFER_PART_BYTES,
 };

@@ -230,7 +230,7 @@ pub async fn shared_rows_are_read_once_and_served_alike<F: Factory>() {
         async move {
             let mut connection = backend.connect().await.unwrap();
             let request = request(client, "alice", watermark, sequence, vec![]);
-            rowsync_consolidated::synchronize_collect_shared(
+            rowsync_consolidated::sync_and_collect_shared(
                 &mut connection,
                 std::sync::Arc::new(request),
                 Some(shared),

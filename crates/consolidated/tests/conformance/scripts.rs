@@ -1,6 +1,9 @@
 //! The script model on every backend: events and their order, row and set scripts,
 //! versions, errors, download acknowledgement, `authenticate_user`, bound parameters.
 
+// A test reads as one scenario top to bottom; the 70-line limit is for the product.
+#![allow(clippy::too_many_lines)]
+
 use super::*;
 use rowsync_consolidated::{AuthCheck, AuthRequest, DownloadAckRequest, ScriptEntry};
 
@@ -91,7 +94,7 @@ pub async fn connection_events_run_in_order_each_in_its_transaction<F: Factory>(
     }
     let mut connection = f.backend.connect().await.expect("connect");
     let insert = orders_upload(vec![order(1, "alice", "pen", 1, None)], vec![], vec![]);
-    synchronize_collect(
+    sync_and_collect(
         &mut connection,
         Arc::new(request("c1", "alice", 0, 1, vec![insert])),
     )
@@ -110,7 +113,7 @@ pub async fn connection_events_run_in_order_each_in_its_transaction<F: Factory>(
     assert_eq!(f.event_log().await, expected);
     // The same pooled connection does not run begin_connection again; a resent upload
     // (sequence 1 again) runs no upload events.
-    synchronize_collect(
+    sync_and_collect(
         &mut connection,
         Arc::new(request("c1", "alice", 0, 1, vec![])),
     )
@@ -150,7 +153,7 @@ pub async fn connection_events_run_in_order_each_in_its_transaction<F: Factory>(
     .await;
     let before = f.event_log().await.len();
     let insert = orders_upload(vec![order(2, "alice", "ink", 2, None)], vec![], vec![]);
-    let error = synchronize_collect(
+    let error = sync_and_collect(
         &mut connection,
         Arc::new(request("c1", "alice", 0, 2, vec![insert])),
     )
@@ -454,7 +457,7 @@ pub async fn versions_coexist_and_a_changed_script_applies_from_the_next_sync<F:
 
     // A script changed between two syncs on one pooled connection is used by the second.
     let mut connection = f.backend.connect().await.expect("connect");
-    let before = synchronize_collect(
+    let before = sync_and_collect(
         &mut connection,
         Arc::new(versioned(request("c3", "alice", 0, 1, vec![]), "v2")),
     )
@@ -473,7 +476,7 @@ pub async fn versions_coexist_and_a_changed_script_applies_from_the_next_sync<F:
         &format!("SELECT * FROM ({v1_cursor}) AS c WHERE c.quantity > 8"),
     )
     .await;
-    let after = synchronize_collect(
+    let after = sync_and_collect(
         &mut connection,
         Arc::new(versioned(request("c4", "alice", 0, 1, vec![]), "v2")),
     )
@@ -725,7 +728,7 @@ pub async fn a_table_changed_between_syncs_on_one_connection_is_read_as_it_now_i
         .await;
     let mut connection = f.backend.connect().await.expect("connect");
     let pen = order(1, "alice", "pen", 1, None);
-    let first = synchronize_collect(
+    let first = sync_and_collect(
         &mut connection,
         Arc::new(request(
             "c1",
@@ -741,7 +744,7 @@ pub async fn a_table_changed_between_syncs_on_one_connection_is_read_as_it_now_i
         .execute("ALTER TABLE side ADD COLUMN extra INTEGER")
         .await;
     let ink = order(2, "alice", "ink", 2, None);
-    let second = synchronize_collect(
+    let second = sync_and_collect(
         &mut connection,
         Arc::new(request(
             "c1",
@@ -1002,7 +1005,7 @@ pub async fn echo_xid_names_exactly_the_uploads_own_writes<F: Factory>() {
     for (sequence, id) in [(4, 5), (5, 2), (6, 102)] {
         let upload = orders_upload(vec![], vec![], vec![key(&[id])]);
         let request = request("alice-1", "alice", watermark, sequence, vec![upload]);
-        let outcome = synchronize_collect(&mut connection, Arc::new(request))
+        let outcome = sync_and_collect(&mut connection, Arc::new(request))
             .await
             .expect("sync");
         assert_eq!(order_deletes(&outcome), vec![key(&[id + 1000])]);
@@ -1165,7 +1168,7 @@ pub async fn an_insert_with_existing_keys_falls_back_to_the_checked_script<F: Fa
 }
 
 /// Issue 17: a row of another partition in an insert upload with no existing key: the
-/// fast form inserts the others, and the row is reported as before (the staged rows
+/// fast form inserts the others, and the row is reported as before (the scratch rows
 /// compared with the table, no second INSERT).
 #[allow(dead_code)]
 pub async fn a_fast_insert_reports_a_row_of_another_partition<F: Factory>() {

@@ -12,16 +12,18 @@ use rowsync_consolidated::{
     DownloadMessage, SyncError, SyncOutcome, SyncRequest,
 };
 use rowsync_protocol::{
-    ErrorCode, FrameDecoder, KeyRange, Message, TableUpload, WireError, CONFLICTS_SINCE_VERSION,
-    DOWNLOAD_RESUME_SINCE_VERSION, IDENTITY_SINCE_VERSION, KEY_RANGES_SINCE_VERSION,
-    REFUSED_ROWS_SINCE_VERSION,
+    ErrorCode, FrameDecoder, Hello, KeyRange, Message, TableUpload, WireError,
+    CONFLICTS_SINCE_VERSION, DOWNLOAD_RESUME_SINCE_VERSION, IDENTITY_SINCE_VERSION,
+    KEY_RANGES_SINCE_VERSION, REFUSED_ROWS_SINCE_VERSION,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::config::ServerConfig;
 use crate::download_frames::{check_values, chunk_messages, conflict_frames, message_frames_for};
 use crate::failure::Failure;
+use crate::held::Transfer;
 use crate::metrics::{Phase, PhaseTimings};
 use crate::pool::Worker;
 use crate::record::DownloadDigest;
@@ -38,7 +40,7 @@ pub(crate) const RESUMABLE_DOWNLOAD_FLUSH_BYTES: usize = 32 * 1024;
 
 /// Takes a worker, decodes the upload, runs the sync's transaction and releases the
 /// worker; the phases `worker_wait`, `upload_applied` and `download_fetched`.
-pub(crate) async fn synchronize<B: Consolidated>(
+pub(crate) async fn run_on_worker<B: Consolidated>(
     shared: &Shared<B>,
     upload: CheckedUpload,
     timings: &mut PhaseTimings,
@@ -67,13 +69,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
         // A cut costs at most this much more than the bytes in flight.
         spool.flush_every(RESUMABLE_DOWNLOAD_FLUSH_BYTES);
     }
-    let framing = DownloadFraming {
-        message_bytes_max: config.download_message_bytes_max,
-        name_conflicts: hello.protocol_version >= CONFLICTS_SINCE_VERSION,
-        digest: timings.recording.is_some(),
-        protocol_version: hello.protocol_version,
-        value_bytes_max: config.value_bytes_max,
-    };
+    let framing = DownloadFraming::new(config, &hello, timings.recording.is_some());
     let spooling = spool_download(chunks, spool, framing);
     let waiting = Instant::now();
     let mut worker = shared
@@ -87,7 +83,52 @@ pub(crate) async fn synchronize<B: Consolidated>(
     let assembled = assemble_upload(upload_spool, upload_decoder(&UploadLimits::of(config)))
         .await
         .map_err(|error| Failure::tell(WireError::new(ErrorCode::Protocol, error.to_string())))?;
-    let request = Arc::new(SyncRequest {
+    let request = Arc::new(sync_request(
+        config,
+        hello,
+        user,
+        upload_sequence,
+        transfer,
+        assembled,
+    ));
+    let working = Instant::now();
+    let canceller = worker.connection().canceller();
+    let raced = {
+        let transaction = worker
+            .connection()
+            .run_sync_transaction(Arc::clone(&request), sender);
+        tokio::select! {
+            outcome = transaction => Some(outcome),
+            () = client_gone => None,
+        }
+    };
+    let Some(outcome) = raced else {
+        return Err(cancelled(worker, canceller).await);
+    };
+    let spooled = spooled_download(spooling, timings).await?;
+    let (outcome, spool) = settle(worker, outcome, spooled)?;
+    record_committed(shared, timings, &outcome, working.elapsed());
+    Ok(Synchronized {
+        request,
+        outcome,
+        spool,
+        preamble,
+        wire_bytes_received,
+        session_token,
+    })
+}
+
+/// What the backend runs: the upload as assembled, with the limits and the protocol
+/// features of the client's version.
+fn sync_request(
+    config: &ServerConfig,
+    hello: Hello,
+    user: String,
+    upload_sequence: u64,
+    transfer: Option<Transfer>,
+    assembled: AssembledUpload,
+) -> SyncRequest {
+    SyncRequest {
         client_id: hello.client_id,
         user,
         script_version: hello.script_version,
@@ -104,40 +145,7 @@ pub(crate) async fn synchronize<B: Consolidated>(
         },
         key_ranges: (hello.protocol_version >= KEY_RANGES_SINCE_VERSION)
             .then_some(assembled.key_ranges),
-    });
-    let working = Instant::now();
-    let canceller = worker.connection().canceller();
-    let raced = {
-        let transaction = worker
-            .connection()
-            .synchronize(Arc::clone(&request), sender);
-        tokio::select! {
-            outcome = transaction => Some(outcome),
-            () = client_gone => None,
-        }
-    };
-    let Some(outcome) = raced else {
-        return Err(cancelled(worker, canceller).await);
-    };
-    let spooled = spooling
-        .await
-        .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?
-        .map(|(spool, digest)| {
-            if let Some(recording) = timings.recording.as_mut() {
-                recording.digest = digest;
-            }
-            spool
-        });
-    let (outcome, spool) = settle(worker, outcome, spooled)?;
-    record_committed(shared, timings, &outcome, working.elapsed());
-    Ok(Synchronized {
-        request,
-        outcome,
-        spool,
-        preamble,
-        wire_bytes_received,
-        session_token,
-    })
+    }
 }
 
 /// The client went away while its sync ran: the statement running is cancelled (a
@@ -187,6 +195,19 @@ struct DownloadFraming {
     protocol_version: u16,
     /// The largest text or blob value sent (in pieces); a larger one refuses the sync.
     value_bytes_max: u64,
+}
+
+impl DownloadFraming {
+    /// The framing of a download to the client of `hello`; `digest` when the sync is recorded.
+    fn new(config: &ServerConfig, hello: &Hello, digest: bool) -> DownloadFraming {
+        DownloadFraming {
+            message_bytes_max: config.download_message_bytes_max,
+            name_conflicts: hello.protocol_version >= CONFLICTS_SINCE_VERSION,
+            digest,
+            protocol_version: hello.protocol_version,
+            value_bytes_max: config.value_bytes_max,
+        }
+    }
 }
 
 /// The task that encodes the backend's download chunks into frames and spools them; it
@@ -239,6 +260,23 @@ fn spool_download(
         }
         Ok::<_, SpoolError>((spool, rows_digest))
     })
+}
+
+/// The spooling task's end: the download's spool, its rows' digest kept in the sync's
+/// recording.
+async fn spooled_download(
+    spooling: JoinHandle<Result<(Spool, DownloadDigest), SpoolError>>,
+    timings: &mut PhaseTimings,
+) -> Result<Result<Spool, SpoolError>, Failure> {
+    let spooled = spooling
+        .await
+        .map_err(|error| Failure::tell(WireError::new(ErrorCode::Internal, error.to_string())))?;
+    Ok(spooled.map(|(spool, digest)| {
+        if let Some(recording) = timings.recording.as_mut() {
+            recording.digest = digest;
+        }
+        spool
+    }))
 }
 
 /// Releases the worker (discarding its connection after a database error) and joins the

@@ -107,29 +107,8 @@ pub(crate) async fn receive<B: Consolidated>(
     let config = &shared.config;
     let metrics = &shared.metrics;
     let started = Instant::now();
-    let upload_spool = Spool::new(
-        config.upload_spool_memory_bytes_max,
-        upload_spool_bytes_max(config),
-        Outbound::new(Compression::None, false).expect("plain output needs no codec"),
-        Arc::clone(&shared.cache),
-    );
-    let mut reader = UploadReader {
-        stream,
-        upload: UploadStream::new(UploadLimits::of(config)),
-        buffer: vec![0u8; HELLO_READ_CHUNK_BYTES],
-        head: Some(Vec::new()),
-        zstd_decoders: &shared.zstd_decoders,
-        decoder_room: None,
-        started,
-        spool: Some(upload_spool),
-        metrics,
-        pending: Some(shared.pending_hellos.register()),
-        retry_after_ms: &|| shared.retry_after_ms(),
-        recording: None,
-        transfer: None,
-        receiving: None,
-        cut: false,
-    };
+    let retry_after_ms = || shared.retry_after_ms();
+    let mut reader = UploadReader::new(stream, shared, started, &retry_after_ms);
     let hello = match reader.next_step(config).await? {
         Step::Hello(hello) => hello,
         Step::Receipt {
@@ -286,6 +265,40 @@ struct UploadReader<'s, S> {
 }
 
 impl<'s, S: AsyncRead + Unpin> UploadReader<'s, S> {
+    /// A reader of a new connection's stream, before its hello.
+    fn new<B: Consolidated>(
+        stream: &'s mut S,
+        shared: &'s Shared<B>,
+        started: Instant,
+        retry_after_ms: &'s (dyn Fn() -> u32 + Sync),
+    ) -> UploadReader<'s, S> {
+        let config = &shared.config;
+        let metrics = &shared.metrics;
+        let upload_spool = Spool::new(
+            config.upload_spool_memory_bytes_max,
+            upload_spool_bytes_max(config),
+            Outbound::new(Compression::None, false).expect("plain output needs no codec"),
+            Arc::clone(&shared.cache),
+        );
+        UploadReader {
+            stream,
+            upload: UploadStream::new(UploadLimits::of(config)),
+            buffer: vec![0u8; HELLO_READ_CHUNK_BYTES],
+            head: Some(Vec::new()),
+            zstd_decoders: &shared.zstd_decoders,
+            decoder_room: None,
+            started,
+            spool: Some(upload_spool),
+            metrics,
+            pending: Some(shared.pending_hellos.register()),
+            retry_after_ms,
+            recording: None,
+            transfer: None,
+            receiving: None,
+            cut: false,
+        }
+    }
+
     /// Reads until the session takes its next step (hello, complete, acknowledgement).
     /// Inflates no more than the next frame needs, and spools nothing before the hello
     /// is in (the worker reads only the upload's messages).

@@ -1,4 +1,4 @@
-//! Staging an upload on MySQL: a temporary table per kind and table, shaped like the
+//! Scratch rows of an upload on MySQL: a temporary table per kind and table, shaped like the
 //! table (`CREATE TEMPORARY TABLE ... AS SELECT`, columns nullable through an outer
 //! join), filled by multi-row inserts of bound values; and finding what of it did not
 //! land.
@@ -11,25 +11,25 @@ use super::error::{db, refused_value};
 use super::query::{bind_script, run};
 use super::schema::ColumnLimits;
 use super::value::bind_all;
-use crate::dialect::{StagedRows, TableApply};
+use crate::dialect::{ScratchRows, TableApply};
 use crate::names::{column_list, key_match};
 use crate::scripts::*;
 use crate::shape::TableShape;
 use crate::{quote_identifier as q, SyncError};
 
-/// Rows per staging insert (MySQL takes at most 65,535 bound values per statement).
-const STAGE_INSERT_ROWS_MAX: usize = 1000;
+/// Rows per scratch insert (MySQL takes at most 65,535 bound values per statement).
+const SCRATCH_INSERT_ROWS_MAX: usize = 1000;
 const STATEMENT_VALUES_MAX: usize = 65_535;
 
-/// A temporary staging table of this connection, made afresh for each use (temporary
+/// A temporary scratch table of this connection, made afresh for each use (temporary
 /// tables neither commit a transaction nor outlive the session).
-pub(super) struct Stage {
+pub(super) struct ScratchTable {
     pub(super) name: String,
     columns: Vec<String>,
     key_columns: Vec<String>,
 }
 
-impl Stage {
+impl ScratchTable {
     pub(super) async fn create(
         transaction: &mut Transaction<'_>,
         kind: &str,
@@ -37,24 +37,24 @@ impl Stage {
         columns: &[String],
         with_old_image: bool,
         with_operation: bool,
-    ) -> Result<Stage, SyncError> {
+    ) -> Result<ScratchTable, SyncError> {
         let name = q(&format!("rs_stage_{kind}_{}", shape.name));
         let mut select: Vec<String> = Vec::new();
-        let mut staged = Vec::new();
+        let mut scratch = Vec::new();
         if with_operation {
             select.push(format!(
                 "CAST('' AS CHAR(16)) AS {}",
                 q(CONFLICT_OPERATION_COLUMN)
             ));
-            staged.push(CONFLICT_OPERATION_COLUMN.to_string());
+            scratch.push(CONFLICT_OPERATION_COLUMN.to_string());
         }
         select.extend(columns.iter().map(|column| format!("t.{}", q(column))));
-        staged.extend(columns.iter().cloned());
+        scratch.extend(columns.iter().cloned());
         if with_old_image {
             for column in columns {
                 let old = format!("{OLD_IMAGE_PREFIX}{column}");
                 select.push(format!("t.{} AS {}", q(column), q(&old)));
-                staged.push(old);
+                scratch.push(old);
             }
         }
         transaction
@@ -70,9 +70,9 @@ impl Stage {
             ))
             .await
             .map_err(db)?;
-        Ok(Stage {
+        Ok(ScratchTable {
             name,
-            columns: staged,
+            columns: scratch,
             key_columns: shape.key_columns.clone(),
         })
     }
@@ -85,7 +85,7 @@ impl Stage {
         rows: &[Vec<&Value>],
     ) -> Result<(), SyncError> {
         let width = self.columns.len().max(1);
-        let batch_rows = STAGE_INSERT_ROWS_MAX
+        let batch_rows = SCRATCH_INSERT_ROWS_MAX
             .min(STATEMENT_VALUES_MAX / width)
             .max(1);
         self.check_doubles(table, rows)?;
@@ -209,63 +209,64 @@ fn fraction_digits(text: &str) -> u32 {
     fraction.trim_end_matches('0').len() as u32
 }
 
-/// See `Dialect::apply_staged`.
-pub(super) async fn apply_staged(
+/// See `Dialect::apply_scratch`.
+pub(super) async fn apply_scratch(
     transaction: &mut Transaction<'_>,
     context: &TableApply<'_>,
-    staged: StagedRows<'_, '_>,
+    scratch_rows: ScratchRows<'_, '_>,
     scales: Option<&ColumnLimits>,
 ) -> Result<Vec<Row>, SyncError> {
     let table = context.table();
-    let event = staged.event;
-    let stage = Stage::create(
+    let event = scratch_rows.event;
+    let scratch = ScratchTable::create(
         transaction,
-        staged.kind,
+        scratch_rows.kind,
         context.shape,
-        staged.columns,
+        scratch_rows.columns,
         event == UPLOAD_UPDATE,
         false,
     )
     .await?;
     if let Some(scales) = scales {
-        stage.check_limits(table, &staged.rows, scales)?;
+        scratch.check_limits(table, &scratch_rows.rows, scales)?;
     }
-    stage.load(transaction, table, &staged.rows).await?;
-    let changed = if staged.run_script {
-        let script = context
-            .scripts
-            .expand(table, event, &[(UPLOAD_PLACEHOLDER, &stage.name)])?;
+    scratch.load(transaction, table, &scratch_rows.rows).await?;
+    let changed = if scratch_rows.run_script {
+        let script =
+            context
+                .scripts
+                .expand(table, event, &[(UPLOAD_PLACEHOLDER, &scratch.name)])?;
         let (sql, values) = bind_script(&script, context.parameters, None, table, event)?;
         run(transaction, &sql, &values, table, event).await?.1 as usize
     } else {
         0
     };
-    if changed >= staged.rows.len() && event != UPLOAD_DELETE {
+    if changed >= scratch_rows.rows.len() && event != UPLOAD_DELETE {
         return Ok(Vec::new());
     }
-    unlanded_keys(transaction, context, event, &stage).await
+    unlanded_keys(transaction, context, event, &scratch).await
 }
 
-/// The staged keys the table does not reflect: for deletes, keys still present (deleting
+/// The scratch keys the table does not reflect: for deletes, keys still present (deleting
 /// a key already gone is fine); else rows whose new image the table does not hold in the
 /// user's partition.
 async fn unlanded_keys(
     transaction: &mut Transaction<'_>,
     context: &TableApply<'_>,
     event: &str,
-    stage: &Stage,
+    scratch: &ScratchTable,
 ) -> Result<Vec<Row>, SyncError> {
     let table = q(context.table());
     let (condition, values) = if event == UPLOAD_DELETE {
         (
             format!(
                 "EXISTS (SELECT 1 FROM {table} AS t WHERE {})",
-                key_match(&stage.key_columns, "t", "s")
+                key_match(&scratch.key_columns, "t", "s")
             ),
             Vec::new(),
         )
     } else {
-        let mut matches: Vec<String> = stage
+        let mut matches: Vec<String> = scratch
             .columns
             .iter()
             .filter(|column| !column.starts_with(OLD_IMAGE_PREFIX))
@@ -286,8 +287,8 @@ async fn unlanded_keys(
     };
     let sql = format!(
         "SELECT {} FROM {} AS s WHERE {condition}",
-        stage.key_list("s"),
-        stage.name
+        scratch.key_list("s"),
+        scratch.name
     );
     let ((_, keys), _) = run(transaction, &sql, &values, context.table(), event).await?;
     Ok(keys)

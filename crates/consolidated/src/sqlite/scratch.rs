@@ -1,4 +1,4 @@
-//! Staging an upload on SQLite: a temporary table per kind with the consolidated
+//! Scratch rows of an upload on SQLite: a temporary table per kind with the consolidated
 //! table's column affinities, and the queries that find what of it did not land.
 
 use rowsync_protocol::{Row, Value};
@@ -19,19 +19,19 @@ pub(super) struct Landed<'a> {
     pub(super) user: &'a str,
 }
 
-/// A temporary table holding one kind of a table's staged upload.
-pub(super) struct Stage {
+/// A temporary table holding one kind of a table's scratch upload.
+pub(super) struct ScratchTable {
     pub(super) name: String,
-    /// The consolidated table staged for.
+    /// The consolidated table scratch for.
     table: String,
     columns: Vec<String>,
     key_columns: Vec<String>,
-    /// The staged column that is the table's INTEGER PRIMARY KEY (its rowid), if any:
+    /// The scratch column that is the table's INTEGER PRIMARY KEY (its rowid), if any:
     /// SQLite refuses anything but an integer there, at the script's insert.
     rowid_column: Option<usize>,
 }
 
-impl Stage {
+impl ScratchTable {
     /// Creates (or empties) `temp.rs_stage_<kind>_<table>` with the upload's columns and
     /// the consolidated table's column affinities, so comparisons match the table's.
     pub(super) fn create(
@@ -40,15 +40,15 @@ impl Stage {
         shape: &TableShape,
         columns: &[String],
         with_old_image: bool,
-    ) -> Result<Stage, SyncError> {
+    ) -> Result<ScratchTable, SyncError> {
         let name = format!("temp.{}", q(&format!("rs_stage_{kind}_{}", shape.name)));
         let mut select: Vec<String> = columns.iter().map(|column| q(column)).collect();
-        let mut staged_columns = columns.to_vec();
+        let mut scratch_columns = columns.to_vec();
         if with_old_image {
             for column in columns {
                 let old = format!("{OLD_IMAGE_PREFIX}{column}");
                 select.push(format!("{} AS {}", q(column), q(&old)));
-                staged_columns.push(old);
+                scratch_columns.push(old);
             }
         }
         let bare = format!("rs_stage_{kind}_{}", shape.name);
@@ -59,10 +59,10 @@ impl Stage {
             table = q(&shape.name),
         );
         if columns == shape.key_columns.as_slice() {
-            // Staged keys (deletes, fetches) are indexed: a script probing them once per
+            // Scratch keys (deletes, fetches) are indexed: a script probing them once per
             // row of the table (`EXISTS (SELECT 1 FROM {upload} WHERE key = t.key)`, the
             // delete script before 2026-11-24) then costs a search, not a scan of the
-            // stage per table row (quadratic: 20,000 deletes took 17 s).
+            // scratch per table row (quadratic: 20,000 deletes took 17 s).
             ddl.push_str(&format!(
                 " CREATE INDEX temp.{index} ON {bare_q} ({keys});",
                 index = q(&format!("{bare}_key")),
@@ -72,20 +72,20 @@ impl Stage {
         }
         connection.execute_batch(&ddl)?;
         let rowid_column = rowid_alias(connection, &shape.name)?
-            .and_then(|rowid| staged_columns.iter().position(|column| *column == rowid));
-        Ok(Stage {
+            .and_then(|rowid| scratch_columns.iter().position(|column| *column == rowid));
+        Ok(ScratchTable {
             name,
             table: shape.name.clone(),
-            columns: staged_columns,
+            columns: scratch_columns,
             key_columns: shape.key_columns.clone(),
             rowid_column,
         })
     }
 
-    /// Stages the rows, refusing (naming table and column) a value the column does not
+    /// Puts the rows in scratch, refusing (naming table and column) a value the column does not
     /// hold exactly as sent: SQLite's column affinity would otherwise change it silently
     /// (NaN to NULL, -0.0 to 0, a long decimal to a double, text '12' to the integer
-    /// 12). The stage has the table's affinities, so what it holds is what the table
+    /// 12). The scratch has the table's affinities, so what it holds is what the table
     /// would; each row's stored values come back through `RETURNING`.
     pub(super) fn load(
         &self,
@@ -163,7 +163,7 @@ impl Stage {
         Ok(rows)
     }
 
-    /// Staged rows whose new image is not what the table now holds (in the user's
+    /// Scratch rows whose new image is not what the table now holds (in the user's
     /// partition): not applied as sent.
     pub(super) fn rows_not_matching_table(
         &self,
@@ -193,7 +193,7 @@ impl Stage {
         )
     }
 
-    /// Staged delete keys whose row is still in the table: not deleted.
+    /// Scratch delete keys whose row is still in the table: not deleted.
     pub(super) fn keys_still_in_table(
         &self,
         connection: &Connection,

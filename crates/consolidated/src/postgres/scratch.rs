@@ -1,4 +1,4 @@
-//! Staging an upload on PostgreSQL and finding what of it did not land: array
+//! Scratch rows of an upload on PostgreSQL and finding what of it did not land: array
 //! parameters read through a CTE where the script is one data-modifying statement, a
 //! temporary table (binary `COPY`) otherwise.
 
@@ -9,30 +9,30 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Transaction;
 
-use super::array_stage::{refusal, takes_cte, ArrayStage, ColumnRefusal, UPLOAD_CTE};
+use super::array_scratch::{refusal, takes_cte, ArrayScratch, ColumnRefusal, UPLOAD_CTE};
 use super::error::{describe_postgres, script_failure};
 use super::query::{bind_script, binds_of, query_bound};
 use super::schema::comparable;
 use super::statements::Statements;
 use super::value::Bind;
-use crate::dialect::{StagedRows, TableApply};
+use crate::dialect::{ScratchRows, TableApply};
 use crate::names::{column_list, key_match};
 use crate::scripts::*;
 use crate::shape::TableShape;
 use crate::{quote_identifier as q, SyncError};
 
-/// Staged rows above which the staging table is analyzed before the script runs, so the
+/// Scratch rows above which the scratch table is analyzed before the script runs, so the
 /// planner joins it by hash rather than by nested loop.
-const STAGE_ANALYZE_ROWS_MIN: usize = 1000;
+const SCRATCH_ANALYZE_ROWS_MIN: usize = 1000;
 
-/// A temporary staging table, dropped at commit or rollback.
-pub(super) struct Stage {
+/// A temporary scratch table, dropped at commit or rollback.
+pub(super) struct ScratchTable {
     pub(super) name: String,
     columns: Vec<String>,
     key_columns: Vec<String>,
 }
 
-impl Stage {
+impl ScratchTable {
     pub(super) async fn create(
         transaction: &Transaction<'_>,
         kind: &str,
@@ -40,21 +40,21 @@ impl Stage {
         columns: &[String],
         with_old_image: bool,
         with_operation: bool,
-    ) -> Result<Stage, SyncError> {
+    ) -> Result<ScratchTable, SyncError> {
         let name = q(&format!("rs_stage_{kind}_{}", shape.name));
         let mut select: Vec<String> = Vec::new();
-        let mut staged = Vec::new();
+        let mut scratch = Vec::new();
         if with_operation {
             select.push(format!("''::text AS {}", q(CONFLICT_OPERATION_COLUMN)));
-            staged.push(CONFLICT_OPERATION_COLUMN.to_string());
+            scratch.push(CONFLICT_OPERATION_COLUMN.to_string());
         }
         select.extend(columns.iter().map(|column| q(column)));
-        staged.extend(columns.iter().cloned());
+        scratch.extend(columns.iter().cloned());
         if with_old_image {
             for column in columns {
                 let old = format!("{OLD_IMAGE_PREFIX}{column}");
                 select.push(format!("{} AS {}", q(column), q(&old)));
-                staged.push(old);
+                scratch.push(old);
             }
         }
         transaction
@@ -64,9 +64,9 @@ impl Stage {
                 q(&shape.name)
             ))
             .await?;
-        Ok(Stage {
+        Ok(ScratchTable {
             name: format!("pg_temp.{name}"),
-            columns: staged,
+            columns: scratch,
             key_columns: shape.key_columns.clone(),
         })
     }
@@ -115,7 +115,7 @@ impl Stage {
                 .map_err(refuse)?;
         }
         writer.finish().await.map_err(refuse)?;
-        if row_count >= STAGE_ANALYZE_ROWS_MIN {
+        if row_count >= SCRATCH_ANALYZE_ROWS_MIN {
             transaction
                 .batch_execute(&format!("ANALYZE {}", self.name))
                 .await?;
@@ -132,39 +132,44 @@ impl Stage {
     }
 }
 
-/// Where an upload set script reads its staged rows: arrays bound in its own statement
+/// Where an upload set script reads its scratch rows: arrays bound in its own statement
 /// (one data-modifying statement), or a temporary table (any other script).
-enum UploadStage<'v> {
-    Arrays(ArrayStage<'v>),
-    Table(Stage),
+enum UploadScratch<'v> {
+    Arrays(ArrayScratch<'v>),
+    Table(ScratchTable),
 }
 
-impl<'v> UploadStage<'v> {
-    /// Stages the rows (values in the order of their columns): in arrays if the
+impl<'v> UploadScratch<'v> {
+    /// Puts the rows in scratch (values in the order of their columns): in arrays if the
     /// statements that read them can take a CTE, else in a temporary table.
     async fn create(
-        target: &StageTarget<'_>,
+        target: &ScratchTarget<'_>,
         shape: &TableShape,
-        staged: StagedRows<'_, 'v>,
+        scratch_rows: ScratchRows<'_, 'v>,
         arrays: bool,
-    ) -> Result<UploadStage<'v>, SyncError> {
-        let with_old_image = staged.event == UPLOAD_UPDATE;
+    ) -> Result<UploadScratch<'v>, SyncError> {
+        let with_old_image = scratch_rows.event == UPLOAD_UPDATE;
         if !arrays {
             let transaction = target.transaction;
-            let stage = Stage::create(
+            let scratch = ScratchTable::create(
                 transaction,
-                staged.kind,
+                scratch_rows.kind,
                 shape,
-                staged.columns,
+                scratch_rows.columns,
                 with_old_image,
                 false,
             )
             .await?;
-            let count = staged.rows.len();
-            stage
-                .load(transaction, &shape.name, staged.rows.into_iter(), count)
+            let count = scratch_rows.rows.len();
+            scratch
+                .load(
+                    transaction,
+                    &shape.name,
+                    scratch_rows.rows.into_iter(),
+                    count,
+                )
                 .await?;
-            return Ok(UploadStage::Table(stage));
+            return Ok(UploadScratch::Table(scratch));
         }
         let type_of = |column: &str| -> Result<String, SyncError> {
             shape
@@ -176,57 +181,57 @@ impl<'v> UploadStage<'v> {
                     SyncError::Schema(format!("table {:?} has no column {column:?}", shape.name))
                 })
         };
-        let mut columns = staged.columns.to_vec();
+        let mut columns = scratch_rows.columns.to_vec();
         let mut types = columns
             .iter()
             .map(|column| type_of(column))
             .collect::<Result<Vec<_>, _>>()?;
         if with_old_image {
             columns.extend(
-                staged
+                scratch_rows
                     .columns
                     .iter()
                     .map(|column| format!("{OLD_IMAGE_PREFIX}{column}")),
             );
             types.extend(types.clone());
         }
-        Ok(UploadStage::Arrays(ArrayStage::new(
+        Ok(UploadScratch::Arrays(ArrayScratch::new(
             columns,
             types,
             shape.key_columns.clone(),
-            staged.rows,
+            scratch_rows.rows,
         )))
     }
 
     fn name(&self) -> &str {
         match self {
-            UploadStage::Arrays(_) => UPLOAD_CTE,
-            UploadStage::Table(stage) => &stage.name,
+            UploadScratch::Arrays(_) => UPLOAD_CTE,
+            UploadScratch::Table(scratch) => &scratch.name,
         }
     }
 
     fn columns(&self) -> &[String] {
         match self {
-            UploadStage::Arrays(stage) => &stage.columns,
-            UploadStage::Table(stage) => &stage.columns,
+            UploadScratch::Arrays(scratch) => &scratch.columns,
+            UploadScratch::Table(scratch) => &scratch.columns,
         }
     }
 
     fn key_list(&self, alias: &str) -> String {
         match self {
-            UploadStage::Arrays(stage) => stage.key_list(alias),
-            UploadStage::Table(stage) => stage.key_list(alias),
+            UploadScratch::Arrays(scratch) => scratch.key_list(alias),
+            UploadScratch::Table(scratch) => scratch.key_list(alias),
         }
     }
 
     fn key_match(&self, left: &str, right: &str) -> String {
         match self {
-            UploadStage::Arrays(stage) => stage.key_match(left, right),
-            UploadStage::Table(stage) => stage.key_match(left, right),
+            UploadScratch::Arrays(scratch) => scratch.key_match(left, right),
+            UploadScratch::Table(scratch) => scratch.key_match(left, right),
         }
     }
 
-    /// `sql` (which reads the stage by [`Self::name`], its own `values` as `$1…`) as
+    /// `sql` (which reads the scratch by [`Self::name`], its own `values` as `$1…`) as
     /// sent, with every parameter it takes.
     fn bound<'s>(
         &'s self,
@@ -238,16 +243,16 @@ impl<'v> UploadStage<'v> {
             .map(|bind| bind as &(dyn ToSql + Sync))
             .collect();
         let sql = match self {
-            UploadStage::Arrays(stage) => {
-                parameters.extend(stage.parameters());
-                stage.statement(sql, binds.len())
+            UploadScratch::Arrays(scratch) => {
+                parameters.extend(scratch.parameters());
+                scratch.statement(sql, binds.len())
             }
-            UploadStage::Table(_) => sql.to_string(),
+            UploadScratch::Table(_) => sql.to_string(),
         };
         (sql, parameters)
     }
 
-    /// Runs `sql` and returns its rows; a staged value its column refuses is named with
+    /// Runs `sql` and returns its rows; a scratch_rows value its column refuses is named with
     /// the table and column (the outer error), any other failure is the script's.
     async fn query(
         &self,
@@ -284,7 +289,7 @@ impl<'v> UploadStage<'v> {
     }
 }
 
-/// A staged value its column refused, as the sync's error; anything else as it came.
+/// A scratch value its column refused, as the sync's error; anything else as it came.
 fn refused_by_column<T>(
     table: &str,
     done: Result<T, tokio_postgres::Error>,
@@ -310,55 +315,55 @@ fn returns_rows(sql: &str) -> bool {
         .any(|word| word.eq_ignore_ascii_case("returning"))
 }
 
-/// What staging one kind of a table's upload works with.
-pub(super) struct StageTarget<'a> {
+/// What scratch one kind of a table's upload works with.
+pub(super) struct ScratchTarget<'a> {
     pub transaction: &'a Transaction<'a>,
     pub statements: &'a Statements,
     /// The table's columns' SQL types, in the order of its shape's columns.
     pub types: &'a [String],
 }
 
-/// Stages the rows, runs the set script over them when asked, and returns the staged
+/// Puts the rows in scratch, runs the set script over them when asked, and returns the scratch
 /// keys that did not land as sent. A script that returns the keys it applied
 /// (`RETURNING`) is wrapped so the same statement reports the others; any other script
-/// is followed by one comparison query when it changed fewer rows than were staged.
-pub(super) async fn apply_staged(
-    target: &StageTarget<'_>,
+/// is followed by one comparison query when it changed fewer rows than were put in scratch.
+pub(super) async fn apply_scratch(
+    target: &ScratchTarget<'_>,
     context: &TableApply<'_>,
-    staged: StagedRows<'_, '_>,
+    scratch: ScratchRows<'_, '_>,
 ) -> Result<Vec<Row>, SyncError> {
     let table = context.table();
-    let event = staged.event;
+    let event = scratch.event;
     let script = context.scripts.require(table, event)?;
     // A row script's unchanged rows are compared by rowsync's own SELECT, which reads
     // arrays too.
-    // An array column cannot be staged as an array of arrays (`unnest` would flatten
-    // it), so a table with one stages in a temporary table.
-    let arrays = (staged.after_row_script || takes_cte(script))
+    // An array column cannot be put in scratch as an array of arrays (`unnest` would flatten
+    // it), so a table with one puts its scratch rows in a temporary table.
+    let arrays = (scratch.after_row_script || takes_cte(script))
         && !target.types.iter().any(|ty| ty.ends_with(']'));
-    let (run_script, staged_rows) = (staged.run_script, staged.rows.len());
-    let stage = UploadStage::create(target, context.shape, staged, arrays).await?;
+    let (run_script, scratch_rows) = (scratch.run_script, scratch.rows.len());
+    let scratch = UploadScratch::create(target, context.shape, scratch, arrays).await?;
     let script = context
         .scripts
-        .expand(table, event, &[(UPLOAD_PLACEHOLDER, stage.name())])?;
+        .expand(table, event, &[(UPLOAD_PLACEHOLDER, scratch.name())])?;
     let (transaction, statements) = (target.transaction, target.statements);
     if run_script && returns_rows(&script) {
         // EXCEPT rather than NOT EXISTS: the planner cannot estimate what a data-modifying
         // CTE returns (often 1 row) and then anti-joins by nested loop, quadratic in the
         // rows applied; a set operation hashes or sorts whatever its estimate.
         let unmatched = match event {
-            UPLOAD_DELETE => format!(" WHERE {}", still_present(&stage, table)),
+            UPLOAD_DELETE => format!(" WHERE {}", still_present(&scratch, table)),
             _ => String::new(),
         };
         let wrapped = format!(
             "WITH rs_applied AS ({script}) SELECT {keys} FROM \
-             (SELECT {keys} FROM {stage} AS s EXCEPT SELECT {applied} FROM rs_applied AS a) AS s{unmatched}",
-            keys = stage.key_list("s"),
-            stage = stage.name(),
-            applied = stage.key_list("a"),
+             (SELECT {keys} FROM {scratch} AS s EXCEPT SELECT {applied} FROM rs_applied AS a) AS s{unmatched}",
+            keys = scratch.key_list("s"),
+            scratch = scratch.name(),
+            applied = scratch.key_list("a"),
         );
         let (sql, values) = bind_script(&wrapped, context.parameters, table, event)?;
-        let (_, keys) = stage
+        let (_, keys) = scratch
             .query(transaction, statements, table, &sql, &values)
             .await?
             .map_err(|error| script_failure(event, table, error))?;
@@ -366,46 +371,46 @@ pub(super) async fn apply_staged(
     }
     let changed = if run_script {
         let (sql, values) = bind_script(&script, context.parameters, table, event)?;
-        stage
+        scratch
             .execute(transaction, statements, table, &sql, &values)
             .await?
             .map_err(|error| script_failure(event, table, error))? as usize
     } else {
         0
     };
-    if changed >= staged_rows && event != UPLOAD_DELETE {
+    if changed >= scratch_rows && event != UPLOAD_DELETE {
         return Ok(Vec::new());
     }
-    unlanded_keys(target, context, event, &stage).await
+    unlanded_keys(target, context, event, &scratch).await
 }
 
 /// The savepoint a fast form runs under.
 const FAST_SAVEPOINT: &str = "rs_fast";
 
-/// Stages the rows and runs the fast form `fast_event` over them under a savepoint:
+/// Puts the rows in scratch and runs the fast form `fast_event` over them under a savepoint:
 /// the rows it changed, or `None` when a unique violation rolled it back to the
 /// savepoint. `SAVEPOINT`, the statement and `RELEASE` are sent together (their futures
 /// polled at once are pipelined), so the fast path costs no round trip of its own; a
 /// failed statement makes the `RELEASE` fail too, which the `ROLLBACK TO` then undoes.
 /// The savepoint is a subtransaction, but the rows' stamp (`CURRENT_XID`) is the
 /// top-level transaction's id, as `pg_current_xact_id` gives inside one.
-pub(super) async fn apply_staged_fast(
-    target: &StageTarget<'_>,
+pub(super) async fn apply_scratch_fast(
+    target: &ScratchTarget<'_>,
     context: &TableApply<'_>,
-    staged: StagedRows<'_, '_>,
+    scratch: ScratchRows<'_, '_>,
     fast_event: &str,
 ) -> Result<Option<u64>, SyncError> {
     let table = context.table();
     let script = context.scripts.require(table, fast_event)?;
     let arrays = takes_cte(script) && !target.types.iter().any(|ty| ty.ends_with(']'));
-    let stage = UploadStage::create(target, context.shape, staged, arrays).await?;
+    let scratch = UploadScratch::create(target, context.shape, scratch, arrays).await?;
     let script =
         context
             .scripts
-            .expand(table, fast_event, &[(UPLOAD_PLACEHOLDER, stage.name())])?;
+            .expand(table, fast_event, &[(UPLOAD_PLACEHOLDER, scratch.name())])?;
     let (sql, values) = bind_script(&script, context.parameters, table, fast_event)?;
     let binds = binds_of(&values);
-    let (sql, parameters) = stage.bound(&sql, &binds);
+    let (sql, parameters) = scratch.bound(&sql, &binds);
     let (transaction, statements) = (target.transaction, target.statements);
     let statement = statements
         .prepare(transaction, &sql)
@@ -438,28 +443,28 @@ pub(super) async fn apply_staged_fast(
 }
 
 /// Deletes of keys already gone are not conflicts: only keys still present are.
-fn still_present(stage: &UploadStage<'_>, table: &str) -> String {
+fn still_present(scratch: &UploadScratch<'_>, table: &str) -> String {
     format!(
         "EXISTS (SELECT 1 FROM {} AS t WHERE {})",
         q(table),
-        stage.key_match("t", "s")
+        scratch.key_match("t", "s")
     )
 }
 
-/// The staged keys the table does not reflect: for deletes, keys still present; else
+/// The scratch keys the table does not reflect: for deletes, keys still present; else
 /// rows whose new image the table does not hold in the user's partition.
 async fn unlanded_keys(
-    target: &StageTarget<'_>,
+    target: &ScratchTarget<'_>,
     context: &TableApply<'_>,
     event: &str,
-    stage: &UploadStage<'_>,
+    scratch: &UploadScratch<'_>,
 ) -> Result<Vec<Row>, SyncError> {
     let table = context.table();
     let is_delete = event == UPLOAD_DELETE;
     let condition = if is_delete {
-        still_present(stage, table)
+        still_present(scratch, table)
     } else {
-        // The key by equality (a staged key is never NULL: the driver refuses NULL keys),
+        // The key by equality (a scratch key is never NULL: the driver refuses NULL keys),
         // so the primary key index finds the one row to compare with; the other columns
         // then by IS NOT DISTINCT FROM, which no index serves.
         let keys = &context.shape.key_columns;
@@ -469,9 +474,9 @@ async fn unlanded_keys(
                 .and_then(|index| target.types.get(index))
                 .map_or("", String::as_str)
         };
-        let mut matches = vec![stage.key_match("t", "s")];
+        let mut matches = vec![scratch.key_match("t", "s")];
         matches.extend(
-            stage
+            scratch
                 .columns()
                 .iter()
                 .filter(|column| !column.starts_with(OLD_IMAGE_PREFIX) && !keys.contains(column))
@@ -496,15 +501,15 @@ async fn unlanded_keys(
     };
     let sql = format!(
         "SELECT {} FROM {} AS s WHERE {condition}",
-        stage.key_list("s"),
-        stage.name()
+        scratch.key_list("s"),
+        scratch.name()
     );
     let values = if !is_delete && context.partition_column.is_some() {
         vec![Value::Text(context.parameters.user.to_string())]
     } else {
         Vec::new()
     };
-    Ok(stage
+    Ok(scratch
         .query(target.transaction, target.statements, table, &sql, &values)
         .await??
         .1)

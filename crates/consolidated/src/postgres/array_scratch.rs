@@ -1,4 +1,4 @@
-//! An upload staged in the statement itself: one array parameter per column, read
+//! An upload's scratch rows in the statement itself: one array parameter per column, read
 //! through `unnest` in a common table expression named [`UPLOAD_CTE`]. Against a
 //! temporary table this saves, per table and kind of each sync, the catalog writes of
 //! `CREATE TEMP TABLE` and its drop at commit, a `COPY`, an `ANALYZE` and three round
@@ -20,7 +20,7 @@ use crate::names::{column_list, key_match};
 
 type BoxError = Box<dyn Error + Sync + Send>;
 
-/// The name `{upload}` takes in a script staged in arrays.
+/// The name `{upload}` takes in a script whose scratch rows are arrays.
 pub const UPLOAD_CTE: &str = "rs_upload";
 
 /// Whether a set script can read its upload from the CTE: one data-modifying statement.
@@ -44,14 +44,14 @@ pub struct ColumnRefusal {
     pub message: String,
 }
 
-/// The values of one staged column, bound as one array.
+/// The values of one scratch column, bound as one array.
 #[derive(Debug)]
-pub struct StagedColumn<'v> {
+pub struct ScratchColumn<'v> {
     column: String,
     values: Vec<Bind<'v>>,
 }
 
-impl ToSql for StagedColumn<'_> {
+impl ToSql for ScratchColumn<'_> {
     fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, BoxError> {
         self.values.to_sql(ty, out).map_err(|error| {
             Box::new(ColumnRefusal {
@@ -68,27 +68,27 @@ impl ToSql for StagedColumn<'_> {
     postgres_types::to_sql_checked!();
 }
 
-/// The staged upload of one kind of operation of one table.
-pub struct ArrayStage<'v> {
-    /// Staged column names (new values, then `rs_old_` ones for updates).
+/// The scratch upload of one kind of operation of one table.
+pub struct ArrayScratch<'v> {
+    /// Scratch column names (new values, then `rs_old_` ones for updates).
     pub columns: Vec<String>,
     types: Vec<String>,
     key_columns: Vec<String>,
-    arrays: Vec<StagedColumn<'v>>,
+    arrays: Vec<ScratchColumn<'v>>,
 }
 
-impl<'v> ArrayStage<'v> {
+impl<'v> ArrayScratch<'v> {
     /// `rows` hold values in the order of `columns`, whose SQL types are `types`.
     pub fn new(
         columns: Vec<String>,
         types: Vec<String>,
         key_columns: Vec<String>,
         rows: Vec<Vec<&'v Value>>,
-    ) -> ArrayStage<'v> {
+    ) -> ArrayScratch<'v> {
         let count = rows.len();
-        let mut arrays: Vec<StagedColumn<'v>> = columns
+        let mut arrays: Vec<ScratchColumn<'v>> = columns
             .iter()
-            .map(|column| StagedColumn {
+            .map(|column| ScratchColumn {
                 column: column.clone(),
                 values: Vec::with_capacity(count),
             })
@@ -98,7 +98,7 @@ impl<'v> ArrayStage<'v> {
                 array.values.push(Bind(value));
             }
         }
-        ArrayStage {
+        ArrayScratch {
             columns,
             types,
             key_columns,
@@ -121,7 +121,7 @@ impl<'v> ArrayStage<'v> {
         )
     }
 
-    /// `sql`, whose own parameters are `$1` to `$parameters`, with the stage defined in
+    /// `sql`, whose own parameters are `$1` to `$parameters`, with the scratch defined in
     /// front of it (merged into its `WITH` if it has one).
     pub fn statement(&self, sql: &str, parameters: usize) -> String {
         with_cte(sql, &self.cte(parameters + 1))
@@ -181,7 +181,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_stage_goes_first_in_any_with_list() {
+    fn the_scratch_goes_first_in_any_with_list() {
         let cte = "rs_upload AS (SELECT 1)";
         assert_eq!(
             with_cte("INSERT INTO t SELECT * FROM rs_upload", cte),
@@ -203,7 +203,7 @@ mod tests {
     }
 
     #[test]
-    fn only_data_modifying_statements_read_the_stage_as_a_cte() {
+    fn only_data_modifying_statements_read_the_scratch_as_a_cte() {
         for script in [
             "INSERT INTO t SELECT * FROM {upload}",
             "\n update t SET a = u.a FROM {upload} AS u",
@@ -229,18 +229,18 @@ mod tests {
             Value::Int(2),
             Value::Null,
         ];
-        let stage = ArrayStage::new(
+        let scratch = ArrayScratch::new(
             vec!["id".into(), "name".into()],
             vec!["integer".into(), "character varying(64)".into()],
             vec!["id".into()],
             vec![vec![&values[0], &values[1]], vec![&values[2], &values[3]]],
         );
         assert_eq!(
-            stage.statement("DELETE FROM t USING rs_upload AS u WHERE t.id = u.id AND t.x = $1", 1),
+            scratch.statement("DELETE FROM t USING rs_upload AS u WHERE t.id = u.id AND t.x = $1", 1),
             "WITH rs_upload AS (SELECT * FROM unnest($2::integer[], $3::character varying(64)[]) AS u(\"id\", \"name\")) \
              DELETE FROM t USING rs_upload AS u WHERE t.id = u.id AND t.x = $1"
         );
-        assert_eq!(stage.parameters().count(), 2);
-        assert_eq!(stage.arrays[0].values.len(), 2);
+        assert_eq!(scratch.parameters().count(), 2);
+        assert_eq!(scratch.arrays[0].values.len(), 2);
     }
 }
