@@ -233,8 +233,6 @@ async fn the_history_kept_in_the_database_outlives_a_restart() {
         sync_client(&dir, "erin", &server.address, "erin-password-1").await;
     }
     let admin = server.admin.clone().expect("the admin banner");
-    let before: Value =
-        serde_json::from_str(&http_get(&admin, "/api/monitor/syncs?user=erin")).unwrap();
     let ids = |syncs: &Value| -> Vec<u64> {
         let syncs = syncs.as_array().unwrap();
         syncs
@@ -242,6 +240,16 @@ async fn the_history_kept_in_the_database_outlives_a_restart() {
             .map(|sync| sync["id"].as_u64().unwrap())
             .collect()
     };
+    // A sync is recorded as its connection ends, which may be just after the client has
+    // its download: the monitor is asked until the third shows (or 10 s have passed).
+    let mut before = Value::Null;
+    for _ in 0..200 {
+        before = serde_json::from_str(&http_get(&admin, "/api/monitor/syncs?user=erin")).unwrap();
+        if ids(&before).len() >= 3 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     assert_eq!(ids(&before).len(), 3, "{before}");
     // Written within a second or so; the table keeps the newest two.
     let table = rusqlite::Connection::open(&db).unwrap();
