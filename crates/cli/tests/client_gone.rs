@@ -16,17 +16,13 @@ use std::time::Duration;
 
 use rowsync_client::{Client, SyncOptions};
 
-const NOTES: &str = "CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT)";
+use support::NOTES_DDL as NOTES;
 const PASSWORD: &str = "a-long-password-for-gone";
 /// The statement a held sync waits in.
 const HELD: &str = "SELECT count(*) FROM (SELECT pg_advisory_xact_lock_shared(4243) \
                     WHERE :client_id LIKE 'held%') AS held";
 /// A hang guard for conditions awaited, not a timing assertion.
 const WAIT: Duration = Duration::from_secs(60);
-
-fn run_ok(args: &[&str], stdin: Option<&str>) {
-    support::run_command_ok(support::rowsync(), args, stdin);
-}
 
 struct Server(Child);
 
@@ -63,23 +59,7 @@ async fn until_held(observer: &tokio_postgres::Client, wanted: i64, what: &str) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sync_whose_client_left_is_cancelled_in_the_database_and_frees_its_worker() {
-    let (url, observer) = rowsync_testkit::fresh_database_with("gone", NOTES).await;
-    run_ok(
-        &[
-            "init",
-            "--db",
-            &url,
-            "--table",
-            "notes",
-            "--partition-column",
-            "owner",
-        ],
-        None,
-    );
-    run_ok(
-        &["user", "add", "--db", &url, "--name", "erin"],
-        Some(PASSWORD),
-    );
+    let (url, observer) = support::postgres_notes("gone", PASSWORD).await;
     let mut child = support::rowsync()
         .args([
             "serve",

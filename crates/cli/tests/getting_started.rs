@@ -9,14 +9,6 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn getting_started_runs_as_written() {
     let page = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/getting-started.md");
@@ -47,8 +39,8 @@ fn getting_started_runs_as_written() {
         .env("PATH", path)
         .env("ADMIN_URL", &admin_url)
         .env("APP_URL", &app_url)
-        .env("PORT", free_port().to_string())
-        .env("PG_PORT", free_port().to_string())
+        .env("PORT", support::free_port().to_string())
+        .env("PG_PORT", support::free_port().to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)

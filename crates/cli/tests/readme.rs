@@ -158,7 +158,7 @@ fn readme_blocks_run_as_written() {
         sh: blocks(&page, "sh"),
         c: blocks(&page, "c").remove(0),
         dir: tempfile::tempdir().unwrap(),
-        address: format!("127.0.0.1:{}", free_port()),
+        address: format!("127.0.0.1:{}", support::free_port()),
     };
     let (setup, serve_line): (Vec<&str>, Vec<&str>) = page.sh[0]
         .lines()
@@ -206,14 +206,14 @@ fn c_block(page: &Page) {
 /// The transports block (every endpoint on a free port), then a sync over HTTPS with
 /// the transport block's options.
 fn transport_blocks(page: &Page, runtime: &tokio::runtime::Runtime) {
-    let https_address = format!("127.0.0.1:{}", free_port());
+    let https_address = format!("127.0.0.1:{}", support::free_port());
     let mut block = page
         .block("rowsync cert")
         .replace(README_ADDRESS, &page.address);
     for endpoint in ["0.0.0.0:2440", "127.0.0.1:8080", "0.0.0.0:8443"] {
         let at = match endpoint {
             "0.0.0.0:8443" => https_address.clone(),
-            _ => format!("127.0.0.1:{}", free_port()),
+            _ => format!("127.0.0.1:{}", support::free_port()),
         };
         block = block.replace(endpoint, &at);
     }
@@ -230,12 +230,4 @@ fn transport_blocks(page: &Page, runtime: &tokio::runtime::Runtime) {
     );
     server.kill().unwrap();
     server.wait().unwrap();
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }

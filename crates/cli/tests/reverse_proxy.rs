@@ -11,7 +11,6 @@
 mod support;
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -43,14 +42,6 @@ fn find_nginx() -> PathBuf {
                  (scripts/test does this), or set ROWSYNC_TEST_NGINX to an nginx binary."
             )
         })
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A child process killed when the test ends, however it ends.
@@ -213,7 +204,7 @@ async fn syncs_through_nginx_land_on_both_servers_over_http_and_https() {
 
     let (_first, first_http, first_log) = start_server(&db);
     let (_second, second_http, second_log) = start_server(&db);
-    let (http_port, https_port) = (free_port(), free_port());
+    let (http_port, https_port) = (support::free_port(), support::free_port());
     write_nginx_config(
         dir.path(),
         &[first_http, second_http],
@@ -413,7 +404,9 @@ fn keep_syncing(
 async fn a_rolling_restart_behind_nginx_fails_no_sync_and_loses_no_row() {
     let dir = tempfile::tempdir().unwrap();
     let db = consolidated_with_erin(dir.path());
-    let ports: Vec<(u16, u16)> = (0..2).map(|_| (free_port(), free_port())).collect();
+    let ports: Vec<(u16, u16)> = (0..2)
+        .map(|_| (support::free_port(), support::free_port()))
+        .collect();
     let mut servers: Vec<Running> = ports
         .iter()
         .map(|&(http, admin)| start_server_on(&db, http, admin))
@@ -425,7 +418,7 @@ async fn a_rolling_restart_behind_nginx_fails_no_sync_and_loses_no_row() {
         .iter()
         .map(|(http, _)| format!("127.0.0.1:{http}"))
         .collect();
-    let (http_port, https_port) = (free_port(), free_port());
+    let (http_port, https_port) = (support::free_port(), support::free_port());
     let pki = dir.path().join("pki");
     let cert = rowsync()
         .args(["cert", "--dir", pki.to_str().unwrap()])
@@ -487,7 +480,7 @@ fn the_admin_endpoint_tells_readiness_and_wants_its_token_beyond_loopback() {
     let db = consolidated_with_erin(dir.path());
     let token_file = dir.path().join("admin-token");
     std::fs::write(&token_file, "0123456789abcdef0123\n").unwrap();
-    let admin = free_port();
+    let admin = support::free_port();
     let mut child = rowsync()
         .args([
             "serve",

@@ -9,26 +9,11 @@ use std::path::Path;
 
 use rowsync_client::Client;
 use rowsync_protocol::ErrorCode;
-use support::{add_user, run_ok, serve};
-
-const NOTES: &str = "CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT)";
+use support::{postgres_notes, serve, NOTES_DDL as NOTES};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_syncing_through_two_servers_at_once_is_applied_once() {
-    let (url, admin) = rowsync_testkit::fresh_database_with("two_servers", NOTES).await;
-    run_ok(
-        &[
-            "init",
-            "--db",
-            &url,
-            "--table",
-            "notes",
-            "--partition-column",
-            "owner",
-        ],
-        "",
-    );
-    add_user(Path::new(&url), "erin", "a-long-password");
+    let (url, admin) = postgres_notes("two_servers", "a-long-password").await;
     // Each sync holds the client's lock for a while: the second arrives meanwhile.
     admin
         .batch_execute(

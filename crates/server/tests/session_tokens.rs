@@ -142,15 +142,7 @@ async fn a_server_with_session_tokens_off_hands_out_none_and_takes_none() {
         session_token_lifetime: Duration::ZERO,
         ..ServerConfig::default()
     };
-    let (address, stop) = second_server(&server, off).await;
-    let there = SyncOptions {
-        address: address.to_string(),
-        ..options.clone()
-    };
-    phone
-        .connection()
-        .execute("UPDATE rs_client_login SET server = ?1", [&there.address])
-        .unwrap();
+    let (there, stop) = token_moved_to_second_server(&server, off, &options, &phone).await;
     assert_eq!(
         refusal(&mut phone, &wrong_password(&there)).await,
         ErrorCode::AuthenticationFailed
@@ -164,20 +156,31 @@ async fn a_server_with_session_tokens_off_hands_out_none_and_takes_none() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_server_of_the_database_takes_the_token() {
     let (server, options, mut phone) = logged_in_phone().await;
-    let (address, stop) = second_server(&server, ServerConfig::default()).await;
+    let config = ServerConfig::default();
+    let (there, stop) = token_moved_to_second_server(&server, config, &options, &phone).await;
+    phone.sync(&wrong_password(&there)).await.unwrap();
+    let _ = stop.send(());
+    server.stop().await;
+}
+
+/// A second server on the test server's database, `options` for it, and `phone`'s kept
+/// token moved to its address (behind a load balancer both servers have one address).
+async fn token_moved_to_second_server(
+    server: &TestServer,
+    config: ServerConfig,
+    options: &SyncOptions,
+    phone: &Client,
+) -> (SyncOptions, tokio::sync::oneshot::Sender<()>) {
+    let (address, stop) = second_server(server, config).await;
     let there = SyncOptions {
         address: address.to_string(),
         ..options.clone()
     };
-    // Behind a load balancer both servers have one address: here the kept token is
-    // moved to the second server's.
     phone
         .connection()
         .execute("UPDATE rs_client_login SET server = ?1", [&there.address])
         .unwrap();
-    phone.sync(&wrong_password(&there)).await.unwrap();
-    let _ = stop.send(());
-    server.stop().await;
+    (there, stop)
 }
 
 /// A second server on the test server's database, on a TCP port of its own.

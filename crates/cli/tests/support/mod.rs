@@ -41,29 +41,50 @@ pub fn run_command_ok(mut command: Command, args: &[&str], stdin: Option<&str>) 
     String::from_utf8(output.stdout).unwrap()
 }
 
+/// The `notes` table of the consolidated databases (and of the clients) these tests use.
+pub const NOTES_DDL: &str =
+    "CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT)";
+
 /// A consolidated database with `notes`, one row of erin's and one of frank's, set up
 /// for sync by `rowsync init`.
 pub fn init_notes(db: &Path) {
-    rusqlite::Connection::open(db)
-        .unwrap()
-        .execute_batch(
-            "CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT);
-             INSERT INTO notes VALUES (1, 'erin', 'hello'), (2, 'frank', 'hi frank');",
-        )
+    let connection = rusqlite::Connection::open(db).unwrap();
+    connection.execute_batch(NOTES_DDL).unwrap();
+    connection
+        .execute_batch("INSERT INTO notes VALUES (1, 'erin', 'hello'), (2, 'frank', 'hi frank')")
         .unwrap();
-    let db = db.to_str().unwrap();
-    run_ok(
-        &[
-            "init",
-            "--db",
-            db,
-            "--table",
-            "notes",
-            "--partition-column",
-            "owner",
-        ],
-        "",
-    );
+    init_notes_table(db.to_str().unwrap());
+}
+
+fn init_notes_table(db: &str) {
+    let init = [
+        "init",
+        "--db",
+        db,
+        "--table",
+        "notes",
+        "--partition-column",
+        "owner",
+    ];
+    run_ok(&init, "");
+}
+
+/// A fresh PostgreSQL database with an empty `notes`, set up by `rowsync init`, and
+/// user erin with `password`: its URL and a connection to it.
+pub async fn postgres_notes(prefix: &str, password: &str) -> (String, tokio_postgres::Client) {
+    let (url, client) = rowsync_testkit::fresh_database_with(prefix, NOTES_DDL).await;
+    init_notes_table(&url);
+    add_user(Path::new(&url), "erin", password);
+    (url, client)
+}
+
+/// A free loopback port (free when asked: a test binds it soon after).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 pub fn add_user(db: &Path, name: &str, password: &str) {
