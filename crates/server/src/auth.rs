@@ -114,13 +114,8 @@ pub async fn authenticate<B: Consolidated>(
     let check = worker.connection().authenticate(&request).await;
     let check = match check {
         Ok(check) => {
-            let sessions = checks.session_tokens;
-            let token_key_unknown = SessionTokens::is_session_token(&hello.token)
-                && sessions.enabled()
-                && sessions.needs_keys(&hello.token);
-            if token_key_unknown && matches!(check, AuthCheck::BuiltIn(Some(_))) {
-                // Another server made the key (or this one has read none yet).
-                read_session_keys(&mut worker, sessions).await;
+            if wants_session_keys(checks.session_tokens, hello, &check) {
+                read_session_keys(&mut worker, checks.session_tokens).await;
             }
             drop(worker);
             check
@@ -183,14 +178,6 @@ async fn built_in_login<B: Consolidated>(
         }
     }
     let user = check_password(checks.password_checks, stored_hash.clone(), hello).await?;
-    if issues && sessions.enabled() && sessions.needs_keys("") {
-        // The first token this server hands out: the keys are read now (the system
-        // tables come with one; one is made if an operator deleted them all).
-        match checks.pool.acquire(&hello.script_version).await {
-            Ok(mut worker) => read_session_keys(&mut worker, sessions).await,
-            Err(error) => tracing::warn!("no session token: {error}"),
-        }
-    }
     let session_token = stored_hash.filter(|_| issues).and_then(|stored_hash| {
         sessions.issue(&TokenLogin {
             user: &user,
@@ -204,7 +191,20 @@ async fn built_in_login<B: Consolidated>(
     })
 }
 
-/// Reads the session keys (made, in a database without one). A failure only costs
+/// Whether the login step should read the session keys while it holds its worker: a
+/// built-in user who may get a token (protocol 8) or logs in with one, and a server
+/// that has read no key yet or not the one the token names (another server made it).
+fn wants_session_keys(sessions: &SessionTokens, hello: &Hello, check: &AuthCheck) -> bool {
+    let may_use_token = hello.protocol_version >= SESSION_TOKEN_SINCE_VERSION
+        || SessionTokens::is_session_token(&hello.token);
+    sessions.enabled()
+        && may_use_token
+        && matches!(check, AuthCheck::BuiltIn(Some(_)))
+        && sessions.needs_keys(&hello.token)
+}
+
+/// Reads the session keys (made, in a database without one: the system tables come
+/// with one, so only after an operator deleted them all). A failure only costs
 /// the session token: the login goes on by password.
 async fn read_session_keys<B: Consolidated>(
     worker: &mut crate::pool::Worker<B>,
