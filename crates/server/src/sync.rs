@@ -47,6 +47,17 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
     };
     shared.metrics.connections.inc();
     let result = run_stages(&mut stream, peer, shared, &mut timings, &close).await;
+    let outcome = match &result {
+        Ok(_) => Outcome::ok,
+        Err(failure) => match &failure.reply {
+            Some(Reply::Busy { .. }) => Outcome::busy,
+            Some(_) => Outcome::refused,
+            None => Outcome::failed,
+        },
+    };
+    // Counted before the connection leaves the gauge: once no connection is left, every
+    // ended sync is counted.
+    shared.metrics.sync_ended(outcome);
     shared.metrics.connections.dec();
     // The slot is free before the client hears the end of its sync: a client that
     // reconnects at once, after the answer or the close, finds it free (the reply and
@@ -54,19 +65,12 @@ pub(crate) async fn handle_connection<B: Consolidated, S>(
     drop(slot);
     match result {
         Ok(summary) => {
-            shared.metrics.sync_ended(Outcome::ok);
             observe_end(shared, &mut timings, Outcome::ok, None);
             tracing::debug!(%peer, phases = %timings, "{summary}");
             let _ = stream.shutdown().await;
         }
         Err(failure) => {
             // The client hears first; the log line cannot delay or prevent its answer.
-            let outcome = match &failure.reply {
-                Some(Reply::Busy { .. }) => Outcome::busy,
-                Some(_) => Outcome::refused,
-                None => Outcome::failed,
-            };
-            shared.metrics.sync_ended(outcome);
             let error = match failure.error() {
                 Some(error) => error_text(error),
                 None => failure.log.clone(),

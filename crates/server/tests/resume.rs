@@ -47,7 +47,7 @@ fn insert_round(client: &Client, round: usize) {
 /// Syncs that ended so far. A cut upload ends unsuccessfully; a cut download may end
 /// "ok" when every write had succeeded (its stream is then held for want of the
 /// client's receipt).
-fn unsuccessful(metrics: &Metrics) -> u64 {
+fn ended(metrics: &Metrics) -> u64 {
     [
         Outcome::ok,
         Outcome::failed,
@@ -59,21 +59,28 @@ fn unsuccessful(metrics: &Metrics) -> u64 {
     .sum()
 }
 
+/// The count of ended syncs once no sync is in progress: the syncs a client saw end
+/// are all in it, even those whose server side ended after the client's.
+async fn ended_when_idle(metrics: &Metrics) -> u64 {
+    server_idle(metrics).await;
+    ended(metrics)
+}
+
 /// Waits until the server has finished with a cut connection (held what it received):
-/// its count of unsuccessful syncs passed `before`.
+/// its count of ended syncs passed `before`.
 async fn server_done_with_cut(metrics: &Metrics, before: u64, client_saw: &str) {
     // At the latest after the server's read timeout (30 s).
     for _ in 0..4000 {
-        if unsuccessful(metrics) > before {
+        if ended(metrics) > before {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!(
-        "the server never ended the cut sync ({} ended unsuccessfully, {before} before; \
+        "the server never ended the cut sync ({} ended, {before} before; \
          {} syncs in progress, {} connections awaiting their hello, {} ended ok, {} busy; \
          the client saw: {client_saw})",
-        unsuccessful(metrics),
+        ended(metrics),
         metrics.connections.get(),
         metrics.connections_awaiting_hello.get(),
         metrics.syncs_ended(Outcome::ok),
@@ -162,7 +169,7 @@ async fn cut_then_retry(
     cut: Cut,
 ) -> SyncReport {
     link.cut_after(cut.direction, cut.at).unwrap();
-    let before = unsuccessful(server_metrics);
+    let before = ended_when_idle(server_metrics).await;
     eprintln!(
         "cutting {} at {} {:?}",
         options.address, cut.at, cut.direction
@@ -376,7 +383,7 @@ async fn a_changed_upload_starts_its_transfer_again_from_zero() {
     let server = TestServer::start().await;
     let (link, options, mut client) = client_over_a_link(&server, "changed").await;
     link.cut_after(Direction::Upstream, 120_000).unwrap();
-    let before = unsuccessful(&server.metrics);
+    let before = ended_when_idle(&server.metrics).await;
     let cut = client
         .sync(&options)
         .await
@@ -455,7 +462,7 @@ async fn held_uploads_expire() {
     .await;
     let (link, options, mut client) = client_over_a_link(&server, "expired").await;
     link.cut_after(Direction::Upstream, 100_000).unwrap();
-    let before = unsuccessful(&server.metrics);
+    let before = ended_when_idle(&server.metrics).await;
     let cut = client
         .sync(&options)
         .await
@@ -814,7 +821,7 @@ async fn cut_download_then_sync(server: &TestServer, name: &str, spoil: impl FnO
     write_round(server, &mut writer, 1).await;
     insert_own_row(&client, 1);
     link.cut_after(Direction::Downstream, 100_000).unwrap();
-    let before = unsuccessful(&server.metrics);
+    let before = ended_when_idle(&server.metrics).await;
     let cut = client
         .sync(&options)
         .await
@@ -898,7 +905,7 @@ async fn bad_download_resumptions_are_refused_with_code_14() {
     write_round(&server, &mut writer, 1).await;
     insert_own_row(&client, 1);
     link.cut_after(Direction::Downstream, 50_000).unwrap();
-    let before = unsuccessful(&server.metrics);
+    let before = ended_when_idle(&server.metrics).await;
     let cut = client
         .sync(&options)
         .await
@@ -1203,7 +1210,7 @@ async fn a_receipt_reaching_another_server_releases_the_held_download() {
     write_round(&server, &mut writer, 1).await;
     insert_own_row(&client, 1);
     link.cut_after(Direction::Downstream, 100_000).unwrap();
-    let before = unsuccessful(&server.metrics);
+    let before = ended_when_idle(&server.metrics).await;
     let cut = client
         .sync(&options)
         .await
