@@ -341,6 +341,7 @@ pub(crate) fn hello(client_id: &str, last_download_watermark: i64) -> Hello {
         token: String::new(),
         auth_parameters: Vec::new(),
         download_ack: false,
+        tables: Default::default(),
     }
 }
 

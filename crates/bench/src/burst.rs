@@ -169,6 +169,7 @@ fn request_bytes(client: usize, options: &BurstOptions) -> Result<Vec<u8>> {
         token: String::new(),
         auth_parameters: Vec::new(),
         download_ack: false,
+        tables: Default::default(),
     };
     if options.login == Login::Token {
         hello.password = String::new();

@@ -247,6 +247,7 @@ fn backlog(client_id: &str, ids: std::ops::Range<i64>) -> SyncRequest {
         check_identity: false,
         refused_rows_max: 0,
         key_ranges: None,
+        sync_tables: Default::default(),
     }
 }
 

@@ -140,6 +140,7 @@ fn first_sync(client_id: &str) -> SyncRequest {
         check_identity: false,
         refused_rows_max: 0,
         key_ranges: None,
+        sync_tables: Default::default(),
     }
 }
 

@@ -270,6 +270,7 @@ fn replay_hello(
         token: String::new(),
         auth_parameters: Vec::new(),
         download_ack: false,
+        tables: Default::default(),
     }
 }
 

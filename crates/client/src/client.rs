@@ -820,6 +820,7 @@ impl Client {
             token: self.login_token(options),
             auth_parameters: options.auth_parameters.clone(),
             download_ack: false,
+            tables: Default::default(),
         }
     }
 

@@ -1388,6 +1388,7 @@ mod tests {
             token: String::new(),
             auth_parameters: Vec::new(),
             download_ack: false,
+            tables: Default::default(),
         };
         for compression in [Compression::Zlib, Compression::Zstd] {
             let transport = TransportOptions {

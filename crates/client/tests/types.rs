@@ -336,6 +336,7 @@ async fn sync_as_version_1(
             token: String::new(),
             auth_parameters: Vec::new(),
             download_ack: false,
+            tables: Default::default(),
         },
         upload_frames: &frames,
         upload_sequence,

@@ -1,7 +1,7 @@
 //! The named parameters scripts may use (`:user`, `:new.qty`, ...), their values, and
 //! rewriting them as the positional parameters databases take.
 
-use rowsync_protocol::Value;
+use rowsync_protocol::{TableWatermark, Value};
 
 use crate::scripts::*;
 use crate::{SyncError, SyncRequest};
@@ -13,6 +13,9 @@ pub struct Parameters<'a> {
     pub client_id: &'a str,
     pub script_version: &'a str,
     pub last_download: i64,
+    /// Protocol v9: tables whose last download was not `last_download` (a client that
+    /// synced some of its tables since); a script of one reads its own.
+    pub table_watermarks: &'a [TableWatermark],
     pub upload_sequence: i64,
     /// PostgreSQL: the transaction id of this client's previous sync when the client
     /// applied that sync's download (it then holds every row that sync wrote), else 0.
@@ -45,6 +48,7 @@ impl<'a> Parameters<'a> {
             client_id: &request.client_id,
             script_version: &request.script_version,
             last_download: request.last_download_watermark,
+            table_watermarks: &request.sync_tables.watermarks,
             upload_sequence,
             last_sync_xid: 0,
             auth_parameters: &request.auth_parameters,
@@ -59,11 +63,21 @@ impl<'a> Parameters<'a> {
             client_id: "",
             script_version,
             last_download: 0,
+            table_watermarks: &[],
             upload_sequence: 0,
             last_sync_xid: 0,
             auth_parameters: &[],
             extra: Vec::new(),
         }
+    }
+
+    /// `:last_download` in a script of `table`: the watermark the client named for the
+    /// table (protocol v9), else the sync's.
+    pub fn last_download_of(&self, table: &str) -> i64 {
+        self.table_watermarks
+            .iter()
+            .find(|named| !table.is_empty() && named.table == table)
+            .map_or(self.last_download, |named| named.last_download)
     }
 
     /// These parameters plus values of one event.
@@ -108,7 +122,7 @@ impl<'a> Parameters<'a> {
             "user" => Value::Text(self.user.to_string()),
             "client_id" => Value::Text(self.client_id.to_string()),
             "script_version" => Value::Text(self.script_version.to_string()),
-            "last_download" => Value::Int(self.last_download),
+            "last_download" => Value::Int(self.last_download_of(table)),
             "upload_sequence" => Value::Int(self.upload_sequence),
             "last_sync_xid" => Value::Int(self.last_sync_xid),
             // Set by the driver for each download cursor; nothing to leave out elsewhere.

@@ -1,4 +1,4 @@
-use rowsync_protocol::{KeyRange, SyncSummary, TableUpload};
+use rowsync_protocol::{KeyRange, SyncSummary, SyncTables, TableUpload};
 
 use crate::parameters::Parameters;
 
@@ -32,6 +32,10 @@ pub struct SyncRequest {
     /// Protocol v7: the key ranges the client holds (`None` for older clients, which
     /// are handed none).
     pub key_ranges: Option<Vec<KeyRange>>,
+    /// Protocol v9: the tables the sync covers (a subset) and the watermark each was
+    /// last downloaded to where it is not `last_download_watermark`, which is then the
+    /// lowest of the client's tables. Whole (the default): every table from it.
+    pub sync_tables: SyncTables,
 }
 
 impl SyncRequest {
@@ -152,6 +156,7 @@ impl DownloadAckRequest {
             user: &self.user,
             client_id: &self.client_id,
             last_download: self.watermark,
+            table_watermarks: &[],
             auth_parameters: &self.auth_parameters,
             ..Parameters::for_connection(&self.script_version)
         }

@@ -357,6 +357,7 @@ async fn a_connection_keeps_table_shapes_until_the_schema_changes() {
                 check_identity: false,
                 refused_rows_max: 0,
                 key_ranges: None,
+                sync_tables: Default::default(),
             }),
         )
         .await
@@ -533,6 +534,7 @@ async fn an_empty_sync_on_a_warm_connection_takes_five_round_trips() {
                 check_identity: false,
                 refused_rows_max: 0,
                 key_ranges: None,
+                sync_tables: Default::default(),
             }),
         )
         .await
@@ -635,6 +637,7 @@ async fn the_fast_form_costs_no_round_trip() {
                 check_identity: false,
                 refused_rows_max: 0,
                 key_ranges: None,
+                sync_tables: Default::default(),
             }),
         )
         .await

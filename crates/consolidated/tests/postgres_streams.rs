@@ -76,6 +76,7 @@ fn inserts(ids: std::ops::RangeInclusive<i64>) -> SyncRequest {
         check_identity: false,
         refused_rows_max: 0,
         key_ranges: None,
+        sync_tables: Default::default(),
     }
 }
 

@@ -5,7 +5,7 @@ pub(crate) use crate::whole::Rows;
 use crate::whole::{Whole, WholeValues};
 use crate::{
     Decimal, DecodeError, ErrorCode, Interval, Numeric, Row, Value, ARRAY_DEPTH_MAX,
-    DECIMAL_SCALE_MAX,
+    DECIMAL_SCALE_MAX, TABLES_SINCE_VERSION,
 };
 
 mod tag {
@@ -88,6 +88,14 @@ fn put_hello(out: &mut Vec<u8>, hello: &Hello) {
     put_str(out, &hello.token);
     put_names(out, &hello.auth_parameters);
     out.push(u8::from(hello.download_ack));
+    if hello.protocol_version >= TABLES_SINCE_VERSION {
+        out.push(u8::from(hello.tables.only_these));
+        put_count(out, hello.tables.watermarks.len());
+        for table in &hello.tables.watermarks {
+            put_str(out, &table.table);
+            out.extend_from_slice(&table.last_download.to_be_bytes());
+        }
+    }
 }
 
 fn put_upload(out: &mut Vec<u8>, upload: &TableUpload, marks: &mut Marks<'_>) {
@@ -619,8 +627,9 @@ impl<'a> Reader<'a, '_> {
     }
 
     fn hello(&mut self) -> Result<Hello, DecodeError> {
+        let protocol_version = self.u16("protocol version")?;
         Ok(Hello {
-            protocol_version: self.u16("protocol version")?,
+            protocol_version,
             client_id: self.string("client id")?,
             user: self.string("user")?,
             password: self.string("password")?,
@@ -629,6 +638,29 @@ impl<'a> Reader<'a, '_> {
             token: self.string("token")?,
             auth_parameters: self.names("authentication parameter")?,
             download_ack: self.flag("download acknowledgement")?,
+            tables: match protocol_version >= TABLES_SINCE_VERSION {
+                true => self.sync_tables()?,
+                false => SyncTables::default(),
+            },
+        })
+    }
+
+    /// A hello's tables (v9): the subset flag, then each table and its watermark.
+    fn sync_tables(&mut self) -> Result<SyncTables, DecodeError> {
+        let only_these = self.flag("tables subset")?;
+        // Bounded by the hello's bytes (`check_fits`), themselves bounded by the server.
+        let count = self.count("table watermark", NAME_BYTES_MIN + 8)?;
+        let watermarks = (0..count)
+            .map(|_| {
+                Ok(TableWatermark {
+                    table: self.string("table name")?,
+                    last_download: self.i64("table watermark")?,
+                })
+            })
+            .collect::<Result<_, DecodeError>>()?;
+        Ok(SyncTables {
+            only_these,
+            watermarks,
         })
     }
 

@@ -33,7 +33,8 @@ pub use frame::{encode_frame, FrameDecoder, FRAME_BYTES_MAX_DEFAULT, FRAME_HEADE
 pub use message::{
     Conflicts, Download, DownloadAck, DownloadHeld, DownloadResume, EndDownload, EndUpload, Hello,
     KeyRange, KeyRanges, Message, MessageType, PieceKind, RefusedRow, RowUpdate, SessionToken,
-    SyncSummary, TableUpload, UploadHeld, UploadResume, ValuePiece, ValueStart, WireError,
+    SyncSummary, SyncTables, TableUpload, TableWatermark, UploadHeld, UploadResume, ValuePiece,
+    ValueStart, WireError,
 };
 pub use numeric::{parse_decimal_value, Numeric, NUMERIC_SCALE_MAX, NUMERIC_WHOLE_DIGITS_MAX};
 pub use pieces::{
@@ -52,7 +53,7 @@ pub use value::{
 
 /// The protocol version this crate speaks. A server accepts a hello of this version or
 /// any down to [`PROTOCOL_VERSION_MIN`] and refuses others.
-pub const PROTOCOL_VERSION: u16 = 8;
+pub const PROTOCOL_VERSION: u16 = 9;
 
 /// The oldest protocol version a server still serves: a v1 session gets every v2 value
 /// in its v1 form ([`Value::to_v1`]), and never a value in pieces.
@@ -96,6 +97,11 @@ pub const KEY_RANGES_SINCE_VERSION: u16 = 7;
 /// `SessionToken`, which the client sends back in its next hellos' `token` (with the
 /// password, which the server checks only when the token no longer holds).
 pub const SESSION_TOKEN_SINCE_VERSION: u16 = 8;
+
+/// The first protocol version whose hello may name the tables a sync covers and the
+/// watermark each was last downloaded to (`Hello::tables`): a client syncs a subset of
+/// its tables (a publication), or tables in order of priority.
+pub const TABLES_SINCE_VERSION: u16 = 9;
 
 /// The most key ranges one `KeyRanges` message may carry; a receiver refuses more.
 pub const KEY_RANGES_PER_MESSAGE_MAX: usize = 1024;

@@ -164,6 +164,36 @@ pub struct Hello {
     /// The client will confirm that it applied the download with `DownloadAck`; the
     /// server then advances the client's acknowledged watermark and runs `download_ack`.
     pub download_ack: bool,
+    /// The tables this sync covers and their watermarks (protocol v9; before it, and
+    /// when empty: every table of the version, each from `last_download_watermark`).
+    #[serde(default, skip_serializing_if = "SyncTables::is_whole")]
+    pub tables: SyncTables,
+}
+
+/// Which tables a sync covers, and the watermark of the last download each had where
+/// it is not the hello's `last_download_watermark` (protocol v9).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncTables {
+    /// Only the tables in `watermarks` (a subset of the version's, a publication);
+    /// false: every table of the version.
+    pub only_these: bool,
+    /// Tables whose last download differs from the hello's watermark, and in a subset
+    /// every table of it. The hello's watermark is then the lowest of the client's.
+    pub watermarks: Vec<TableWatermark>,
+}
+
+impl SyncTables {
+    /// Every table, each from the hello's watermark: what a hello before v9 says.
+    pub fn is_whole(&self) -> bool {
+        !self.only_these && self.watermarks.is_empty()
+    }
+}
+
+/// The watermark of the last download a client applied to one table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableWatermark {
+    pub table: String,
+    pub last_download: i64,
 }
 
 /// A session token the server issued after a password login (protocol v8).

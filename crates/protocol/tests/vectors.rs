@@ -42,6 +42,34 @@ fn vectors() -> Vec<(&'static str, Message)> {
                 token: String::new(),
                 auth_parameters: vec!["site-9".into()],
                 download_ack: false,
+                tables: Default::default(),
+            }),
+        ),
+        (
+            "hello_with_tables",
+            Message::Hello(Hello {
+                protocol_version: 9,
+                client_id: "device-9".into(),
+                user: "alice".into(),
+                password: "s3cret".into(),
+                script_version: "v1".into(),
+                last_download_watermark: 42,
+                token: String::new(),
+                auth_parameters: Vec::new(),
+                download_ack: false,
+                tables: SyncTables {
+                    only_these: true,
+                    watermarks: vec![
+                        TableWatermark {
+                            table: "film".into(),
+                            last_download: 77,
+                        },
+                        TableWatermark {
+                            table: "store".into(),
+                            last_download: 42,
+                        },
+                    ],
+                },
             }),
         ),
         (
@@ -56,6 +84,7 @@ fn vectors() -> Vec<(&'static str, Message)> {
                 token: "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.c2ln".into(),
                 auth_parameters: Vec::new(),
                 download_ack: true,
+                tables: Default::default(),
             }),
         ),
         (
@@ -168,6 +197,7 @@ fn vectors() -> Vec<(&'static str, Message)> {
                 token: String::new(),
                 auth_parameters: Vec::new(),
                 download_ack: false,
+                tables: Default::default(),
             }),
         ),
         (
@@ -263,6 +293,7 @@ fn vectors() -> Vec<(&'static str, Message)> {
                 token: String::new(),
                 auth_parameters: Vec::new(),
                 download_ack: false,
+                tables: Default::default(),
             }),
         ),
         (
@@ -277,6 +308,7 @@ fn vectors() -> Vec<(&'static str, Message)> {
                 token: String::new(),
                 auth_parameters: Vec::new(),
                 download_ack: false,
+                tables: Default::default(),
             }),
         ),
         (

@@ -538,6 +538,7 @@ mod tests {
             token: String::new(),
             auth_parameters: Vec::new(),
             download_ack: false,
+            tables: Default::default(),
         })
     }
 

@@ -41,6 +41,9 @@ impl UploadLimits {
 }
 
 /// What the upload stream has for its reader next.
+// A step carries a hello (with its tables since v9); the event lives for one frame and
+// is matched at once, so boxing it would only add an allocation per step.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum UploadEvent<'a> {
     /// The session took a step (hello, complete upload, acknowledgement).

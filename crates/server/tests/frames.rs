@@ -18,6 +18,7 @@ fn hello(user: &str) -> Message {
         token: String::new(),
         auth_parameters: Vec::new(),
         download_ack: false,
+        tables: Default::default(),
     })
 }
 

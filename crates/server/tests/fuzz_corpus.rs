@@ -58,6 +58,7 @@ fn hello(download_ack: bool) -> Message {
         token: String::new(),
         auth_parameters: vec!["p".into()],
         download_ack,
+        tables: Default::default(),
     })
 }
 

@@ -516,6 +516,7 @@ async fn login_from(server: &TestServer, source: [u8; 4], user: &str, password: 
         token: String::new(),
         auth_parameters: Vec::new(),
         download_ack: false,
+        tables: Default::default(),
     });
     let end = Message::EndUpload(rowsync_protocol::EndUpload { upload_sequence: 1 });
     let mut frames = encode_frame(&hello);

@@ -535,6 +535,7 @@ fn hello_v3(user: &str) -> rowsync_protocol::Hello {
         token: String::new(),
         auth_parameters: Vec::new(),
         download_ack: false,
+        tables: Default::default(),
     }
 }
 

@@ -494,6 +494,7 @@ fn token_sync_in(token: &str, version: &str, sequence: u64, chunks: &[Message]) 
         token: token.into(),
         auth_parameters: Vec::new(),
         download_ack: false,
+        tables: Default::default(),
     }));
     for chunk in chunks {
         frames.extend(encode_frame(chunk));

@@ -144,6 +144,7 @@ async fn stale_update(
             token: String::new(),
             auth_parameters: Vec::new(),
             download_ack: false,
+            tables: Default::default(),
         },
         upload_frames: &[upload],
         upload_sequence: 1,

@@ -395,6 +395,7 @@ impl VerifyClient {
             token: connection.tokens[self.index].clone(),
             auth_parameters: Vec::new(),
             download_ack: false,
+            tables: Default::default(),
         };
         let policy = connection.retry.policy();
         let mut retries = 0u32;

@@ -207,6 +207,7 @@ pub fn parameters_for<'a>(
         client_id: &participant.client_id,
         script_version: &workload.script_version,
         last_download: participant.last_download,
+        table_watermarks: &[],
         upload_sequence: 1,
         last_sync_xid: 0,
         auth_parameters: &[],

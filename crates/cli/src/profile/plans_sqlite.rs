@@ -107,6 +107,7 @@ fn explain(
         client_id: "rowsync-profile",
         script_version,
         last_download: 0,
+        table_watermarks: &[],
         upload_sequence: 1,
         last_sync_xid: 0,
         auth_parameters: &[],

@@ -164,6 +164,7 @@ fn requests(
                 check_identity: false,
                 refused_rows_max: 0,
                 key_ranges: None,
+                sync_tables: Default::default(),
             }
         })
         .collect()

@@ -52,6 +52,19 @@ pub struct DownloadOf<'a> {
 }
 
 /// Streams every download table; returns the rows sent.
+/// The tables whose rows the sync downloads: the version's, or the subset the client
+/// named (protocol v9).
+fn covered<'s>(scripts: &'s Scripts, request: &SyncRequest) -> Vec<&'s str> {
+    let tables = &request.sync_tables;
+    scripts
+        .download_tables()
+        .into_iter()
+        .filter(|table| {
+            !tables.only_these || tables.watermarks.iter().any(|named| named.table == *table)
+        })
+        .collect()
+}
+
 pub async fn stream_download<D: Dialect>(
     transaction: &mut D,
     of: &DownloadOf<'_>,
@@ -67,7 +80,7 @@ pub async fn stream_download<D: Dialect>(
     } = *of;
     let mut download_rows = 0;
     let mut watermark_cap: Option<i64> = None;
-    for table in scripts.download_tables() {
+    for table in covered(scripts, request) {
         let shape = transaction.table_shape(table).await?;
         let column = transaction.partition_column(table).await?;
         super::check_partition_value(transaction, table, column.as_deref(), &request.user).await?;
@@ -267,6 +280,7 @@ mod tests {
             check_identity: false,
             refused_rows_max: 0,
             key_ranges: None,
+            sync_tables: Default::default(),
         }
     }
 

@@ -231,6 +231,7 @@ async fn run_events<D: Dialect, B: SyncBackend>(
     }
     let applied_sequence = applied_sequence(request, subscription.as_ref())?;
     check_identity(request, subscription.as_ref())?;
+    check_sync_tables(scripts, request)?;
     let mut parameters = Parameters::for_request(request)?;
     parameters.last_sync_xid = last_sync_xid(request, subscription.as_ref());
     let upload_already_applied = parameters.upload_sequence <= applied_sequence;
@@ -251,7 +252,13 @@ async fn run_events<D: Dialect, B: SyncBackend>(
     // download, and must learn which of its changes lost before this one overwrites them.
     download::send_conflicts(request, &uploaded.resolutions, download).await?;
     let apply_time = started.elapsed();
-    let previous_download = subscription.as_ref().map_or(0, |s| s.download_watermark);
+    let previous_download = match request.sync_tables.is_whole() {
+        true => subscription.as_ref().map_or(0, |s| s.download_watermark),
+        // The client's tables were last downloaded at different watermarks: a group
+        // change stamped with a table's own counts as not delivered (`groups`), so it
+        // is sent again rather than missed.
+        false => i64::MAX,
+    };
     let mut watermark =
         watermark_and_groups(transaction, scripts, &parameters, previous_download).await?;
     transaction
@@ -422,11 +429,39 @@ async fn check_client_ids_of_user<D: Dialect>(
 /// that sync's download, so it holds every row that sync's transaction wrote: the
 /// default cursors may skip them (`:last_sync_xid`).
 fn last_sync_xid(request: &SyncRequest, subscription: Option<&Subscription>) -> i64 {
+    if !request.sync_tables.is_whole() {
+        // Some tables were not in that sync's download, or in one since.
+        return 0;
+    }
     match subscription {
         Some(found) if found.download_watermark == request.last_download_watermark => {
             found.last_sync_xid
         }
         _ => 0,
+    }
+}
+
+/// Refuses a sync naming a table its version does not synchronize (protocol v9), or
+/// covering a subset of tables while uploading another: nothing is applied.
+fn check_sync_tables(scripts: &Scripts, request: &SyncRequest) -> Result<(), SyncError> {
+    let named = &request.sync_tables.watermarks;
+    for table in named {
+        scripts.check_synchronizes(&table.table)?;
+    }
+    if !request.sync_tables.only_these {
+        return Ok(());
+    }
+    match request
+        .tables
+        .iter()
+        .find(|upload| !named.iter().any(|table| table.table == upload.table))
+    {
+        Some(outside) => Err(SyncError::Schema(format!(
+            "the upload holds changes to table {:?}, which this sync does not cover: \
+             a sync of some tables uploads the changes of those tables only",
+            outside.table
+        ))),
+        None => Ok(()),
     }
 }
 

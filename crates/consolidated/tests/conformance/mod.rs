@@ -154,6 +154,9 @@ macro_rules! conformance_suite {
             an_owner_rule_gives_each_user_the_rows_of_its_column,
             shared_rows_are_read_once_and_served_alike,
             a_member_removed_cannot_write_at_the_next_sync,
+            a_sync_of_some_tables_moves_only_those_each_from_its_watermark,
+            without_its_table_watermark_the_same_delete_is_a_conflict,
+            a_sync_outside_its_tables_is_refused_by_name,
         );
     };
     (@each $factory:ty; $($test:ident),* $(,)?) => {
@@ -172,6 +175,7 @@ mod foreign_keys;
 mod held;
 mod history;
 mod keys;
+mod publications;
 mod rules;
 mod schema_changes;
 mod scripts;
@@ -181,6 +185,7 @@ pub use foreign_keys::*;
 pub use held::*;
 pub use history::*;
 pub use keys::*;
+pub use publications::*;
 pub use rules::*;
 pub use schema_changes::*;
 pub use scripts::*;
@@ -413,6 +418,7 @@ fn request(
         check_identity: false,
         refused_rows_max: 0,
         key_ranges: None,
+        sync_tables: Default::default(),
     }
 }
 

@@ -150,6 +150,7 @@ impl Replica {
             check_identity: false,
             refused_rows_max: 0,
             key_ranges: None,
+            sync_tables: Default::default(),
         })
     }
 

@@ -145,6 +145,7 @@ fn sync_request(
         },
         key_ranges: (hello.protocol_version >= KEY_RANGES_SINCE_VERSION)
             .then_some(assembled.key_ranges),
+        sync_tables: hello.tables,
     }
 }
 

@@ -406,6 +406,7 @@ pub fn hello_frame(user: &str) -> Vec<u8> {
         token: String::new(),
         auth_parameters: Vec::new(),
         download_ack: false,
+        tables: Default::default(),
     }))
 }
 
