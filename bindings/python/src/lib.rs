@@ -246,9 +246,12 @@ impl PyClient {
     /// TLS. ``on_progress(progress)`` is called with a :class:`SyncProgress` as the sync
     /// moves; an exception it raises is raised after the sync. The GIL is released while
     /// the sync runs. Raises :class:`BusyError`, :class:`AuthError` or
-    /// :class:`SyncError`. Conflicts are not errors: the report lists them.
+    /// :class:`SyncError`. Conflicts are not errors: the report lists them. ``tables``
+    /// (a list of names) syncs only those tables; ``priorities`` (a list of lists)
+    /// syncs each level's tables first, committed before the next (protocol v9).
     #[pyo3(signature = (url, user=None, password=None, token=None, version=None,
-                        compression=None, ca_file=None, on_progress=None))]
+                        compression=None, ca_file=None, on_progress=None, tables=None,
+                        priorities=None))]
     #[allow(clippy::too_many_arguments)] // The Python signature the package documents.
     fn sync(
         &self,
@@ -261,9 +264,14 @@ impl PyClient {
         compression: Option<String>,
         ca_file: Option<PathBuf>,
         on_progress: Option<PyObject>,
+        tables: Option<Vec<String>>,
+        priorities: Option<Vec<Vec<String>>>,
     ) -> PyResult<PySyncReport> {
-        let mut options =
-            SyncOptions::new(url, user.unwrap_or_default(), password.unwrap_or_default());
+        let mut options = SyncOptions {
+            tables: tables.unwrap_or_default(),
+            priorities: priorities.unwrap_or_default(),
+            ..SyncOptions::new(url, user.unwrap_or_default(), password.unwrap_or_default())
+        };
         options.token = token;
         if let Some(version) = version {
             options.script_version = version;

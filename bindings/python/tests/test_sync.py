@@ -97,6 +97,20 @@ def test_python_writes_including_insert_or_replace_reach_the_server(server, tmp_
     assert ("seed-0", "alice", "replaced", 100) in rows(central)
 
 
+def test_tables_and_priorities_reach_the_client(server, tmp_path):
+    url, central = server
+    client, path = new_client(tmp_path, "some")
+    report = client.sync(url, user="alice", password="alice-password", tables=["orders"])
+    assert report.rows_downloaded == SEED_ROWS
+    report = client.sync(
+        url, user="alice", password="alice-password", priorities=[["orders"]]
+    )
+    assert report.rounds == 2
+    with pytest.raises(rowsync.SyncError, match='"invoices"'):
+        client.sync(url, user="alice", password="alice-password", tables=["invoices"])
+    assert rows(central) == rows(path)
+
+
 def test_conflicts_name_the_row_and_the_servers_winner(server, tmp_path):
     url, _ = server
     first, first_path = new_client(tmp_path, "first")

@@ -55,6 +55,14 @@ pub struct SyncArgs {
     /// The script version the server runs for this sync.
     #[arg(long, default_value = "v1")]
     pub version: String,
+    /// Sync only these tables (comma-separated; protocol v9): their changes go up and
+    /// theirs come down, each from its own last download. Default: every table.
+    #[arg(long, value_delimiter = ',')]
+    pub tables: Vec<String>,
+    /// Tables synced first (comma-separated), committed before the rest is asked for;
+    /// repeat for further levels, highest first (protocol v9).
+    #[arg(long = "priority")]
+    pub priority: Vec<String>,
     /// none, zlib or zstd.
     #[arg(long, default_value = "none")]
     pub compression: String,
@@ -131,6 +139,12 @@ pub async fn run(args: SyncArgs) -> Result<SyncExit> {
     }
     options.token = args.token.clone();
     options.script_version = args.version.clone();
+    options.tables = args.tables.clone();
+    options.priorities = args
+        .priority
+        .iter()
+        .map(|level| level.split(',').map(str::to_owned).collect())
+        .collect();
     options.transport.compression = args
         .compression
         .parse::<Compression>()

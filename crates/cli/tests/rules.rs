@@ -8,41 +8,9 @@
 
 mod support;
 
-use support::{add_user, rowsync, run_ok, serve};
-
-const CENTRAL: &str = "
-CREATE TABLE store (store_id INTEGER PRIMARY KEY, name TEXT NOT NULL);
-CREATE TABLE staff (username TEXT PRIMARY KEY, store_id INTEGER REFERENCES store);
-CREATE TABLE customer (customer_id INTEGER PRIMARY KEY, store_id INTEGER NOT NULL REFERENCES store,
-    name TEXT NOT NULL, balance DECIMAL(8,2));
-CREATE TABLE film (film_id INTEGER PRIMARY KEY, title TEXT NOT NULL, cover BLOB, notes TEXT);
-CREATE TABLE rental (rental_id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL REFERENCES customer);
-INSERT INTO store VALUES (1, 'Lethbridge'), (2, 'Woodridge');
-INSERT INTO staff VALUES ('mike', 1), ('jon', 2);
-INSERT INTO customer VALUES (1, 1, 'MARY', '1.50'), (2, 2, 'LINDA', NULL);
-INSERT INTO film VALUES (1, 'ACADEMY DINOSAUR', x'00', 'office only');
-INSERT INTO rental VALUES (1, 1), (2, 2);
-";
-
-const RULES: &str = r#"
-[groups.store]
-table = "staff"
-user_column = "username"
-group_column = "store_id"
-
-[tables.customer]
-rule = "group"
-column = "store_id"
-group = "store"
-
-[tables.film]
-rule = "shared"
-exclude_columns = ["notes"]
-
-[tables.rental]
-rule = "parent"
-parent = "customer"
-"#;
+use support::{
+    add_user, rowsync, run_ok, serve, STORE_CHAIN as CENTRAL, STORE_CHAIN_RULES as RULES,
+};
 
 #[test]
 fn a_store_chain_from_a_rule_file_and_rowsync_schema() {

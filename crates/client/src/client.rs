@@ -21,7 +21,29 @@ use crate::transport::{
     end_upload_frame, exchange_measured, exchange_streaming, new_transfer_id, transfer_stream,
     DownloadHandler, Exchange, HeldDownload, Transfer, TransportOptions, WireBytes,
 };
-use crate::{store, ClientError};
+use crate::{store, tables, ClientError};
+
+/// Adds one round's figures to `report`: its download, and the upload of `operations`
+/// unless the server had applied it before.
+fn count_round(
+    report: &mut SyncReport,
+    completed: &EndDownload,
+    applied: &AppliedDownload,
+    operations: u64,
+) {
+    let summary = &completed.summary;
+    report.rounds += 1;
+    report.rows_uploaded += if summary.upload_already_applied {
+        0
+    } else {
+        operations
+    };
+    report.rows_downloaded += applied.rows_applied;
+    report.conflicts_kept += applied.conflicts_kept;
+    report.conflicts += summary.conflicts;
+    report.upload_already_applied |= summary.upload_already_applied;
+    report.watermark = completed.watermark;
+}
 
 /// Where and as whom to sync.
 #[derive(Debug, Clone)]
@@ -56,6 +78,13 @@ pub struct SyncOptions {
     /// refuses their rows (protocol v6); above it the sync fails with the server's
     /// error, nothing set aside. 0 never sets aside.
     pub rejected_rows_max: u64,
+    /// Sync only these tables (a publication; protocol v9): their changes go up, theirs
+    /// come down, each table from its own last download. Empty: every table.
+    pub tables: Vec<String>,
+    /// Tables synced first, level by level, each level's download committed before the
+    /// next is asked for (protocol v9), so that a first sync makes them usable before
+    /// the rest arrives; the last round brings every table (or `tables`).
+    pub priorities: Vec<Vec<String>>,
 }
 
 /// Changes one sync sets aside at most, by default.
@@ -136,6 +165,8 @@ impl SyncOptions {
             busy_retry: BusyRetry::default(),
             download_kept_bytes_max: DOWNLOAD_KEPT_BYTES_MAX_DEFAULT,
             rejected_rows_max: REJECTED_ROWS_MAX_DEFAULT,
+            tables: Vec::new(),
+            priorities: Vec::new(),
         }
     }
 }
@@ -320,12 +351,37 @@ impl Client {
     ) -> Result<SyncReport, ClientError> {
         let started = Instant::now();
         let mut report = SyncReport::default();
+        let rounds = tables::rounds(
+            &self.connection,
+            &options.script_version,
+            &options.tables,
+            &options.priorities,
+        )?;
+        for covered in rounds {
+            self.sync_covering(options, covered.as_deref(), &mut report, progress)
+                .await?;
+        }
+        report.elapsed = started.elapsed();
+        Ok(report)
+    }
+
+    /// Syncs `covered` (`None`: every table) until the upload in flight, if one was,
+    /// and this sync's own are through, adding to `report`.
+    async fn sync_covering(
+        &mut self,
+        options: &SyncOptions,
+        covered: Option<&[String]>,
+        report: &mut SyncReport,
+        progress: &mut (dyn FnMut(&SyncProgress) + Send),
+    ) -> Result<(), ClientError> {
         let mut refused_rounds = 0;
         loop {
-            let batch = store::next_batch_for(&mut self.connection, Some(&options.script_version))?;
-            let round = self
-                .sync_round(options, &batch, &mut report, progress)
-                .await;
+            let batch = store::next_batch_for(
+                &mut self.connection,
+                Some(&options.script_version),
+                covered,
+            )?;
+            let round = self.sync_round(options, &batch, report, progress).await;
             if round.is_err() {
                 DownloadApply::abort(&self.connection);
             }
@@ -342,7 +398,7 @@ impl Client {
                     continue;
                 }
                 Err(error) if refused_rounds < REFUSED_ROUNDS_MAX => {
-                    match self.set_aside(&error, &batch, options, &mut report)? {
+                    match self.set_aside(&error, &batch, options, report)? {
                         true => {
                             refused_rounds += 1;
                             continue;
@@ -365,32 +421,23 @@ impl Client {
                 },
                 round => round?,
             };
-            if options.download_ack {
+            // A sync of some tables is not acknowledged: the acknowledgement would
+            // vouch for tables it did not bring (the next sync records the lowest).
+            if options.download_ack && batch.tables.is_none() {
                 let mut hello = self.hello(options, completed.watermark);
                 hello.script_version = sent_with(options, &batch).to_string();
-                acknowledge(options, hello, completed.watermark, &mut report).await?;
+                acknowledge(options, hello, completed.watermark, report).await?;
             }
-            let summary = completed.summary;
-            report.rounds += 1;
-            report.rows_uploaded += if summary.upload_already_applied {
-                0
-            } else {
-                batch.operations
-            };
-            report.rows_downloaded += applied.rows_applied;
-            report.conflicts_kept += applied.conflicts_kept;
-            report.conflicts += summary.conflicts;
-            report.upload_already_applied |= summary.upload_already_applied;
-            report.watermark = completed.watermark;
-            // After a resend: again for the changes made meanwhile, or for the version
-            // asked for when the resend went with the one it was first sent with.
-            let moved_on = sent_with(options, &batch) != options.script_version;
+            count_round(report, &completed, &applied, batch.operations);
+            // After a resend: again for the changes made meanwhile, for the version
+            // asked for when the resend went with the one it was first sent with, or
+            // for the tables asked for when it covered others.
+            let moved_on = sent_with(options, &batch) != options.script_version
+                || batch.tables.as_deref() != covered;
             if !(batch.is_retry && (moved_on || store::has_pending_changes(&self.connection)?)) {
-                break;
+                return Ok(());
             }
         }
-        report.elapsed = started.elapsed();
-        Ok(report)
     }
 
     /// After the server refused rows of `batch` (protocol v6, nothing applied): sets
@@ -433,13 +480,11 @@ impl Client {
         report: &mut SyncReport,
         progress: &mut (dyn FnMut(&SyncProgress) + Send),
     ) -> Result<(EndDownload, AppliedDownload), ClientError> {
-        let script_version = sent_with(options, batch);
-        let last_download_watermark = self.download_watermark_for(script_version)?;
         let (transfer_id, attempts) = self.transfer_attempt(batch)?;
         if attempts > 0 {
             let kept = KeptAttempt {
                 options,
-                hello: self.hello_with(options, script_version, last_download_watermark),
+                hello: self.round_hello(options, batch)?,
                 batch,
                 transfer_id: &transfer_id,
             };
@@ -449,7 +494,7 @@ impl Client {
         }
         let mut offset = None;
         loop {
-            let mut hello = self.hello_with(options, script_version, last_download_watermark);
+            let mut hello = self.round_hello(options, batch)?;
             if offset.is_none() {
                 // An earlier attempt may have been cut: the server may hold its start.
                 let held = match attempts {
@@ -466,7 +511,7 @@ impl Client {
             let keeping = self.protocol_version >= DOWNLOAD_RESUME_SINCE_VERSION;
             let kept = KeptStream::new(keeping, Vec::new(), options.download_kept_bytes_max);
             let mut handler = apply_handler(&mut self.connection, report, progress, batch, kept);
-            handler.apply.script_version = Some(script_version.to_string());
+            handler.apply.script_version = Some(hello.script_version.clone());
             let exchange = batch_exchange(options, &hello, batch, transfer.clone());
             let exchanged = exchange_streaming(exchange, &mut handler).await;
             let (event, wire) = match exchanged {
@@ -501,6 +546,28 @@ impl Client {
                 return Ok(done);
             }
         }
+    }
+
+    /// The hello of a round sending `batch`: with the version it is sent with, the
+    /// watermark of the client's download of it, and the tables it covers (v9).
+    fn round_hello(
+        &self,
+        options: &SyncOptions,
+        batch: &store::Batch,
+    ) -> Result<Hello, ClientError> {
+        let script_version = sent_with(options, batch);
+        let last_download_watermark = self.download_watermark_for(script_version)?;
+        let tables = tables::hello_tables(
+            &self.connection,
+            self.protocol_version,
+            script_version,
+            batch.tables.as_deref(),
+            last_download_watermark,
+        )?;
+        Ok(Hello {
+            tables,
+            ..self.hello_with(options, script_version, last_download_watermark)
+        })
     }
 
     /// The download watermark to send with `script_version`: a client moving to another

@@ -17,6 +17,7 @@ mod rejected;
 mod report;
 mod session;
 mod store;
+mod tables;
 pub mod transport;
 
 pub use client::{

@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use rand::RngCore;
 use rowsync_protocol::{
-    message_frames, Download, KeyRange, Message, RefusedRow, Row, RowUpdate, TableUpload, Value,
+    message_frames, Download, KeyRange, Message, RefusedRow, Row, RowUpdate, TableUpload,
+    TableWatermark, Value,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -53,6 +54,10 @@ CREATE TABLE IF NOT EXISTS rs_client_transfer (
     transfer_id TEXT NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS rs_client_table_watermark (
+    table_name TEXT PRIMARY KEY,
+    watermark INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS rs_client_download (
     upload_sequence INTEGER PRIMARY KEY,
     transfer_id TEXT NOT NULL,
@@ -69,11 +74,14 @@ fn log_table(table: &str) -> String {
 }
 
 /// Columns added to the client's tables after their first release: (table, column, type).
-const ADDED_COLUMNS: [(&str, &str, &str); 2] = [
+const ADDED_COLUMNS: [(&str, &str, &str); 3] = [
     // The script version of the last download applied (NULL before it was recorded).
     ("rs_client_state", "script_version", "TEXT"),
     // The script version the in-flight upload was first sent with: it is resent with it.
     ("rs_client_inflight", "script_version", "TEXT"),
+    // The tables the in-flight upload covers, one per line (NULL: all): it is resent
+    // as a sync of those tables.
+    ("rs_client_inflight", "tables", "TEXT"),
 ];
 
 pub fn install(connection: &Connection, client_id: Option<&str>) -> Result<String, ClientError> {
@@ -138,6 +146,7 @@ pub fn reregister(connection: &mut Connection) -> Result<String, ClientError> {
     transaction.execute("UPDATE rs_client_inflight SET upload_sequence = 1", [])?;
     transaction.execute("DELETE FROM rs_client_transfer", [])?;
     transaction.execute("DELETE FROM rs_client_download", [])?;
+    transaction.execute("DELETE FROM rs_client_table_watermark", [])?;
     transaction.commit()?;
     Ok(client_id)
 }
@@ -753,6 +762,33 @@ pub struct Batch {
     /// The key ranges this client holds, as they stood when the batch was taken
     /// (protocol v7 sends them before the end of upload).
     pub key_ranges: Vec<KeyRange>,
+    /// The tables the sync of this upload covers (protocol v9); `None`: all.
+    pub tables: Option<Vec<String>>,
+}
+
+/// The watermarks of tables synced on their own since the last sync of every table
+/// (protocol v9): each is above the client's `download_watermark`.
+pub fn table_watermarks(connection: &Connection) -> Result<Vec<TableWatermark>, ClientError> {
+    let mut statement = connection.prepare(
+        "SELECT table_name, watermark FROM rs_client_table_watermark ORDER BY table_name",
+    )?;
+    let watermarks = statement
+        .query_map([], |row| {
+            Ok(TableWatermark {
+                table: row.get(0)?,
+                last_download: row.get(1)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(watermarks)
+}
+
+fn tables_text(tables: Option<&[String]>) -> Option<String> {
+    tables.map(|tables| tables.join("\n"))
+}
+
+fn tables_of(text: Option<String>) -> Option<Vec<String>> {
+    text.map(|text| text.split('\n').map(str::to_owned).collect())
 }
 
 /// The transfer an upload is sent as (protocol v3), and the attempts made before this
@@ -820,13 +856,15 @@ pub fn forget_download(connection: &Connection) -> Result<(), ClientError> {
 /// made by moving the change logs out, in one transaction.
 #[cfg(test)]
 pub fn next_batch(connection: &mut Connection) -> Result<Batch, ClientError> {
-    next_batch_for(connection, None)
+    next_batch_for(connection, None, None)
 }
 
-/// [`next_batch`], recording that a new upload is sent with `script_version`.
+/// [`next_batch`], recording that a new upload is sent with `script_version`, as a sync
+/// of `tables` (their changes only; `None`: all).
 pub fn next_batch_for(
     connection: &mut Connection,
     script_version: Option<&str>,
+    tables: Option<&[String]>,
 ) -> Result<Batch, ClientError> {
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let inflight: Option<i64> = transaction.query_row(
@@ -835,10 +873,10 @@ pub fn next_batch_for(
         |row| row.get(0),
     )?;
     if let Some(sequence) = inflight {
-        let sent_with: Option<String> = transaction.query_row(
-            "SELECT script_version FROM rs_client_inflight WHERE upload_sequence = ?1 AND part = 0",
+        let (sent_with, covered): (Option<String>, Option<String>) = transaction.query_row(
+            "SELECT script_version, tables FROM rs_client_inflight WHERE upload_sequence = ?1 AND part = 0",
             [sequence],
-            |row| row.get(0),
+            |row| Ok((row.get(0)?, row.get(1)?)),
         )?;
         let mut statement = transaction
             .prepare("SELECT frame, operations FROM rs_client_inflight WHERE upload_sequence = ?1 AND part > 0 ORDER BY part")?;
@@ -856,15 +894,33 @@ pub fn next_batch_for(
             operations,
             is_retry: true,
             key_ranges: keys::held(&transaction)?,
+            tables: tables_of(covered),
         });
     }
     let sequence = state(&transaction)?.upload_sequence_acknowledged + 1;
     let mut messages = Vec::new();
-    for table in upload_order(&transaction)? {
-        collect_table_upload(&transaction, &table, &mut messages)?;
+    let order = upload_order(&transaction)?;
+    if let Some(untracked) = tables
+        .unwrap_or_default()
+        .iter()
+        .find(|table| !order.contains(table))
+    {
+        return Err(ClientError::Option(format!(
+            "table {untracked:?} is not tracked in this client database: sync some tables \
+             only among those tracked (`rowsync track`, Client::track)"
+        )));
     }
-    let (frames, operations_total) =
-        write_inflight(&transaction, sequence, script_version, messages)?;
+    for table in order {
+        if tables.is_none_or(|tables| tables.contains(&table)) {
+            collect_table_upload(&transaction, &table, &mut messages)?;
+        }
+    }
+    let marker = Marker {
+        sequence,
+        script_version,
+        tables,
+    };
+    let (frames, operations_total) = write_inflight(&transaction, &marker, messages)?;
     let key_ranges = keys::held(&transaction)?;
     transaction.commit()?;
     Ok(Batch {
@@ -874,7 +930,15 @@ pub fn next_batch_for(
         operations: operations_total,
         is_retry: false,
         key_ranges,
+        tables: tables.map(<[String]>::to_vec),
     })
+}
+
+/// What the marker row of an upload in flight records.
+struct Marker<'a> {
+    sequence: u64,
+    script_version: Option<&'a str>,
+    tables: Option<&'a [String]>,
 }
 
 /// Writes an upload in flight as its frames: the marker row (part 0, with the script
@@ -882,10 +946,10 @@ pub fn next_batch_for(
 /// operations they carry.
 fn write_inflight(
     transaction: &Connection,
-    sequence: u64,
-    script_version: Option<&str>,
+    marker: &Marker,
     messages: Vec<TableUpload>,
 ) -> Result<(Vec<Vec<u8>>, u64), ClientError> {
+    let sequence = marker.sequence;
     let mut operations_total = 0u64;
     let mut frames = Vec::with_capacity(messages.len());
     let mut insert = transaction.prepare(
@@ -894,9 +958,9 @@ fn write_inflight(
     // An empty upload still gets its sequence and this marker row: the sync is then
     // acknowledged like any other.
     transaction.execute(
-        "INSERT INTO rs_client_inflight (upload_sequence, part, frame, operations, script_version)
-         VALUES (?1, 0, x'', 0, ?2)",
-        params![sequence as i64, script_version],
+        "INSERT INTO rs_client_inflight (upload_sequence, part, frame, operations, script_version, tables)
+         VALUES (?1, 0, x'', 0, ?2, ?3)",
+        params![sequence as i64, marker.script_version, tables_text(marker.tables)],
     )?;
     for upload in messages {
         let operations =
@@ -969,12 +1033,12 @@ pub fn set_aside(
         [sequence],
     )?;
     transaction.execute("DELETE FROM rs_client_download", [])?;
-    write_inflight(
-        &transaction,
-        batch.upload_sequence,
-        Some(script_version),
-        messages,
-    )?;
+    let marker = Marker {
+        sequence: batch.upload_sequence,
+        script_version: Some(script_version),
+        tables: batch.tables.as_deref(),
+    };
+    write_inflight(&transaction, &marker, messages)?;
     transaction.commit()?;
     Ok(set_aside)
 }
@@ -1230,6 +1294,31 @@ pub fn has_pending_changes(connection: &Connection) -> Result<bool, ClientError>
     Ok(false)
 }
 
+/// Records the watermark of a download applied: of every table (a sync of `None`, which
+/// brought every table up to it), or of the tables synced (protocol v9).
+fn record_watermark(
+    connection: &Connection,
+    tables: Option<&[String]>,
+    watermark: i64,
+) -> Result<(), ClientError> {
+    let Some(tables) = tables else {
+        connection.execute(
+            "UPDATE rs_client_state SET download_watermark = ?1 WHERE id = 1",
+            [watermark],
+        )?;
+        connection.execute("DELETE FROM rs_client_table_watermark", [])?;
+        return Ok(());
+    };
+    let mut upsert = connection.prepare(
+        "INSERT INTO rs_client_table_watermark (table_name, watermark) VALUES (?1, ?2)
+         ON CONFLICT (table_name) DO UPDATE SET watermark = excluded.watermark",
+    )?;
+    for table in tables {
+        upsert.execute(params![table, watermark])?;
+    }
+    Ok(())
+}
+
 /// Applies a download and acknowledges the upload in one transaction (the whole
 /// download at once; [`DownloadApply`] takes it message by message).
 #[cfg(test)]
@@ -1251,6 +1340,7 @@ pub fn apply_download(
             operations: 0,
             is_retry: false,
             key_ranges: Vec::new(),
+            tables: None,
         };
         Ok(apply
             .finish(connection, &batch, watermark, &[])?
@@ -1369,11 +1459,12 @@ impl DownloadApply {
         let conflicts_kept = self
             .losing
             .record(connection, &batch.frames, upload_sequence)?;
+        record_watermark(connection, batch.tables.as_deref(), watermark)?;
         connection.execute(
-            "UPDATE rs_client_state SET applying_download = 0, download_watermark = ?1,
-                 upload_sequence_acknowledged = max(upload_sequence_acknowledged, ?2),
-                 script_version = coalesce(?3, script_version) WHERE id = 1",
-            params![watermark, upload_sequence as i64, self.script_version],
+            "UPDATE rs_client_state SET applying_download = 0,
+                 upload_sequence_acknowledged = max(upload_sequence_acknowledged, ?1),
+                 script_version = coalesce(?2, script_version) WHERE id = 1",
+            params![upload_sequence as i64, self.script_version],
         )?;
         connection.execute(
             "DELETE FROM rs_client_inflight WHERE upload_sequence <= ?1",

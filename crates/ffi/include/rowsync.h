@@ -256,7 +256,10 @@ void rowsync_options_free(struct rowsync_options *options);
 // `user`, `password`, `token` (a signed JWT instead of the password), `version` (the
 // script version), `compression` (`none`, `zlib`, `zstd`), `ca_file` (PEM CAs to trust
 // instead of the web roots), `client_cert` and `client_key` (PEM files presented when
-// the server asks), `server_name` (the name the server's certificate must carry).
+// the server asks), `server_name` (the name the server's certificate must carry),
+// `tables` (sync only these, comma-separated; protocol v9) and `priorities` (tables
+// synced first, each level committed before the next: levels separated by `;`, tables
+// by `,`, e.g. `film;customer,rental`).
 //
 // # Safety
 // `options` is live; `name` and `value` are NUL-terminated (`value` may be NULL).

@@ -622,7 +622,10 @@ pub unsafe extern "C" fn rowsync_options_free(options: *mut rowsync_options) {
 /// `user`, `password`, `token` (a signed JWT instead of the password), `version` (the
 /// script version), `compression` (`none`, `zlib`, `zstd`), `ca_file` (PEM CAs to trust
 /// instead of the web roots), `client_cert` and `client_key` (PEM files presented when
-/// the server asks), `server_name` (the name the server's certificate must carry).
+/// the server asks), `server_name` (the name the server's certificate must carry),
+/// `tables` (sync only these, comma-separated; protocol v9) and `priorities` (tables
+/// synced first, each level committed before the next: levels separated by `;`, tables
+/// by `,`, e.g. `film;customer,rental`).
 ///
 /// # Safety
 /// `options` is live; `name` and `value` are NUL-terminated (`value` may be NULL).
@@ -653,10 +656,25 @@ pub unsafe extern "C" fn rowsync_options_set(
             "client_cert" => tls.client_cert = owned.map(PathBuf::from),
             "client_key" => tls.client_key = owned.map(PathBuf::from),
             "server_name" => tls.server_name = owned,
+            "tables" => options.tables = value.map(table_list).unwrap_or_default(),
+            "priorities" => {
+                options.priorities = value
+                    .map(|levels| levels.split(';').map(table_list).collect())
+                    .unwrap_or_default();
+            }
             other => return Err(Failure::invalid(format!("no text option named {other:?}"))),
         }
         Ok(())
     })
+}
+
+/// Table names separated by commas, each trimmed, empty ones left out.
+fn table_list(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|table| !table.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Retries of a sync the server answers busy (0: fail with `ROWSYNC_BUSY` at once).

@@ -721,7 +721,7 @@ mod tests {
                 Step::Hello(_)
             ));
         }
-        for version in [0, 9] {
+        for version in [0, PROTOCOL_VERSION + 1] {
             let Message::Hello(mut hello) = hello() else {
                 unreachable!()
             };
@@ -735,7 +735,9 @@ mod tests {
             );
             assert_eq!(
                 error.message,
-                format!("protocol version {version} is not supported; this server speaks versions 1 to 8")
+                format!(
+                    "protocol version {version} is not supported; this server speaks versions 1 to {PROTOCOL_VERSION}"
+                )
             );
         }
     }

@@ -133,8 +133,13 @@ class Client:
         compression: Optional[str] = None,
         ca_file: Optional[Union[str, "os.PathLike[str]"]] = None,
         on_progress: Optional[Callable[[SyncProgress], None]] = None,
+        tables: Optional[List[str]] = None,
+        priorities: Optional[List[List[str]]] = None,
     ) -> SyncReport:
         """Upload recorded changes, apply the download; the GIL is released meanwhile.
+
+        `tables` syncs only those tables; `priorities` syncs each level's tables
+        first, each level committed before the next (protocol v9).
 
         Raises BusyError, AuthError or SyncError; conflicts are listed in the report.
         """

@@ -481,6 +481,8 @@ impl SqliteClient {
             busy_retry: connection.retry.policy(),
             download_kept_bytes_max: rowsync_client::DOWNLOAD_KEPT_BYTES_MAX_DEFAULT,
             rejected_rows_max: rowsync_client::REJECTED_ROWS_MAX_DEFAULT,
+            tables: Vec::new(),
+            priorities: Vec::new(),
         };
         let policy = connection.retry.policy();
         let client_start = SystemTime::now();

@@ -42,6 +42,43 @@ pub fn run_command_ok(mut command: Command, args: &[&str], stdin: Option<&str>) 
 }
 
 /// The `notes` table of the consolidated databases (and of the clients) these tests use.
+/// A store chain (docs/rules.md): staff of two stores, their customers and rentals, a
+/// shared film catalogue.
+pub const STORE_CHAIN: &str = "
+CREATE TABLE store (store_id INTEGER PRIMARY KEY, name TEXT NOT NULL);
+CREATE TABLE staff (username TEXT PRIMARY KEY, store_id INTEGER REFERENCES store);
+CREATE TABLE customer (customer_id INTEGER PRIMARY KEY, store_id INTEGER NOT NULL REFERENCES store,
+    name TEXT NOT NULL, balance DECIMAL(8,2));
+CREATE TABLE film (film_id INTEGER PRIMARY KEY, title TEXT NOT NULL, cover BLOB, notes TEXT);
+CREATE TABLE rental (rental_id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL REFERENCES customer);
+INSERT INTO store VALUES (1, 'Lethbridge'), (2, 'Woodridge');
+INSERT INTO staff VALUES ('mike', 1), ('jon', 2);
+INSERT INTO customer VALUES (1, 1, 'MARY', '1.50'), (2, 2, 'LINDA', NULL);
+INSERT INTO film VALUES (1, 'ACADEMY DINOSAUR', x'00', 'office only');
+INSERT INTO rental VALUES (1, 1), (2, 2);
+";
+
+/// The store chain's rule file.
+pub const STORE_CHAIN_RULES: &str = r#"
+[groups.store]
+table = "staff"
+user_column = "username"
+group_column = "store_id"
+
+[tables.customer]
+rule = "group"
+column = "store_id"
+group = "store"
+
+[tables.film]
+rule = "shared"
+exclude_columns = ["notes"]
+
+[tables.rental]
+rule = "parent"
+parent = "customer"
+"#;
+
 pub const NOTES_DDL: &str =
     "CREATE TABLE notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT)";
 

@@ -636,14 +636,14 @@ fn an_in_flight_upload_is_resent_unchanged_after_the_table_changed() {
         &db.connection,
         "UPDATE orders SET quantity = 2 WHERE id = 1",
     );
-    let first = next_batch_for(&mut db.connection, Some("v1")).unwrap();
+    let first = next_batch_for(&mut db.connection, Some("v1"), None).unwrap();
     execute(
         &db.connection,
         "UPDATE orders SET quantity = 3 WHERE id = 1",
     );
     execute(&db.connection, "ALTER TABLE orders ADD COLUMN note TEXT");
     track(&mut db.connection, "orders", ExistingRows::Upload).unwrap();
-    let resent = next_batch_for(&mut db.connection, Some("v2")).unwrap();
+    let resent = next_batch_for(&mut db.connection, Some("v2"), None).unwrap();
     assert!(resent.is_retry);
     assert_eq!(resent.frames, first.frames);
     assert_eq!(resent.script_version.as_deref(), Some("v1"));
