@@ -49,7 +49,7 @@ fn a_store_chain_from_a_rule_file_and_rowsync_schema() {
     assert_eq!(
         schema,
         "CREATE TABLE IF NOT EXISTS \"customer\" (\n    \"customer_id\" INTEGER PRIMARY KEY,\n    \
-         \"store_id\" INTEGER,\n    \"name\" TEXT,\n    \"balance\" TEXT\n);\n\
+         \"store_id\" INTEGER,\n    \"name\" TEXT,\n    \"balance\" NUMERIC\n);\n\
          CREATE TABLE IF NOT EXISTS \"film\" (\n    \"film_id\" INTEGER PRIMARY KEY,\n    \
          \"title\" TEXT,\n    \"cover\" BLOB\n);\n\
          CREATE TABLE IF NOT EXISTS \"rental\" (\n    \"rental_id\" INTEGER PRIMARY KEY,\n    \
@@ -85,18 +85,16 @@ fn a_store_chain_from_a_rule_file_and_rowsync_schema() {
         String::from_utf8_lossy(&synced.stderr)
     );
     let connection = rusqlite::Connection::open(&device).unwrap();
-    let customers: Vec<(i64, String, Option<String>)> = connection
+    let customers: Vec<(i64, String, Option<f64>)> = connection
         .prepare("SELECT customer_id, name, balance FROM customer ORDER BY 1")
         .unwrap()
         .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    // SQLite's DECIMAL column (NUMERIC affinity) holds 1.50 as the REAL 1.5.
-    assert_eq!(
-        customers,
-        [(1, "MARY".to_string(), Some("1.5".to_string()))]
-    );
+    // SQLite's DECIMAL column (NUMERIC affinity) holds 1.50 as the REAL 1.5, on the
+    // central and, with the same affinity, on the client.
+    assert_eq!(customers, [(1, "MARY".to_string(), Some(1.5))]);
     let film: (String, Vec<u8>) = connection
         .query_row("SELECT title, cover FROM film", [], |row| {
             Ok((row.get(0)?, row.get(1)?))

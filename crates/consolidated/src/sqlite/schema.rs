@@ -254,8 +254,10 @@ pub fn password_hash(connection: &mut Connection, name: &str) -> Result<Option<S
         .optional()?)
 }
 
-/// See `ConsolidatedConnection::client_columns`: by SQLite's own affinity rules, but a
-/// NUMERIC affinity (decimals, dates) as TEXT, which keeps the value as written.
+/// See `ConsolidatedConnection::client_columns`: by SQLite's own affinity rules, NUMERIC
+/// included (decimals, dates): the central column has already coerced what it holds, so
+/// a client column that kept the text instead would upload a value the central refuses
+/// as changed (`docs/types.md`, SQLite as the consolidated database).
 pub fn client_columns(
     connection: &Connection,
     table: &str,
@@ -272,14 +274,19 @@ pub fn client_columns(
             .get(name)
             .map(|t| t.to_uppercase())
             .unwrap_or_default();
+        // SQLite's own rules (datatype3 §3.1): the client's column coerces values as
+        // the central one does, so what one stores the other takes back unchanged (a
+        // DECIMAL the central keeps as a REAL is a REAL on the client too).
         if upper.contains("INT") {
             "INTEGER"
+        } else if ["CHAR", "CLOB", "TEXT"].iter().any(|t| upper.contains(t)) {
+            "TEXT"
         } else if upper.is_empty() || upper.contains("BLOB") {
             "BLOB"
         } else if ["REAL", "FLOA", "DOUB"].iter().any(|t| upper.contains(t)) {
             "REAL"
         } else {
-            "TEXT"
+            "NUMERIC"
         }
     };
     Ok(Some(crate::ClientTable {
