@@ -703,14 +703,7 @@ pub fn tracked_tables(connection: &Connection) -> Result<Vec<String>, ClientErro
 /// server applies inserts and updates in), so a server that applies tables as they come
 /// gets a rental before its payment too.
 pub fn upload_order(connection: &Connection) -> Result<Vec<String>, ClientError> {
-    let mut statement = connection.prepare(
-        "SELECT t.table_name, COALESCE((SELECT r.table_name FROM rs_client_table AS r
-                 WHERE r.table_name = f.\"table\" COLLATE NOCASE), f.\"table\")
-         FROM rs_client_table AS t, pragma_foreign_key_list(t.table_name) AS f",
-    )?;
-    let references: Vec<(String, String)> = statement
-        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
-        .collect::<Result<_, _>>()?;
+    let references = references(connection)?;
     let tables: Vec<(String, Vec<String>)> = tracked_tables(connection)?
         .into_iter()
         .map(|table| {
@@ -724,6 +717,42 @@ pub fn upload_order(connection: &Connection) -> Result<Vec<String>, ClientError>
         .collect();
     let order = rowsync_protocol::parent_first(&tables).parent_first;
     Ok(order.into_iter().map(|i| tables[i].0.clone()).collect())
+}
+
+/// (child, parent) for each foreign key of a tracked table, by the client's own schema,
+/// the parent named as tracked where it is.
+fn references(connection: &Connection) -> Result<Vec<(String, String)>, ClientError> {
+    let mut statement = connection.prepare(
+        "SELECT t.table_name, COALESCE((SELECT r.table_name FROM rs_client_table AS r
+                 WHERE r.table_name = f.\"table\" COLLATE NOCASE), f.\"table\")
+         FROM rs_client_table AS t, pragma_foreign_key_list(t.table_name) AS f",
+    )?;
+    let references = statement
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    Ok(references)
+}
+
+/// `tables` and the tracked tables they reference, transitively (by the foreign keys of
+/// the client's schema), in their order: a sync of some tables never sends or brings a
+/// row before its parent.
+pub fn with_parents(
+    connection: &Connection,
+    tables: &[String],
+) -> Result<Vec<String>, ClientError> {
+    let references = references(connection)?;
+    let tracked = tracked_tables(connection)?;
+    let mut covered = tables.to_vec();
+    let mut next = 0;
+    while let Some(table) = covered.get(next).cloned() {
+        next += 1;
+        for (_, parent) in references.iter().filter(|(child, _)| *child == table) {
+            if tracked.contains(parent) && !covered.contains(parent) {
+                covered.push(parent.clone());
+            }
+        }
+    }
+    Ok(covered)
 }
 
 #[derive(Debug, Clone)]

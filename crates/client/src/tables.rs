@@ -8,7 +8,7 @@ use crate::{store, ClientError};
 
 /// The tables of each round of one sync, in order: a round per priority level (each
 /// level's tables within `subset`, empty levels left out), then one of `subset` (`None`:
-/// every table). Levels are skipped when the last download was of another script
+/// every table); each round with the tables its tables reference (`with_parents`). Levels are skipped when the last download was of another script
 /// version than `script_version`: a new version's first sync covers every table.
 pub(crate) fn rounds(
     connection: &Connection,
@@ -33,11 +33,14 @@ pub(crate) fn rounds(
                 .cloned()
                 .collect();
             if !tables.is_empty() {
-                rounds.push(Some(tables));
+                rounds.push(Some(store::with_parents(connection, &tables)?));
             }
         }
     }
-    rounds.push((!subset.is_empty()).then(|| subset.to_vec()));
+    rounds.push(match subset.is_empty() {
+        true => None,
+        false => Some(store::with_parents(connection, subset)?),
+    });
     Ok(rounds)
 }
 
