@@ -61,8 +61,9 @@ pub use names::quote_identifier;
 pub use parameters::{positional_parameters, positional_parameters_with, Parameters, RowImages};
 pub use types::new_session_secret;
 pub use types::{
-    ApplyStreamSettings, AuthCheck, AuthRequest, DownloadAckRequest, InitOutcome, ScriptEntry,
-    SessionKey, SyncOutcome, SyncRequest, TableInit, UserEntry,
+    ApplyStreamSettings, AuthCheck, AuthRequest, DownloadAckRequest, InitOutcome, LoginFailures,
+    ScriptEntry, SessionKey, SyncOutcome, SyncRequest, TableInit, UserEntry,
+    LOGIN_FAILURES_SHARED_MAX,
 };
 
 /// A table as a client declares it: each column with its SQLite affinity (`INTEGER`,
@@ -140,6 +141,17 @@ pub trait ConsolidatedConnection: Send + 'static {
         &mut self,
         new_secret: &str,
     ) -> impl Future<Output = Result<Vec<SessionKey>, DbError>> + Send;
+
+    /// Shares one server's refused logins with the other servers of its database
+    /// (`rs_login_failure`): stores `own` under `server_id` (each key's count replaced),
+    /// drops every row counted before `since_unix_ms`, and returns the other servers'
+    /// rows counted since then (at most `LOGIN_FAILURES_SHARED_MAX`).
+    fn share_login_failures(
+        &mut self,
+        server_id: &str,
+        own: &[LoginFailures],
+        since_unix_ms: i64,
+    ) -> impl Future<Output = Result<Vec<LoginFailures>, DbError>> + Send;
 
     /// Runs the version's `authenticate_user` script in its own committed transaction, or
     /// returns the built-in user's password hash when the version has no such script.

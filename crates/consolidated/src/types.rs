@@ -188,6 +188,18 @@ impl std::fmt::Debug for SessionKey {
     }
 }
 
+/// Refused logins one server counted under one throttle key since `since_unix_ms`
+/// (`rs_login_failure`), shared so that a farm throttles as one server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoginFailures {
+    pub key: String,
+    pub failures: i64,
+    pub since_unix_ms: i64,
+}
+
+/// The most rows of other servers' refused logins one read returns.
+pub const LOGIN_FAILURES_SHARED_MAX: usize = 10_000;
+
 /// A built-in user (`rs_user`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UserEntry {

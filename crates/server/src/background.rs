@@ -230,6 +230,42 @@ pub(crate) async fn keep_history_in_table<B: Consolidated>(
     }
 }
 
+/// Every `login_failure_share_interval`: stores the refused logins this server counted
+/// since the last time and reads the other servers' (`throttle`), so a farm throttles
+/// as one server. A failure is logged and the counts are shared at the next tick.
+pub(crate) async fn share_login_failures<B: Consolidated>(shared: Arc<Shared<B>>) {
+    let interval = shared.config.login_failure_share_interval;
+    if interval.is_zero() {
+        return;
+    }
+    let server_id = rowsync_consolidated::new_session_secret()[..32].to_string();
+    let window_ms = shared.config.login_failure_window.as_millis() as i64;
+    let throttle = &shared.login_throttle;
+    let mut ticks = tokio::time::interval(interval);
+    loop {
+        ticks.tick().await;
+        let now = Instant::now();
+        let now_unix_ms = crate::held::unix_ms_now();
+        let own = throttle.own_changes(now, now_unix_ms);
+        let shared_now = match shared.auth_pool.acquire("").await {
+            Ok(mut worker) => {
+                worker
+                    .connection()
+                    .share_login_failures(&server_id, &own, now_unix_ms - window_ms)
+                    .await
+            }
+            Err(error) => Err(error),
+        };
+        match shared_now {
+            Ok(others) => throttle.replace_others(&others, now, now_unix_ms),
+            Err(error) => {
+                throttle.unshared(&own);
+                tracing::warn!(%error, "sharing refused logins with the other servers failed");
+            }
+        }
+    }
+}
+
 async fn read_history<B: Consolidated>(
     pool: &Arc<WorkerPool<B>>,
     limit: u64,

@@ -48,6 +48,10 @@ pub struct ServerConfig {
     pub login_failures_per_user_max: u32,
     /// The window the login failure limits count in.
     pub login_failure_window: Duration,
+    /// How often a server shares its refused logins with the other servers of its
+    /// database and reads theirs (`rs_login_failure`), so a farm throttles as one
+    /// server; zero: never (each server counts alone).
+    pub login_failure_share_interval: Duration,
     /// Client ids (subscriptions) one user may have: the first sync of a new client id
     /// beyond it is refused with code 13 (`None`: no limit). Each subscription holds
     /// tombstones back for everyone until it syncs again.
@@ -181,6 +185,7 @@ impl Default for ServerConfig {
             login_failures_per_user_max: 100,
             client_ids_per_user_max: Some(CLIENT_IDS_PER_USER_MAX_DEFAULT),
             login_failure_window: Duration::from_secs(60),
+            login_failure_share_interval: Duration::from_secs(1),
             cache_bytes_max: crate::cache::default_cache_bytes_max(),
             shared_download_cache_bytes_max: SHARED_DOWNLOAD_CACHE_BYTES_MAX_DEFAULT,
             shared_download_cache_age: Duration::from_secs(10),

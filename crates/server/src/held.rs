@@ -28,7 +28,7 @@ pub(crate) struct Transfer {
     pub(crate) offset: u64,
 }
 
-fn unix_ms_now() -> i64 {
+pub(crate) fn unix_ms_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_millis() as i64)

@@ -17,7 +17,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
 pub use crate::background::SUMMARY_INTERVAL;
-use crate::background::{clean_up_periodically, keep_history_in_table, monitor_load};
+use crate::background::{
+    clean_up_periodically, keep_history_in_table, monitor_load, share_login_failures,
+};
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
 use crate::reply::reply_and_close;
@@ -125,6 +127,7 @@ pub async fn serve_endpoints_with_metrics<B: Consolidated>(
         ],
     ));
     let monitor = tokio::spawn(monitor_load(Arc::clone(&shared)));
+    let logins = tokio::spawn(share_login_failures(Arc::clone(&shared)));
     let history = shared
         .metrics
         .monitor
@@ -154,7 +157,10 @@ pub async fn serve_endpoints_with_metrics<B: Consolidated>(
     drain(&shared).await;
     let _ = stop.send(true);
     while accepting.join_next().await.is_some() {}
-    for task in [cleanup, monitor, readiness].into_iter().chain(history) {
+    for task in [cleanup, monitor, readiness, logins]
+        .into_iter()
+        .chain(history)
+    {
         task.abort();
     }
     result

@@ -8,11 +8,18 @@
 //! failed, so knowing a user name is not enough to lock its owner out. Refused logins
 //! are refused without checking anything (no database, no argon2 work) until the window
 //! that counted them ends. I/O-free: the caller gives the time.
+//!
+//! A farm throttles as one server: each server shares what it counted
+//! (`own_changes`, stored in the consolidated database every
+//! `login_failure_share_interval`) and adds what the others counted (`replace_others`),
+//! so N servers do not allow N times the refused logins.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use rowsync_consolidated::LoginFailures;
 
 /// What is counted: an address (IPv6 by its /64), a user name at an address, or a user
 /// name whatever the address.
@@ -36,8 +43,20 @@ pub(crate) struct LoginThrottle {
     per_address_user_max: u32,
     per_user_max: u32,
     window: Duration,
-    failures: Mutex<HashMap<Key, Failures>>,
+    failures: Mutex<Counted>,
 }
+
+/// This server's counts, the other servers' (summed by key), and the keys whose own
+/// count changed since it was last shared.
+#[derive(Default)]
+struct Counted {
+    own: HashMap<Key, Failures>,
+    others: HashMap<Key, Failures>,
+    changed: HashSet<Key>,
+}
+
+/// A key longer than this is counted here only (the database's column holds 512).
+const SHARED_KEY_CHARS_MAX: usize = 500;
 
 /// The limits of a [`LoginThrottle`], each a count of refused logins in the window.
 #[derive(Debug, Clone, Copy)]
@@ -62,7 +81,7 @@ impl LoginThrottle {
             per_address_user_max: limits.per_address_user_max,
             per_user_max: limits.per_user_max,
             window,
-            failures: Mutex::new(HashMap::new()),
+            failures: Mutex::new(Counted::default()),
         }
     }
 
@@ -70,14 +89,19 @@ impl LoginThrottle {
     pub(crate) fn check(&self, address: IpAddr, user: &str, now: Instant) -> Result<(), Throttled> {
         let failures = self.lock();
         let address = counted_address(address);
-        // The failures a key has in the current window (0 once the window ended).
-        let counted = |key: &Key| {
-            failures
-                .get(key)
+        // The failures a key has in the current window (0 once the window ended), here
+        // and on the other servers, and when the later of the two windows ends.
+        let in_window = |map: &HashMap<Key, Failures>, key: &Key| {
+            map.get(key)
                 .filter(|counted| now < counted.since + self.window)
                 .map_or((0, Duration::ZERO), |counted| {
                     (counted.count, counted.since + self.window - now)
                 })
+        };
+        let counted = |key: &Key| {
+            let (own, own_ends) = in_window(&failures.own, key);
+            let (others, others_ends) = in_window(&failures.others, key);
+            (own.saturating_add(others), own_ends.max(others_ends))
         };
         let (address_failures, address_ends) = counted(&Key::Address(address));
         let mut limits = vec![(
@@ -110,13 +134,16 @@ impl LoginThrottle {
     /// its user name.
     pub(crate) fn failed(&self, address: IpAddr, user: &str, now: Instant) {
         let mut failures = self.lock();
+        let failures = &mut *failures;
         // Expired windows are dropped now and then, so the map holds only the keys
         // that failed within the last window.
-        if failures.len() >= 1024 && failures.len().is_power_of_two() {
-            failures.retain(|_, counted| now < counted.since + self.window);
+        let own = &mut failures.own;
+        if own.len() >= 1024 && own.len().is_power_of_two() {
+            own.retain(|_, counted| now < counted.since + self.window);
         }
         for key in keys(counted_address(address), user) {
-            let counted = failures.entry(key).or_insert(Failures {
+            failures.changed.insert(key.clone());
+            let counted = own.entry(key).or_insert(Failures {
                 count: 0,
                 since: now,
             });
@@ -135,17 +162,106 @@ impl LoginThrottle {
     /// passwords unthrottled).
     pub(crate) fn succeeded(&self, address: IpAddr, user: &str) {
         let mut failures = self.lock();
-        failures.remove(&Key::AddressUser(
-            counted_address(address),
-            user.to_string(),
-        ));
-        failures.remove(&Key::User(user.to_string()));
+        for key in [
+            Key::AddressUser(counted_address(address), user.to_string()),
+            Key::User(user.to_string()),
+        ] {
+            // Shared as 0, so the other servers stop counting what this one forgot.
+            if failures.own.remove(&key).is_some() {
+                failures.changed.insert(key);
+            }
+        }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Failures>> {
+    /// This server's counts that changed since they were last taken, to share: each
+    /// with when its window began (`now` is `now_unix_ms`); a count forgotten after a
+    /// login is shared as 0.
+    pub(crate) fn own_changes(&self, now: Instant, now_unix_ms: i64) -> Vec<LoginFailures> {
+        let mut failures = self.lock();
+        let changed = std::mem::take(&mut failures.changed);
+        changed
+            .into_iter()
+            .filter_map(|key| {
+                let text = key.text();
+                if text.chars().count() > SHARED_KEY_CHARS_MAX {
+                    return None;
+                }
+                let (count, since_unix_ms) = match failures.own.get(&key) {
+                    Some(counted) => {
+                        let age = now.saturating_duration_since(counted.since).as_millis();
+                        (counted.count, now_unix_ms - age as i64)
+                    }
+                    None => (0, now_unix_ms),
+                };
+                Some(LoginFailures {
+                    key: text,
+                    failures: i64::from(count),
+                    since_unix_ms,
+                })
+            })
+            .collect()
+    }
+
+    /// `own_changes` that could not be shared: taken again next time.
+    pub(crate) fn unshared(&self, changes: &[LoginFailures]) {
+        let mut failures = self.lock();
+        for change in changes {
+            if let Some(key) = Key::parse(&change.key) {
+                failures.changed.insert(key);
+            }
+        }
+    }
+
+    /// The other servers' counts, as the database holds them now (`rows`, each with
+    /// when its window began), replacing those read before.
+    pub(crate) fn replace_others(&self, rows: &[LoginFailures], now: Instant, now_unix_ms: i64) {
+        let mut others: HashMap<Key, Failures> = HashMap::new();
+        for row in rows {
+            let Some(key) = Key::parse(&row.key) else {
+                continue;
+            };
+            let age =
+                Duration::from_millis(now_unix_ms.saturating_sub(row.since_unix_ms).max(0) as u64);
+            if age >= self.window {
+                continue;
+            }
+            let since = now.checked_sub(age).unwrap_or(now);
+            let count = u32::try_from(row.failures).unwrap_or(u32::MAX);
+            let summed = others.entry(key).or_insert(Failures { count: 0, since });
+            summed.count = summed.count.saturating_add(count);
+            summed.since = summed.since.min(since);
+        }
+        self.lock().others = others;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Counted> {
         self.failures
             .lock()
             .expect("the throttle is never poisoned")
+    }
+}
+
+impl Key {
+    /// The key as the database keeps it: `a|address`, `au|address|user`, `u|user`.
+    fn text(&self) -> String {
+        match self {
+            Key::Address(address) => format!("a|{address}"),
+            Key::AddressUser(address, user) => format!("au|{address}|{user}"),
+            Key::User(user) => format!("u|{user}"),
+        }
+    }
+
+    fn parse(text: &str) -> Option<Key> {
+        let (kind, rest) = text.split_once('|')?;
+        match kind {
+            "a" => Some(Key::Address(rest.parse().ok()?)),
+            "au" => {
+                let (address, user) = rest.split_once('|')?;
+                Some(Key::AddressUser(address.parse().ok()?, user.to_string()))
+            }
+            "u" => Some(Key::User(rest.to_string())),
+            _ => None,
+        }
     }
 }
 
@@ -255,5 +371,42 @@ mod tests {
         assert!(throttle
             .check("10.9.9.9".parse().unwrap(), "c", now)
             .is_err());
+    }
+
+    /// What one server shares another adds to its own counts; a login that succeeds
+    /// shares its forgotten counts as 0; counts from before the window do not hold.
+    #[test]
+    fn shared_counts_add_up_across_servers() {
+        let (one, two) = (throttle(100, 2, 100), throttle(100, 2, 100));
+        let now = Instant::now();
+        let unix_ms = 1_000_000;
+        let address: IpAddr = "10.0.0.1".parse().unwrap();
+        one.failed(address, "bob", now);
+        two.failed(address, "bob", now);
+        assert!(two.check(address, "bob", now).is_ok());
+        let shared = one.own_changes(now, unix_ms);
+        assert_eq!(shared.len(), 3, "address, bob there, bob: {shared:?}");
+        assert!(one.own_changes(now, unix_ms).is_empty(), "taken once");
+        two.replace_others(&shared, now, unix_ms);
+        assert_eq!(
+            two.check(address, "bob", now).unwrap_err().by,
+            "user at this address"
+        );
+        one.succeeded(address, "bob");
+        let forgotten = one.own_changes(now, unix_ms);
+        assert_eq!(forgotten.len(), 2);
+        assert!(forgotten.iter().all(|counted| counted.failures == 0));
+        two.replace_others(&forgotten, now, unix_ms);
+        assert!(two.check(address, "bob", now).is_ok());
+        // Counted an hour ago: outside the window of a minute.
+        let old: Vec<LoginFailures> = shared
+            .into_iter()
+            .map(|counted| LoginFailures {
+                since_unix_ms: unix_ms - 3_600_000,
+                ..counted
+            })
+            .collect();
+        two.replace_others(&old, now, unix_ms);
+        assert!(two.check(address, "bob", now).is_ok());
     }
 }

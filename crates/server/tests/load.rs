@@ -498,6 +498,53 @@ async fn failed_logins_from_one_address_are_throttled() {
     assert_eq!(server.metrics.logins_throttled.get(), 1);
 }
 
+/// Issue 38, item 3: two servers of one database throttle as one. Each counts two of
+/// four refused logins from one address; once they shared their counts
+/// (`rs_login_failure`, every `login_failure_share_interval`), the right password is
+/// refused unchecked on both. Counted alone, neither would reach the limit of four.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_of_one_database_throttle_as_one() {
+    let config = ServerConfig {
+        login_failures_per_address_max: 4,
+        login_failures_per_user_max: 1000,
+        login_failure_window: Duration::from_secs(3600),
+        login_failure_share_interval: Duration::from_millis(50),
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start_with(config.clone()).await;
+    let (other, stop) = second_server(&server, config).await;
+    let mut client = server.client("guesser");
+    let right = [server.options("alice"), server.options_via(other, "alice")];
+    let wrong = right.clone().map(|options| SyncOptions {
+        password: "guess".into(),
+        ..options
+    });
+    for options in [&wrong[0], &wrong[1], &wrong[0], &wrong[1]] {
+        let refused = client.sync(options).await.unwrap_err().to_string();
+        assert!(refused.contains("wrong password"), "{refused}");
+    }
+    for options in &right {
+        let mut refused = String::new();
+        // Until both servers shared: a login that passes meanwhile resets nothing the
+        // address is counted by.
+        for _ in 0..100 {
+            match client.sync(options).await {
+                Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(error) => {
+                    refused = error.to_string();
+                    break;
+                }
+            }
+        }
+        assert!(
+            refused.contains("too many failed logins for this address"),
+            "via {}: {refused}",
+            options.address
+        );
+    }
+    let _ = stop.send(());
+}
+
 /// A raw sync (hello, then an empty upload) from `source`, a loopback address other
 /// than 127.0.0.1: the refusal's message, or "" when the login was accepted.
 async fn login_from(server: &TestServer, source: [u8; 4], user: &str, password: &str) -> String {

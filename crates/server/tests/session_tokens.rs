@@ -14,7 +14,6 @@ use rowsync_consolidated::{Consolidated, ConsolidatedConnection};
 use rowsync_protocol::ErrorCode;
 use rowsync_server::{auth, ServerConfig};
 use support::*;
-use tokio::net::TcpListener;
 
 fn wrong_password(options: &SyncOptions) -> SyncOptions {
     SyncOptions {
@@ -181,23 +180,4 @@ async fn token_moved_to_second_server(
         .execute("UPDATE rs_client_login SET server = ?1", [&there.address])
         .unwrap();
     (there, stop)
-}
-
-/// A second server on the test server's database, on a TCP port of its own.
-async fn second_server(
-    server: &TestServer,
-    config: ServerConfig,
-) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    let backend = SqliteConsolidated::new(&server.consolidated_path);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        rowsync_server::serve(listener, backend, config, async {
-            let _ = stopped.await;
-        })
-        .await
-        .unwrap();
-    });
-    (address, stop)
 }

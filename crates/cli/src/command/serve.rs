@@ -99,6 +99,10 @@ pub struct ServeArgs {
     /// The window the login failure limits count in.
     #[arg(long, default_value_t = ServerConfig::default().login_failure_window.as_secs(), hide = true, help_heading = "Logins")]
     login_failure_window_seconds: u64,
+    /// How often the server shares its refused logins with the other servers of its
+    /// database and reads theirs, in milliseconds (0: never).
+    #[arg(long, default_value_t = ServerConfig::default().login_failure_share_interval.as_millis() as u64, hide = true, help_heading = "Logins")]
+    login_failure_share_interval_ms: u64,
     /// Upload and download bytes all syncs in flight keep in memory; beyond, they go
     /// to temporary files. Default: a quarter of physical memory.
     #[arg(long, hide = true, help_heading = "Memory and sizes")]
@@ -574,6 +578,9 @@ impl ServeArgs {
             client_ids_per_user_max: (self.client_ids_per_user_max > 0)
                 .then_some(self.client_ids_per_user_max),
             login_failure_window: Duration::from_secs(self.login_failure_window_seconds),
+            login_failure_share_interval: Duration::from_millis(
+                self.login_failure_share_interval_ms,
+            ),
             session_token_lifetime: Duration::from_secs(self.session_token_seconds),
             workers: self.workers,
             workers_range,

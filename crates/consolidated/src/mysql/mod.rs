@@ -33,8 +33,8 @@ use crate::version_scripts::ScriptCache;
 use crate::UserEntry;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
-    DownloadSender, InitOutcome, ScriptEntry, SessionKey, SyncError, SyncOutcome, SyncRequest,
-    TableInit,
+    DownloadSender, InitOutcome, LoginFailures, ScriptEntry, SessionKey, SyncError, SyncOutcome,
+    SyncRequest, TableInit,
 };
 use error::db;
 
@@ -248,6 +248,15 @@ impl ConsolidatedConnection for MysqlConnection {
 
     async fn session_keys(&mut self, new_secret: &str) -> Result<Vec<SessionKey>, DbError> {
         users::session_keys(&mut self.connection, new_secret).await
+    }
+
+    async fn share_login_failures(
+        &mut self,
+        server_id: &str,
+        own: &[LoginFailures],
+        since_unix_ms: i64,
+    ) -> Result<Vec<LoginFailures>, DbError> {
+        users::share_login_failures(&mut self.connection, server_id, own, since_unix_ms).await
     }
 
     async fn password_hash(&mut self, name: &str) -> Result<Option<String>, DbError> {

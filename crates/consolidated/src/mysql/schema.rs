@@ -45,6 +45,12 @@ fn system_tables() -> Vec<String> {
              secret VARCHAR(128) NOT NULL,
              created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB"
             .to_string(),
+        // Refused logins each server counted, shared by the farm (server/src/throttle.rs).
+        "CREATE TABLE IF NOT EXISTS rs_login_failure (server_id VARCHAR(64) NOT NULL,
+             failure_key VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+             failures BIGINT NOT NULL, since_ms BIGINT NOT NULL,
+             PRIMARY KEY (server_id, failure_key)) ENGINE = InnoDB"
+            .to_string(),
         format!(
             "CREATE TABLE IF NOT EXISTS rs_script_version (name {NAME} PRIMARY KEY, description {LONG_TEXT} NOT NULL,
              revision BIGINT NOT NULL DEFAULT 0, created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB"

@@ -4,7 +4,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
 use super::error::db;
-use crate::{DbError, SessionKey, UserEntry};
+use crate::{DbError, LoginFailures, SessionKey, UserEntry, LOGIN_FAILURES_SHARED_MAX};
 
 /// A user's password hash for a password login: `None` for no such user, or a disabled one.
 pub const PASSWORD_HASH: &str = "SELECT password_hash FROM rs_user WHERE name = ? AND disabled = 0";
@@ -68,6 +68,48 @@ pub async fn session_keys(
     Ok(rows
         .into_iter()
         .map(|(id, secret)| SessionKey { id, secret })
+        .collect())
+}
+
+/// See `ConsolidatedConnection::share_login_failures`.
+pub async fn share_login_failures(
+    connection: &mut Conn,
+    server_id: &str,
+    own: &[LoginFailures],
+    since_unix_ms: i64,
+) -> Result<Vec<LoginFailures>, DbError> {
+    connection
+        .exec_drop(
+            "DELETE FROM rs_login_failure WHERE since_ms < ?",
+            (since_unix_ms,),
+        )
+        .await
+        .map_err(db)?;
+    connection
+        .exec_batch(
+            "INSERT INTO rs_login_failure (server_id, failure_key, failures, since_ms) VALUES (?, ?, ?, ?)
+             ON DUPLICATE KEY UPDATE failures = VALUES(failures), since_ms = VALUES(since_ms)",
+            own.iter().map(|counted| {
+                (server_id, counted.key.as_str(), counted.failures, counted.since_unix_ms)
+            }),
+        )
+        .await
+        .map_err(db)?;
+    let rows: Vec<(String, i64, i64)> = connection
+        .exec(
+            "SELECT failure_key, failures, since_ms FROM rs_login_failure
+             WHERE server_id <> ? AND since_ms >= ? LIMIT ?",
+            (server_id, since_unix_ms, LOGIN_FAILURES_SHARED_MAX as u64),
+        )
+        .await
+        .map_err(db)?;
+    Ok(rows
+        .into_iter()
+        .map(|(key, failures, since_unix_ms)| LoginFailures {
+            key,
+            failures,
+            since_unix_ms,
+        })
         .collect())
 }
 

@@ -63,8 +63,8 @@ use crate::version_scripts::ScriptCache;
 use crate::UserEntry;
 use crate::{
     ApplyStreamSettings, AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError,
-    DownloadAckRequest, DownloadSender, InitOutcome, ScriptEntry, SessionKey, SyncError,
-    SyncOutcome, SyncRequest, TableInit,
+    DownloadAckRequest, DownloadSender, InitOutcome, LoginFailures, ScriptEntry, SessionKey,
+    SyncError, SyncOutcome, SyncRequest, TableInit,
 };
 pub use error::describe_postgres;
 use shapes::{ShapeCache, SyncGeneration};
@@ -396,6 +396,15 @@ impl ConsolidatedConnection for PostgresConnection {
 
     async fn session_keys(&mut self, new_secret: &str) -> Result<Vec<SessionKey>, DbError> {
         users::session_keys(&self.client, new_secret).await
+    }
+
+    async fn share_login_failures(
+        &mut self,
+        server_id: &str,
+        own: &[LoginFailures],
+        since_unix_ms: i64,
+    ) -> Result<Vec<LoginFailures>, DbError> {
+        users::share_login_failures(&self.client, server_id, own, since_unix_ms).await
     }
 
     async fn password_hash(&mut self, name: &str) -> Result<Option<String>, DbError> {

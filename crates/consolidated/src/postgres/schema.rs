@@ -38,6 +38,14 @@ CREATE TABLE IF NOT EXISTS rs_session_key (
     secret TEXT NOT NULL,
     created_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );
+-- Refused logins each server counted, shared by the farm (server/src/throttle.rs).
+CREATE TABLE IF NOT EXISTS rs_login_failure (
+    server_id TEXT NOT NULL,
+    failure_key TEXT NOT NULL,
+    failures BIGINT NOT NULL,
+    since_ms BIGINT NOT NULL,
+    PRIMARY KEY (server_id, failure_key)
+);
 CREATE TABLE IF NOT EXISTS rs_script_version (
     name TEXT PRIMARY KEY,
     description TEXT NOT NULL DEFAULT '',

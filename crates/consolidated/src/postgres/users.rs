@@ -2,7 +2,7 @@
 
 use tokio_postgres::GenericClient;
 
-use crate::{DbError, SessionKey, UserEntry};
+use crate::{DbError, LoginFailures, SessionKey, UserEntry, LOGIN_FAILURES_SHARED_MAX};
 
 /// A user's password hash for a password login: `None` for no such user, or a disabled one.
 pub const PASSWORD_HASH: &str =
@@ -65,6 +65,54 @@ pub async fn session_keys(
         .map(|row| SessionKey {
             id: row.get(0),
             secret: row.get(1),
+        })
+        .collect())
+}
+
+/// See `ConsolidatedConnection::share_login_failures`.
+pub async fn share_login_failures(
+    client: &impl GenericClient,
+    server_id: &str,
+    own: &[LoginFailures],
+    since_unix_ms: i64,
+) -> Result<Vec<LoginFailures>, DbError> {
+    client
+        .execute(
+            "DELETE FROM rs_login_failure WHERE since_ms < $1",
+            &[&since_unix_ms],
+        )
+        .await?;
+    if !own.is_empty() {
+        let keys: Vec<&str> = own.iter().map(|counted| counted.key.as_str()).collect();
+        let failures: Vec<i64> = own.iter().map(|counted| counted.failures).collect();
+        let since: Vec<i64> = own.iter().map(|counted| counted.since_unix_ms).collect();
+        client
+            .execute(
+                "INSERT INTO rs_login_failure (server_id, failure_key, failures, since_ms)
+                 SELECT $1, * FROM unnest($2::text[], $3::bigint[], $4::bigint[])
+                 ON CONFLICT (server_id, failure_key)
+                 DO UPDATE SET failures = excluded.failures, since_ms = excluded.since_ms",
+                &[&server_id, &keys, &failures, &since],
+            )
+            .await?;
+    }
+    let rows = client
+        .query(
+            "SELECT failure_key, failures, since_ms FROM rs_login_failure
+             WHERE server_id <> $1 AND since_ms >= $2 LIMIT $3",
+            &[
+                &server_id,
+                &since_unix_ms,
+                &(LOGIN_FAILURES_SHARED_MAX as i64),
+            ],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| LoginFailures {
+            key: row.get(0),
+            failures: row.get(1),
+            since_unix_ms: row.get(2),
         })
         .collect())
 }

@@ -27,8 +27,8 @@ use crate::version_scripts::ScriptCache;
 use crate::UserEntry;
 use crate::{
     AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, DbError, DownloadAckRequest,
-    DownloadSender, InitOutcome, ScriptEntry, SessionKey, SyncError, SyncOutcome, SyncRequest,
-    TableInit,
+    DownloadSender, InitOutcome, LoginFailures, ScriptEntry, SessionKey, SyncError, SyncOutcome,
+    SyncRequest, TableInit,
 };
 use held::SqliteHeld;
 use transaction::SqliteBackend;
@@ -386,6 +386,19 @@ impl ConsolidatedConnection for SqliteConnection {
         let new_secret = new_secret.to_string();
         self.run(move |connection| users::session_keys(connection, &new_secret))
             .await
+    }
+
+    async fn share_login_failures(
+        &mut self,
+        server_id: &str,
+        own: &[LoginFailures],
+        since_unix_ms: i64,
+    ) -> Result<Vec<LoginFailures>, DbError> {
+        let (server_id, own) = (server_id.to_string(), own.to_vec());
+        self.run(move |connection| {
+            users::share_login_failures(connection, &server_id, &own, since_unix_ms)
+        })
+        .await
     }
 
     async fn password_hash(&mut self, name: &str) -> Result<Option<String>, DbError> {

@@ -33,6 +33,14 @@ CREATE TABLE IF NOT EXISTS rs_session_key (
     secret TEXT NOT NULL,
     created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
 );
+-- Refused logins each server counted, shared by the farm (server/src/throttle.rs).
+CREATE TABLE IF NOT EXISTS rs_login_failure (
+    server_id TEXT NOT NULL,
+    failure_key TEXT NOT NULL,
+    failures INTEGER NOT NULL,
+    since_ms INTEGER NOT NULL,
+    PRIMARY KEY (server_id, failure_key)
+);
 CREATE TABLE IF NOT EXISTS rs_script_version (
     name TEXT PRIMARY KEY,
     description TEXT NOT NULL DEFAULT '',

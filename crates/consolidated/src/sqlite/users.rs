@@ -2,7 +2,7 @@
 
 use rusqlite::{params, Connection};
 
-use crate::{DbError, SessionKey, UserEntry};
+use crate::{DbError, LoginFailures, SessionKey, UserEntry, LOGIN_FAILURES_SHARED_MAX};
 
 /// A user's password hash for a password login: `None` for no such user, or a disabled one.
 pub const PASSWORD_HASH: &str =
@@ -55,6 +55,48 @@ pub fn session_keys(connection: &Connection, new_secret: &str) -> Result<Vec<Ses
         })?
         .collect::<Result<Vec<_>, _>>()?;
     Ok(keys)
+}
+
+/// See `ConsolidatedConnection::share_login_failures`.
+pub fn share_login_failures(
+    connection: &Connection,
+    server_id: &str,
+    own: &[LoginFailures],
+    since_unix_ms: i64,
+) -> Result<Vec<LoginFailures>, DbError> {
+    connection.execute(
+        "DELETE FROM rs_login_failure WHERE since_ms < ?1",
+        [since_unix_ms],
+    )?;
+    let mut upsert = connection.prepare(
+        "INSERT INTO rs_login_failure (server_id, failure_key, failures, since_ms) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (server_id, failure_key) DO UPDATE SET failures = excluded.failures, since_ms = excluded.since_ms",
+    )?;
+    for counted in own {
+        upsert.execute(params![
+            server_id,
+            counted.key,
+            counted.failures,
+            counted.since_unix_ms
+        ])?;
+    }
+    let mut statement = connection.prepare(
+        "SELECT failure_key, failures, since_ms FROM rs_login_failure
+         WHERE server_id <> ?1 AND since_ms >= ?2 LIMIT ?3",
+    )?;
+    let rows = statement
+        .query_map(
+            params![server_id, since_unix_ms, LOGIN_FAILURES_SHARED_MAX as i64],
+            |row| {
+                Ok(LoginFailures {
+                    key: row.get(0)?,
+                    failures: row.get(1)?,
+                    since_unix_ms: row.get(2)?,
+                })
+            },
+        )?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows)
 }
 
 /// See `ConsolidatedConnection::user_disabled`.

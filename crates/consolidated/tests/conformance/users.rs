@@ -1,7 +1,9 @@
 //! The built-in users: listed, disabled (a disabled user's password login gets no
 //! hash, so it is refused as a wrong password is), enabled again and removed.
 
-use rowsync_consolidated::{AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection};
+use rowsync_consolidated::{
+    AuthCheck, AuthRequest, Consolidated, ConsolidatedConnection, LoginFailures,
+};
 
 use super::{Factory, Fixture, RawSql};
 
@@ -102,6 +104,58 @@ pub async fn session_keys_are_made_once_and_kept<F: Factory>() {
     let made = f.admin.session_keys("secret-three").await.unwrap();
     assert_eq!(made.len(), 1);
     assert_eq!(made[0].secret, "secret-three");
+}
+
+fn counted(key: &str, failures: i64, since_unix_ms: i64) -> LoginFailures {
+    LoginFailures {
+        key: key.into(),
+        failures,
+        since_unix_ms,
+    }
+}
+
+/// Each server stores its refused logins and reads the others': a key's count is
+/// replaced, not added to, and rows counted before the window are dropped.
+pub async fn refused_logins_are_shared_between_servers<F: Factory>() {
+    let mut f = Fixture::<F>::new().await;
+    let mut other = f.backend.connect().await.unwrap();
+    let from_b = f
+        .admin
+        .share_login_failures("server-a", &[counted("u|bob", 2, 1_000)], 500)
+        .await
+        .unwrap();
+    assert_eq!(from_b, [], "nothing from other servers yet");
+    let shared = vec![counted("u|bob", 3, 1_200), counted("a|10.0.0.9", 1, 900)];
+    let from_a = other
+        .share_login_failures("server-b", &shared, 500)
+        .await
+        .unwrap();
+    assert_eq!(from_a, [counted("u|bob", 2, 1_000)]);
+    f.admin
+        .share_login_failures("server-a", &[counted("u|bob", 4, 1_000)], 500)
+        .await
+        .unwrap();
+    let mut from_a = other
+        .share_login_failures("server-b", &[], 950)
+        .await
+        .unwrap();
+    from_a.sort_by(|a, b| a.key.cmp(&b.key));
+    assert_eq!(
+        from_a,
+        [counted("u|bob", 4, 1_000)],
+        "replaced; b's own not read"
+    );
+    let mut from_b = f
+        .admin
+        .share_login_failures("server-a", &[], 950)
+        .await
+        .unwrap();
+    from_b.sort_by(|a, b| a.key.cmp(&b.key));
+    assert_eq!(
+        from_b,
+        [counted("u|bob", 3, 1_200)],
+        "the address counted at 900, before the window at 950, is gone"
+    );
 }
 
 /// Whether a user is a disabled built-in one (a token's subject may be no built-in user).

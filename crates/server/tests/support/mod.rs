@@ -494,3 +494,22 @@ pub fn orders_chunk(table: &str, rep: &str, rows: usize) -> rowsync_protocol::Me
         ..rowsync_protocol::TableUpload::default()
     })
 }
+
+/// A second server on the test server's database, on a TCP port of its own.
+pub async fn second_server(
+    server: &TestServer,
+    config: ServerConfig,
+) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let backend = rowsync_consolidated::sqlite::SqliteConsolidated::new(&server.consolidated_path);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        rowsync_server::serve(listener, backend, config, async {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+    });
+    (address, stop)
+}
