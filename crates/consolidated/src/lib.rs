@@ -153,6 +153,16 @@ pub trait ConsolidatedConnection: Send + 'static {
         since_unix_ms: i64,
     ) -> impl Future<Output = Result<Vec<LoginFailures>, DbError>> + Send;
 
+    /// Records that server `server_id` is alive at `now_unix_ms` (`rs_server`), forgets
+    /// every server not heard of since `alive_since_unix_ms`, and returns how many are
+    /// alive, this one included: the servers a farm's worker budget is split between.
+    fn farm_servers(
+        &mut self,
+        server_id: &str,
+        now_unix_ms: i64,
+        alive_since_unix_ms: i64,
+    ) -> impl Future<Output = Result<u64, DbError>> + Send;
+
     /// Runs the version's `authenticate_user` script in its own committed transaction, or
     /// returns the built-in user's password hash when the version has no such script.
     fn authenticate(

@@ -62,6 +62,7 @@ pub(crate) async fn monitor_load<B: Consolidated>(shared: Arc<Shared<B>>) {
         last = now;
         let rate = sample.syncs_completed as f64 / elapsed.as_secs_f64().max(1e-3);
         shared.load.observe_rate(rate);
+        apply_farm_share(&shared, controller.as_mut());
         if let Some(controller) = controller.as_mut() {
             if let Some(decision) = controller.observe(sample) {
                 shared.pool.resize(decision.workers);
@@ -230,39 +231,99 @@ pub(crate) async fn keep_history_in_table<B: Consolidated>(
     }
 }
 
-/// Every `login_failure_share_interval`: stores the refused logins this server counted
-/// since the last time and reads the other servers' (`throttle`), so a farm throttles
-/// as one server. A failure is logged and the counts are shared at the next tick.
-pub(crate) async fn share_login_failures<B: Consolidated>(shared: Arc<Shared<B>>) {
-    let interval = shared.config.login_failure_share_interval;
+/// Every `farm_share_interval`: shares this server's refused logins with the other
+/// servers of its database (`throttle`), and with `farm_workers_max` finds how many
+/// servers are alive and sets this server's share of the workers (`monitor_load`
+/// applies it). A failure is logged; what was not shared goes at the next tick.
+pub(crate) async fn share_with_farm<B: Consolidated>(shared: Arc<Shared<B>>) {
+    let interval = shared.config.farm_share_interval;
     if interval.is_zero() {
         return;
     }
     let server_id = rowsync_consolidated::new_session_secret()[..32].to_string();
-    let window_ms = shared.config.login_failure_window.as_millis() as i64;
-    let throttle = &shared.login_throttle;
     let mut ticks = tokio::time::interval(interval);
     loop {
         ticks.tick().await;
-        let now = Instant::now();
-        let now_unix_ms = crate::held::unix_ms_now();
-        let own = throttle.own_changes(now, now_unix_ms);
-        let shared_now = match shared.auth_pool.acquire("").await {
-            Ok(mut worker) => {
-                worker
-                    .connection()
-                    .share_login_failures(&server_id, &own, now_unix_ms - window_ms)
-                    .await
-            }
-            Err(error) => Err(error),
-        };
-        match shared_now {
-            Ok(others) => throttle.replace_others(&others, now, now_unix_ms),
+        let mut worker = match shared.auth_pool.acquire("").await {
+            Ok(worker) => worker,
             Err(error) => {
-                throttle.unshared(&own);
-                tracing::warn!(%error, "sharing refused logins with the other servers failed");
+                tracing::warn!(%error, "sharing with the other servers failed");
+                continue;
+            }
+        };
+        let connection = worker.connection();
+        share_logins(&shared, connection, &server_id).await;
+        if let Some(workers_max) = shared.config.farm_workers_max {
+            let now_unix_ms = crate::held::unix_ms_now();
+            let alive_since = now_unix_ms - 3 * interval.as_millis() as i64;
+            match connection
+                .farm_servers(&server_id, now_unix_ms, alive_since)
+                .await
+            {
+                Ok(servers) => {
+                    let share = (workers_max / servers.max(1) as usize).max(1);
+                    shared.farm_workers_share.store(share, Ordering::Release);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "telling the other servers this one is alive failed")
+                }
             }
         }
+    }
+}
+
+/// Stores the refused logins this server counted since the last time and reads the
+/// other servers' (`throttle`); on a failure they are shared next time.
+async fn share_logins<C: ConsolidatedConnection>(
+    shared: &Shared<impl Consolidated>,
+    connection: &mut C,
+    server_id: &str,
+) {
+    let throttle = &shared.login_throttle;
+    let window_ms = shared.config.login_failure_window.as_millis() as i64;
+    let now = Instant::now();
+    let now_unix_ms = crate::held::unix_ms_now();
+    let own = throttle.own_changes(now, now_unix_ms);
+    match connection
+        .share_login_failures(server_id, &own, now_unix_ms - window_ms)
+        .await
+    {
+        Ok(others) => throttle.replace_others(&others, now, now_unix_ms),
+        Err(error) => {
+            throttle.unshared(&own);
+            tracing::warn!(%error, "sharing refused logins with the other servers failed");
+        }
+    }
+}
+
+/// Applies the farm's share of workers (`share_with_farm`) to the pool: through the
+/// controller when the count is chosen, else as a cap on the fixed count.
+fn apply_farm_share<B: Consolidated>(
+    shared: &Shared<B>,
+    controller: Option<&mut WorkerController>,
+) {
+    let share = shared.farm_workers_share.load(Ordering::Acquire);
+    if share == 0 {
+        return;
+    }
+    let decision = match controller {
+        Some(controller) => controller.set_ceiling(Some(share)),
+        None => {
+            let workers = shared.config.workers.min(share).max(1);
+            (shared.pool.workers() != workers).then(|| crate::controller::Decision {
+                workers,
+                reason: format!("the farm's share of workers for this server is {share}"),
+            })
+        }
+    };
+    if let Some(decision) = decision {
+        shared.pool.resize(decision.workers);
+        shared.metrics.worker_adjustments.inc();
+        tracing::info!(
+            workers = decision.workers,
+            "worker count: {}",
+            decision.reason
+        );
     }
 }
 

@@ -50,8 +50,13 @@ pub struct ServerConfig {
     pub login_failure_window: Duration,
     /// How often a server shares its refused logins with the other servers of its
     /// database and reads theirs (`rs_login_failure`), so a farm throttles as one
-    /// server; zero: never (each server counts alone).
-    pub login_failure_share_interval: Duration,
+    /// server, and (with `farm_workers_max`) says it is alive (`rs_server`); zero:
+    /// never (each server counts alone and takes its whole worker count).
+    pub farm_share_interval: Duration,
+    /// Workers all the servers of one database may run together (`None`: no farm
+    /// budget): each server runs at most its share, this divided by the servers alive
+    /// (heard of within three `farm_share_interval`s), and never fewer than one.
+    pub farm_workers_max: Option<usize>,
     /// Client ids (subscriptions) one user may have: the first sync of a new client id
     /// beyond it is refused with code 13 (`None`: no limit). Each subscription holds
     /// tombstones back for everyone until it syncs again.
@@ -185,7 +190,8 @@ impl Default for ServerConfig {
             login_failures_per_user_max: 100,
             client_ids_per_user_max: Some(CLIENT_IDS_PER_USER_MAX_DEFAULT),
             login_failure_window: Duration::from_secs(60),
-            login_failure_share_interval: Duration::from_secs(1),
+            farm_share_interval: Duration::from_secs(1),
+            farm_workers_max: None,
             cache_bytes_max: crate::cache::default_cache_bytes_max(),
             shared_download_cache_bytes_max: SHARED_DOWNLOAD_CACHE_BYTES_MAX_DEFAULT,
             shared_download_cache_age: Duration::from_secs(10),

@@ -69,6 +69,8 @@ pub struct WorkerController {
     exploring: bool,
     /// Throughput measured at the previous count, if the count moved since.
     previous: Option<(usize, f64)>,
+    /// The farm's share for this server (`farm_workers_max`), below `workers_max`.
+    ceiling: Option<usize>,
 }
 
 impl WorkerController {
@@ -85,7 +87,29 @@ impl WorkerController {
             step: 1,
             exploring: true,
             previous: None,
+            ceiling: None,
         }
+    }
+
+    /// The most workers this server may run as one of a farm (its share of
+    /// `farm_workers_max`; `None`: `workers_max`). A count above it moves down at once.
+    pub fn set_ceiling(&mut self, ceiling: Option<usize>) -> Option<Decision> {
+        self.ceiling = ceiling;
+        let top = self.top();
+        if self.workers <= top {
+            return None;
+        }
+        self.previous = None;
+        self.move_to(
+            top,
+            format!("the farm's share of workers for this server is {top}"),
+        )
+    }
+
+    /// The most workers now: `workers_max`, or the farm's share within the range.
+    fn top(&self) -> usize {
+        let (min, max) = (self.config.workers_min, self.config.workers_max);
+        self.ceiling.map_or(max, |ceiling| ceiling.clamp(min, max))
     }
 
     pub fn workers(&self) -> usize {
@@ -157,7 +181,7 @@ impl WorkerController {
         } else {
             current.saturating_sub(self.step)
         }
-        .clamp(self.config.workers_min, self.config.workers_max);
+        .clamp(self.config.workers_min, self.top());
         if target == current {
             // At a bound: measure here again, coming back from the other side next.
             self.previous = Some((current, throughput));
@@ -212,6 +236,22 @@ mod tests {
             counts.push(controller.workers());
         }
         counts
+    }
+
+    /// A farm's share caps the count: above it the count moves down at once, and the
+    /// search for the peak stays below it.
+    #[test]
+    fn a_farm_share_caps_the_count() {
+        let capacity = |n: usize| 5_000.0 * n as f64;
+        let mut controller = WorkerController::new(config(1, 100));
+        let grown = simulate(&mut controller, capacity, 20, 1);
+        assert!(*grown.last().unwrap() > 8, "{grown:?}");
+        let decision = controller.set_ceiling(Some(8)).expect("moves down");
+        assert_eq!(decision.workers, 8);
+        let capped = simulate(&mut controller, capacity, 20, 2);
+        assert!(capped.iter().all(|&n| n <= 8), "{capped:?}");
+        assert!(controller.set_ceiling(Some(0)).is_some(), "never below the minimum");
+        assert_eq!(controller.workers(), 1);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit};
 
 pub use crate::background::SUMMARY_INTERVAL;
 use crate::background::{
-    clean_up_periodically, keep_history_in_table, monitor_load, share_login_failures,
+    clean_up_periodically, keep_history_in_table, monitor_load, share_with_farm,
 };
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
@@ -127,7 +127,7 @@ pub async fn serve_endpoints_with_metrics<B: Consolidated>(
         ],
     ));
     let monitor = tokio::spawn(monitor_load(Arc::clone(&shared)));
-    let logins = tokio::spawn(share_login_failures(Arc::clone(&shared)));
+    let logins = tokio::spawn(share_with_farm(Arc::clone(&shared)));
     let history = shared
         .metrics
         .monitor

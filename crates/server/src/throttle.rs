@@ -11,7 +11,7 @@
 //!
 //! A farm throttles as one server: each server shares what it counted
 //! (`own_changes`, stored in the consolidated database every
-//! `login_failure_share_interval`) and adds what the others counted (`replace_others`),
+//! `farm_share_interval`) and adds what the others counted (`replace_others`),
 //! so N servers do not allow N times the refused logins.
 
 use std::collections::{HashMap, HashSet};

@@ -500,7 +500,7 @@ async fn failed_logins_from_one_address_are_throttled() {
 
 /// Issue 38, item 3: two servers of one database throttle as one. Each counts two of
 /// four refused logins from one address; once they shared their counts
-/// (`rs_login_failure`, every `login_failure_share_interval`), the right password is
+/// (`rs_login_failure`, every `farm_share_interval`), the right password is
 /// refused unchecked on both. Counted alone, neither would reach the limit of four.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_of_one_database_throttle_as_one() {
@@ -508,7 +508,7 @@ async fn two_servers_of_one_database_throttle_as_one() {
         login_failures_per_address_max: 4,
         login_failures_per_user_max: 1000,
         login_failure_window: Duration::from_secs(3600),
-        login_failure_share_interval: Duration::from_millis(50),
+        farm_share_interval: Duration::from_millis(50),
         ..ServerConfig::default()
     };
     let server = TestServer::start_with(config.clone()).await;
@@ -543,6 +543,36 @@ async fn two_servers_of_one_database_throttle_as_one() {
         );
     }
     let _ = stop.send(());
+}
+
+/// Issue 38, item 3: a farm's worker budget is split between the servers alive. Two
+/// servers of one database with `farm_workers_max` 4 run 2 workers each; when one
+/// stops, the other takes the whole budget again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_farm_splits_its_worker_budget_between_the_servers_alive() {
+    let config = ServerConfig {
+        workers: 4,
+        farm_workers_max: Some(4),
+        farm_share_interval: Duration::from_millis(50),
+        worker_adjust_interval: Duration::from_millis(100),
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start_with(config.clone()).await;
+    let workers = || server.metrics.workers.get();
+    let until = |wanted: i64| async move {
+        for _ in 0..100 {
+            if workers() == wanted {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the server runs {} workers, not {wanted}", workers());
+    };
+    until(4).await;
+    let (_, stop) = second_server(&server, config).await;
+    until(2).await;
+    let _ = stop.send(());
+    until(4).await;
 }
 
 /// A raw sync (hello, then an empty upload) from `source`, a loopback address other

@@ -66,6 +66,10 @@ pub struct ServeArgs {
         help_heading = "Workers and connections"
     )]
     workers_max: Option<usize>,
+    /// Workers all the servers of this database may run together: each runs at most
+    /// this divided by the servers alive (a farm behind a load balancer).
+    #[arg(long, help_heading = "Workers and connections")]
+    farm_workers_max: Option<usize>,
     /// Syncs in progress at once; more clients are told busy with a retry hint.
     #[arg(long, default_value_t = 1024, help_heading = "Workers and connections")]
     max_connections: usize,
@@ -101,8 +105,8 @@ pub struct ServeArgs {
     login_failure_window_seconds: u64,
     /// How often the server shares its refused logins with the other servers of its
     /// database and reads theirs, in milliseconds (0: never).
-    #[arg(long, default_value_t = ServerConfig::default().login_failure_share_interval.as_millis() as u64, hide = true, help_heading = "Logins")]
-    login_failure_share_interval_ms: u64,
+    #[arg(long, default_value_t = ServerConfig::default().farm_share_interval.as_millis() as u64, hide = true, help_heading = "Logins")]
+    farm_share_interval_ms: u64,
     /// Upload and download bytes all syncs in flight keep in memory; beyond, they go
     /// to temporary files. Default: a quarter of physical memory.
     #[arg(long, hide = true, help_heading = "Memory and sizes")]
@@ -578,9 +582,8 @@ impl ServeArgs {
             client_ids_per_user_max: (self.client_ids_per_user_max > 0)
                 .then_some(self.client_ids_per_user_max),
             login_failure_window: Duration::from_secs(self.login_failure_window_seconds),
-            login_failure_share_interval: Duration::from_millis(
-                self.login_failure_share_interval_ms,
-            ),
+            farm_workers_max: self.farm_workers_max,
+            farm_share_interval: Duration::from_millis(self.farm_share_interval_ms),
             session_token_lifetime: Duration::from_secs(self.session_token_seconds),
             workers: self.workers,
             workers_range,

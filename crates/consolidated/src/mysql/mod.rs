@@ -250,6 +250,21 @@ impl ConsolidatedConnection for MysqlConnection {
         users::session_keys(&mut self.connection, new_secret).await
     }
 
+    async fn farm_servers(
+        &mut self,
+        server_id: &str,
+        now_unix_ms: i64,
+        alive_since_unix_ms: i64,
+    ) -> Result<u64, DbError> {
+        users::farm_servers(
+            &mut self.connection,
+            server_id,
+            now_unix_ms,
+            alive_since_unix_ms,
+        )
+        .await
+    }
+
     async fn share_login_failures(
         &mut self,
         server_id: &str,

@@ -45,6 +45,10 @@ fn system_tables() -> Vec<String> {
              secret VARCHAR(128) NOT NULL,
              created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB"
             .to_string(),
+        // The servers of a farm, each heard of at beat_ms (server/src/background.rs).
+        "CREATE TABLE IF NOT EXISTS rs_server (server_id VARCHAR(64) NOT NULL PRIMARY KEY,
+             beat_ms BIGINT NOT NULL) ENGINE = InnoDB"
+            .to_string(),
         // Refused logins each server counted, shared by the farm (server/src/throttle.rs).
         "CREATE TABLE IF NOT EXISTS rs_login_failure (server_id VARCHAR(64) NOT NULL,
              failure_key VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,

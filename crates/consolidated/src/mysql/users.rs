@@ -113,6 +113,35 @@ pub async fn share_login_failures(
         .collect())
 }
 
+/// See `ConsolidatedConnection::farm_servers`.
+pub async fn farm_servers(
+    connection: &mut Conn,
+    server_id: &str,
+    now_unix_ms: i64,
+    alive_since_unix_ms: i64,
+) -> Result<u64, DbError> {
+    connection
+        .exec_drop(
+            "INSERT INTO rs_server (server_id, beat_ms) VALUES (?, ?)
+             ON DUPLICATE KEY UPDATE beat_ms = VALUES(beat_ms)",
+            (server_id, now_unix_ms),
+        )
+        .await
+        .map_err(db)?;
+    connection
+        .exec_drop(
+            "DELETE FROM rs_server WHERE beat_ms < ?",
+            (alive_since_unix_ms,),
+        )
+        .await
+        .map_err(db)?;
+    let alive: Option<i64> = connection
+        .query_first("SELECT count(*) FROM rs_server")
+        .await
+        .map_err(db)?;
+    Ok(alive.unwrap_or(0) as u64)
+}
+
 /// See `ConsolidatedConnection::user_disabled`.
 pub async fn user_disabled(connection: &mut Conn, name: &str) -> Result<bool, DbError> {
     let found: Option<i64> = connection

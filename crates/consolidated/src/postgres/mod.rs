@@ -398,6 +398,15 @@ impl ConsolidatedConnection for PostgresConnection {
         users::session_keys(&self.client, new_secret).await
     }
 
+    async fn farm_servers(
+        &mut self,
+        server_id: &str,
+        now_unix_ms: i64,
+        alive_since_unix_ms: i64,
+    ) -> Result<u64, DbError> {
+        users::farm_servers(&self.client, server_id, now_unix_ms, alive_since_unix_ms).await
+    }
+
     async fn share_login_failures(
         &mut self,
         server_id: &str,

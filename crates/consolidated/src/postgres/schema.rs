@@ -38,6 +38,11 @@ CREATE TABLE IF NOT EXISTS rs_session_key (
     secret TEXT NOT NULL,
     created_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );
+-- The servers of a farm, each heard of at beat_ms (server/src/background.rs).
+CREATE TABLE IF NOT EXISTS rs_server (
+    server_id TEXT PRIMARY KEY,
+    beat_ms BIGINT NOT NULL
+);
 -- Refused logins each server counted, shared by the farm (server/src/throttle.rs).
 CREATE TABLE IF NOT EXISTS rs_login_failure (
     server_id TEXT NOT NULL,

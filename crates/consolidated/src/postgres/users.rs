@@ -117,6 +117,33 @@ pub async fn share_login_failures(
         .collect())
 }
 
+/// See `ConsolidatedConnection::farm_servers`.
+pub async fn farm_servers(
+    client: &impl GenericClient,
+    server_id: &str,
+    now_unix_ms: i64,
+    alive_since_unix_ms: i64,
+) -> Result<u64, DbError> {
+    client
+        .execute(
+            "INSERT INTO rs_server (server_id, beat_ms) VALUES ($1, $2)
+             ON CONFLICT (server_id) DO UPDATE SET beat_ms = excluded.beat_ms",
+            &[&server_id, &now_unix_ms],
+        )
+        .await?;
+    client
+        .execute(
+            "DELETE FROM rs_server WHERE beat_ms < $1",
+            &[&alive_since_unix_ms],
+        )
+        .await?;
+    let alive: i64 = client
+        .query_one("SELECT count(*) FROM rs_server", &[])
+        .await?
+        .get(0);
+    Ok(alive as u64)
+}
+
 /// See `ConsolidatedConnection::user_disabled`.
 pub async fn user_disabled(client: &impl GenericClient, name: &str) -> Result<bool, DbError> {
     let row = client

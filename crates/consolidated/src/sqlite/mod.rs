@@ -388,6 +388,19 @@ impl ConsolidatedConnection for SqliteConnection {
             .await
     }
 
+    async fn farm_servers(
+        &mut self,
+        server_id: &str,
+        now_unix_ms: i64,
+        alive_since_unix_ms: i64,
+    ) -> Result<u64, DbError> {
+        let server_id = server_id.to_string();
+        self.run(move |connection| {
+            users::farm_servers(connection, &server_id, now_unix_ms, alive_since_unix_ms)
+        })
+        .await
+    }
+
     async fn share_login_failures(
         &mut self,
         server_id: &str,

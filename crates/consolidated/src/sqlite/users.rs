@@ -99,6 +99,27 @@ pub fn share_login_failures(
     Ok(rows)
 }
 
+/// See `ConsolidatedConnection::farm_servers`.
+pub fn farm_servers(
+    connection: &Connection,
+    server_id: &str,
+    now_unix_ms: i64,
+    alive_since_unix_ms: i64,
+) -> Result<u64, DbError> {
+    connection.execute(
+        "INSERT INTO rs_server (server_id, beat_ms) VALUES (?1, ?2)
+         ON CONFLICT (server_id) DO UPDATE SET beat_ms = excluded.beat_ms",
+        params![server_id, now_unix_ms],
+    )?;
+    connection.execute(
+        "DELETE FROM rs_server WHERE beat_ms < ?1",
+        [alive_since_unix_ms],
+    )?;
+    let alive: i64 =
+        connection.query_row("SELECT count(*) FROM rs_server", [], |row| row.get(0))?;
+    Ok(alive as u64)
+}
+
 /// See `ConsolidatedConnection::user_disabled`.
 pub fn user_disabled(connection: &Connection, name: &str) -> Result<bool, DbError> {
     Ok(connection.query_row(

@@ -147,6 +147,7 @@ macro_rules! conformance_suite {
             users_are_listed_disabled_enabled_and_removed,
             session_keys_are_made_once_and_kept,
             refused_logins_are_shared_between_servers,
+            the_servers_of_a_farm_are_those_heard_of_lately,
             a_disabled_user_is_told_from_an_unknown_one,
             a_member_added_gets_every_task_and_a_member_removed_loses_them,
             a_membership_change_in_a_download_never_applied_is_sent_again,

@@ -158,6 +158,24 @@ pub async fn refused_logins_are_shared_between_servers<F: Factory>() {
     );
 }
 
+/// The servers alive are those heard of since the given time, each once.
+pub async fn the_servers_of_a_farm_are_those_heard_of_lately<F: Factory>() {
+    let mut f = Fixture::<F>::new().await;
+    let mut other = f.backend.connect().await.unwrap();
+    assert_eq!(f.admin.farm_servers("a", 1_000, 0).await.unwrap(), 1);
+    assert_eq!(other.farm_servers("b", 1_100, 0).await.unwrap(), 2);
+    assert_eq!(
+        f.admin.farm_servers("a", 1_200, 0).await.unwrap(),
+        2,
+        "a once"
+    );
+    assert_eq!(
+        f.admin.farm_servers("a", 5_000, 1_150).await.unwrap(),
+        1,
+        "b, last heard of at 1100, is gone"
+    );
+}
+
 /// Whether a user is a disabled built-in one (a token's subject may be no built-in user).
 pub async fn a_disabled_user_is_told_from_an_unknown_one<F: Factory>() {
     let mut f = Fixture::<F>::new().await;

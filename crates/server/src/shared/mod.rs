@@ -59,6 +59,8 @@ pub(crate) struct Shared<B: Consolidated> {
     pub(crate) idle_http: PendingHellos,
     /// Refused logins counted by address, by user at an address, and by user.
     pub(crate) login_throttle: LoginThrottle,
+    /// This server's share of `farm_workers_max` (0: no farm budget, or not known yet).
+    pub(crate) farm_workers_share: std::sync::atomic::AtomicUsize,
     /// The tables of each script version, for refusing unknown tables as they arrive.
     pub(crate) version_tables: VersionTablesCache,
     /// Cut uploads being held right now, by client id (see `holding::Holding`).
@@ -87,6 +89,7 @@ impl<B: Consolidated> Shared<B> {
                 config.zstd_decoders_bytes_max,
                 metrics.zstd_decoders_bytes.clone(),
             ),
+            farm_workers_share: std::sync::atomic::AtomicUsize::new(0),
             login_throttle: LoginThrottle::new(
                 ThrottleLimits {
                     per_address_max: config.login_failures_per_address_max,
