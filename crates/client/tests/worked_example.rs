@@ -182,6 +182,20 @@ fn first_offline_edits(phone: &mut Client, counter: &mut Client) {
     );
 }
 
+/// Round two: the same rows edited again (the trigger rewrote last_update: the device
+/// must hold the server's value to edit without a conflict).
+fn second_offline_edits(phone: &Client, counter: &Client) {
+    run(
+        phone,
+        "UPDATE customer SET email = 'mary.s@example.org' WHERE customer_id = 1;
+         UPDATE film SET rating = 'PG-13' WHERE film_id = 1;",
+    );
+    run(
+        counter,
+        "UPDATE rental SET return_date = '2026-11-23 11:00:00.000000' WHERE rental_id = 1;",
+    );
+}
+
 #[tokio::test]
 async fn a_rental_store_schema_ends_equal_on_both_devices_and_the_server() {
     let (url, server) = rowsync_testkit::fresh_database_with("worked", SERVER_SCHEMA).await;
@@ -206,17 +220,7 @@ async fn a_rental_store_schema_ends_equal_on_both_devices_and_the_server() {
     sync(&mut counter, &alice).await;
     sync(&mut phone, &alice).await;
 
-    // Round two: the same rows edited again (the trigger rewrote last_update: the
-    // device must hold the server's value to edit without a conflict).
-    run(
-        &phone,
-        "UPDATE customer SET email = 'mary.s@example.org' WHERE customer_id = 1;
-                 UPDATE film SET rating = 'PG-13' WHERE film_id = 1;",
-    );
-    run(
-        &counter,
-        "UPDATE rental SET return_date = '2026-11-23 11:00:00.000000' WHERE rental_id = 1;",
-    );
+    second_offline_edits(&phone, &counter);
     sync(&mut phone, &alice).await;
     sync(&mut counter, &alice).await;
     sync(&mut phone, &alice).await;
@@ -310,15 +314,7 @@ async fn the_rental_store_ends_equal_when_devices_sync_some_tables_at_a_time() {
     sync(&mut phone, &only(&["payment"])).await;
     sync(&mut counter, &alice).await;
 
-    run(
-        &phone,
-        "UPDATE customer SET email = 'mary.s@example.org' WHERE customer_id = 1;
-         UPDATE film SET rating = 'PG-13' WHERE film_id = 1;",
-    );
-    run(
-        &counter,
-        "UPDATE rental SET return_date = '2026-11-23 11:00:00.000000' WHERE rental_id = 1;",
-    );
+    second_offline_edits(&phone, &counter);
     sync(&mut phone, &only(&["film"])).await;
     sync(&mut counter, &only(&["rental"])).await;
     sync(&mut phone, &catalogue_first).await;

@@ -63,16 +63,8 @@ pub(crate) async fn monitor_load<B: Consolidated>(shared: Arc<Shared<B>>) {
         let rate = sample.syncs_completed as f64 / elapsed.as_secs_f64().max(1e-3);
         shared.load.observe_rate(rate);
         apply_farm_share(&shared, controller.as_mut());
-        if let Some(controller) = controller.as_mut() {
-            if let Some(decision) = controller.observe(sample) {
-                shared.pool.resize(decision.workers);
-                shared.metrics.worker_adjustments.inc();
-                tracing::info!(
-                    workers = decision.workers,
-                    "worker count: {}",
-                    decision.reason
-                );
-            }
+        if let Some(decision) = controller.as_mut().and_then(|c| c.observe(sample)) {
+            resize_workers(&shared, &decision);
         }
         update_gauges(&shared);
         shared.metrics.sample_monitor();
@@ -317,14 +309,19 @@ fn apply_farm_share<B: Consolidated>(
         }
     };
     if let Some(decision) = decision {
-        shared.pool.resize(decision.workers);
-        shared.metrics.worker_adjustments.inc();
-        tracing::info!(
-            workers = decision.workers,
-            "worker count: {}",
-            decision.reason
-        );
+        resize_workers(shared, &decision);
     }
+}
+
+/// Moves the pool to a decided worker count, counted and logged with its reason.
+fn resize_workers<B: Consolidated>(shared: &Shared<B>, decision: &crate::controller::Decision) {
+    shared.pool.resize(decision.workers);
+    shared.metrics.worker_adjustments.inc();
+    tracing::info!(
+        workers = decision.workers,
+        "worker count: {}",
+        decision.reason
+    );
 }
 
 async fn read_history<B: Consolidated>(

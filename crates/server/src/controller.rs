@@ -250,7 +250,10 @@ mod tests {
         assert_eq!(decision.workers, 8);
         let capped = simulate(&mut controller, capacity, 20, 2);
         assert!(capped.iter().all(|&n| n <= 8), "{capped:?}");
-        assert!(controller.set_ceiling(Some(0)).is_some(), "never below the minimum");
+        assert!(
+            controller.set_ceiling(Some(0)).is_some(),
+            "never below the minimum"
+        );
         assert_eq!(controller.workers(), 1);
     }
 
