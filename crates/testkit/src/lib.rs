@@ -29,6 +29,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
+pub mod farm;
 pub mod link;
 mod mysql;
 pub use mysql::{fresh_mysql_database, mysql, MysqlServer};
@@ -105,7 +106,7 @@ pub async fn exclusive() -> tokio::sync::OwnedMutexGuard<()> {
     std::sync::Arc::clone(lock).lock_owned().await
 }
 
-fn pg_bin_dir() -> Result<PathBuf, String> {
+pub(crate) fn pg_bin_dir() -> Result<PathBuf, String> {
     if let Ok(dir) = std::env::var("ROWSYNC_PG_BINDIR") {
         return Ok(PathBuf::from(dir));
     }
