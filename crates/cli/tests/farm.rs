@@ -334,3 +334,32 @@ async fn a_farm_loses_nothing_through_failover_kill_and_drain() {
     drop(servers);
     drop(farm);
 }
+
+/// After a failover every pooled connection of a server is to a database that is gone.
+/// The next syncs must not fail on them: a closed connection is left in the pool and
+/// a new one made (here the database ends the server's connections itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_replaces_pooled_connections_the_database_closed() {
+    let (url, admin) = support::postgres_notes("closed_pool", "erin-password").await;
+    let server = support::serve(Path::new(&url), &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let options = SyncOptions::new(server.address.clone(), "erin", "erin-password");
+    let mut client = support::client(dir.path(), "erin");
+    client.sync(&options).await.unwrap();
+    let ended = admin
+        .query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(
+        ended.len() >= 2,
+        "the server's worker and login connections"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..3 {
+        client.sync(&options).await.unwrap();
+    }
+}

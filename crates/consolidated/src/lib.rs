@@ -268,6 +268,13 @@ pub trait ConsolidatedConnection: Send + 'static {
     /// A trivial round trip (`SELECT 1`): whether the database answers (readiness).
     fn ping(&mut self) -> impl Future<Output = Result<(), DbError>> + Send;
 
+    /// Whether the database is known to have closed this connection (a failover, a
+    /// restart, a terminated backend), without a round trip: a pool makes a new one
+    /// instead of reusing it. False where the driver cannot tell.
+    fn is_closed(&self) -> bool {
+        false
+    }
+
     /// What stops this connection's statement from another task (the client of the
     /// sync it runs went away); the connection is discarded afterwards.
     fn canceller(&self) -> Canceller;

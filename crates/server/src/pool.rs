@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rowsync_consolidated::{Consolidated, DbError};
+use rowsync_consolidated::{Consolidated, ConsolidatedConnection, DbError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// What the pool counts for the controller and the metrics.
@@ -101,6 +101,8 @@ impl<B: Consolidated> WorkerPool<B> {
         };
         let idle = {
             let mut idle = self.idle.lock().expect("pool lock");
+            // Connections the database closed (a failover) are dropped, not handed out.
+            idle.retain(|(_, connection)| !connection.is_closed());
             match idle.iter().rposition(|(served, _)| served == version) {
                 Some(position) => Some(idle.remove(position).1),
                 None => idle.pop().map(|(_, connection)| connection),

@@ -33,6 +33,10 @@ const HTTP_FLUSH_GRACE: Duration = Duration::from_secs(2);
 /// How often the readiness check asks the consolidated database for `SELECT 1`.
 pub const READINESS_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
+/// How often the database is asked again while it does not answer: a server is ready
+/// again within this of its database's failover ending, not a whole check interval.
+pub const READINESS_RECHECK_INTERVAL: Duration = Duration::from_millis(250);
+
 #[derive(Debug, Error)]
 pub enum ServerError {
     #[error("accepting connections failed: {0}")]
@@ -192,8 +196,9 @@ async fn drain<B: Consolidated>(shared: &Shared<B>) {
     let _ = tokio::time::timeout(HTTP_FLUSH_GRACE, flushed).await;
 }
 
-/// Asks the consolidated database for `SELECT 1` every `READINESS_CHECK_INTERVAL`, on a
-/// connection of its own (made again after a failure), into `database_up`.
+/// Asks the consolidated database for `SELECT 1` every `READINESS_CHECK_INTERVAL` (every
+/// `READINESS_RECHECK_INTERVAL` while it does not answer), on a connection of its own
+/// (made again after a failure), into `database_up`.
 async fn check_database<B: Consolidated>(backend: B, metrics: Arc<Metrics>) {
     let mut connection = None;
     loop {
@@ -211,7 +216,11 @@ async fn check_database<B: Consolidated>(backend: B, metrics: Arc<Metrics>) {
             tracing::info!(answered, "the consolidated database's readiness changed");
         }
         metrics.database_up.set(i64::from(answered));
-        tokio::time::sleep(READINESS_CHECK_INTERVAL).await;
+        tokio::time::sleep(match answered {
+            true => READINESS_CHECK_INTERVAL,
+            false => READINESS_RECHECK_INTERVAL,
+        })
+        .await;
     }
 }
 

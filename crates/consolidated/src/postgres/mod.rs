@@ -433,6 +433,10 @@ impl ConsolidatedConnection for PostgresConnection {
         Ok(())
     }
 
+    fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
     async fn init_table(&mut self, init: &TableInit) -> Result<InitOutcome, DbError> {
         schema::init_table(&mut self.client, init, None).await
     }
