@@ -2,8 +2,8 @@
 //! PostgreSQL made highly available by pg_auto_failover (synchronous replication,
 //! automatic failover), three `rowsync serve --ha` processes behind HAProxy, and clients
 //! syncing continuously through it, each row's id naming who wrote it. The faults: the
-//! primary PostgreSQL node lost (failover), a server killed with SIGKILL, a server
-//! drained with SIGTERM. After them every row a client wrote is on the server exactly
+//! primary PostgreSQL node lost (failover), the standby lost and back, a server killed
+//! with SIGKILL, a server drained with SIGTERM. After them every row a client wrote is on the server exactly
 //! once, nothing conflicted, and every client holds what the server holds. The
 //! unavailability after each fault (to the first sync through the farm that succeeds)
 //! is printed.
@@ -283,6 +283,17 @@ async fn a_farm_loses_nothing_through_failover_kill_and_drain() {
         median_and_max(&mut databases),
     );
 
+    // The standby lost, then back: the primary stops waiting for it and goes on alone.
+    let standby = 1 - farm.primary().expect("a primary");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let fault = Instant::now();
+    farm.kill_node(standby);
+    let standby_lost = unavailability(&ledger, fault).await;
+    farm = tokio::task::spawn_blocking(move || farm.rejoin(standby).map(|()| farm))
+        .await
+        .unwrap()
+        .unwrap_or_else(|error| panic!("the standby rejoining: {error}"));
+
     tokio::time::sleep(Duration::from_secs(2)).await;
     let fault = Instant::now();
     servers[0].child.kill().unwrap();
@@ -325,7 +336,7 @@ async fn a_farm_loses_nothing_through_failover_kill_and_drain() {
     eprintln!(
         "farm: {} rows from {CLIENTS} clients, {} syncs ok, {} failed; unavailable after \
          the primary's loss (median, max of {rounds}) {failover} s (the database itself \
-         {database} s), a server's SIGKILL {killed:.2} s, a server's drain {drained:.2} s",
+         {database} s), the standby's loss {standby_lost:.2} s, a server's SIGKILL {killed:.2} s, a server's drain {drained:.2} s",
         written.len(),
         ledger.successes.len(),
         ledger.failures
