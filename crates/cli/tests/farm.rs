@@ -2,8 +2,9 @@
 //! PostgreSQL made highly available by pg_auto_failover (synchronous replication,
 //! automatic failover), three `rowsync serve --ha` processes behind HAProxy, and clients
 //! syncing continuously through it, each row's id naming who wrote it. The faults: the
-//! primary PostgreSQL node lost (failover), the standby lost and back, a server killed
-//! with SIGKILL, a server drained with SIGTERM. After them every row a client wrote is on the server exactly
+//! primary PostgreSQL node lost (failover), the standby lost and back, a server cut
+//! from the database for 10 s (toxiproxy), a server killed with SIGKILL, a server
+//! drained with SIGTERM. After them every row a client wrote is on the server exactly
 //! once, nothing conflicted, and every client holds what the server holds. The
 //! unavailability after each fault (to the first sync through the farm that succeeds)
 //! is printed.
@@ -167,6 +168,27 @@ async fn database_unavailability(url: String, fault: Instant) -> f64 {
     panic!("the database took no write within a minute of the fault");
 }
 
+/// Whether the server whose admin endpoint is on `port` answers `/readyz` with 200
+/// within `seconds`.
+fn readiness_within(port: u16, seconds: u64) -> bool {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    while Instant::now() < deadline {
+        if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            let request = "GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+            let mut answer = String::new();
+            if stream.write_all(request.as_bytes()).is_ok()
+                && stream.read_to_string(&mut answer).is_ok()
+                && answer.starts_with("HTTP/1.1 200")
+            {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
 /// "median, max" of `seconds`, to two decimals.
 fn median_and_max(seconds: &mut [f64]) -> String {
     seconds.sort_by(f64::total_cmp);
@@ -232,7 +254,16 @@ async fn a_farm_loses_nothing_through_failover_kill_and_drain() {
         "",
     );
     add_user(Path::new(&url), "alice", "alice-password");
-    let mut servers: Vec<FarmServer> = (0..3).map(|_| start_server(&url)).collect();
+    // The third server reaches the database through a proxy per node, to be cut off.
+    let toxiproxy = rowsync_testkit::link::Toxiproxy::start().unwrap();
+    let links = farm
+        .node_addresses()
+        .map(|node| toxiproxy.proxy(node).unwrap());
+    let cut_url = farm.url_through([links[0].addr(), links[1].addr()]);
+    let mut servers: Vec<FarmServer> = [&url, &url, &cut_url]
+        .into_iter()
+        .map(|url| start_server(url))
+        .collect();
     let backends: Vec<Backend> = servers.iter().map(|server| server.backend).collect();
     let proxy = HaProxy::start(&backends).unwrap();
     let options = SyncOptions {
@@ -294,6 +325,26 @@ async fn a_farm_loses_nothing_through_failover_kill_and_drain() {
         .unwrap()
         .unwrap_or_else(|error| panic!("the standby rejoining: {error}"));
 
+    // The third server cut from the database for 10 s: its readiness fails, HAProxy
+    // sends syncs elsewhere; then it reconnects on its own.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let fault = Instant::now();
+    for link in &links {
+        for direction in rowsync_testkit::link::Direction::BOTH {
+            link.cut_after(direction, 0).unwrap();
+        }
+    }
+    let cut_off = unavailability(&ledger, fault).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    for link in &links {
+        link.clear().unwrap();
+    }
+    let cut_server = servers[2].backend.admin_port;
+    let ready_again = tokio::task::spawn_blocking(move || readiness_within(cut_server, 10))
+        .await
+        .unwrap();
+    assert!(ready_again, "the cut server is ready again within 10 s");
+
     tokio::time::sleep(Duration::from_secs(2)).await;
     let fault = Instant::now();
     servers[0].child.kill().unwrap();
@@ -336,7 +387,9 @@ async fn a_farm_loses_nothing_through_failover_kill_and_drain() {
     eprintln!(
         "farm: {} rows from {CLIENTS} clients, {} syncs ok, {} failed; unavailable after \
          the primary's loss (median, max of {rounds}) {failover} s (the database itself \
-         {database} s), the standby's loss {standby_lost:.2} s, a server's SIGKILL {killed:.2} s, a server's drain {drained:.2} s",
+         {database} s), the standby's loss {standby_lost:.2} s, a server cut from the \
+         database for 10 s {cut_off:.2} s, a server's SIGKILL {killed:.2} s, a server's \
+         drain {drained:.2} s",
         written.len(),
         ledger.successes.len(),
         ledger.failures

@@ -216,9 +216,20 @@ impl PgFarm {
     /// (`target_session_attrs=read-write`), as the superuser `postgres` of database
     /// `farm`.
     pub fn url(&self) -> String {
-        let [one, two] = self.node_ports;
+        self.url_through(self.node_addresses())
+    }
+
+    /// The nodes' addresses, in order (`node1`, `node2`).
+    pub fn node_addresses(&self) -> [std::net::SocketAddr; 2] {
+        self.node_ports
+            .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
+    /// [`PgFarm::url`] through other addresses that lead to the nodes (a proxy each).
+    pub fn url_through(&self, nodes: [std::net::SocketAddr; 2]) -> String {
+        let [one, two] = nodes;
         format!(
-            "postgres://postgres@127.0.0.1:{one},127.0.0.1:{two}/farm?target_session_attrs=read-write&sslmode=disable&connect_timeout=2"
+            "postgres://postgres@{one},{two}/farm?target_session_attrs=read-write&sslmode=disable&connect_timeout=2"
         )
     }
 
