@@ -22,7 +22,8 @@ pub struct TimingArgs {
     /// (the paper's sizes: 10 million rows per sync type).
     #[arg(long, default_value = "quick")]
     size: String,
-    /// Which tests to run, comma-separated.
+    /// Which tests to run, comma-separated: the paper's 1 to 5, and 6, a farm of
+    /// servers behind HAProxy against one server (needs haproxy).
     #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5")]
     tests: Vec<u8>,
     /// verify (decode and checksum, no local store) or sqlite (real clients, each
@@ -63,6 +64,9 @@ pub struct TimingArgs {
     /// beside this one, which `cargo build --release --bin rowsync` makes).
     #[arg(long)]
     server_program: Option<PathBuf>,
+    /// Test 6: how many servers the farm runs behind HAProxy.
+    #[arg(long)]
+    farm_servers: Option<usize>,
 }
 
 #[derive(clap::Args)]
@@ -231,6 +235,7 @@ pub async fn run_timing(args: TimingArgs) -> Result<()> {
             .map(parse_compression)
             .transpose()?,
         repeat: args.repeat,
+        farm_servers: args.farm_servers,
     };
     timing::run(options, &mut std::io::stdout()).await?;
     Ok(())

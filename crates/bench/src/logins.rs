@@ -79,11 +79,11 @@ pub async fn run(options: &LoginsOptions, out: &mut impl Write) -> Result<[Login
     }
     for _ in 0..options.rounds {
         for (index, entry) in measured.iter_mut().enumerate() {
-            let before = meter.read(None)?;
+            let before = meter.read(&[])?;
             let started = Instant::now();
             let round = std::mem::take(&mut clients[index]);
             clients[index] = sync_all(round, options.syncs_per_client).await?;
-            let mut usage = meter.read(None)?.since(&before);
+            let mut usage = meter.read(&[])?.since(&before);
             usage.wall_seconds = started.elapsed().as_secs_f64();
             entry.usage.add(&usage);
             entry.syncs += (options.clients * options.syncs_per_client) as u64;

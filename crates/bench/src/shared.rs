@@ -79,10 +79,10 @@ pub async fn run(
         for (index, entry) in measured.iter_mut().enumerate() {
             let shared = (index == 1)
                 .then(|| SharedDownloads::new(64 * 1024 * 1024, Duration::from_secs(10)));
-            let before = meter.read(None)?;
+            let before = meter.read(&[])?;
             let prefix = format!("r{round}c{index}");
             first_syncs(&backend, options, &prefix, shared.clone()).await?;
-            entry.usage.add(&meter.read(None)?.since(&before));
+            entry.usage.add(&meter.read(&[])?.since(&before));
             entry.database_reads += match &shared {
                 Some(shared) => shared.misses.load(std::sync::atomic::Ordering::Relaxed),
                 None => 2 * options.clients as u64,

@@ -34,7 +34,7 @@ use tokio_postgres::Client as PgClient;
 use crate::apply::connect;
 use clients::{ClientMode, Outcome, Retry, SimClient, Work};
 use results::{BenchRun, Phase, Point, TestResult, SYNC_TYPES};
-use server::{Certificates, Protocol, ServerProcess, ServerSetup, Workers};
+use server::{Certificates, Layout, Protocol, ServerSetup, Servers, Workers};
 use workload::{UploadKind, RAW_TABLE, TABLE, TABLE_COLUMNS_DDL};
 
 /// The script version of the default (set) scripts.
@@ -97,6 +97,8 @@ pub struct BenchOptions {
     pub protocol: Option<Protocol>,
     pub compression: Option<Compression>,
     pub repeat: Option<usize>,
+    /// Test 6: the servers of the farm behind HAProxy (None: 3).
+    pub farm_servers: Option<usize>,
 }
 
 /// One point's parameters.
@@ -114,6 +116,7 @@ struct PointSpec {
     compression: Compression,
     /// Sets of empty syncs timed after the warm-up (0: none), on warm connections.
     empty_sets: usize,
+    layout: Layout,
 }
 
 impl PointSpec {
@@ -169,8 +172,11 @@ struct RunContext {
 
 /// Runs the tests asked for and writes the results directory; returns what it measured.
 pub async fn run(options: BenchOptions, out: &mut dyn std::io::Write) -> Result<BenchRun> {
-    if options.tests.is_empty() || options.tests.iter().any(|t| !(1..=5).contains(t)) {
-        bail!("--tests takes the paper's test numbers, 1 to 5");
+    if options.tests.is_empty() || options.tests.iter().any(|t| !(1..=6).contains(t)) {
+        bail!("--tests takes the paper's test numbers, 1 to 5, and 6 (the farm)");
+    }
+    if options.farm_servers.is_some_and(|n| n < 2) {
+        bail!("--farm-servers must be at least 2 (a farm is compared with one server)");
     }
     for (name, value) in [
         ("clients", options.clients),
@@ -217,7 +223,8 @@ pub async fn run(options: BenchOptions, out: &mut dyn std::io::Write) -> Result<
             2 => test2(&mut context, best_workers, out).await?,
             3 => test3(&mut context, best_workers, out).await?,
             4 => test4(&mut context, best_workers, out).await?,
-            _ => test5(&mut context, best_workers, out).await?,
+            5 => test5(&mut context, best_workers, out).await?,
+            _ => test6(&mut context, best_workers, out).await?,
         };
         writeln!(out, "{}", report::render_test(&result))?;
         run.tests.push(result);
@@ -506,7 +513,7 @@ async fn timed_set(
 /// One phase (one sync type over every set) against a running server.
 async fn phase(
     context: &RunContext,
-    server: &ServerProcess,
+    servers: &Servers,
     mut clients: Vec<SimClient>,
     connection: &clients::Connection,
     spec: &PointSpec,
@@ -552,9 +559,10 @@ async fn phase(
         for (index, client) in clients.iter_mut().enumerate() {
             client.prepare(work(index))?;
         }
-        let before = context.meter.read(Some(server.pid()))?;
+        let pids = servers.pids();
+        let before = context.meter.read(&pids)?;
         let (back, outcomes) = timed_set(clients, connection, work).await?;
-        cpu.add(&context.meter.read(Some(server.pid()))?.since(&before));
+        cpu.add(&context.meter.read(&pids)?.since(&before));
         clients = back;
         result.total_server_seconds += server_set_seconds(&context.admin, spec.clients).await?;
         let first = outcomes
@@ -591,6 +599,8 @@ struct PointRun {
     row_phases: Option<Vec<Phase>>,
     empty: EmptySyncs,
     peak_rss_bytes: u64,
+    /// Syncs each server completed (servers behind HAProxy only).
+    syncs_per_server: Vec<u64>,
 }
 
 /// A point's empty syncs: the warm-up (each client's first sync, on connections and
@@ -615,7 +625,7 @@ async fn run_point(
     ensure_capacity(&context.admin, spec, context.options.client_mode).await?;
     let tokens = context.tokens_for(spec.clients)?;
     let point_dir = tempfile::tempdir_in(context.work_dir.path())?;
-    let server = ServerProcess::start(
+    let server = Servers::start(
         &context.options.server_program,
         &ServerSetup {
             db: context.options.db.clone(),
@@ -623,6 +633,7 @@ async fn run_point(
             connections_max: spec.connections_max,
             protocol: spec.protocol,
         },
+        spec.layout,
         point_dir.path(),
         &context.certificates,
     )?;
@@ -687,12 +698,14 @@ async fn run_point(
         None
     };
     let peak_rss_bytes = server.peak_rss_bytes()?;
+    let syncs_per_server = server.syncs_per_server()?;
     server.stop()?;
     Ok(PointRun {
         phases,
         row_phases,
         empty: EmptySyncs { warm_up, steady },
         peak_rss_bytes,
+        syncs_per_server,
     })
 }
 
@@ -732,12 +745,13 @@ async fn ensure_capacity(admin: &PgClient, spec: &PointSpec, mode: ClientMode) -
         )
         .await?;
     let free: i64 = row.get(0);
-    let needed = (spec.workers.connections()
-        + rowsync_server::ServerConfig::default().auth_connections) as i64
-        + PG_CONNECTIONS_SPARE;
+    let per_server =
+        spec.workers.connections() + rowsync_server::ServerConfig::default().auth_connections;
+    let needed = (per_server * spec.layout.servers) as i64 + PG_CONNECTIONS_SPARE;
     if needed > free {
         bail!(
-            "{} database workers need about {needed} PostgreSQL connections and {free} are free (raise max_connections or lower --workers)",
+            "{} with {} database workers each need about {needed} PostgreSQL connections and {free} are free (raise max_connections or lower --workers)",
+            spec.layout.label(),
             spec.workers.label()
         );
     }
@@ -796,7 +810,25 @@ async fn measure_point(
     with_limit: bool,
     out: &mut dyn std::io::Write,
 ) -> Result<(Point, i64, EmptySyncs)> {
-    let mut point = Point {
+    let mut point = new_point(spec);
+    let mut empty = EmptySyncs::default();
+    let checkpoints_before = checkpoints(&context.admin).await?;
+    for run in 0..repeat {
+        let measured = run_point(context, spec, false).await?;
+        empty = record_run(&mut point, measured, run, out)?;
+    }
+    let checkpoints_during = checkpoints(&context.admin).await? - checkpoints_before;
+    if with_limit {
+        let limit = context.limit(spec, repeat).await?;
+        point.limit_seconds = Some(limit.seconds);
+        point.limit_cpu = Some(limit.cpu);
+    }
+    Ok((point, checkpoints_during, empty))
+}
+
+/// A point not yet run.
+fn new_point(spec: &PointSpec) -> Point {
+    Point {
         label: spec.label.clone(),
         x: spec.x,
         clients: spec.clients,
@@ -807,34 +839,32 @@ async fn measure_point(
         retry: spec.retry.label(),
         transport: spec.transport_label(),
         ..Point::default()
-    };
-    let mut empty = EmptySyncs::default();
-    let checkpoints_before = checkpoints(&context.admin).await?;
-    for run in 0..repeat {
-        let measured = run_point(context, spec, false).await?;
-        let seconds: Vec<String> = measured
-            .phases
-            .iter()
-            .map(|p| format!("{} {:.3} s", p.sync_type, p.total_server_seconds))
-            .collect();
-        writeln!(
-            out,
-            "  {} run {}: {}",
-            spec.label,
-            run + 1,
-            seconds.join(", ")
-        )?;
-        point.runs.push(measured.phases);
-        point.server_peak_rss_bytes = point.server_peak_rss_bytes.max(measured.peak_rss_bytes);
-        empty = measured.empty;
     }
-    let checkpoints_during = checkpoints(&context.admin).await? - checkpoints_before;
-    if with_limit {
-        let limit = context.limit(spec, repeat).await?;
-        point.limit_seconds = Some(limit.seconds);
-        point.limit_cpu = Some(limit.cpu);
-    }
-    Ok((point, checkpoints_during, empty))
+}
+
+/// Adds one run's phases to its point and prints them; gives back its empty syncs.
+fn record_run(
+    point: &mut Point,
+    measured: PointRun,
+    run: usize,
+    out: &mut dyn std::io::Write,
+) -> Result<EmptySyncs> {
+    let seconds: Vec<String> = measured
+        .phases
+        .iter()
+        .map(|p| format!("{} {:.3} s", p.sync_type, p.total_server_seconds))
+        .collect();
+    writeln!(
+        out,
+        "  {} run {}: {}",
+        point.label,
+        run + 1,
+        seconds.join(", ")
+    )?;
+    point.runs.push(measured.phases);
+    point.server_peak_rss_bytes = point.server_peak_rss_bytes.max(measured.peak_rss_bytes);
+    point.syncs_per_server = measured.syncs_per_server;
+    Ok(measured.empty)
 }
 
 fn note_checkpoints(result: &mut TestResult, point: &Point, checkpoints: i64) {
@@ -866,17 +896,9 @@ async fn row_script_reference(
     )?;
     Ok(Point {
         label: format!("row scripts, {}", spec.label),
-        x: spec.x,
-        clients: spec.clients,
-        rows_per_sync: spec.rows,
-        sets: spec.sets,
-        workers: spec.workers.label(),
-        connections_max: spec.connections_max,
-        retry: spec.retry.label(),
-        transport: spec.transport_label(),
         runs: vec![row_phases],
         server_peak_rss_bytes: measured.peak_rss_bytes,
-        ..Point::default()
+        ..new_point(spec)
     })
 }
 
@@ -899,6 +921,7 @@ fn base_spec(context: &RunContext, best_workers: Option<usize>) -> PointSpec {
         protocol: context.options.protocol.unwrap_or(Protocol::Tcp),
         compression: context.options.compression.unwrap_or(Compression::None),
         empty_sets: 0,
+        layout: Layout::DIRECT,
     }
 }
 
@@ -1306,6 +1329,101 @@ async fn test5(
     Ok(result)
 }
 
+/// Test 6 (not the paper's): the farm. Test 1's base point with one server reached
+/// directly, one server through HAProxy and `--farm-servers` servers (3) through
+/// HAProxy, every server on the same database with the same workers, the three
+/// alternated run by run so that the machine's noise falls on each alike.
+async fn test6(
+    context: &mut RunContext,
+    best: Option<usize>,
+    out: &mut dyn std::io::Write,
+) -> Result<TestResult> {
+    let base_spec = base_spec(context, best);
+    let farm = context.options.farm_servers.unwrap_or(3);
+    let one_proxied = Layout {
+        servers: 1,
+        proxy: true,
+    };
+    let layouts = [
+        Layout::DIRECT,
+        one_proxied,
+        Layout {
+            servers: farm,
+            proxy: true,
+        },
+    ];
+    let specs: Vec<PointSpec> = layouts
+        .iter()
+        .map(|&layout| PointSpec {
+            label: layout.label(),
+            layout,
+            connections_max: base_spec.connections_max.max(base_spec.clients),
+            ..base_spec.clone()
+        })
+        .collect();
+    let mut points: Vec<Point> = specs.iter().map(new_point).collect();
+    // Best of several runs, as in Test 1: three layouts compared on one noisy machine.
+    let repeat = base(&context.options).repeat;
+    let checkpoints_before = checkpoints(&context.admin).await?;
+    for run in 0..repeat {
+        for (spec, point) in specs.iter().zip(points.iter_mut()) {
+            let measured = run_point(context, spec, false).await?;
+            record_run(point, measured, run, out)?;
+        }
+    }
+    let checkpoints_during = checkpoints(&context.admin).await? - checkpoints_before;
+    let limit = context.limit(&base_spec, repeat).await?;
+    for point in &mut points {
+        point.limit_seconds = Some(limit.seconds);
+        point.limit_cpu = Some(limit.cpu);
+    }
+    let mut result = TestResult {
+        test: 6,
+        title: "A farm behind HAProxy".into(),
+        parameter: "Servers".into(),
+        points,
+        ..TestResult::default()
+    };
+    if checkpoints_during > 0 {
+        result.notes.push(format!(
+            "PostgreSQL ran {checkpoints_during} checkpoint(s) during the timed syncs"
+        ));
+    }
+    result
+        .notes
+        .push(farm_ratios(&result.points[2], &result.points[1]));
+    for point in &result.points[1..] {
+        result.notes.push(format!(
+            "{}: syncs per server in the last run {:?}",
+            point.label, point.syncs_per_server
+        ));
+    }
+    result.notes.push(format!(
+        "{} clients x {} rows x {} sets per sync type; best of {repeat} runs, the layouts alternated; every server with {} workers (the farm: {farm} x that many database connections); HAProxy's CPU counted as the server's",
+        base_spec.clients, base_spec.rows, base_spec.sets, base_spec.workers.label()
+    ));
+    Ok(result)
+}
+
+/// The farm's throughput against one server's, both through HAProxy, per sync type
+/// (above 1: the farm is faster).
+fn farm_ratios(farm: &Point, one: &Point) -> String {
+    let ratios: Vec<String> = SYNC_TYPES
+        .iter()
+        .zip(farm.best_seconds().iter().zip(one.best_seconds()))
+        .map(|(sync_type, pair)| match pair {
+            (Some(farm), Some(one)) if *farm > 0.0 => format!("{sync_type} {:.2}", one / farm),
+            _ => format!("{sync_type} -"),
+        })
+        .collect();
+    format!(
+        "throughput of {} against {}: {}",
+        farm.label,
+        one.label,
+        ratios.join(", ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1327,6 +1445,7 @@ mod tests {
             protocol: None,
             compression: None,
             repeat: None,
+            farm_servers: None,
         }
     }
 

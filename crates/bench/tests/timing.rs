@@ -54,6 +54,7 @@ fn options(url: String, results_dir: PathBuf, tests: Vec<u8>) -> BenchOptions {
         protocol: None,
         compression: None,
         repeat: None,
+        farm_servers: None,
     }
 }
 
@@ -207,5 +208,67 @@ async fn sqlite_clients_hold_exactly_their_partition_after_every_sync_type() {
     assert_eq!(
         point.runs[0][0].rows,
         (6 * point.rows_per_sync * point.sets) as u64
+    );
+}
+
+/// Test 6: the same point through one server directly, one server behind HAProxy and a
+/// farm of three behind HAProxy, all on one database. The bench checks every sync and
+/// the consolidated database as in the other tests; here, that each layout moved every
+/// row, that HAProxy spread the farm's syncs over all three servers, and that the
+/// throughput ratio is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_farm_runs_behind_haproxy_beside_one_server() {
+    let url = rowsync_testkit::fresh_database("bench_farm").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = options(url, dir.path().join("results"), vec![6]);
+    options.workers = Some(Workers::Fixed(2));
+    let mut out = Vec::new();
+    let run = bench::run(options, &mut out).await.unwrap();
+    let printed = String::from_utf8(out).unwrap();
+    let test = &run.tests[0];
+    let labels: Vec<&str> = test.points.iter().map(|p| p.label.as_str()).collect();
+    assert_eq!(
+        labels,
+        ["1 server", "1 server via HAProxy", "3 servers via HAProxy"]
+    );
+    for point in &test.points {
+        assert_eq!(
+            point.runs.len(),
+            2,
+            "{}: quick size runs each layout twice",
+            point.label
+        );
+        for phases in &point.runs {
+            let types: Vec<&str> = phases.iter().map(|p| p.sync_type.as_str()).collect();
+            assert_eq!(types, SYNC_TYPES);
+            for phase in phases {
+                let syncs = (point.clients * point.sets) as u64;
+                assert_eq!(phase.syncs, syncs, "{} {}", point.label, phase.sync_type);
+                assert_eq!(phase.rows, syncs * point.rows_per_sync as u64);
+            }
+        }
+        assert!(point.limit_seconds.is_some());
+    }
+    assert!(test.points[0].syncs_per_server.is_empty());
+    // One run: the warm-up's empty syncs and the four sync types, each clients x sets.
+    let one_run = (test.points[1].clients * (1 + 4 * test.points[1].sets)) as u64;
+    assert_eq!(test.points[1].syncs_per_server, [one_run]);
+    let farm = &test.points[2].syncs_per_server;
+    assert_eq!(farm.len(), 3);
+    assert_eq!(farm.iter().sum::<u64>(), one_run, "{farm:?}");
+    assert!(
+        farm.iter().all(|&syncs| syncs > 0),
+        "HAProxy left a server idle: {farm:?}"
+    );
+    assert!(
+        test.notes.iter().any(|note| note.starts_with(
+            "throughput of 3 servers via HAProxy against 1 server via HAProxy: download "
+        )),
+        "{:?}",
+        test.notes
+    );
+    assert!(
+        printed.contains("Test 6: A farm behind HAProxy"),
+        "{printed}"
     );
 }

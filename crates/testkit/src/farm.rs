@@ -74,6 +74,11 @@ impl HaProxy {
         })?;
         Ok(proxy)
     }
+
+    /// The HAProxy process's id (for a CPU meter).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for HaProxy {

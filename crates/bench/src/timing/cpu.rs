@@ -24,7 +24,8 @@ const NANOSECONDS_PER_SECOND: f64 = 1e9;
 /// CPU seconds used during one timed section, by whom.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct CpuUsage {
-    /// The `rowsync serve` process (0 for the limit, which has no server).
+    /// The `rowsync serve` processes, and HAProxy in front of them where one runs (0 for
+    /// the limit, which has no server).
     pub server_seconds: f64,
     /// Every PostgreSQL process (backends, background workers, postmaster); None when the
     /// database does not run on this machine.
@@ -162,13 +163,13 @@ impl Meter {
         self.postmaster.is_some()
     }
 
-    /// The counters now; `server` is the server process's pid, if one runs.
-    pub fn read(&self, server: Option<u32>) -> Result<Reading> {
+    /// The counters now; `servers` are the serving processes' pids (none for the limit).
+    pub fn read(&self, servers: &[u32]) -> Result<Reading> {
         let proc = Path::new("/proc");
-        let server = match server {
-            Some(pid) => process_seconds(&read_stat(proc, pid)?)?,
-            None => 0.0,
-        };
+        let mut server = 0.0;
+        for &pid in servers {
+            server += process_seconds(&read_stat(proc, pid)?)?;
+        }
         let database = match self.postmaster {
             Some(pid) => Some(tree(proc, pid)?),
             None => None,
@@ -402,7 +403,7 @@ mod tests {
     #[test]
     fn this_process_uses_cpu_that_the_meter_sees() {
         let meter = Meter::without_database();
-        let before = meter.read(None).unwrap();
+        let before = meter.read(&[]).unwrap();
         // Spins until the meter sees 0.3 s of this process's CPU (on a busy machine
         // that takes longer than 0.3 s of wall time), or gives up after 30 s.
         let mut x = 0u64;
@@ -411,7 +412,7 @@ mod tests {
             for _ in 0..1_000_000 {
                 x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
             }
-            let usage = meter.read(None).unwrap().since(&before);
+            let usage = meter.read(&[]).unwrap().since(&before);
             if usage.bench_seconds >= 0.3 || start.elapsed().as_secs() >= 30 {
                 break usage;
             }

@@ -246,7 +246,7 @@ pub async fn measure(
                 .map(|client| Job::new(sync_type, client, set, rows))
                 .collect::<Result<Vec<_>>>()?;
             let queue = Arc::new(Mutex::new(jobs.into_iter()));
-            let cpu_before = meter.read(None)?;
+            let cpu_before = meter.read(&[])?;
             let started = Instant::now();
             let mut tasks = tokio::task::JoinSet::new();
             for db in &pool {
@@ -266,7 +266,7 @@ pub async fn measure(
                 changed += done??;
             }
             measured.seconds[i] += started.elapsed().as_secs_f64();
-            measured.cpu[i].add(&meter.read(None)?.since(&cpu_before));
+            measured.cpu[i].add(&meter.read(&[])?.since(&cpu_before));
             let expected = (clients * rows) as u64;
             if changed != expected {
                 bail!("the limit's {sync_type} of set {set} moved {changed} rows, expected {expected}");

@@ -1145,6 +1145,7 @@ mod tests {
             limit_seconds: None,
             limit_cpu: None,
             server_peak_rss_bytes: 3 * 1024 * 1024,
+            syncs_per_server: Vec::new(),
         }
     }
 

@@ -74,8 +74,13 @@ pub struct Point {
     /// `limit_seconds` (None in results written before it was measured).
     #[serde(default)]
     pub limit_cpu: Option<[CpuUsage; 4]>,
-    /// Peak resident memory of the server process over the point, in bytes.
+    /// Peak resident memory of the server process over the point, in bytes (of every
+    /// server, summed, in a farm).
     pub server_peak_rss_bytes: u64,
+    /// Syncs each server behind HAProxy completed in the point's last run (Test 6);
+    /// empty where the clients reach one server directly.
+    #[serde(default)]
+    pub syncs_per_server: Vec<u64>,
 }
 
 impl Point {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use rowsync_cli::cert::{self, KeyKind, PkiFiles};
+use rowsync_testkit::farm::{Backend, HaProxy};
 
 /// How long a starting server may take to listen.
 const SERVER_START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -90,6 +91,34 @@ pub struct ServerSetup {
     pub protocol: Protocol,
 }
 
+/// Where the servers of a point run: how many `rowsync serve` processes on the same
+/// database, and whether the clients reach them through HAProxy (Test 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub servers: usize,
+    pub proxy: bool,
+}
+
+impl Layout {
+    /// One server, reached directly (Tests 1-5).
+    pub const DIRECT: Layout = Layout {
+        servers: 1,
+        proxy: false,
+    };
+
+    pub fn label(self) -> String {
+        let servers = match self.servers {
+            1 => "1 server".to_string(),
+            n => format!("{n} servers"),
+        };
+        if self.proxy {
+            format!("{servers} via HAProxy")
+        } else {
+            servers
+        }
+    }
+}
+
 pub struct ServerProcess {
     child: Child,
     /// The URL clients use (`tcp://…`, `https://…`).
@@ -97,6 +126,8 @@ pub struct ServerProcess {
     /// The CA file clients must trust, for TLS and HTTPS.
     pub ca_file: Option<PathBuf>,
     pid: u32,
+    /// The ports a load balancer needs (set when started with `backend`).
+    backend: Option<Backend>,
 }
 
 fn free_port() -> Result<u16> {
@@ -133,11 +164,14 @@ impl Certificates {
 
 impl ServerProcess {
     /// Starts `program serve` and waits until it accepts connections.
+    /// With `backend`, it also listens for HTTP syncs and on an admin port (`/readyz`),
+    /// as a server behind HAProxy does.
     pub fn start(
         program: &Path,
         setup: &ServerSetup,
         work_dir: &Path,
         certificates: &Certificates,
+        backend: bool,
     ) -> Result<ServerProcess> {
         let secret_file = work_dir.join("token-secret");
         std::fs::write(&secret_file, TOKEN_SECRET)?;
@@ -168,11 +202,19 @@ impl ServerProcess {
                 .arg("--workers-max")
                 .arg(max.to_string()),
         };
+        let mut backend = match backend {
+            true => Some(backend_ports(&mut command, setup.protocol, plain.port())?),
+            false => None,
+        };
         let mut ca_file = None;
         let url = match setup.protocol {
             Protocol::Tcp => format!("tcp://{plain}"),
             protocol => {
-                let address = format!("127.0.0.1:{}", free_port()?);
+                let port = free_port()?;
+                if let Some(ports) = backend.as_mut().filter(|_| protocol == Protocol::Http) {
+                    ports.http_port = port;
+                }
+                let address = format!("127.0.0.1:{port}");
                 let (flag, scheme) = match protocol {
                     Protocol::Tls(_) => ("--tls-listen", "tls"),
                     Protocol::Http => ("--http-listen", "http"),
@@ -215,6 +257,7 @@ impl ServerProcess {
             url,
             ca_file,
             pid,
+            backend,
         })
     }
 
@@ -246,6 +289,133 @@ impl ServerProcess {
         self.child.wait()?;
         Ok(())
     }
+}
+
+/// The servers of one point, laid out as a [`Layout`] says: the processes and, in front
+/// of them, HAProxy; clients use `url`.
+pub struct Servers {
+    processes: Vec<ServerProcess>,
+    proxy: Option<HaProxy>,
+    pub url: String,
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Servers {
+    pub fn start(
+        program: &Path,
+        setup: &ServerSetup,
+        layout: Layout,
+        work_dir: &Path,
+        certificates: &Certificates,
+    ) -> Result<Servers> {
+        let mut processes = Vec::new();
+        for n in 0..layout.servers {
+            let dir = work_dir.join(format!("server{n}"));
+            std::fs::create_dir_all(&dir)?;
+            let process = ServerProcess::start(program, setup, &dir, certificates, layout.proxy)?;
+            processes.push(process);
+        }
+        let (url, ca_file) = (processes[0].url.clone(), processes[0].ca_file.clone());
+        if !layout.proxy {
+            return Ok(Servers {
+                processes,
+                proxy: None,
+                url,
+                ca_file,
+            });
+        }
+        let backends: Vec<Backend> = processes.iter().filter_map(|p| p.backend).collect();
+        let proxy = HaProxy::start(&backends).map_err(anyhow::Error::msg)?;
+        let url = match setup.protocol {
+            Protocol::Http => format!("http://127.0.0.1:{}", proxy.http_port),
+            _ => format!("tcp://127.0.0.1:{}", proxy.tcp_port),
+        };
+        Ok(Servers {
+            processes,
+            proxy: Some(proxy),
+            url,
+            ca_file,
+        })
+    }
+
+    /// The processes whose CPU is the serving tier's: the servers and HAProxy.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self.processes.iter().map(ServerProcess::pid).collect();
+        pids.extend(self.proxy.as_ref().map(HaProxy::pid));
+        pids
+    }
+
+    /// The syncs each server completed so far (from its `/metrics`), where the servers
+    /// have admin ports (behind HAProxy); empty otherwise.
+    pub fn syncs_per_server(&self) -> Result<Vec<u64>> {
+        self.processes
+            .iter()
+            .filter_map(|process| process.backend)
+            .map(|backend| syncs_served(backend.admin_port))
+            .collect()
+    }
+
+    /// The servers' peak resident memory so far, summed, in bytes.
+    pub fn peak_rss_bytes(&self) -> Result<u64> {
+        self.processes
+            .iter()
+            .map(ServerProcess::peak_rss_bytes)
+            .sum()
+    }
+
+    pub fn stop(self) -> Result<()> {
+        drop(self.proxy);
+        for process in self.processes {
+            process.stop()?;
+        }
+        Ok(())
+    }
+}
+
+/// `rowsync_syncs_total{outcome="ok"}` from the `/metrics` of the admin port `port`.
+fn syncs_served(port: u16) -> Result<u64> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))
+        .with_context(|| format!("connecting to the admin port {port}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    answer
+        .lines()
+        .find_map(|line| line.strip_prefix("rowsync_syncs_total{outcome=\"ok\"} "))
+        .and_then(|count| count.trim().parse().ok())
+        .with_context(|| {
+            format!("no rowsync_syncs_total{{outcome=\"ok\"}} in the /metrics of port {port}")
+        })
+}
+
+/// Adds an admin listener (and an HTTP one, unless the protocol is HTTP and has one
+/// already) to a server's command line; returns the ports HAProxy balances to.
+fn backend_ports(command: &mut Command, protocol: Protocol, tcp_port: u16) -> Result<Backend> {
+    let admin_port = free_port()?;
+    command
+        .arg("--admin-listen")
+        .arg(format!("127.0.0.1:{admin_port}"));
+    let http_port = match protocol {
+        Protocol::Tcp => {
+            let port = free_port()?;
+            command
+                .arg("--http-listen")
+                .arg(format!("127.0.0.1:{port}"));
+            port
+        }
+        Protocol::Http => 0, // the protocol's own --http-listen, set by the caller
+        other => bail!(
+            "servers behind HAProxy take tcp or http, not {}",
+            other.label()
+        ),
+    };
+    Ok(Backend {
+        tcp_port,
+        http_port,
+        admin_port,
+    })
 }
 
 impl Drop for ServerProcess {
