@@ -172,6 +172,30 @@ async fn a_device_syncs_some_tables_each_from_its_own_watermark() {
         error.contains("\"payment\"") && error.contains("not tracked"),
         "{error}"
     );
+
+    // The same refusal with an upload in flight (its sync failed): the option is refused
+    // before the upload is sent again, so the sync that reports it is the next good one.
+    client
+        .connection()
+        .execute("UPDATE customer SET name = 'MAY' WHERE customer_id = 1", [])
+        .unwrap();
+    let unreachable = SyncOptions {
+        address: "tcp://127.0.0.1:1".into(),
+        ..options.clone()
+    };
+    client.sync(&unreachable).await.unwrap_err();
+    let error = client.sync(&unknown).await.unwrap_err().to_string();
+    assert!(error.contains("not tracked"), "{error}");
+    let name: String = office
+        .query_row(
+            "SELECT name FROM customer WHERE customer_id = 1",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(name, "MARIE", "a refused sync sent nothing");
+    let report = client.sync(&options).await.unwrap();
+    assert_eq!(report.rows_uploaded, 1, "{report:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

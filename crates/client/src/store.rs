@@ -896,6 +896,18 @@ pub fn next_batch_for(
     tables: Option<&[String]>,
 ) -> Result<Batch, ClientError> {
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // Before an upload in flight is sent again: a refused option sends nothing.
+    let order = upload_order(&transaction)?;
+    if let Some(untracked) = tables
+        .unwrap_or_default()
+        .iter()
+        .find(|table| !order.contains(table))
+    {
+        return Err(ClientError::Option(format!(
+            "table {untracked:?} is not tracked in this client database: sync some tables \
+             only among those tracked (`rowsync track`, Client::track)"
+        )));
+    }
     let inflight: Option<i64> = transaction.query_row(
         "SELECT max(upload_sequence) FROM rs_client_inflight",
         [],
@@ -928,17 +940,6 @@ pub fn next_batch_for(
     }
     let sequence = state(&transaction)?.upload_sequence_acknowledged + 1;
     let mut messages = Vec::new();
-    let order = upload_order(&transaction)?;
-    if let Some(untracked) = tables
-        .unwrap_or_default()
-        .iter()
-        .find(|table| !order.contains(table))
-    {
-        return Err(ClientError::Option(format!(
-            "table {untracked:?} is not tracked in this client database: sync some tables \
-             only among those tracked (`rowsync track`, Client::track)"
-        )));
-    }
     for table in order {
         if tables.is_none_or(|tables| tables.contains(&table)) {
             collect_table_upload(&transaction, &table, &mut messages)?;
