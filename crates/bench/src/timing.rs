@@ -1408,20 +1408,28 @@ async fn test6(
 /// The farm's throughput against one server's, both through HAProxy, per sync type
 /// (above 1: the farm is faster).
 fn farm_ratios(farm: &Point, one: &Point) -> String {
+    let (farm_label, one_label) = (&farm.label, &one.label);
+    let (farm, one) = (farm_best_with_sum(farm), farm_best_with_sum(one));
     let ratios: Vec<String> = SYNC_TYPES
         .iter()
-        .zip(farm.best_seconds().iter().zip(one.best_seconds()))
+        .chain(&["sum"])
+        .zip(farm.iter().zip(one))
         .map(|(sync_type, pair)| match pair {
             (Some(farm), Some(one)) if *farm > 0.0 => format!("{sync_type} {:.2}", one / farm),
             _ => format!("{sync_type} -"),
         })
         .collect();
     format!(
-        "throughput of {} against {}: {}",
-        farm.label,
-        one.label,
+        "throughput of {farm_label} against {one_label}: {}",
         ratios.join(", ")
     )
+}
+
+/// A point's best total server time per sync type, then their sum (None if any is).
+fn farm_best_with_sum(point: &Point) -> [Option<f64>; 5] {
+    let best = point.best_seconds();
+    let sum = best.iter().copied().sum::<Option<f64>>();
+    [best[0], best[1], best[2], best[3], sum]
 }
 
 #[cfg(test)]
