@@ -91,6 +91,13 @@ extern "C" {
 // (empty if none). Valid until the next call on this thread.
 const char *rowsync_last_error(void);
 
+// The server's error code (docs/protocol.md section 6: 3 `AuthenticationFailed`, 6
+// `UnknownScriptVersion`, ...) of the last call on this thread that did not return
+// `ROWSYNC_OK`, or -1 when that failure was not the server's answer (the network, the
+// client database, an argument). Lets an app tell a wrong password from other refusals
+// without reading the message.
+int rowsync_last_server_code(void);
+
 // The library's version, e.g. "0.1.0" (static).
 const char *rowsync_version(void);
 

@@ -11,7 +11,7 @@
 #[cfg(all(feature = "bundled-sqlite", feature = "system-sqlite-compat"))]
 compile_error!("`system-sqlite-compat` is for builds without `bundled-sqlite`");
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -135,13 +135,20 @@ pub type rowsync_progress_fn =
 struct Failure {
     status: rowsync_status,
     message: String,
+    /// The server's error code, when the server ended the sync with an error.
+    server_code: Option<c_int>,
 }
 
 impl Failure {
     fn invalid(message: impl Into<String>) -> Failure {
+        Failure::new(rowsync_status::ROWSYNC_INVALID_ARGUMENT, message)
+    }
+
+    fn new(status: rowsync_status, message: impl Into<String>) -> Failure {
         Failure {
-            status: rowsync_status::ROWSYNC_INVALID_ARGUMENT,
+            status,
             message: message.into(),
+            server_code: None,
         }
     }
 }
@@ -156,17 +163,23 @@ impl From<ClientError> for Failure {
         Failure {
             status,
             message: error.to_string(),
+            server_code: error.server_code().map(|code| code as c_int),
         }
     }
 }
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    static LAST_SERVER_CODE: Cell<c_int> = const { Cell::new(NO_SERVER_CODE) };
 }
 
-fn set_last_error(message: &str) {
+/// `rowsync_last_server_code` when the last failure was not the server's.
+const NO_SERVER_CODE: c_int = -1;
+
+fn set_last_error(message: &str, server_code: Option<c_int>) {
     let text = CString::new(message.replace('\0', " ")).unwrap_or_default();
     LAST_ERROR.with(|last| *last.borrow_mut() = text);
+    LAST_SERVER_CODE.with(|last| last.set(server_code.unwrap_or(NO_SERVER_CODE)));
 }
 
 /// Runs one entry point: its error or panic becomes a status and the last error.
@@ -174,7 +187,7 @@ fn guard(body: impl FnOnce() -> Result<(), Failure>) -> rowsync_status {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => rowsync_status::ROWSYNC_OK,
         Ok(Err(failure)) => {
-            set_last_error(&failure.message);
+            set_last_error(&failure.message, failure.server_code);
             failure.status
         }
         Err(panic) => {
@@ -183,7 +196,7 @@ fn guard(body: impl FnOnce() -> Result<(), Failure>) -> rowsync_status {
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
-            set_last_error(&format!("internal error in librowsync: {what}"));
+            set_last_error(&format!("internal error in librowsync: {what}"), None);
             rowsync_status::ROWSYNC_PANIC
         }
     }
@@ -201,10 +214,7 @@ fn runtime() -> Result<&'static tokio::runtime::Runtime, Failure> {
                 .map_err(|error| format!("starting the async runtime: {error}"))
         })
         .as_ref()
-        .map_err(|message| Failure {
-            status: rowsync_status::ROWSYNC_ERROR,
-            message: message.clone(),
-        })
+        .map_err(|message| Failure::new(rowsync_status::ROWSYNC_ERROR, message.clone()))
 }
 
 /// A C string argument: `None` for NULL.
@@ -241,6 +251,16 @@ unsafe fn handle<'a, T>(handle: *mut T, what: &str) -> Result<&'a mut T, Failure
 #[no_mangle]
 pub extern "C" fn rowsync_last_error() -> *const c_char {
     LAST_ERROR.with(|last| last.borrow().as_ptr())
+}
+
+/// The server's error code (docs/protocol.md section 6: 3 `AuthenticationFailed`, 6
+/// `UnknownScriptVersion`, ...) of the last call on this thread that did not return
+/// `ROWSYNC_OK`, or -1 when that failure was not the server's answer (the network, the
+/// client database, an argument). Lets an app tell a wrong password from other refusals
+/// without reading the message.
+#[no_mangle]
+pub extern "C" fn rowsync_last_server_code() -> c_int {
+    LAST_SERVER_CODE.with(Cell::get)
 }
 
 /// The library's version, e.g. "0.1.0" (static).
@@ -291,10 +311,8 @@ pub unsafe extern "C" fn rowsync_open_with(
         let out = handle(out, "out")?;
         // The app's SQLite, with the functions it lacks defined: it may be too old.
         #[cfg(feature = "system-sqlite-compat")]
-        rowsync_sqlite_compat::check_version().map_err(|too_old| Failure {
-            status: rowsync_status::ROWSYNC_ERROR,
-            message: too_old.to_string(),
-        })?;
+        rowsync_sqlite_compat::check_version()
+            .map_err(|too_old| Failure::new(rowsync_status::ROWSYNC_ERROR, too_old.to_string()))?;
         let mut options = ClientOptions::new(durability_of(durability)?);
         options.client_id = optional_text(client_id, "client_id")?.map(str::to_owned);
         let client = Client::open_with(text(path, "path")?, &options)?;

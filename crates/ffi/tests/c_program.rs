@@ -245,8 +245,69 @@ fn errors_come_back_as_statuses_with_a_message() {
             rowsync_status::ROWSYNC_ERROR,
             "nothing listens on port 1"
         );
+        assert_eq!(rowsync_last_server_code(), -1, "not the server's answer");
         assert!(report.is_null());
         rowsync_options_free(options);
         rowsync_close(client);
     }
+}
+
+/// A refusal names the server's code, so that an app (the Kotlin library) tells a wrong
+/// password from an unknown version without reading the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_names_the_servers_code() {
+    use rowsync::*;
+    use std::ffi::CString;
+    let server = TestServer::start(0).await;
+    let db = server.client_path("refused");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(ORDERS_DDL)
+        .unwrap();
+    let path = CString::new(db.to_str().unwrap()).unwrap();
+    let url = CString::new(format!("tcp://{}", server.address)).unwrap();
+    let set = |options, name: &str, value: &str| {
+        let (name, value) = (CString::new(name).unwrap(), CString::new(value).unwrap());
+        assert_eq!(
+            unsafe { rowsync_options_set(options, name.as_ptr(), value.as_ptr()) },
+            rowsync_status::ROWSYNC_OK
+        );
+    };
+    let refusal = move |password: &str, version: &str| {
+        let mut client = std::ptr::null_mut();
+        let mut options = std::ptr::null_mut();
+        let mut report = std::ptr::null_mut();
+        unsafe {
+            assert_eq!(
+                rowsync_open(path.as_ptr(), std::ptr::null(), &mut client),
+                rowsync_status::ROWSYNC_OK
+            );
+            assert_eq!(
+                rowsync_options_new(url.as_ptr(), &mut options),
+                rowsync_status::ROWSYNC_OK
+            );
+            set(options, "user", USER);
+            set(options, "password", password);
+            set(options, "version", version);
+            let status = rowsync_sync(client, options, None, std::ptr::null_mut(), &mut report);
+            let code = rowsync_last_server_code();
+            rowsync_options_free(options);
+            rowsync_close(client);
+            (status, code)
+        }
+    };
+    let unknown = refusal.clone();
+    let wrong_password = tokio::task::spawn_blocking(move || refusal("not-the-password", "v1"));
+    assert_eq!(
+        wrong_password.await.unwrap(),
+        (rowsync_status::ROWSYNC_REFUSED, 3),
+        "AuthenticationFailed"
+    );
+    let unknown_version = tokio::task::spawn_blocking(move || unknown(PASSWORD, "v9"));
+    assert_eq!(
+        unknown_version.await.unwrap(),
+        (rowsync_status::ROWSYNC_REFUSED, 6),
+        "UnknownScriptVersion"
+    );
+    server.stop().await;
 }

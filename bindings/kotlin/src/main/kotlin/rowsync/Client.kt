@@ -151,7 +151,7 @@ class Client private constructor(
             } finally {
                 syncing = false
             }
-            val failure = if (status == Lib.OK) null else RowsyncException.of(status, lastError())
+            val failure = if (status == Lib.OK) null else Lib.lastFailure(status)
             // Read (and free) the report before anything is thrown.
             val report = if (failure == null) readReport(out.value) else null
             relay?.failure?.let { thrown ->
@@ -185,8 +185,6 @@ class Client private constructor(
         Lib.check(body(it, out))
         out.value.toInt() != 0
     }
-
-    private fun lastError(): String = Lib.native.rowsync_last_error().orEmpty()
 
     private fun readReport(report: Pointer): SyncReport =
         try {

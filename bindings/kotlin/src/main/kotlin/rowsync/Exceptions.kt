@@ -11,25 +11,27 @@ open class RowsyncException(
     cause: Throwable? = null,
 ) : RuntimeException(message, cause) {
     companion object {
-        private val REFUSAL = Regex("""the server refused the sync: (\w+) \(code (\d+)\)""")
+        private val CODE_NAME = Regex("""the server refused the sync: (\w+) \(code \d+\)""")
         private val NETWORK_PREFIXES = listOf(
             "network: ", "could not reach ", "timed out after ", "TLS with ", "HTTP: ",
             "the server's byte stream: ",
         )
 
-        /** The exception for a failed call's status and message. */
-        internal fun of(status: Int, message: String): RowsyncException = when (status) {
+        /**
+         * The exception for a failed call's status, message and server code
+         * (`rowsync_last_server_code`: -1 when the failure was not the server's answer).
+         */
+        internal fun of(status: Int, message: String, serverCode: Int = -1): RowsyncException = when (status) {
             Lib.INVALID_ARGUMENT -> InvalidArgumentException(message)
             Lib.BUSY -> BusyException(message)
-            Lib.REFUSED -> refusal(message)
+            Lib.REFUSED -> refusal(message, serverCode.takeIf { it >= 0 })
             Lib.PANIC -> InternalException(message)
             else -> failure(status, message)
         }
 
-        private fun refusal(message: String): RefusedException {
-            val match = REFUSAL.find(message)
-            val code = match?.groupValues?.get(2)?.toIntOrNull()
-            val name = match?.groupValues?.get(1)
+        private fun refusal(message: String, code: Int?): RefusedException {
+            // The code's name, for the message's reader; the code itself is the library's.
+            val name = CODE_NAME.find(message)?.groupValues?.get(1)
             return if (code == AuthException.CODE) {
                 AuthException(message)
             } else {

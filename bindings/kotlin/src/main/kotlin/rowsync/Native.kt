@@ -15,6 +15,7 @@ import com.sun.jna.ptr.PointerByReference
  */
 internal interface RowsyncLibrary : Library {
     fun rowsync_last_error(): String?
+    fun rowsync_last_server_code(): Int
 
     fun rowsync_version(): String
 
@@ -112,9 +113,13 @@ internal object Lib {
 
     /** Throws the exception for [status] unless it is [OK], with the thread's last error. */
     fun check(status: Int) {
-        if (status != OK) throw RowsyncException.of(status, native.rowsync_last_error().orEmpty())
+        if (status != OK) throw lastFailure(status)
     }
 
     /** The text a `const char **` out-parameter points at (owned by the library). */
+    /** The exception for a failed call's [status], from this thread's last error and server code. */
+    fun lastFailure(status: Int): RowsyncException =
+        RowsyncException.of(status, native.rowsync_last_error().orEmpty(), native.rowsync_last_server_code())
+
     fun text(out: PointerByReference): String = out.value?.getString(0, "UTF-8").orEmpty()
 }
