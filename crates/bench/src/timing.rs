@@ -1357,7 +1357,6 @@ async fn test6(
         .map(|&layout| PointSpec {
             label: layout.label(),
             layout,
-            connections_max: base_spec.connections_max.max(base_spec.clients),
             ..base_spec.clone()
         })
         .collect();

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use rowsync_bench::timing::clients::ClientMode;
-use rowsync_bench::timing::results::SYNC_TYPES;
+use rowsync_bench::timing::results::{Point, SYNC_TYPES};
 use rowsync_bench::timing::server::Workers;
 use rowsync_bench::timing::{self as bench, BenchOptions, Size};
 
@@ -58,6 +58,20 @@ fn options(url: String, results_dir: PathBuf, tests: Vec<u8>) -> BenchOptions {
     }
 }
 
+/// Every run of `point` has the four sync types in order, each with every client's syncs
+/// of every set, each moving the point's rows.
+fn assert_every_sync_moved_its_rows(point: &Point) {
+    for phases in &point.runs {
+        let types: Vec<&str> = phases.iter().map(|p| p.sync_type.as_str()).collect();
+        assert_eq!(types, SYNC_TYPES);
+        for phase in phases {
+            let syncs = (point.clients * point.sets) as u64;
+            assert_eq!(phase.syncs, syncs, "{} {}", point.label, phase.sync_type);
+            assert_eq!(phase.rows, syncs * point.rows_per_sync as u64);
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_five_tests_run_consistently_at_quick_size() {
     let url = rowsync_testkit::fresh_database("bench").await;
@@ -99,13 +113,9 @@ async fn all_five_tests_run_consistently_at_quick_size() {
                 point.label
             );
             assert!(point.server_peak_rss_bytes > 0);
+            assert_every_sync_moved_its_rows(point);
             for phases in &point.runs {
-                let types: Vec<&str> = phases.iter().map(|p| p.sync_type.as_str()).collect();
-                assert_eq!(types, SYNC_TYPES);
                 for phase in phases {
-                    let syncs = (point.clients * point.sets) as u64;
-                    assert_eq!(phase.syncs, syncs, "{} {}", point.label, phase.sync_type);
-                    assert_eq!(phase.rows, syncs * point.rows_per_sync as u64);
                     assert!(phase.total_server_seconds > 0.0);
                     assert!(phase.total_server_seconds <= phase.total_client_seconds);
                     assert!(phase.wire_bytes > 0);
@@ -238,15 +248,7 @@ async fn the_farm_runs_behind_haproxy_beside_one_server() {
             "{}: quick size runs each layout twice",
             point.label
         );
-        for phases in &point.runs {
-            let types: Vec<&str> = phases.iter().map(|p| p.sync_type.as_str()).collect();
-            assert_eq!(types, SYNC_TYPES);
-            for phase in phases {
-                let syncs = (point.clients * point.sets) as u64;
-                assert_eq!(phase.syncs, syncs, "{} {}", point.label, phase.sync_type);
-                assert_eq!(phase.rows, syncs * point.rows_per_sync as u64);
-            }
-        }
+        assert_every_sync_moved_its_rows(point);
         assert!(point.limit_seconds.is_some());
     }
     assert!(test.points[0].syncs_per_server.is_empty());

@@ -202,18 +202,11 @@ impl ServerProcess {
                 .arg("--workers-max")
                 .arg(max.to_string()),
         };
-        let mut backend = match backend {
-            true => Some(backend_ports(&mut command, setup.protocol, plain.port())?),
-            false => None,
-        };
         let mut ca_file = None;
-        let url = match setup.protocol {
-            Protocol::Tcp => format!("tcp://{plain}"),
+        let (url, protocol_port) = match setup.protocol {
+            Protocol::Tcp => (format!("tcp://{plain}"), None),
             protocol => {
                 let port = free_port()?;
-                if let Some(ports) = backend.as_mut().filter(|_| protocol == Protocol::Http) {
-                    ports.http_port = port;
-                }
                 let address = format!("127.0.0.1:{port}");
                 let (flag, scheme) = match protocol {
                     Protocol::Tls(_) => ("--tls-listen", "tls"),
@@ -230,8 +223,17 @@ impl ServerProcess {
                         .arg(&files.server_key);
                     ca_file = Some(files.ca_cert.clone());
                 }
-                format!("{scheme}://{address}")
+                (format!("{scheme}://{address}"), Some(port))
             }
+        };
+        let backend = match backend {
+            true => Some(backend_ports(
+                &mut command,
+                setup.protocol,
+                plain.port(),
+                protocol_port,
+            )?),
+            false => None,
         };
         let mut child = command
             .spawn()
@@ -390,9 +392,15 @@ fn syncs_served(port: u16) -> Result<u64> {
         })
 }
 
-/// Adds an admin listener (and an HTTP one, unless the protocol is HTTP and has one
-/// already) to a server's command line; returns the ports HAProxy balances to.
-fn backend_ports(command: &mut Command, protocol: Protocol, tcp_port: u16) -> Result<Backend> {
+/// Adds an admin listener (and an HTTP one, unless the protocol is HTTP and listens on
+/// `protocol_port` already) to a server's command line; returns the ports HAProxy
+/// balances to.
+fn backend_ports(
+    command: &mut Command,
+    protocol: Protocol,
+    tcp_port: u16,
+    protocol_port: Option<u16>,
+) -> Result<Backend> {
     let admin_port = free_port()?;
     command
         .arg("--admin-listen")
@@ -405,7 +413,7 @@ fn backend_ports(command: &mut Command, protocol: Protocol, tcp_port: u16) -> Re
                 .arg(format!("127.0.0.1:{port}"));
             port
         }
-        Protocol::Http => 0, // the protocol's own --http-listen, set by the caller
+        Protocol::Http => protocol_port.context("an HTTP server listens for HTTP")?,
         other => bail!(
             "servers behind HAProxy take tcp or http, not {}",
             other.label()
